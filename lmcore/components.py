@@ -1,0 +1,285 @@
+"""What a plugin declares: `Arg`, `Component` and `Preset`.
+
+A `Component` is a recipe, not a module: it names a factory that takes flat keyword arguments, the
+arguments a spec may set, and how many parameters and FLOPs the module will have, so a spec is
+validated and accounted before any weight exists.
+
+Factories and accounting functions receive only the keyword arguments their signature names (or
+everything, if it takes ``**kwargs``). On offer, by kind:
+
+=======  ===========================================================================
+kind     model dimensions on offer (plus every declared argument)
+=======  ===========================================================================
+norm     ``d_model``
+ffn      ``d_model``, ``d_ff``
+pos      ``d_model``, ``num_heads``, ``head_dim``, ``context_length``
+attn     ``num_heads``, ``num_kv_heads``, ``head_dim``
+=======  ===========================================================================
+
+Factories also get ``device`` and ``dtype``; ``flops`` also gets ``seq_len`` (query tokens of one
+sequence) and ``kv_len`` (key tokens; equal to ``seq_len`` in a plain forward pass).
+"""
+
+from __future__ import annotations
+
+import inspect
+import keyword
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from torch import nn
+
+from lmcore.errors import InvalidComponentError, did_you_mean, one_of
+
+Scalar = int | float | bool | str
+
+KINDS: Final = ("norm", "ffn", "pos", "attn")
+
+# The model dimensions each kind may ask for, in the order the docs list them.
+DIMS: Final[Mapping[str, tuple[str, ...]]] = {
+    "norm": ("d_model",),
+    "ffn": ("d_model", "d_ff"),
+    "pos": ("d_model", "num_heads", "head_dim", "context_length"),
+    "attn": ("num_heads", "num_kv_heads", "head_dim"),
+}
+
+# What a component may declare it can do. Unknown words are a declaration error, so a typo
+# cannot silently switch a check off.
+FEATURES: Final[Mapping[str, frozenset[str]]] = {
+    "norm": frozenset({"compile"}),
+    "ffn": frozenset({"compile"}),
+    # rotary: rotates q and k; absolute: adds to the token embeddings; bias: adds an attention
+    # bias; relative: q.k after the encoding depends only on the offset between positions.
+    "pos": frozenset({"rotary", "absolute", "bias", "relative", "compile"}),
+    # gqa: takes k, v with fewer heads than q; bias: accepts an additive bias; mask: accepts a
+    # boolean mask (True = may attend).
+    "attn": frozenset({"gqa", "bias", "mask", "compile"}),
+}
+
+NAME_RE: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]*\Z")
+_RESERVED_ARGS: Final = frozenset({"device", "dtype", "seq_len", "kv_len", "d_ff"})
+_ARG_TYPES: Final = (int, float, bool, str)
+
+
+class _Required:
+    """Marker for an argument without a default."""
+
+    def __repr__(self) -> str:
+        return "REQUIRED"
+
+
+REQUIRED: Final = _Required()
+
+
+@dataclass(frozen=True)
+class Arg:
+    """One argument a component accepts from the spec, e.g. ``Arg("eps", float, 1e-5, "...")``.
+
+    ``type`` is int, float, bool or str. ``gt`` / ``ge`` bound numbers from below; ``choices``
+    restricts strings.
+    """
+
+    name: str
+    type: type
+    default: Any = REQUIRED
+    help: str = ""
+    gt: float | None = None
+    ge: float | None = None
+    choices: tuple[str, ...] | None = None
+
+    @property
+    def required(self) -> bool:
+        return self.default is REQUIRED
+
+    def check(self, value: Any) -> Scalar:
+        """Return `value` converted to this argument's type, or raise ValueError/TypeError."""
+        expected = self.type.__name__
+        if self.type is float and type(value) is int:
+            value = float(value)  # 10000 is a fine theta; canonical form writes 10000.0
+        if type(value) is not self.type:
+            shown = format_scalar(value) if isinstance(value, bool) else repr(value)
+            raise TypeError(f"expects {expected}, got {type(value).__name__} {shown}")
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            if self.gt is not None and not value > self.gt:
+                raise ValueError(f"must be > {self.gt}, got {value!r}")
+            if self.ge is not None and not value >= self.ge:
+                raise ValueError(f"must be >= {self.ge}, got {value!r}")
+        if self.choices is not None and value not in self.choices:
+            raise ValueError(
+                f"must be one of {one_of(self.choices)}, got {value!r}"
+                + did_you_mean(str(value), self.choices)
+            )
+        return value  # type: ignore[no-any-return]
+
+    def describe(self) -> str:
+        """`name: type = default` as shown by `lmcore plugins`."""
+        default = "required" if self.required else format_scalar(self.default)
+        return f"{self.name}: {self.type.__name__} = {default}"
+
+
+def _zero(**_: Any) -> int:
+    return 0
+
+
+@dataclass(frozen=True)
+class Component:
+    """A component a plugin provides: kind, name, factory, arguments and accounting.
+
+    params(**dims, **args) -> int: the parameter count of one built module.
+    flops(**dims, **args, seq_len, kv_len) -> int: forward matmul FLOPs (2·m·n·p) for one sequence.
+    default_d_ff(d_model) -> int: for ffn components, the hidden width used when a spec gives none.
+    validate(**dims, **args): raise ValueError with a sentence when the shape cannot work.
+    """
+
+    kind: str
+    name: str
+    build: Callable[..., Any]
+    args: tuple[Arg, ...] = ()
+    help: str = ""
+    params: Callable[..., int] = _zero
+    flops: Callable[..., int] = _zero
+    features: frozenset[str] = field(default_factory=frozenset)
+    default_d_ff: Callable[[int], int] | None = None
+    validate: Callable[..., None] | None = None
+
+    def arg(self, name: str) -> Arg | None:
+        return next((a for a in self.args if a.name == name), None)
+
+    def create(self, **kwargs: Any) -> Any:
+        """Build the module from flat keyword arguments (extra ones are dropped by signature)."""
+        return call_with(self.build, kwargs)
+
+    def count_params(self, **kwargs: Any) -> int:
+        return int(call_with(self.params, kwargs))
+
+    def count_flops(self, **kwargs: Any) -> int:
+        return int(call_with(self.flops, kwargs))
+
+    def check_shape(self, **kwargs: Any) -> None:
+        if self.validate is not None:
+            call_with(self.validate, kwargs)
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A named starting point for specs: ``Preset("tinystories", "vocab_size=10000, ...")``."""
+
+    name: str
+    spec: str
+    help: str = ""
+
+
+def call_with(fn: Callable[..., Any], available: Mapping[str, Any]) -> Any:
+    """Call `fn` with the subset of `available` its signature accepts."""
+    return fn(**accepted_kwargs(fn, available))
+
+
+def accepted_kwargs(fn: Callable[..., Any], available: Mapping[str, Any]) -> dict[str, Any]:
+    if isinstance(fn, type) and fn.__init__ is nn.Module.__init__:  # type: ignore[misc]
+        return {}  # a module without its own __init__ takes nothing (Module's is *args, **kwargs)
+    params = inspect.signature(fn).parameters.values()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return dict(available)
+    names = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    return {k: v for k, v in available.items() if k in names}
+
+
+def format_scalar(value: Scalar) -> str:
+    """The canonical spelling of an argument value; `parse_spec` reads it back unchanged."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return repr(value)
+    if NAME_RE.match(value) and value not in ("true", "false"):
+        return value
+    escaped = value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    return f'"{escaped}"'
+
+
+def validate_component(item: object) -> Component:
+    """Check a declaration from a plugin; raise InvalidComponentError naming what is wrong."""
+    if not isinstance(item, Component):
+        raise InvalidComponentError(
+            f"lmcore_components() must return lmcore.Component objects, got {type(item).__name__}"
+        )
+    c = item
+    if c.kind not in KINDS:
+        raise InvalidComponentError(
+            f"component {c.name!r} has kind {c.kind!r}; kinds are {one_of(KINDS)}"
+            + did_you_mean(str(c.kind), KINDS)
+        )
+    what = f"{c.kind} {c.name!r}"
+    if not isinstance(c.name, str) or not NAME_RE.match(c.name):
+        raise InvalidComponentError(
+            f"{c.kind} component name {c.name!r} is not a valid name "
+            "(letters, digits, '_', '-', '.'; starting with a letter or '_')"
+        )
+    for fn_name in ("build", "params", "flops"):
+        if not callable(getattr(c, fn_name)):
+            raise InvalidComponentError(f"{what}: {fn_name} must be callable")
+    if c.kind == "ffn" and c.default_d_ff is not None and not callable(c.default_d_ff):
+        raise InvalidComponentError(f"{what}: default_d_ff must be callable")
+    unknown = set(c.features) - FEATURES[c.kind]
+    if unknown:
+        bad = sorted(unknown)[0]
+        raise InvalidComponentError(
+            f"{what}: unknown feature {bad!r}; {c.kind} features are {one_of(FEATURES[c.kind])}"
+            + did_you_mean(bad, FEATURES[c.kind])
+        )
+    seen: set[str] = set()
+    for a in c.args:
+        if not isinstance(a, Arg):
+            raise InvalidComponentError(f"{what}: args must be lmcore.Arg objects, got {a!r}")
+        if not a.name.isidentifier() or keyword.iskeyword(a.name):
+            raise InvalidComponentError(f"{what}: argument name {a.name!r} is not an identifier")
+        if a.name in seen:
+            raise InvalidComponentError(f"{what}: argument {a.name!r} is declared twice")
+        if a.name in _RESERVED_ARGS or a.name in DIMS[c.kind]:
+            raise InvalidComponentError(
+                f"{what}: argument {a.name!r} clashes with a name lmcore passes itself "
+                f"({one_of(_RESERVED_ARGS | set(DIMS[c.kind]))})"
+            )
+        if a.type not in _ARG_TYPES:
+            raise InvalidComponentError(
+                f"{what}: argument {a.name!r} has type {a.type!r}; use int, float, bool or str"
+            )
+        if not a.required:
+            try:
+                a.check(a.default)
+            except (TypeError, ValueError) as e:
+                raise InvalidComponentError(
+                    f"{what}: default of argument {a.name!r} is invalid: it {e}"
+                ) from None
+        seen.add(a.name)
+    for fn_name in ("build", "params", "flops", "validate", "default_d_ff"):
+        fn = getattr(c, fn_name)
+        try:
+            fn is None or inspect.signature(fn)
+        except (TypeError, ValueError):
+            raise InvalidComponentError(
+                f"{what}: {fn_name} {fn!r} has no signature lmcore can read; wrap it in a function"
+            ) from None
+    accepted = accepted_kwargs(c.build, {a.name: None for a in c.args})
+    missing = [a.name for a in c.args if a.name not in accepted]
+    if missing:
+        raise InvalidComponentError(
+            f"{what}: build {getattr(c.build, '__qualname__', c.build)!r} does not accept "
+            f"declared argument(s) {', '.join(missing)}"
+        )
+    return c
+
+
+def validate_preset(item: object) -> Preset:
+    if not isinstance(item, Preset):
+        raise InvalidComponentError(
+            f"lmcore_presets() must return lmcore.Preset objects, got {type(item).__name__}"
+        )
+    if not isinstance(item.name, str) or not NAME_RE.match(item.name):
+        raise InvalidComponentError(f"preset name {item.name!r} is not a valid name")
+    if not isinstance(item.spec, str):
+        raise InvalidComponentError(f"preset {item.name!r}: spec must be a string")
+    return item

@@ -1,0 +1,82 @@
+"""The errors lmcore raises. Each one names the offending value, where it is, the valid choices and a fix."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+
+class LmcoreError(Exception):
+    """Base class of every error lmcore raises on purpose."""
+
+
+class SpecError(LmcoreError, ValueError):
+    """A spec string (or a `ModelSpec` built by hand) is not valid.
+
+    `str()` shows the message and, when the position is known, the spec with a caret under the
+    offending token.
+    """
+
+    def __init__(self, message: str, spec: str | None = None, start: int = 0, end: int | None = None):
+        self.message = message
+        self.spec = spec
+        self.start = start
+        self.end = start + 1 if end is None else max(end, start + 1)
+        super().__init__(self._render())
+
+    def _render(self) -> str:
+        if self.spec is None:
+            return self.message
+        # Show only the line holding the token, so multi-line specs stay readable.
+        line_start = self.spec.rfind("\n", 0, self.start) + 1
+        line_end = self.spec.find("\n", self.start)
+        line_end = len(self.spec) if line_end == -1 else line_end
+        line = self.spec[line_start:line_end]
+        col = self.start - line_start
+        width = max(1, min(self.end, line_end) - self.start)
+        where = f"at position {self.start}"
+        return f"{self.message} ({where})\n  {line}\n  {' ' * col}{'^' * width}"
+
+
+class RegistryError(LmcoreError, LookupError):
+    """A component or preset lookup cannot be answered."""
+
+
+class ComponentNotFoundError(RegistryError):
+    """No enabled, loaded plugin provides the requested kind and name."""
+
+
+class AmbiguousComponentError(RegistryError):
+    """Two or more providers offer the same kind and name; a qualified `dist:name` is needed."""
+
+
+class PluginFailedError(RegistryError):
+    """The requested component belongs to a plugin that failed to load."""
+
+
+class PluginLoadError(LmcoreError):
+    """A plugin failed to load while the registry is strict (`LMCORE_STRICT_PLUGINS=1`)."""
+
+
+class InvalidComponentError(LmcoreError, TypeError):
+    """A plugin declared a component or preset that breaks the declaration rules."""
+
+
+class ModelInputError(LmcoreError, ValueError):
+    """Bad input to a model: ids out of range, a sequence longer than the context, ..."""
+
+
+class LmcoreWarning(UserWarning):
+    """Something is off but nothing failed, e.g. LMCORE_DISABLE_PLUGINS names no plugin."""
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """` (did you mean 'x'?)` for the closest choice, or an empty string when none is close."""
+    close = difflib.get_close_matches(word, sorted(set(choices)), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def one_of(choices: Iterable[str]) -> str:
+    """Comma-separated, sorted choices, or 'none' when there are none."""
+    names = sorted(set(choices))
+    return ", ".join(names) if names else "none"

@@ -1,0 +1,232 @@
+"""Causal multi-head self-attention, the transformer block and the language model.
+
+Read top to bottom: `CausalSelfAttention` projects heads and hands them to the attention kernel
+component; `TransformerBlock` wires norm, attention and feed-forward in pre- or post-norm order;
+`TransformerLM` embeds tokens, applies the positional encoding once per forward and runs the blocks.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from einops import rearrange
+from jaxtyping import Float, Int
+from torch import Tensor, nn
+
+from lmcore.components import Component
+from lmcore.errors import ModelInputError
+from lmcore.interfaces import Rotation
+from lmcore.nn import Embedding, Linear
+from lmcore.registry import Registry, get_registry
+from lmcore.spec import ModelSpec, parse_spec
+
+
+class CausalSelfAttention(nn.Module):
+    """Multi-head (or grouped-query) causal self-attention; `d_k = d_v = d_model / num_heads`.
+
+    State-dict keys: q_proj, k_proj, v_proj, output_proj (k/v shrink to num_kv_heads heads).
+    """
+
+    def __init__(
+        self,
+        *,
+        d_model: int,
+        num_heads: int,
+        num_kv_heads: int,
+        kernel: nn.Module,
+        kernel_gqa: bool,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ):
+        super().__init__()
+        self.num_heads, self.num_kv_heads = num_heads, num_kv_heads
+        self.head_dim = d_model // num_heads
+        self.kernel_gqa = kernel_gqa
+        kv_width = num_kv_heads * self.head_dim
+        self.q_proj = Linear(d_model, d_model, device=device, dtype=dtype)
+        self.k_proj = Linear(d_model, kv_width, device=device, dtype=dtype)
+        self.v_proj = Linear(d_model, kv_width, device=device, dtype=dtype)
+        self.output_proj = Linear(d_model, d_model, device=device, dtype=dtype)
+        self.kernel = kernel
+
+    def forward(
+        self,
+        x: Float[Tensor, "B T d_model"],
+        rotation: Rotation | None = None,
+        bias: Float[Tensor, "... H T T"] | None = None,
+    ) -> Float[Tensor, "B T d_model"]:
+        q = rearrange(self.q_proj(x), "b t (h d) -> b h t d", h=self.num_heads)  # (B, H, T, D)
+        k = rearrange(self.k_proj(x), "b t (h d) -> b h t d", h=self.num_kv_heads)  # (B, Hkv, T, D)
+        v = rearrange(self.v_proj(x), "b t (h d) -> b h t d", h=self.num_kv_heads)
+        if rotation is not None:  # RoPE-style encodings rotate q and k, never v
+            q, k = rotation(q), rotation(k)
+        if self.num_kv_heads != self.num_heads and not self.kernel_gqa:
+            group = self.num_heads // self.num_kv_heads
+            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        out = self.kernel(q, k, v, causal=True, bias=bias)  # (B, H, T, D)
+        return self.output_proj(rearrange(out, "b h t d -> b t (h d)"))
+
+
+class TransformerBlock(nn.Module):
+    """Pre-norm: `y = x + attn(ln1(x)); z = y + ffn(ln2(y))`.
+    Post-norm: `y = ln1(x + attn(x)); z = ln2(y + ffn(y))`."""
+
+    def __init__(
+        self, *, attn: CausalSelfAttention, ffn: nn.Module, ln1: nn.Module, ln2: nn.Module, postnorm: bool
+    ):
+        super().__init__()
+        self.ln1, self.attn, self.ln2, self.ffn = ln1, attn, ln2, ffn
+        self.postnorm = postnorm
+
+    def forward(
+        self,
+        x: Float[Tensor, "B T d_model"],
+        rotation: Rotation | None = None,
+        bias: Float[Tensor, "... H T T"] | None = None,
+    ) -> Float[Tensor, "B T d_model"]:
+        if self.postnorm:
+            x = self.ln1(x + self.attn(x, rotation, bias))
+            return self.ln2(x + self.ffn(x))
+        x = x + self.attn(self.ln1(x), rotation, bias)
+        return x + self.ffn(self.ln2(x))
+
+
+class TransformerLM(nn.Module):
+    """`token_embeddings → pos → layers → ln_final → lm_head`; returns unnormalised logits.
+
+    Built from a `ModelSpec` (or spec string); `model.spec` is the canonical, validated spec.
+    """
+
+    def __init__(
+        self,
+        spec: ModelSpec | str,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+        registry: Registry | None = None,
+    ):
+        super().__init__()
+        registry = registry or get_registry()
+        # Re-parsing the canonical string validates a ModelSpec edited by hand, too.
+        self.spec = spec = parse_spec(str(spec), registry)
+        comps = {k: registry.get(k, spec.component(k).name, spec.component(k).provider).component
+                 for k in ("norm", "ffn", "pos", "attn")}
+        factory: dict[str, Any] = {"device": device, "dtype": dtype}
+
+        def make(kind: str) -> Any:
+            return comps[kind].create(**spec.dims(kind), **spec.component(kind).kwargs, **factory)
+
+        def make_attn() -> CausalSelfAttention:
+            return CausalSelfAttention(
+                d_model=spec.d_model,
+                num_heads=spec.num_heads,
+                num_kv_heads=spec.num_kv_heads,
+                kernel=make("attn"),
+                kernel_gqa="gqa" in comps["attn"].features,
+                **factory,
+            )
+
+        self.token_embeddings = Embedding(spec.vocab_size, spec.d_model, **factory)
+        self.pos = make("pos")  # one instance: position work is done once per forward
+        self.layers = nn.ModuleList(
+            TransformerBlock(
+                ln1=make("norm"),
+                attn=make_attn(),
+                ln2=make("norm"),
+                ffn=make("ffn"),
+                postnorm=spec.block == "postnorm",
+            )
+            for _ in range(spec.num_layers)
+        )
+        self.ln_final = make("norm")
+        self.lm_head = Linear(spec.d_model, spec.vocab_size, **factory)
+        if spec.tie_embeddings:
+            # The shared matrix keeps lm_head's initialisation: σ=1 rows would make the initial
+            # logits sqrt(d_model) times too large.
+            self.token_embeddings.weight = self.lm_head.weight
+        self.components: dict[str, Component] = comps
+
+    def forward(
+        self,
+        in_indices: Int[Tensor, "... T"],
+        token_positions: Int[Tensor, "... T"] | None = None,
+    ) -> Float[Tensor, "... T vocab_size"]:
+        ids = self._check_ids(in_indices)
+        lead, seq = ids.shape[:-1], ids.shape[-1]
+        ids = ids.reshape(-1, seq)  # (B, T)
+        positions = self._positions(token_positions, ids)  # (B or 1, T)
+
+        x = self.token_embeddings(ids)  # (B, T, d_model)
+        x = self.pos.embed(x, positions)
+        rotation = self.pos.rotation(positions)
+        bias = self.pos.attention_bias(positions, positions)  # (..., H, T, T) or None
+        for layer in self.layers:
+            x = layer(x, rotation, bias)
+        logits = self.lm_head(self.ln_final(x))  # (B, T, vocab_size)
+        return logits.reshape(*lead, seq, -1)
+
+    def _check_ids(self, ids: Tensor) -> Tensor:
+        if not isinstance(ids, Tensor):
+            raise TypeError(f"token ids must be a torch.Tensor, got {type(ids).__name__}")
+        if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
+            raise TypeError(
+                f"token ids must be an integer tensor, got dtype {ids.dtype}; "
+                "convert with ids.long()"
+            )
+        if ids.ndim == 0:
+            raise ModelInputError("token ids need a sequence dimension: shape (..., seq)")
+        seq, ctx = ids.shape[-1], self.spec.context_length
+        if seq > ctx:
+            raise ModelInputError(
+                f"sequence length {seq} exceeds context_length={ctx}; "
+                f"truncate to the last {ctx} tokens or build with a larger context_length"
+            )
+        if seq == 0:
+            raise ModelInputError("token ids have an empty sequence dimension")
+        if ids.device.type != "meta":
+            bad = (ids < 0) | (ids >= self.spec.vocab_size)
+            if bool(bad.any()):
+                where = tuple(int(i) for i in bad.nonzero()[0])
+                raise ModelInputError(
+                    f"token id {int(ids[where])} at index {where} is out of range for "
+                    f"vocab_size={self.spec.vocab_size} (valid ids: 0..{self.spec.vocab_size - 1})"
+                )
+        return ids
+
+    def _positions(self, token_positions: Tensor | None, ids: Tensor) -> Tensor:
+        seq = ids.shape[-1]
+        if token_positions is None:
+            return torch.arange(seq, device=ids.device)[None, :]  # (1, T)
+        pos = token_positions
+        if pos.dtype.is_floating_point or pos.dtype == torch.bool or pos.shape[-1] != seq:
+            raise ModelInputError(
+                f"token_positions must be integers of shape (..., {seq}); "
+                f"got dtype {pos.dtype}, shape {tuple(pos.shape)}"
+            )
+        pos = pos.reshape(-1, seq)
+        if pos.shape[0] not in (1, ids.shape[0]):
+            raise ModelInputError(
+                f"token_positions has {pos.shape[0]} rows for a batch of {ids.shape[0]}"
+            )
+        ctx = self.spec.context_length
+        if pos.device.type != "meta" and bool(((pos < 0) | (pos >= ctx)).any()):
+            raise ModelInputError(
+                f"token_positions must lie in 0..{ctx - 1} (context_length={ctx}); "
+                f"got min {int(pos.min())}, max {int(pos.max())}"
+            )
+        return pos
+
+
+def build_model(
+    spec: ModelSpec | str,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype | None = None,
+    *,
+    registry: Registry | None = None,
+) -> TransformerLM:
+    """Build a `TransformerLM` from a spec string or `ModelSpec` (e.g. ``"tinystories, pos=nope"``).
+
+    `device="meta"` builds the structure without allocating weights.
+    """
+    return TransformerLM(spec, device=device, dtype=dtype, registry=registry)

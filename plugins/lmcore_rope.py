@@ -1,0 +1,79 @@
+"""pos=rope: rotary position embeddings (Su et al., 2021), CS336 §3.4.3, interleaved pairs."""
+
+from __future__ import annotations
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from lmcore import Arg, Component, hookimpl
+from lmcore.interfaces import PositionalEncodingBase, Rotation
+
+
+class RotaryPositionalEmbedding(PositionalEncodingBase):
+    """Rotates each pair `(x[2k], x[2k+1])` by `pos / theta^(2k/d_k)`; the same for every head.
+
+    The cos/sin tables are non-persistent buffers of shape `(max_seq_len, d_k/2)`, kept in
+    float32 whatever the model dtype.
+    """
+
+    def __init__(
+        self,
+        theta: float,
+        d_k: int,
+        max_seq_len: int,
+        device: torch.device | str | None = None,
+    ):
+        super().__init__()
+        if d_k % 2:
+            raise ValueError(f"RoPE rotates pairs of dimensions; d_k={d_k} is odd")
+        self.theta, self.d_k, self.max_seq_len = theta, d_k, max_seq_len
+        k = torch.arange(0, d_k, 2, device=device, dtype=torch.float32)  # 2k
+        inv_freq = 1.0 / (theta ** (k / d_k))  # (d_k/2,)
+        pos = torch.arange(max_seq_len, device=device, dtype=torch.float32)
+        angles = pos[:, None] * inv_freq[None, :]  # (max_seq_len, d_k/2)
+        self.register_buffer("cos", torch.cos(angles), persistent=False)
+        self.register_buffer("sin", torch.sin(angles), persistent=False)
+
+    def forward(
+        self, x: Float[Tensor, "... seq d_k"], token_positions: Int[Tensor, "... seq"]
+    ) -> Float[Tensor, "... seq d_k"]:
+        """Rotate `x` at `token_positions` (the CS336 `run_rope` signature)."""
+        return self._rotate(x, self.cos[token_positions], self.sin[token_positions])
+
+    @staticmethod
+    def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        x_even, x_odd = x[..., 0::2].float(), x[..., 1::2].float()  # (..., seq, d_k/2)
+        out = torch.stack((x_even * cos - x_odd * sin, x_even * sin + x_odd * cos), dim=-1)
+        return out.flatten(-2).to(x.dtype)  # re-interleave the pairs
+
+    def rotation(self, token_positions: Int[Tensor, "B T"]) -> Rotation:
+        # Gather the tables once per forward; every layer reuses them for q and k.
+        cos = self.cos[token_positions][:, None]  # (B, 1, T, d_k/2): broadcast over heads
+        sin = self.sin[token_positions][:, None]
+        return lambda x: self._rotate(x, cos, sin)
+
+
+def _check(head_dim: int) -> None:
+    if head_dim % 2:
+        raise ValueError(
+            f"RoPE rotates pairs of dimensions, but head_dim = d_model / num_heads = {head_dim} "
+            "is odd; pick d_model and num_heads with an even quotient, or use pos=nope"
+        )
+
+
+@hookimpl
+def lmcore_components() -> list[Component]:
+    return [
+        Component(
+            kind="pos",
+            name="rope",
+            build=lambda theta, head_dim, context_length, device=None: RotaryPositionalEmbedding(
+                theta, head_dim, context_length, device=device
+            ),
+            args=(Arg("theta", float, 10000.0, "base of the rotation frequencies", gt=0.0),),
+            help="rotary embeddings on q and k, interleaved pairs",
+            features=frozenset({"rotary", "relative", "compile"}),
+            validate=_check,
+        )
+    ]

@@ -1,0 +1,66 @@
+"""attn=sdpa: exact scaled dot-product attention, CS336 §3.5.4, with grouped-query heads."""
+
+from __future__ import annotations
+
+from jaxtyping import Bool, Float
+from torch import Tensor, nn
+
+from lmcore import Component, hookimpl
+from lmcore.nn import causal_mask, scaled_dot_product_attention
+
+
+class SDPA(nn.Module):
+    """`softmax(q kᵀ / sqrt(D) + bias) v`, materialising the `(Sq, Sk)` scores.
+
+    Grouped-query attention without copying k and v: the H query heads are viewed as
+    `(Hkv, H / Hkv)` groups that broadcast against the Hkv key/value heads.
+    """
+
+    def forward(
+        self,
+        q: Float[Tensor, "B H Sq D"],
+        k: Float[Tensor, "B Hkv Sk D"],
+        v: Float[Tensor, "B Hkv Sk D"],
+        *,
+        causal: bool,
+        mask: Bool[Tensor, "... Sq Sk"] | None = None,
+        bias: Float[Tensor, "... Sq Sk"] | None = None,
+    ) -> Float[Tensor, "B H Sq D"]:
+        *batch, heads, sq, d = q.shape
+        kv_heads, sk = k.shape[-3], k.shape[-2]
+        if causal:
+            keep = causal_mask(sq, sk, device=q.device)  # (Sq, Sk)
+            mask = keep if mask is None else mask & keep
+        if kv_heads == heads:
+            return scaled_dot_product_attention(q, k, v, mask=mask, bias=bias)
+        group = heads // kv_heads
+        qg = q.reshape(*batch, kv_heads, group, sq, d)  # (B, Hkv, G, Sq, D)
+        kg, vg = k.unsqueeze(-3), v.unsqueeze(-3)  # (B, Hkv, 1, Sk, D)
+        out = scaled_dot_product_attention(
+            qg, kg, vg, mask=_grouped(mask, kv_heads, group), bias=_grouped(bias, kv_heads, group)
+        )
+        return out.reshape(*batch, heads, sq, d)
+
+
+def _grouped(t: Tensor | None, kv_heads: int, group: int) -> Tensor | None:
+    """Reshape a `(..., H or 1, Sq, Sk)` mask or bias to `(..., Hkv or 1, G or 1, Sq, Sk)`."""
+    if t is None or t.ndim < 3:
+        return t  # (Sq, Sk) broadcasts as it is
+    if t.shape[-3] == 1:
+        return t.unsqueeze(-3)
+    return t.reshape(*t.shape[:-3], kv_heads, group, *t.shape[-2:])
+
+
+@hookimpl
+def lmcore_components() -> list[Component]:
+    return [
+        Component(
+            kind="attn",
+            name="sdpa",
+            build=SDPA,
+            help="exact attention; memory grows with Sq·Sk",
+            # q kᵀ and (scores) v: two (Sq × D) by (D × Sk)-sized matmuls per query head.
+            flops=lambda num_heads, head_dim, seq_len, kv_len: 4 * num_heads * seq_len * kv_len * head_dim,
+            features=frozenset({"gqa", "bias", "mask", "compile"}),
+        )
+    ]

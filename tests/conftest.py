@@ -1,0 +1,68 @@
+"""Shared fixtures: real fake distributions on sys.path, and isolated registries."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import textwrap
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from lmcore.registry import Registry, use_registry
+
+MakeDist = Callable[..., Path]
+
+
+@pytest.fixture(autouse=True)
+def _clean_plugin_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tests start without the user's plugin switches."""
+    for var in ("LMCORE_DISABLE_PLUGINS", "LMCORE_DISABLE_PLUGIN_AUTOLOAD", "LMCORE_STRICT_PLUGINS"):
+        monkeypatch.delenv(var, raising=False)
+
+
+@pytest.fixture
+def make_dist(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[MakeDist]:
+    """Install a distribution into a temporary site directory on sys.path.
+
+    make_dist("lmcore-flash", entry_points={"flash": "flash_mod"}, modules={"flash_mod": src})
+    writes `lmcore_flash-1.0.dist-info/{METADATA,entry_points.txt}` and the modules, exactly as
+    pip would, so `importlib.metadata` finds it with no mocking.
+    """
+    created: list[str] = []
+
+    def make(
+        name: str,
+        *,
+        version: str = "1.0",
+        entry_points: dict[str, str],
+        modules: dict[str, str] | None = None,
+        group: str = "lmcore",
+    ) -> Path:
+        site = tmp_path / f"site-{name}"
+        info = site / f"{name.replace('-', '_')}-{version}.dist-info"
+        info.mkdir(parents=True)
+        (info / "METADATA").write_text(
+            f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n", encoding="utf-8"
+        )
+        lines = [f"[{group}]"] + [f"{k} = {v}" for k, v in entry_points.items()]
+        (info / "entry_points.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+        for mod, source in (modules or {}).items():
+            (site / f"{mod}.py").write_text(textwrap.dedent(source), encoding="utf-8")
+            created.append(mod)
+        monkeypatch.syspath_prepend(str(site))
+        importlib.invalidate_caches()
+        return site
+
+    yield make
+    for mod in created:
+        sys.modules.pop(mod, None)
+
+
+@pytest.fixture
+def registry() -> Iterator[Registry]:
+    """A fresh registry (entry points loaded anew) in use for the test only."""
+    reg = Registry()
+    with use_registry(reg):
+        yield reg

@@ -1,0 +1,49 @@
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lmcore_rmsnorm import RMSNorm
+
+
+def _formula(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    x64 = x.double()
+    return x64 / torch.sqrt((x64**2).mean(-1, keepdim=True) + eps) * weight.double()
+
+
+def test_rmsnorm_matches_the_formula() -> None:
+    torch.manual_seed(0)
+    norm = RMSNorm(16, eps=1e-5)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(16))
+    x = torch.randn(3, 5, 16)
+    torch.testing.assert_close(norm(x).double(), _formula(x, norm.weight, 1e-5))
+    torch.testing.assert_close(norm(x), torch.nn.functional.rms_norm(x, (16,), norm.weight, 1e-5))
+
+
+def test_eps_sits_inside_the_square_root() -> None:
+    norm = RMSNorm(4, eps=1.0)
+    x = torch.full((1, 4), 1.0)
+    # sqrt(mean(1) + 1) = sqrt(2); eps added outside would give 1/(1+1) = 0.5 instead.
+    torch.testing.assert_close(norm(x), torch.full((1, 4), 2**-0.5))
+
+
+def test_bf16_input_is_computed_in_float32_and_returned_in_bf16() -> None:
+    torch.manual_seed(0)
+    norm = RMSNorm(64)
+    x = (torch.randn(4, 64) * 30).to(torch.bfloat16)
+    out = norm(x)
+    assert out.dtype == torch.bfloat16
+    expected = _formula(x.float(), norm.weight, 1e-5).to(torch.bfloat16)
+    torch.testing.assert_close(out, expected, atol=0, rtol=0)
+
+
+def test_gain_starts_at_one_and_is_the_only_parameter() -> None:
+    norm = RMSNorm(8)
+    assert dict(norm.state_dict()).keys() == {"weight"}
+    torch.testing.assert_close(norm.weight.detach(), torch.ones(8))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_parameters_follow_the_requested_dtype(dtype: torch.dtype) -> None:
+    assert RMSNorm(8, dtype=dtype).weight.dtype == dtype

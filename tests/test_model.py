@@ -1,0 +1,220 @@
+"""The assembled model: CS336 state-dict contract, an independent forward, causality, bad input."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from lmcore import ModelInputError, build_model, parse_spec
+
+
+def cs336_state_dict_shapes(vocab: int, ctx: int, d: int, layers: int, d_ff: int) -> dict[str, tuple[int, ...]]:
+    """The CS336 reference checkpoint's keys and shapes, written out independently."""
+    shapes: dict[str, tuple[int, ...]] = {"token_embeddings.weight": (vocab, d)}
+    for i in range(layers):
+        p = f"layers.{i}."
+        shapes |= {
+            p + "ln1.weight": (d,),
+            p + "attn.q_proj.weight": (d, d),
+            p + "attn.k_proj.weight": (d, d),
+            p + "attn.v_proj.weight": (d, d),
+            p + "attn.output_proj.weight": (d, d),
+            p + "ln2.weight": (d,),
+            p + "ffn.w1.weight": (d_ff, d),
+            p + "ffn.w2.weight": (d, d_ff),
+            p + "ffn.w3.weight": (d_ff, d),
+        }
+    shapes |= {"ln_final.weight": (d,), "lm_head.weight": (vocab, d)}
+    return shapes
+
+
+def random_reference_weights(seed: int = 0) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    shapes = cs336_state_dict_shapes(10000, 16, 64, 3, 128)
+    return {k: torch.randn(s, generator=g) * (0.3 if len(s) == 2 else 1.0) + (1.0 if len(s) == 1 else 0.0) for k, s in shapes.items()}
+
+
+def reference_forward(w: dict[str, torch.Tensor], ids: torch.Tensor, heads: int, theta: float, eps: float = 1e-5) -> torch.Tensor:
+    """CS336's LM with torch's own ops: F.rms_norm, F.silu, F.scaled_dot_product_attention, and
+    RoPE as complex multiplication of interleaved pairs."""
+    d = w["token_embeddings.weight"].shape[1]
+    hd = d // heads
+    t = ids.shape[-1]
+    freqs = theta ** (-torch.arange(0, hd, 2, dtype=torch.float64) / hd)
+    rot = torch.polar(torch.ones(t, hd // 2, dtype=torch.float64), torch.arange(t, dtype=torch.float64)[:, None] * freqs)
+
+    def rope(x: torch.Tensor) -> torch.Tensor:  # (B, H, T, hd)
+        c = torch.view_as_complex(x.double().reshape(*x.shape[:-1], hd // 2, 2).contiguous())
+        return torch.view_as_real(c * rot).reshape(x.shape).float()
+
+    x = F.embedding(ids, w["token_embeddings.weight"])
+    n = 0
+    while f"layers.{n}.ln1.weight" in w:
+        p = f"layers.{n}."
+        h = F.rms_norm(x, (d,), w[p + "ln1.weight"], eps)
+        q, k, v = (F.linear(h, w[p + f"attn.{m}_proj.weight"]).unflatten(-1, (heads, hd)).transpose(1, 2) for m in "qkv")
+        a = F.scaled_dot_product_attention(rope(q), rope(k), v, is_causal=True)
+        x = x + F.linear(a.transpose(1, 2).flatten(-2), w[p + "attn.output_proj.weight"])
+        h = F.rms_norm(x, (d,), w[p + "ln2.weight"], eps)
+        x = x + F.linear(F.silu(F.linear(h, w[p + "ffn.w1.weight"])) * F.linear(h, w[p + "ffn.w3.weight"]), w[p + "ffn.w2.weight"])
+        n += 1
+    return F.linear(F.rms_norm(x, (d,), w["ln_final.weight"], eps), w["lm_head.weight"])
+
+
+def test_state_dict_keys_and_shapes_are_cs336s() -> None:
+    model = build_model("cs336-tiny")
+    shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    expected = cs336_state_dict_shapes(10000, 16, 64, 3, 128)
+    assert list(shapes) == list(expected)
+    assert shapes == expected
+
+
+def test_reference_weights_load_strictly_and_give_the_reference_logits() -> None:
+    weights = random_reference_weights()
+    model = build_model("cs336-tiny")
+    model.load_state_dict(weights, strict=True)
+    ids = torch.randint(0, 10000, (2, 16), generator=torch.Generator().manual_seed(1))
+    expected = reference_forward(weights, ids, heads=4, theta=10000.0)
+    torch.testing.assert_close(model(ids), expected, rtol=1e-4, atol=1e-4)
+
+
+def test_a_model_from_another_models_canonical_spec_is_the_same_shape() -> None:
+    a = build_model("tinystories, pos=nope, d_model=256, num_heads=8")
+    b = build_model(str(a.spec))
+    assert b.spec == a.spec
+    assert {k: v.shape for k, v in a.state_dict().items()} == {k: v.shape for k, v in b.state_dict().items()}
+    b.load_state_dict(a.state_dict(), strict=True)
+    ids = torch.randint(0, 10000, (1, 32))
+    torch.testing.assert_close(a(ids), b(ids))
+
+
+@pytest.mark.parametrize("spec", ["cs336-tiny", "cs336-tiny, pos=nope", "cs336-tiny, num_kv_heads=1", "cs336-tiny, block=postnorm"])
+def test_changing_later_tokens_never_changes_earlier_logits(spec: str) -> None:
+    torch.manual_seed(0)
+    model = build_model(spec)
+    ids = torch.randint(0, 10000, (3, 16))
+    base = model(ids)
+    for t in (0, 5, 14):
+        changed = ids.clone()
+        changed[:, t + 1 :] = torch.randint(0, 10000, changed[:, t + 1 :].shape)
+        out = model(changed)
+        torch.testing.assert_close(out[:, : t + 1], base[:, : t + 1], rtol=0, atol=1e-5)
+        assert not torch.allclose(out[:, t + 1 :], base[:, t + 1 :])
+
+
+def test_build_on_meta_allocates_nothing() -> None:
+    model = build_model("gpt2-xl", device="meta")
+    assert all(p.device.type == "meta" for p in model.parameters())
+    assert sum(p.numel() for p in model.parameters()) == 2_127_057_600
+
+
+def test_bf16_model_runs_in_bf16() -> None:
+    model = build_model("cs336-tiny", dtype=torch.bfloat16)
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    logits = model(torch.randint(0, 10000, (2, 8)))
+    assert logits.dtype == torch.bfloat16 and torch.isfinite(logits.float()).all()
+
+
+def test_leading_dims_and_explicit_positions() -> None:
+    torch.manual_seed(0)
+    model = build_model("cs336-tiny")
+    ids = torch.randint(0, 10000, (2, 3, 8))
+    out = model(ids)
+    assert out.shape == (2, 3, 8, 10000)
+    torch.testing.assert_close(out[1, 2], model(ids[1, 2][None])[0])
+    torch.testing.assert_close(model(ids[0], torch.arange(8)), out[0])
+    # Shifting every position by the same offset leaves RoPE attention unchanged.
+    torch.testing.assert_close(model(ids[0], torch.arange(8) + 5), out[0], rtol=1e-4, atol=1e-4)
+
+
+def test_grouped_query_attention_shrinks_k_and_v() -> None:
+    model = build_model("cs336-tiny, num_kv_heads=2")
+    sd = model.state_dict()
+    assert sd["layers.0.attn.k_proj.weight"].shape == (32, 64)
+    assert sd["layers.0.attn.v_proj.weight"].shape == (32, 64)
+    assert sd["layers.0.attn.q_proj.weight"].shape == (64, 64)
+
+
+def test_gqa_equals_mha_with_repeated_kv_weights() -> None:
+    torch.manual_seed(0)
+    gqa = build_model("cs336-tiny, num_kv_heads=2")
+    mha = build_model("cs336-tiny")
+    sd = gqa.state_dict()
+    for i in range(3):
+        for m in "kv":
+            w = sd[f"layers.{i}.attn.{m}_proj.weight"].unflatten(0, (2, 16))
+            sd[f"layers.{i}.attn.{m}_proj.weight"] = w.repeat_interleave(2, dim=0).flatten(0, 1)
+    mha.load_state_dict(sd)
+    ids = torch.randint(0, 10000, (2, 16))
+    torch.testing.assert_close(gqa(ids), mha(ids), rtol=1e-5, atol=1e-5)
+
+
+def test_tied_embeddings_share_one_matrix() -> None:
+    model = build_model("cs336-tiny, tie_embeddings=true")
+    assert model.lm_head.weight is model.token_embeddings.weight
+    untied = sum(p.numel() for p in build_model("cs336-tiny").parameters())
+    assert sum(p.numel() for p in model.parameters()) == untied - 10000 * 64
+    std = math.sqrt(2 / (64 + 10000))
+    assert model.lm_head.weight.abs().max() <= 3 * std + 1e-7
+
+
+def test_postnorm_block_order() -> None:
+    torch.manual_seed(0)
+    model = build_model("cs336-tiny, block=postnorm")
+    block = model.layers[0]
+    x = torch.randn(1, 4, 64)
+    rotation = model.pos.rotation(torch.arange(4)[None])
+    y = block.ln1(x + block.attn(x, rotation))
+    torch.testing.assert_close(block(x, rotation), block.ln2(y + block.ffn(y)))
+
+
+# ------------------------------------------------------------------ bad input
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return build_model("cs336-tiny")
+
+
+def test_float_ids_are_a_type_error(tiny) -> None:
+    with pytest.raises(TypeError, match=r"token ids must be an integer tensor, got dtype torch.float32; convert with ids.long\(\)"):
+        tiny(torch.zeros(1, 4))
+
+
+def test_out_of_range_ids_name_the_value_and_index(tiny) -> None:
+    ids = torch.zeros(2, 4, dtype=torch.long)
+    ids[1, 2] = 10000
+    with pytest.raises(ModelInputError, match=r"token id 10000 at index \(1, 2\) is out of range for vocab_size=10000 \(valid ids: 0..9999\)"):
+        tiny(ids)
+    ids[1, 2] = -1
+    with pytest.raises(ValueError, match=r"token id -1 at index \(1, 2\)"):
+        tiny(ids)
+
+
+def test_too_long_sequence(tiny) -> None:
+    with pytest.raises(ModelInputError, match=r"sequence length 17 exceeds context_length=16; truncate to the last 16 tokens"):
+        tiny(torch.zeros(1, 17, dtype=torch.long))
+
+
+def test_bad_positions(tiny) -> None:
+    ids = torch.zeros(1, 4, dtype=torch.long)
+    with pytest.raises(ModelInputError, match=r"token_positions must lie in 0..15 \(context_length=16\); got min 14, max 17"):
+        tiny(ids, torch.arange(14, 18))
+    with pytest.raises(ModelInputError, match=r"token_positions must be integers of shape \(..., 4\)"):
+        tiny(ids, torch.arange(3))
+
+
+def test_non_tensor_and_scalar_ids(tiny) -> None:
+    with pytest.raises(TypeError, match=r"token ids must be a torch.Tensor, got list"):
+        tiny([1, 2, 3])
+    with pytest.raises(ModelInputError, match=r"token ids need a sequence dimension"):
+        tiny(torch.tensor(3))
+
+
+def test_model_keeps_the_canonical_spec() -> None:
+    model = build_model("tinystories, pos=nope", device="meta")
+    assert model.spec == parse_spec("tinystories, pos=nope")
+    assert str(model.spec).startswith("vocab_size=10000,context_length=256,d_model=512")
