@@ -1,8 +1,8 @@
 """lmcore: build decoder-only transformer LMs from spec strings and plugin components.
 
-    >>> import lmcore
-    >>> model = lmcore.build_model("cs336-tiny, pos=nope")
-    >>> str(model.spec)  # the canonical spec
+>>> import lmcore
+>>> model = lmcore.build_model("cs336-tiny, pos=nope")
+>>> str(model.spec)  # the canonical spec
 """
 
 from lmcore.components import KINDS, REQUIRED, Arg, Component, Preset

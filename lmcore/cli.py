@@ -1,7 +1,7 @@
 """The `lmcore` console script.
 
-    lmcore build SPEC           build a model; print its canonical spec and parameter count
-    lmcore plugins              list components, presets and plugins with provenance and status
+lmcore build SPEC           build a model; print its canonical spec and parameter count
+lmcore plugins              list components, presets and plugins with provenance and status
 """
 
 from __future__ import annotations
@@ -81,7 +81,9 @@ def plugin_rows(kind: str | None = None) -> list[dict[str, Any]]:
             )
     if kind in (None, "preset"):
         for p in registry.preset_entries():
-            rows.append(_row("preset", p.name, p.provenance, p.status, p.preset.help) | {"args": []})
+            rows.append(
+                _row("preset", p.name, p.provenance, p.status, p.preset.help) | {"args": []}
+            )
     for r in registry.plugins():
         if r.status != "ok":  # its kinds are unknown, so it shows under every filter
             rows.append(_row("-", r.name, r.provenance, r.status, r.reason) | {"args": []})
@@ -134,7 +136,14 @@ def _cmd_plugins(args: argparse.Namespace) -> int:
         elif r["status"] == "shadowed":
             detail = f"{detail}  (ambiguous: write {r['dist'] or r['plugin']}:{r['name']})".strip()
         table.append(
-            (r["kind"], r["name"], r["dist"] or "(in-process)", r["version"] or "-", r["status"], detail)
+            (
+                r["kind"],
+                r["name"],
+                r["dist"] or "(in-process)",
+                r["version"] or "-",
+                r["status"],
+                detail,
+            )
         )
     widths = [max(len(row[i]) for row in table) for i in range(5)]
     for row in table:

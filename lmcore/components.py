@@ -27,7 +27,7 @@ import keyword
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, cast
 
 from torch import nn
 
@@ -111,7 +111,7 @@ class Arg:
                 f"must be one of {one_of(self.choices)}, got {value!r}"
                 + did_you_mean(str(value), self.choices)
             )
-        return value  # type: ignore[no-any-return]
+        return cast(Scalar, value)
 
     def describe(self) -> str:
         """`name: type = default` as shown by `lmcore plugins`."""

@@ -1,4 +1,7 @@
-"""The errors lmcore raises. Each one names the offending value, where it is, the valid choices and a fix."""
+"""The errors lmcore raises.
+
+Each one names the offending value, where it is, the valid choices and a fix.
+"""
 
 from __future__ import annotations
 
@@ -17,7 +20,9 @@ class SpecError(LmcoreError, ValueError):
     offending token.
     """
 
-    def __init__(self, message: str, spec: str | None = None, start: int = 0, end: int | None = None):
+    def __init__(
+        self, message: str, spec: str | None = None, start: int = 0, end: int | None = None
+    ):
         self.message = message
         self.spec = spec
         self.start = start

@@ -29,6 +29,7 @@ def lmcore_components() -> Sequence[Component]:
     a factory taking flat keyword arguments, its declared arguments, and its parameter and FLOP
     counts as functions of the model shape. Called once per registry, when the registry loads.
     """
+    raise NotImplementedError
 
 
 @hookspec
@@ -38,3 +39,4 @@ def lmcore_presets() -> Sequence[Preset]:
     Each item is a `lmcore.Preset`: a name usable as the first item of a spec string, and the
     spec text it expands to. Called once per registry, when the registry loads.
     """
+    raise NotImplementedError

@@ -65,7 +65,8 @@ class CausalSelfAttention(nn.Module):
             group = self.num_heads // self.num_kv_heads
             k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
         out = self.kernel(q, k, v, causal=True, bias=bias)  # (B, H, T, D)
-        return self.output_proj(rearrange(out, "b h t d -> b t (h d)"))
+        y: Tensor = self.output_proj(rearrange(out, "b h t d -> b t (h d)"))
+        return y
 
 
 class TransformerBlock(nn.Module):
@@ -73,7 +74,13 @@ class TransformerBlock(nn.Module):
     Post-norm: `y = ln1(x + attn(x)); z = ln2(y + ffn(y))`."""
 
     def __init__(
-        self, *, attn: CausalSelfAttention, ffn: nn.Module, ln1: nn.Module, ln2: nn.Module, postnorm: bool
+        self,
+        *,
+        attn: CausalSelfAttention,
+        ffn: nn.Module,
+        ln1: nn.Module,
+        ln2: nn.Module,
+        postnorm: bool,
     ):
         super().__init__()
         self.ln1, self.attn, self.ln2, self.ffn = ln1, attn, ln2, ffn
@@ -85,11 +92,15 @@ class TransformerBlock(nn.Module):
         rotation: Rotation | None = None,
         bias: Float[Tensor, "... H T T"] | None = None,
     ) -> Float[Tensor, "B T d_model"]:
+        y: Tensor
+        z: Tensor
         if self.postnorm:
-            x = self.ln1(x + self.attn(x, rotation, bias))
-            return self.ln2(x + self.ffn(x))
-        x = x + self.attn(self.ln1(x), rotation, bias)
-        return x + self.ffn(self.ln2(x))
+            y = self.ln1(x + self.attn(x, rotation, bias))
+            z = self.ln2(y + self.ffn(y))
+        else:
+            y = x + self.attn(self.ln1(x), rotation, bias)
+            z = y + self.ffn(self.ln2(y))
+        return z
 
 
 class TransformerLM(nn.Module):
@@ -110,8 +121,10 @@ class TransformerLM(nn.Module):
         registry = registry or get_registry()
         # Re-parsing the canonical string validates a ModelSpec edited by hand, too.
         self.spec = spec = parse_spec(str(spec), registry)
-        comps = {k: registry.get(k, spec.component(k).name, spec.component(k).provider).component
-                 for k in ("norm", "ffn", "pos", "attn")}
+        comps = {
+            k: registry.get(k, spec.component(k).name, spec.component(k).provider).component
+            for k in ("norm", "ffn", "pos", "attn")
+        }
         factory: dict[str, Any] = {"device": device, "dtype": dtype}
 
         def make(kind: str) -> Any:
@@ -163,7 +176,7 @@ class TransformerLM(nn.Module):
         bias = self.pos.attention_bias(positions, positions)  # (..., H, T, T) or None
         for layer in self.layers:
             x = layer(x, rotation, bias)
-        logits = self.lm_head(self.ln_final(x))  # (B, T, vocab_size)
+        logits: Tensor = self.lm_head(self.ln_final(x))  # (B, T, vocab_size)
         return logits.reshape(*lead, seq, -1)
 
     def _check_ids(self, ids: Tensor) -> Tensor:

@@ -27,7 +27,9 @@ class Linear(nn.Module):
     ):
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
-        self.weight = nn.Parameter(torch.empty(out_features, in_features, device=device, dtype=dtype))
+        self.weight = nn.Parameter(
+            torch.empty(out_features, in_features, device=device, dtype=dtype)
+        )
         std = math.sqrt(2.0 / (in_features + out_features))
         nn.init.trunc_normal_(self.weight, mean=0.0, std=std, a=-3 * std, b=3 * std)
 
@@ -75,7 +77,9 @@ def silu(x: Float[Tensor, "..."]) -> Float[Tensor, "..."]:
     return x * torch.sigmoid(x)
 
 
-def causal_mask(q_len: int, k_len: int, device: torch.device | str | None = None) -> Bool[Tensor, "q k"]:
+def causal_mask(
+    q_len: int, k_len: int, device: torch.device | str | None = None
+) -> Bool[Tensor, "q k"]:
     """True where query i may attend key j, with queries aligned to the end of the keys.
 
     Query i sits at absolute position `k_len - q_len + i` (decoding with a KV cache), so it sees

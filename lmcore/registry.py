@@ -242,7 +242,8 @@ class Registry:
         self._counter += 1
         if name in self._records:
             raise ValueError(
-                f"a plugin named {name!r} is already registered ({self._records[name].provenance}); "
+                f"a plugin named {name!r} is already registered "
+                f"({self._records[name].provenance}); "
                 "pick another name or unregister it first"
             )
         module = getattr(plugin, "__module__", None) or getattr(plugin, "__name__", "?")
@@ -272,7 +273,9 @@ class Registry:
 
     def _key(self, prov: Provenance) -> str:
         # Two distributions may use the same entry-point name; keep both records.
-        return prov.plugin if prov.plugin not in self._records else f"{prov.qualifier}:{prov.plugin}"
+        return (
+            prov.plugin if prov.plugin not in self._records else f"{prov.qualifier}:{prov.plugin}"
+        )
 
     def _fail(
         self, key: str, prov: Provenance, reason: str, exc: BaseException | None, strict: bool
@@ -341,9 +344,7 @@ class Registry:
         counts: dict[tuple[str, str], int] = {}
         for c, _ in found:
             counts[c.kind, c.name] = counts.get((c.kind, c.name), 0) + 1
-        return [
-            Entry(c, p, "shadowed" if counts[c.kind, c.name] > 1 else "ok") for c, p in found
-        ]
+        return [Entry(c, p, "shadowed" if counts[c.kind, c.name] > 1 else "ok") for c, p in found]
 
     def preset_entries(self) -> list[PresetEntry]:
         self.load()
@@ -367,11 +368,13 @@ class Registry:
     def get(self, kind: str, name: str, provider: str | None = None) -> Entry:
         """The one component of `kind` called `name` (from `provider`, a `dist:` qualifier)."""
         matches = [e for e in self.entries(kind) if e.name == name]
-        return self._choose(kind, name, provider, matches, self.names(kind))
+        entry: Entry = self._choose(kind, name, provider, matches, self.names(kind))
+        return entry
 
     def get_preset(self, name: str, provider: str | None = None) -> PresetEntry:
         matches = [e for e in self.preset_entries() if e.name == name]
-        return self._choose("preset", name, provider, matches, self.preset_names())
+        entry: PresetEntry = self._choose("preset", name, provider, matches, self.preset_names())
+        return entry
 
     def _choose(
         self,
@@ -383,9 +386,7 @@ class Registry:
     ) -> Any:
         if provider is not None:
             want = normalize_dist(provider)
-            picked = [
-                m for m in matches if normalize_dist(m.provenance.qualifier) == want
-            ]
+            picked = [m for m in matches if normalize_dist(m.provenance.qualifier) == want]
             if len(picked) == 1:
                 return picked[0]
             if not picked:

@@ -17,7 +17,7 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from typing import Any, Final
+from typing import Any, Final, cast
 
 from lmcore.components import (
     DIMS,
@@ -117,7 +117,12 @@ MODEL_KEYS: Final[tuple[Arg, ...]] = (
     Arg("block", str, "prenorm", "residual topology", choices=("prenorm", "postnorm")),
     Arg("tie_embeddings", bool, False, "lm_head shares token_embeddings.weight"),
 )
-SLOTS: Final[Mapping[str, str]] = {"norm": "rmsnorm", "ffn": "swiglu", "pos": "rope", "attn": "sdpa"}
+SLOTS: Final[Mapping[str, str]] = {
+    "norm": "rmsnorm",
+    "ffn": "swiglu",
+    "pos": "rope",
+    "attn": "sdpa",
+}
 _KEY_ARGS: Final = {a.name: a for a in MODEL_KEYS}
 _DERIVED: Final = ("num_kv_heads", "d_ff")
 ALL_KEYS: Final = (*_KEY_ARGS, *SLOTS)
@@ -158,7 +163,8 @@ def _tokenize(src: str) -> list[_Tok]:
             i = m.end()
         else:
             raise SpecError(
-                f"unexpected character {c!r}; specs use names, numbers, quoted strings and , = ( ) :",
+                f"unexpected character {c!r}; "
+                "specs use names, numbers, quoted strings and , = ( ) :",
                 src,
                 i,
             )
@@ -167,7 +173,8 @@ def _tokenize(src: str) -> list[_Tok]:
 
 
 def _string(src: str, start: int) -> _Tok:
-    quote, out, i = src[start], [], start + 1
+    quote, i = src[start], start + 1
+    out: list[str] = []
     escapes = {"n": "\n", "t": "\t", "\\": "\\", '"': '"', "'": "'"}
     while i < len(src):
         c = src[i]
@@ -410,8 +417,7 @@ class _Resolver:
             if item.key in user:
                 first = user[item.key].item
                 raise SpecError(
-                    f"key {item.key!r} is given twice (first at position {first.start}); "
-                    "keep one",
+                    f"key {item.key!r} is given twice (first at position {first.start}); keep one",
                     self.text,
                     item.start,
                     item.end,
@@ -427,7 +433,13 @@ class _Resolver:
         keys["d_ff"] = self.d_ff(keys, comps["ffn"][0], ffn_args.pop("d_ff", None))
         comps["ffn"] = (comps["ffn"][0], _replace_args(comps["ffn"][1], ffn_args))
         self.check_shape(keys, comps)
-        return ModelSpec(**keys, **{kind: spec for kind, (_, spec) in comps.items()})
+        return ModelSpec(
+            **keys,
+            norm=comps["norm"][1],
+            ffn=comps["ffn"][1],
+            pos=comps["pos"][1],
+            attn=comps["attn"][1],
+        )
 
     def expand_preset(self, user: dict[str, _Origin]) -> dict[str, _Origin]:
         if self.preset_item is None:
@@ -485,7 +497,8 @@ class _Resolver:
         value = origin.item.value
         if value.scalar is None and not value.is_plain_name:
             raise self.fail(
-                f"{arg.name} takes a plain {arg.type.__name__}, not a component", origin,
+                f"{arg.name} takes a plain {arg.type.__name__}, not a component",
+                origin,
                 whole_value=True,
             )
         raw = value.scalar if value.scalar is not None else value.name
@@ -496,18 +509,16 @@ class _Resolver:
 
     def component(self, kind: str) -> tuple[Component, ComponentSpec]:
         origin = self.values.get(kind)
-        if origin is None:
-            value = _Value(0, 0, name=SLOTS[kind], args=())
-        else:
-            value = origin.item.value
-            if value.name is None:
-                raise self.fail(
-                    f"{kind} takes a component, e.g. {kind}={SLOTS[kind]} or "
-                    f"{kind}=name(arg=value); got {format_scalar(value.scalar)!r}; "
-                    f"available {kind}: {one_of(self.registry.names(kind))}",
-                    origin,
-                    whole_value=True,
-                )
+        value = _Value(0, 0, name=SLOTS[kind], args=()) if origin is None else origin.item.value
+        if value.name is None:
+            assert origin is not None  # the default slot value is a name
+            raise self.fail(
+                f"{kind} takes a component, e.g. {kind}={SLOTS[kind]} or "
+                f"{kind}=name(arg=value); got {format_scalar(cast(Scalar, value.scalar))!r}; "
+                f"available {kind}: {one_of(self.registry.names(kind))}",
+                origin,
+                whole_value=True,
+            )
         try:
             entry = self.registry.get(kind, value.name, value.provider)
         except RegistryError as e:
@@ -515,44 +526,44 @@ class _Resolver:
                 raise SpecError(f"default {kind} {value.name!r} is unavailable: {e}") from e
             raise self.fail(str(e), origin, whole_value=True) from e
         comp = entry.component
-        given = {name: (v, s, e) for name, v, s, e in value.args or ()}
-        resolved: list[tuple[str, Scalar]] = []
-        for name, (v, s, e) in given.items():
-            if comp.arg(name) is None and not (kind == "ffn" and name == "d_ff"):
-                accepted = [a.name for a in comp.args] + (["d_ff"] if kind == "ffn" else [])
+        given = {name: (raw, start, end) for name, raw, start, end in value.args or ()}
+        accepted = [a.name for a in comp.args] + (["d_ff"] if kind == "ffn" else [])
+        for name, (_, start, end) in given.items():
+            if name not in accepted:
                 raise self._arg_error(
                     f"{kind} {comp.name!r} has no argument {name!r}{did_you_mean(name, accepted)}; "
                     f"it takes: {one_of(accepted)}",
                     origin,
-                    s,
-                    e,
+                    start,
+                    end,
                 )
-        if kind == "ffn" and "d_ff" in given:
-            v, s, e = given["d_ff"]
-            try:
-                resolved.append(("d_ff", _KEY_ARGS["d_ff"].check(v)))
-            except (TypeError, ValueError) as err:
-                raise self._arg_error(f"d_ff of ffn {comp.name!r} {err}", origin, s, e) from None
-        for a in comp.args:
+        resolved: list[tuple[str, Scalar]] = []
+        # d_ff is a model key that an ffn may also take as an argument; resolve() hoists it.
+        for a in ((_KEY_ARGS["d_ff"],) if kind == "ffn" else ()) + comp.args:
             if a.name in given:
-                v, s, e = given[a.name]
+                raw, start, end = given[a.name]
                 try:
-                    resolved.append((a.name, a.check(v)))
+                    resolved.append((a.name, a.check(raw)))
                 except (TypeError, ValueError) as err:
                     raise self._arg_error(
-                        f"argument {a.name!r} of {kind} {comp.name!r} {err}", origin, s, e
+                        f"argument {a.name!r} of {kind} {comp.name!r} {err}", origin, start, end
                     ) from None
+            elif a.name == "d_ff":
+                continue  # not given here: the model key or the ffn's default decides
             elif a.required:
                 assert origin is not None  # defaults have no required arguments
                 raise self.fail(
-                    f"{kind} {comp.name!r} needs argument {a.name!r} ({a.type.__name__}: {a.help}); "
+                    f"{kind} {comp.name!r} needs argument {a.name!r} "
+                    f"({a.type.__name__}: {a.help}); "
                     f"write {kind}={comp.name}({a.name}=...)",
                     origin,
                     whole_value=True,
                 )
             else:
                 resolved.append((a.name, a.default))
-        provider = entry.provenance.qualifier if self.registry.is_ambiguous(kind, comp.name) else None
+        provider = (
+            entry.provenance.qualifier if self.registry.is_ambiguous(kind, comp.name) else None
+        )
         return comp, ComponentSpec(comp.name, tuple(resolved), provider)
 
     def _arg_error(self, message: str, origin: _Origin | None, start: int, end: int) -> SpecError:

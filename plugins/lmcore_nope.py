@@ -1,4 +1,7 @@
-"""pos=nope: no positional encoding; causal attention alone carries order (Kazemnejad et al., 2023)."""
+"""pos=nope: no positional encoding; causal attention alone carries order.
+
+Kazemnejad et al., 2023: decoder-only models learn positions from the causal mask.
+"""
 
 from __future__ import annotations
 

@@ -60,7 +60,9 @@ def lmcore_components() -> list[Component]:
             build=SDPA,
             help="exact attention; memory grows with Sq·Sk",
             # q kᵀ and (scores) v: two (Sq × D) by (D × Sk)-sized matmuls per query head.
-            flops=lambda num_heads, head_dim, seq_len, kv_len: 4 * num_heads * seq_len * kv_len * head_dim,
+            flops=lambda num_heads, head_dim, seq_len, kv_len: (
+                4 * num_heads * seq_len * kv_len * head_dim
+            ),
             features=frozenset({"gqa", "bias", "mask", "compile"}),
         )
     ]

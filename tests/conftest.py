@@ -18,7 +18,11 @@ MakeDist = Callable[..., Path]
 @pytest.fixture(autouse=True)
 def _clean_plugin_env(monkeypatch: pytest.MonkeyPatch) -> None:
     """Tests start without the user's plugin switches."""
-    for var in ("LMCORE_DISABLE_PLUGINS", "LMCORE_DISABLE_PLUGIN_AUTOLOAD", "LMCORE_STRICT_PLUGINS"):
+    for var in (
+        "LMCORE_DISABLE_PLUGINS",
+        "LMCORE_DISABLE_PLUGIN_AUTOLOAD",
+        "LMCORE_STRICT_PLUGINS",
+    ):
         monkeypatch.delenv(var, raising=False)
 
 

@@ -11,7 +11,9 @@ import torch.nn.functional as F
 from lmcore import ModelInputError, build_model, parse_spec
 
 
-def cs336_state_dict_shapes(vocab: int, ctx: int, d: int, layers: int, d_ff: int) -> dict[str, tuple[int, ...]]:
+def cs336_state_dict_shapes(
+    vocab: int, ctx: int, d: int, layers: int, d_ff: int
+) -> dict[str, tuple[int, ...]]:
     """The CS336 reference checkpoint's keys and shapes, written out independently."""
     shapes: dict[str, tuple[int, ...]] = {"token_embeddings.weight": (vocab, d)}
     for i in range(layers):
@@ -34,17 +36,26 @@ def cs336_state_dict_shapes(vocab: int, ctx: int, d: int, layers: int, d_ff: int
 def random_reference_weights(seed: int = 0) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     shapes = cs336_state_dict_shapes(10000, 16, 64, 3, 128)
-    return {k: torch.randn(s, generator=g) * (0.3 if len(s) == 2 else 1.0) + (1.0 if len(s) == 1 else 0.0) for k, s in shapes.items()}
+    return {
+        k: torch.randn(s, generator=g) * (0.3 if len(s) == 2 else 1.0)
+        + (1.0 if len(s) == 1 else 0.0)
+        for k, s in shapes.items()
+    }
 
 
-def reference_forward(w: dict[str, torch.Tensor], ids: torch.Tensor, heads: int, theta: float, eps: float = 1e-5) -> torch.Tensor:
+def reference_forward(
+    w: dict[str, torch.Tensor], ids: torch.Tensor, heads: int, theta: float, eps: float = 1e-5
+) -> torch.Tensor:
     """CS336's LM with torch's own ops: F.rms_norm, F.silu, F.scaled_dot_product_attention, and
     RoPE as complex multiplication of interleaved pairs."""
     d = w["token_embeddings.weight"].shape[1]
     hd = d // heads
     t = ids.shape[-1]
     freqs = theta ** (-torch.arange(0, hd, 2, dtype=torch.float64) / hd)
-    rot = torch.polar(torch.ones(t, hd // 2, dtype=torch.float64), torch.arange(t, dtype=torch.float64)[:, None] * freqs)
+    rot = torch.polar(
+        torch.ones(t, hd // 2, dtype=torch.float64),
+        torch.arange(t, dtype=torch.float64)[:, None] * freqs,
+    )
 
     def rope(x: torch.Tensor) -> torch.Tensor:  # (B, H, T, hd)
         c = torch.view_as_complex(x.double().reshape(*x.shape[:-1], hd // 2, 2).contiguous())
@@ -55,11 +66,17 @@ def reference_forward(w: dict[str, torch.Tensor], ids: torch.Tensor, heads: int,
     while f"layers.{n}.ln1.weight" in w:
         p = f"layers.{n}."
         h = F.rms_norm(x, (d,), w[p + "ln1.weight"], eps)
-        q, k, v = (F.linear(h, w[p + f"attn.{m}_proj.weight"]).unflatten(-1, (heads, hd)).transpose(1, 2) for m in "qkv")
+        q, k, v = (
+            F.linear(h, w[p + f"attn.{m}_proj.weight"]).unflatten(-1, (heads, hd)).transpose(1, 2)
+            for m in "qkv"
+        )
         a = F.scaled_dot_product_attention(rope(q), rope(k), v, is_causal=True)
         x = x + F.linear(a.transpose(1, 2).flatten(-2), w[p + "attn.output_proj.weight"])
         h = F.rms_norm(x, (d,), w[p + "ln2.weight"], eps)
-        x = x + F.linear(F.silu(F.linear(h, w[p + "ffn.w1.weight"])) * F.linear(h, w[p + "ffn.w3.weight"]), w[p + "ffn.w2.weight"])
+        x = x + F.linear(
+            F.silu(F.linear(h, w[p + "ffn.w1.weight"])) * F.linear(h, w[p + "ffn.w3.weight"]),
+            w[p + "ffn.w2.weight"],
+        )
         n += 1
     return F.linear(F.rms_norm(x, (d,), w["ln_final.weight"], eps), w["lm_head.weight"])
 
@@ -85,13 +102,23 @@ def test_a_model_from_another_models_canonical_spec_is_the_same_shape() -> None:
     a = build_model("tinystories, pos=nope, d_model=256, num_heads=8")
     b = build_model(str(a.spec))
     assert b.spec == a.spec
-    assert {k: v.shape for k, v in a.state_dict().items()} == {k: v.shape for k, v in b.state_dict().items()}
+    assert {k: v.shape for k, v in a.state_dict().items()} == {
+        k: v.shape for k, v in b.state_dict().items()
+    }
     b.load_state_dict(a.state_dict(), strict=True)
     ids = torch.randint(0, 10000, (1, 32))
     torch.testing.assert_close(a(ids), b(ids))
 
 
-@pytest.mark.parametrize("spec", ["cs336-tiny", "cs336-tiny, pos=nope", "cs336-tiny, num_kv_heads=1", "cs336-tiny, block=postnorm"])
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "cs336-tiny",
+        "cs336-tiny, pos=nope",
+        "cs336-tiny, num_kv_heads=1",
+        "cs336-tiny, block=postnorm",
+    ],
+)
 def test_changing_later_tokens_never_changes_earlier_logits(spec: str) -> None:
     torch.manual_seed(0)
     model = build_model(spec)
@@ -180,14 +207,20 @@ def tiny():
 
 
 def test_float_ids_are_a_type_error(tiny) -> None:
-    with pytest.raises(TypeError, match=r"token ids must be an integer tensor, got dtype torch.float32; convert with ids.long\(\)"):
+    with pytest.raises(
+        TypeError,
+        match=r"token ids must be an integer tensor, got dtype torch.float32; convert with ids.long\(\)",
+    ):
         tiny(torch.zeros(1, 4))
 
 
 def test_out_of_range_ids_name_the_value_and_index(tiny) -> None:
     ids = torch.zeros(2, 4, dtype=torch.long)
     ids[1, 2] = 10000
-    with pytest.raises(ModelInputError, match=r"token id 10000 at index \(1, 2\) is out of range for vocab_size=10000 \(valid ids: 0..9999\)"):
+    with pytest.raises(
+        ModelInputError,
+        match=r"token id 10000 at index \(1, 2\) is out of range for vocab_size=10000 \(valid ids: 0..9999\)",
+    ):
         tiny(ids)
     ids[1, 2] = -1
     with pytest.raises(ValueError, match=r"token id -1 at index \(1, 2\)"):
@@ -195,15 +228,23 @@ def test_out_of_range_ids_name_the_value_and_index(tiny) -> None:
 
 
 def test_too_long_sequence(tiny) -> None:
-    with pytest.raises(ModelInputError, match=r"sequence length 17 exceeds context_length=16; truncate to the last 16 tokens"):
+    with pytest.raises(
+        ModelInputError,
+        match=r"sequence length 17 exceeds context_length=16; truncate to the last 16 tokens",
+    ):
         tiny(torch.zeros(1, 17, dtype=torch.long))
 
 
 def test_bad_positions(tiny) -> None:
     ids = torch.zeros(1, 4, dtype=torch.long)
-    with pytest.raises(ModelInputError, match=r"token_positions must lie in 0..15 \(context_length=16\); got min 14, max 17"):
+    with pytest.raises(
+        ModelInputError,
+        match=r"token_positions must lie in 0..15 \(context_length=16\); got min 14, max 17",
+    ):
         tiny(ids, torch.arange(14, 18))
-    with pytest.raises(ModelInputError, match=r"token_positions must be integers of shape \(..., 4\)"):
+    with pytest.raises(
+        ModelInputError, match=r"token_positions must be integers of shape \(..., 4\)"
+    ):
         tiny(ids, torch.arange(3))
 
 

@@ -39,7 +39,7 @@ Module = torch.nn.Module
 BUILTINS = {"rmsnorm", "swiglu", "rope", "nope", "sdpa", "presets"}
 
 # A third-party norm: the same maths as RMSNorm, so a model built with it is a real model.
-OTHER_RMSNORM = '''
+OTHER_RMSNORM = """
 from lmcore import Component, hookimpl
 from lmcore_rmsnorm import RMSNorm
 
@@ -49,7 +49,7 @@ class OtherRMSNorm(RMSNorm):
 @hookimpl
 def lmcore_components():
     return [Component(kind="norm", name="rmsnorm", build=OtherRMSNorm, params=lambda d_model: d_model)]
-'''
+"""
 
 
 def _plugin(body: str) -> str:
@@ -61,7 +61,11 @@ def _plugin(body: str) -> str:
 
 
 def test_builtins_are_declared_as_entry_points_of_the_lmcore_distribution() -> None:
-    eps = {ep.name: ep for ep in md.entry_points(group="lmcore") if ep.dist and ep.dist.name == "lmcore"}
+    eps = {
+        ep.name: ep
+        for ep in md.entry_points(group="lmcore")
+        if ep.dist and ep.dist.name == "lmcore"
+    }
     assert set(eps) >= BUILTINS
     assert eps["rope"].value == "lmcore_rope"
 
@@ -88,11 +92,16 @@ def test_importing_lmcore_does_no_discovery() -> None:
     assert out.stdout.strip() == "ok"
 
 
-def test_builtins_reach_the_registry_only_through_entry_points(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_builtins_reach_the_registry_only_through_entry_points(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setenv("LMCORE_DISABLE_PLUGIN_AUTOLOAD", "1")
     reg = Registry()
     assert reg.entries() == [] and reg.preset_entries() == []
-    with pytest.raises(ComponentNotFoundError, match=r"entry points are not loaded \(LMCORE_DISABLE_PLUGIN_AUTOLOAD is set\)"):
+    with pytest.raises(
+        ComponentNotFoundError,
+        match=r"entry points are not loaded \(LMCORE_DISABLE_PLUGIN_AUTOLOAD is set\)",
+    ):
         reg.get("norm", "rmsnorm")
 
 
@@ -102,7 +111,12 @@ BROKEN_IMPORT = "raise ImportError('flash kernels need triton')\n"
 
 
 def test_a_plugin_that_fails_to_import_is_isolated(make_dist, registry: Registry) -> None:
-    make_dist("lmcore-flash", version="0.3", entry_points={"flash": "flash_broken"}, modules={"flash_broken": BROKEN_IMPORT})
+    make_dist(
+        "lmcore-flash",
+        version="0.3",
+        entry_points={"flash": "flash_broken"},
+        modules={"flash_broken": BROKEN_IMPORT},
+    )
     [record] = [r for r in registry.plugins() if r.name == "flash"]
     assert record.status == "failed"
     assert record.provenance.dist == "lmcore-flash" and record.provenance.version == "0.3"
@@ -116,13 +130,22 @@ def test_a_plugin_that_fails_to_import_is_isolated(make_dist, registry: Registry
         r"importing 'flash_broken' raised ImportError: flash kernels need triton",
     ):
         registry.get("attn", "flash")
-    with pytest.raises(SpecError, match=r"which failed to load: importing 'flash_broken' raised ImportError"):
+    with pytest.raises(
+        SpecError, match=r"which failed to load: importing 'flash_broken' raised ImportError"
+    ):
         parse_spec("tinystories, attn=flash")
 
 
 def test_an_unknown_name_mentions_failed_plugins(make_dist, registry: Registry) -> None:
-    make_dist("lmcore-flash", entry_points={"flash": "flash_broken2"}, modules={"flash_broken2": BROKEN_IMPORT})
-    with pytest.raises(ComponentNotFoundError, match=r"no installed plugin provides attn 'flash2'.*plugins that failed to load: 'flash' \(lmcore-flash 1.0"):
+    make_dist(
+        "lmcore-flash",
+        entry_points={"flash": "flash_broken2"},
+        modules={"flash_broken2": BROKEN_IMPORT},
+    )
+    with pytest.raises(
+        ComponentNotFoundError,
+        match=r"no installed plugin provides attn 'flash2'.*plugins that failed to load: 'flash' \(lmcore-flash 1.0",
+    ):
         registry.get("attn", "flash2")
 
 
@@ -227,10 +250,24 @@ def test_an_unknown_name_mentions_failed_plugins(make_dist, registry: Registry) 
             r"preset name 'my preset' is not a valid name",
         ),
     ],
-    ids=["hook-raises", "not-a-component", "not-a-list", "bad-kind", "bad-name", "arg-not-accepted",
-         "bad-default", "unknown-feature", "duplicate", "typo-hook", "hook-args", "bad-preset"],
+    ids=[
+        "hook-raises",
+        "not-a-component",
+        "not-a-list",
+        "bad-kind",
+        "bad-name",
+        "arg-not-accepted",
+        "bad-default",
+        "unknown-feature",
+        "duplicate",
+        "typo-hook",
+        "hook-args",
+        "bad-preset",
+    ],
 )
-def test_malformed_plugins_are_recorded_as_failed_with_their_reason(make_dist, body: str, reason: str, request) -> None:
+def test_malformed_plugins_are_recorded_as_failed_with_their_reason(
+    make_dist, body: str, reason: str, request
+) -> None:
     mod = "bad_mod_" + request.node.callspec.id.replace("-", "_")
     make_dist("lmcore-bad", entry_points={"bad": mod}, modules={mod: _plugin(body)})
     reg = Registry()
@@ -242,8 +279,14 @@ def test_malformed_plugins_are_recorded_as_failed_with_their_reason(make_dist, b
     assert all(e.provenance.plugin != "bad" for e in reg.entries())
 
 
-def test_strict_mode_turns_a_failure_into_an_immediate_error(make_dist, monkeypatch: pytest.MonkeyPatch) -> None:
-    make_dist("lmcore-flash", entry_points={"flash": "flash_broken3"}, modules={"flash_broken3": BROKEN_IMPORT})
+def test_strict_mode_turns_a_failure_into_an_immediate_error(
+    make_dist, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    make_dist(
+        "lmcore-flash",
+        entry_points={"flash": "flash_broken3"},
+        modules={"flash_broken3": BROKEN_IMPORT},
+    )
     message = r"plugin 'flash' from lmcore-flash 1.0 .* failed: importing 'flash_broken3' raised ImportError: flash kernels need triton"
     with pytest.raises(PluginLoadError, match=message):
         Registry(strict=True).load()
@@ -255,7 +298,10 @@ def test_strict_mode_turns_a_failure_into_an_immediate_error(make_dist, monkeypa
 
 def test_a_malformed_flag_value_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LMCORE_STRICT_PLUGINS", "maybe")
-    with pytest.raises(ValueError, match=r"LMCORE_STRICT_PLUGINS='maybe' is not a flag; use 1/true/yes or 0/false/no"):
+    with pytest.raises(
+        ValueError,
+        match=r"LMCORE_STRICT_PLUGINS='maybe' is not a flag; use 1/true/yes or 0/false/no",
+    ):
         Registry().load()
 
 
@@ -263,7 +309,12 @@ def test_a_malformed_flag_value_is_an_error(monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def test_two_providers_of_one_name_neither_wins(make_dist, registry: Registry) -> None:
-    make_dist("other-norms", version="2.0", entry_points={"other": "other_norms_a"}, modules={"other_norms_a": OTHER_RMSNORM})
+    make_dist(
+        "other-norms",
+        version="2.0",
+        entry_points={"other": "other_norms_a"},
+        modules={"other_norms_a": OTHER_RMSNORM},
+    )
     entries = [e for e in registry.entries("norm") if e.name == "rmsnorm"]
     assert sorted(e.provenance.dist for e in entries) == ["lmcore", "other-norms"]
     assert {e.status for e in entries} == {"shadowed"}
@@ -280,7 +331,9 @@ def test_two_providers_of_one_name_neither_wins(make_dist, registry: Registry) -
 
     model = build_model("tinystories, norm=other-norms:rmsnorm", device="meta")
     assert type(model.layers[0].ln1).__name__ == "OtherRMSNorm"
-    assert str(model.spec).endswith("norm=other-norms:rmsnorm,ffn=swiglu,pos=rope(theta=10000.0),attn=sdpa")
+    assert str(model.spec).endswith(
+        "norm=other-norms:rmsnorm,ffn=swiglu,pos=rope(theta=10000.0),attn=sdpa"
+    )
     assert parse_spec(str(model.spec)) == model.spec
     # The qualifier is matched after PEP 503 normalisation.
     assert parse_spec("tinystories, norm=Other_Norms:rmsnorm") == model.spec
@@ -288,14 +341,29 @@ def test_two_providers_of_one_name_neither_wins(make_dist, registry: Registry) -
     assert type(builtin.layers[0].ln1).__name__ == "RMSNorm"
 
 
-def test_qualifier_that_provides_nothing_lists_the_real_providers(make_dist, registry: Registry) -> None:
-    make_dist("other-norms", entry_points={"other": "other_norms_b"}, modules={"other_norms_b": OTHER_RMSNORM})
-    with pytest.raises(ComponentNotFoundError, match=r"'other-norm' does not provide norm 'rmsnorm' \(did you mean 'other-norms'\?\); it is provided by lmcore, other-norms"):
+def test_qualifier_that_provides_nothing_lists_the_real_providers(
+    make_dist, registry: Registry
+) -> None:
+    make_dist(
+        "other-norms",
+        entry_points={"other": "other_norms_b"},
+        modules={"other_norms_b": OTHER_RMSNORM},
+    )
+    with pytest.raises(
+        ComponentNotFoundError,
+        match=r"'other-norm' does not provide norm 'rmsnorm' \(did you mean 'other-norms'\?\); it is provided by lmcore, other-norms",
+    ):
         registry.get("norm", "rmsnorm", provider="other-norm")
 
 
-def test_disabling_one_provider_resolves_the_conflict(make_dist, monkeypatch: pytest.MonkeyPatch) -> None:
-    make_dist("other-norms", entry_points={"other": "other_norms_c"}, modules={"other_norms_c": OTHER_RMSNORM})
+def test_disabling_one_provider_resolves_the_conflict(
+    make_dist, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    make_dist(
+        "other-norms",
+        entry_points={"other": "other_norms_c"},
+        modules={"other_norms_c": OTHER_RMSNORM},
+    )
     monkeypatch.setenv("LMCORE_DISABLE_PLUGINS", "other")
     reg = Registry()
     assert reg.get("norm", "rmsnorm").provenance.dist == "lmcore"
@@ -326,31 +394,49 @@ def test_registry_keyword_disables_too() -> None:
 def test_disabling_an_unknown_name_warns_with_a_suggestion(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LMCORE_DISABLE_PLUGINS", "roep")
     reg = Registry()
-    with pytest.warns(LmcoreWarning, match=r"LMCORE_DISABLE_PLUGINS names 'roep', but no installed plugin has that entry-point name \(did you mean 'rope'\?\)"):
+    with pytest.warns(
+        LmcoreWarning,
+        match=r"LMCORE_DISABLE_PLUGINS names 'roep', but no installed plugin has that entry-point name \(did you mean 'rope'\?\)",
+    ):
         reg.load()
     assert reg.problems and "roep" in reg.problems[0]
 
 
-def test_autoload_off_keeps_only_programmatic_registrations(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_autoload_off_keeps_only_programmatic_registrations(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     import lmcore_rmsnorm
 
     monkeypatch.setenv("LMCORE_DISABLE_PLUGIN_AUTOLOAD", "1")
     reg = Registry()
     reg.register(lmcore_rmsnorm, name="mine")
     [entry] = reg.entries()
-    assert entry.name == "rmsnorm" and entry.provenance.dist is None and entry.provenance.plugin == "mine"
+    assert (
+        entry.name == "rmsnorm"
+        and entry.provenance.dist is None
+        and entry.provenance.plugin == "mine"
+    )
     assert entry.provenance.qualifier == "mine"
-    assert "registered in-process (plugin 'mine', module lmcore_rmsnorm)" == str(entry.provenance)
+    assert str(entry.provenance) == "registered in-process (plugin 'mine', module lmcore_rmsnorm)"
 
 
 # ------------------------------------------------------------------ programmatic and scoped
 
-SCALE = Component(kind="norm", name="scale", build=lambda d_model: torch.nn.Identity(), help="test-only")
+SCALE = Component(
+    kind="norm", name="scale", build=lambda d_model: torch.nn.Identity(), help="test-only"
+)
 
 
 def test_scoped_registry_does_not_leak() -> None:
     with scoped_registry() as reg:
-        reg.add(SCALE, Preset("tiny-scale", "cs336-tiny, norm=scale"[12:] + ", vocab_size=8, context_length=4, d_model=8, num_layers=1, num_heads=2"))
+        reg.add(
+            SCALE,
+            Preset(
+                "tiny-scale",
+                "cs336-tiny, norm=scale"[12:]
+                + ", vocab_size=8, context_length=4, d_model=8, num_layers=1, num_heads=2",
+            ),
+        )
         assert parse_spec("tiny-scale").norm.name == "scale"
         assert lmcore.get_registry() is reg
     assert lmcore.get_registry() is not reg
@@ -394,17 +480,29 @@ def test_a_programmatic_duplicate_of_a_builtin_is_a_conflict(registry: Registry)
 
 
 def test_did_you_mean_for_components_and_presets(registry: Registry) -> None:
-    with pytest.raises(ComponentNotFoundError, match=r"no installed plugin provides ffn 'swigl' \(did you mean 'swiglu'\?\); available ffn: .*swiglu"):
+    with pytest.raises(
+        ComponentNotFoundError,
+        match=r"no installed plugin provides ffn 'swigl' \(did you mean 'swiglu'\?\); available ffn: .*swiglu",
+    ):
         registry.get("ffn", "swigl")
-    with pytest.raises(ComponentNotFoundError, match=r"preset 'gpt2-smal' \(did you mean 'gpt2-small'\?\)"):
+    with pytest.raises(
+        ComponentNotFoundError, match=r"preset 'gpt2-smal' \(did you mean 'gpt2-small'\?\)"
+    ):
         registry.get_preset("gpt2-smal")
 
 
 # ------------------------------------------------------------------ lmcore plugins
 
 
-def test_plugins_table_lists_kind_name_dist_version_status_args(make_dist, registry: Registry, capsys) -> None:
-    make_dist("lmcore-flash", version="0.3", entry_points={"flash": "flash_broken4"}, modules={"flash_broken4": BROKEN_IMPORT})
+def test_plugins_table_lists_kind_name_dist_version_status_args(
+    make_dist, registry: Registry, capsys
+) -> None:
+    make_dist(
+        "lmcore-flash",
+        version="0.3",
+        entry_points={"flash": "flash_broken4"},
+        modules={"flash_broken4": BROKEN_IMPORT},
+    )
     assert main(["plugins"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0].split() == ["KIND", "NAME", "DIST", "VERSION", "STATUS", "ARGS", "/", "REASON"]
@@ -424,23 +522,53 @@ def test_plugins_json_and_kind_filter(registry: Registry, capsys) -> None:
     rope = next(r for r in data["components"] if r["name"] == "rope")
     assert rope["dist"] == "lmcore" and rope["plugin"] == "rope" and rope["module"] == "lmcore_rope"
     assert rope["args"] == [
-        {"name": "theta", "type": "float", "default": 10000.0, "required": False, "help": "base of the rotation frequencies"}
+        {
+            "name": "theta",
+            "type": "float",
+            "default": 10000.0,
+            "required": False,
+            "help": "base of the rotation frequencies",
+        }
     ]
 
 
 def test_shadowed_rows_say_how_to_choose(make_dist, registry: Registry, capsys) -> None:
-    make_dist("other-norms", entry_points={"other": "other_norms_d"}, modules={"other_norms_d": OTHER_RMSNORM})
+    make_dist(
+        "other-norms",
+        entry_points={"other": "other_norms_d"},
+        modules={"other_norms_d": OTHER_RMSNORM},
+    )
     main(["plugins", "--kind", "norm"])
     out = capsys.readouterr().out
-    assert "shadowed" in out and "(ambiguous: write other-norms:rmsnorm)" in out and "(ambiguous: write lmcore:rmsnorm)" in out
+    assert (
+        "shadowed" in out
+        and "(ambiguous: write other-norms:rmsnorm)" in out
+        and "(ambiguous: write lmcore:rmsnorm)" in out
+    )
 
 
 def test_acceptance_broken_plugin_beside_the_builtins_in_a_fresh_process(make_dist) -> None:
-    site = make_dist("lmcore-flash", version="0.3", entry_points={"flash": "flash_broken5"}, modules={"flash_broken5": BROKEN_IMPORT})
+    site = make_dist(
+        "lmcore-flash",
+        version="0.3",
+        entry_points={"flash": "flash_broken5"},
+        modules={"flash_broken5": BROKEN_IMPORT},
+    )
     env = {**os.environ, "PYTHONPATH": str(site)}
-    cli = [sys.executable, "-c", "import sys; from lmcore.cli import main; sys.exit(main())", "plugins"]
+    cli = [
+        sys.executable,
+        "-c",
+        "import sys; from lmcore.cli import main; sys.exit(main())",
+        "plugins",
+    ]
     listing = subprocess.run(cli, capture_output=True, text=True, env=env, check=True).stdout
-    assert "flash" in listing and "failed" in listing and "ImportError: flash kernels need triton" in listing
+    assert (
+        "flash" in listing
+        and "failed" in listing
+        and "ImportError: flash kernels need triton" in listing
+    )
     build = "import lmcore; print(lmcore.build_model('tinystories', device='meta').spec.d_model)"
-    out = subprocess.run([sys.executable, "-c", build], capture_output=True, text=True, env=env, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", build], capture_output=True, text=True, env=env, check=True
+    )
     assert out.stdout.strip() == "512"

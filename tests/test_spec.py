@@ -70,7 +70,10 @@ def test_ffn_d_ff_argument_is_the_models_d_ff() -> None:
 
 def test_changing_the_ffn_drops_the_presets_width_but_not_an_explicit_one() -> None:
     assert parse_spec("cs336-tiny, ffn=swiglu").d_ff == 128  # same ffn: the preset's width stays
-    assert parse_spec("vocab_size=10, context_length=4, d_model=512, num_layers=1, num_heads=8").d_ff == 1344
+    assert (
+        parse_spec("vocab_size=10, context_length=4, d_model=512, num_layers=1, num_heads=8").d_ff
+        == 1344
+    )
 
 
 @pytest.mark.parametrize(
@@ -79,33 +82,109 @@ def test_changing_the_ffn_drops_the_presets_width_but_not_an_explicit_one() -> N
         ("", r"empty spec", "^"),
         ("tinystories,", r"trailing ','", "^"),
         ("tinystories d_model=1", r"expected ',' between items, found 'd_model'", "^^^^^^^"),
-        ("tinystories, d_modle=512", r"unknown key 'd_modle' \(did you mean 'd_model'\?\); keys are vocab_size", "^^^^^^^"),
-        ("tinysories", r"no installed plugin provides preset 'tinysories' \(did you mean 'tinystories'\?\); available preset: cs336-tiny, gpt2-large", "^^^^^^^^^^"),
-        ("tinystories, pos=roap", r"no installed plugin provides pos 'roap' \(did you mean 'rope'\?\); available pos: .*nope.*rope", "^^^^"),
-        ("tinystories, norm=rmsnorm(epsilon=1)", r"norm 'rmsnorm' has no argument 'epsilon' \(did you mean 'eps'\?\); it takes: eps", "^^^^^^^^^"),
-        ("tinystories, norm=rmsnorm(eps=true)", r"argument 'eps' of norm 'rmsnorm' expects float, got bool true", "^^^^^^^^"),
-        ("tinystories, norm=rmsnorm(eps=x)", r"argument 'eps' of norm 'rmsnorm' expects float, got str 'x'", "^^^^^"),
-        ("tinystories, pos=rope(theta=0)", r"argument 'theta' of pos 'rope' must be > 0.0, got 0.0", "^^^^^^^"),
-        ("tinystories, d_model=512, d_model=256", r"key 'd_model' is given twice \(first at position 13\)", "^^^^^^^"),
-        ("tinystories, num_heads=7", r"d_model=512 is not divisible by num_heads=7; num_heads that divide it: 1, 2, 4, 8", "^"),
-        ("tinystories, d_model=96, num_heads=32", r"pos 'rope': RoPE rotates pairs of dimensions, but head_dim = d_model / num_heads = 3 is odd", "^^"),
+        (
+            "tinystories, d_modle=512",
+            r"unknown key 'd_modle' \(did you mean 'd_model'\?\); keys are vocab_size",
+            "^^^^^^^",
+        ),
+        (
+            "tinysories",
+            r"no installed plugin provides preset 'tinysories' \(did you mean 'tinystories'\?\); available preset: cs336-tiny, gpt2-large",
+            "^^^^^^^^^^",
+        ),
+        (
+            "tinystories, pos=roap",
+            r"no installed plugin provides pos 'roap' \(did you mean 'rope'\?\); available pos: .*nope.*rope",
+            "^^^^",
+        ),
+        (
+            "tinystories, norm=rmsnorm(epsilon=1)",
+            r"norm 'rmsnorm' has no argument 'epsilon' \(did you mean 'eps'\?\); it takes: eps",
+            "^^^^^^^^^",
+        ),
+        (
+            "tinystories, norm=rmsnorm(eps=true)",
+            r"argument 'eps' of norm 'rmsnorm' expects float, got bool true",
+            "^^^^^^^^",
+        ),
+        (
+            "tinystories, norm=rmsnorm(eps=x)",
+            r"argument 'eps' of norm 'rmsnorm' expects float, got str 'x'",
+            "^^^^^",
+        ),
+        (
+            "tinystories, pos=rope(theta=0)",
+            r"argument 'theta' of pos 'rope' must be > 0.0, got 0.0",
+            "^^^^^^^",
+        ),
+        (
+            "tinystories, d_model=512, d_model=256",
+            r"key 'd_model' is given twice \(first at position 13\)",
+            "^^^^^^^",
+        ),
+        (
+            "tinystories, num_heads=7",
+            r"d_model=512 is not divisible by num_heads=7; num_heads that divide it: 1, 2, 4, 8",
+            "^",
+        ),
+        (
+            "tinystories, d_model=96, num_heads=32",
+            r"pos 'rope': RoPE rotates pairs of dimensions, but head_dim = d_model / num_heads = 3 is odd",
+            "^^",
+        ),
         ("tinystories, d_model=abc", r"d_model expects int, got str 'abc'", "^^^"),
         ("tinystories, d_model=0", r"d_model must be >= 1, got 0", "^"),
         ("tinystories, d_model=1e5x", r"malformed number '1e5x'", "^^^^"),
         ("tinystories, d_model=5.0", r"d_model expects int, got float 5.0", "^^^"),
-        ("tinystories, pos=nope, cs336-tiny", r"a bare name \('cs336-tiny'\) is a preset and can only come first", "^^^^^^^^^^"),
-        ("tinystories, norm=5", r"norm takes a component, e.g. norm=rmsnorm or norm=name\(arg=value\); got '5'", "^"),
-        ("tinystories, d_model=rmsnorm(eps=1)", r"d_model takes a plain int, not a component", "^^^^^^^^^^^^^^"),
+        (
+            "tinystories, pos=nope, cs336-tiny",
+            r"a bare name \('cs336-tiny'\) is a preset and can only come first",
+            "^^^^^^^^^^",
+        ),
+        (
+            "tinystories, norm=5",
+            r"norm takes a component, e.g. norm=rmsnorm or norm=name\(arg=value\); got '5'",
+            "^",
+        ),
+        (
+            "tinystories, d_model=rmsnorm(eps=1)",
+            r"d_model takes a plain int, not a component",
+            "^^^^^^^^^^^^^^",
+        ),
         ("tinystories, num_kv_heads=3", r"num_kv_heads=3 must divide num_heads=16", "^"),
-        ("tinystories, block=postnrom", r"block must be one of postnorm, prenorm, got 'postnrom' \(did you mean 'postnorm'\?\)", "^^^^^^^^"),
-        ("tinystories, d_ff=100, ffn=swiglu(d_ff=1)", r"d_ff is given twice: as a model key and as an argument of ffn", "^^^^"),
+        (
+            "tinystories, block=postnrom",
+            r"block must be one of postnorm, prenorm, got 'postnrom' \(did you mean 'postnorm'\?\)",
+            "^^^^^^^^",
+        ),
+        (
+            "tinystories, d_ff=100, ffn=swiglu(d_ff=1)",
+            r"d_ff is given twice: as a model key and as an argument of ffn",
+            "^^^^",
+        ),
         ("tinystories, norm=rmsnorm(eps=1, eps=2)", r"argument 'eps' is given twice", "^^^"),
-        ("tinystories, norm=rmsnorm(eps=1", r"expected ',' or '\)' in the argument list, found end of spec", "^"),
-        ("tinystories, pos=rope(theta=x(y=1))", r"argument values are plain values, not components", "^"),
+        (
+            "tinystories, norm=rmsnorm(eps=1",
+            r"expected ',' or '\)' in the argument list, found end of spec",
+            "^",
+        ),
+        (
+            "tinystories, pos=rope(theta=x(y=1))",
+            r"argument values are plain values, not components",
+            "^",
+        ),
         ("tinystories; d_model=1", r"unexpected character ';'", "^"),
         ('tinystories, norm=rmsnorm(eps="1)', r"unterminated string: add the closing \"", "^^^"),
-        ("tinystories, norm=foo:rmsnorm", r"'foo' does not provide norm 'rmsnorm'; it is provided by lmcore", "^^^^^^^^^^^"),
-        ("vocab_size=10", r"missing context_length \(longest sequence the model accepts\); add context_length=... or start with a preset", "^^^^^^^^^^^^^"),
+        (
+            "tinystories, norm=foo:rmsnorm",
+            r"'foo' does not provide norm 'rmsnorm'; it is provided by lmcore",
+            "^^^^^^^^^^^",
+        ),
+        (
+            "vocab_size=10",
+            r"missing context_length \(longest sequence the model accepts\); add context_length=... or start with a preset",
+            "^^^^^^^^^^^^^",
+        ),
         ("tinystories(x=1)", r"'tinystories' takes no arguments here", "^^^^^^^^^^^^^^^^"),
     ],
 )
@@ -143,7 +222,26 @@ def test_parse_spec_rejects_non_strings() -> None:
         parse_spec(5)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("value", [0, -3, 10_000, 1e-5, 2.5, 10000.0, True, False, "abc", "a b", 'q"x', "true", "1e5", "", "x\\y\n"])
+@pytest.mark.parametrize(
+    "value",
+    [
+        0,
+        -3,
+        10_000,
+        1e-5,
+        2.5,
+        10000.0,
+        True,
+        False,
+        "abc",
+        "a b",
+        'q"x',
+        "true",
+        "1e5",
+        "",
+        "x\\y\n",
+    ],
+)
 def test_scalars_format_to_text_that_parses_back(value) -> None:
     spec = parse_spec("tinystories")
     # Round trip through a component argument of a made-up spec line: format, then tokenize.
@@ -225,7 +323,9 @@ def test_canonical_round_trip(text: str) -> None:
     assert hash(again) == hash(spec)
 
 
-_ALPHABET = st.sampled_from(list("abcdrt_-.:,=()'\" 0123456789eE+") + ["tinystories", "d_model", "norm", "rope"])
+_ALPHABET = st.sampled_from(
+    [*"abcdrt_-.:,=()'\" 0123456789eE+", "tinystories", "d_model", "norm", "rope"]
+)
 
 
 @settings(max_examples=500, deadline=None)

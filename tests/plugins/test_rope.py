@@ -2,7 +2,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from lmcore_rope import RotaryPositionalEmbedding
 
 
@@ -29,7 +28,9 @@ def test_pair_zero_rotates_by_the_position_itself() -> None:
     x = torch.tensor([[1.0, 0.0, 0.0, 0.0]])
     out = rope(x, torch.tensor([3]))
     # The first pair's frequency is theta^0 = 1: angle 3 rad. Interleaved, not split halves.
-    torch.testing.assert_close(out, torch.tensor([[torch.cos(torch.tensor(3.0)), torch.sin(torch.tensor(3.0)), 0.0, 0.0]]))
+    torch.testing.assert_close(
+        out, torch.tensor([[torch.cos(torch.tensor(3.0)), torch.sin(torch.tensor(3.0)), 0.0, 0.0]])
+    )
 
 
 def test_rope_preserves_norms() -> None:
@@ -72,7 +73,9 @@ def test_bf16_input_keeps_its_dtype() -> None:
     x = torch.randn(4, 8).to(torch.bfloat16)
     out = rope(x, torch.arange(4))
     assert out.dtype == torch.bfloat16
-    torch.testing.assert_close(out.float(), _complex_reference(x.float(), torch.arange(4), 10000.0), atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(
+        out.float(), _complex_reference(x.float(), torch.arange(4), 10000.0), atol=2e-2, rtol=2e-2
+    )
 
 
 def test_odd_dimension_is_refused() -> None:

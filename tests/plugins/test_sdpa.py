@@ -3,7 +3,6 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-
 from lmcore_sdpa import SDPA
 
 
@@ -40,4 +39,6 @@ def test_bias_per_head_and_mask_combine_with_causal() -> None:
 def test_not_causal_attends_to_every_key() -> None:
     torch.manual_seed(0)
     q, k, v = torch.randn(1, 2, 3, 4), torch.randn(1, 2, 3, 4), torch.randn(1, 2, 3, 4)
-    torch.testing.assert_close(SDPA()(q, k, v, causal=False), F.scaled_dot_product_attention(q, k, v))
+    torch.testing.assert_close(
+        SDPA()(q, k, v, causal=False), F.scaled_dot_product_attention(q, k, v)
+    )
