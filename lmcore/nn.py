@@ -99,11 +99,21 @@ def scaled_dot_product_attention(
 ) -> Float[Tensor, "... q d_v"]:
     """`softmax(Q Kᵀ / sqrt(d_k) + bias) V` over any leading batch dims.
 
-    `mask` is boolean, True = may attend; False positions get -inf before the softmax.
+    `mask` is boolean, True = may attend; False positions get -inf before the softmax. A query
+    whose keys are all masked gets NaN, as the softmax of an empty set is undefined.
     """
-    scores = (Q @ K.transpose(-2, -1)) / math.sqrt(Q.shape[-1])  # (..., q, k)
+    # Same maths as softmax(scores) @ V, arranged to touch the (q, k) matrix as few times as
+    # possible: the 1/sqrt(d_k) scale goes on Q, the mask and bias go in place, and the softmax
+    # denominator divides the (q, d_v) output instead of the (q, k) probabilities. 2.5x faster
+    # forward+backward than the literal formula on CPU (benchmarks/primitives.py).
+    scores = (Q * (1.0 / math.sqrt(Q.shape[-1]))) @ K.transpose(-2, -1)  # (..., q, k)
     if bias is not None:
-        scores = scores + bias
+        scores = scores + bias  # not in place: bias may broadcast scores to a larger shape
     if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
-    return softmax(scores, dim=-1) @ V
+        if torch.broadcast_shapes(scores.shape, mask.shape) == scores.shape:
+            scores.masked_fill_(~mask, float("-inf"))
+        else:  # the mask adds batch dimensions
+            scores = scores.masked_fill(~mask, float("-inf"))
+    # The max is only a shift for stability; softmax is invariant to it, so no gradient flows.
+    weights = (scores - scores.amax(dim=-1, keepdim=True).detach()).exp_()  # (..., q, k)
+    return (weights @ V) / weights.sum(dim=-1, keepdim=True)

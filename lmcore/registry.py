@@ -201,9 +201,22 @@ class Registry:
         if self._loaded:
             return self
         self._loaded = True
-        strict, disabled = self.strict, self.disabled
         if not self.autoload:
             return self
+        try:
+            self._load_entry_points(self.strict, self.disabled)
+        except BaseException:
+            # A strict failure (or Ctrl-C) leaves nothing half-loaded: the next call starts over.
+            for record in self._records.values():
+                if record.plugin is not None and self._pm.is_registered(record.plugin):
+                    self._pm.unregister(record.plugin)
+            self._records.clear()
+            self.problems.clear()
+            self._loaded = False
+            raise
+        return self
+
+    def _load_entry_points(self, strict: bool, disabled: set[str]) -> None:
         seen_names: set[str] = set()
         eps = sorted(md.entry_points(group=self.group), key=lambda e: (_ep_dist(e)[0], e.name))
         for ep in eps:
@@ -218,7 +231,7 @@ class Registry:
                 continue
             try:
                 plugin = ep.load()
-            except Exception as e:  # isolate: one broken plugin must not take the rest down
+            except (Exception, SystemExit) as e:  # one broken plugin must not take the rest down
                 self._fail(key, prov, f"importing {ep.value!r} raised {_exc(e)}", e, strict)
                 continue
             self._add(key, plugin, prov, strict)
@@ -229,8 +242,7 @@ class Registry:
                 f"entry-point names: {one_of(seen_names)}"
             )
             self.problems.append(msg)
-            warnings.warn(msg, LmcoreWarning, stacklevel=2)
-        return self
+            warnings.warn(msg, LmcoreWarning, stacklevel=3)
 
     def register(self, plugin: object, name: str | None = None) -> str:
         """Register a module or object implementing the hooks; returns its plugin name.
@@ -313,7 +325,7 @@ class Registry:
                 continue
             try:
                 result = impl.function()
-            except Exception as e:
+            except (Exception, SystemExit) as e:
                 raise InvalidComponentError(f"hook {hook}() raised {_exc(e)}") from e
             if result is None:
                 continue

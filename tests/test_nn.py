@@ -115,3 +115,42 @@ def test_causal_mask_aligns_queries_to_the_end(sq: int, sk: int) -> None:
             assert bool(mask[i, j]) == (j <= sk - sq + i)
     if sq == sk:
         torch.testing.assert_close(mask, torch.ones(sq, sk, dtype=torch.bool).tril())
+
+
+def test_sdpa_mask_and_bias_may_broadcast_to_more_dims() -> None:
+    torch.manual_seed(0)
+    q, k, v = torch.randn(4, 8), torch.randn(6, 8), torch.randn(6, 8)
+    mask = torch.rand(3, 4, 6) > 0.3
+    mask[..., 0] = True
+    bias = torch.randn(2, 1, 4, 6)
+    out = scaled_dot_product_attention(q, k, v, mask=mask, bias=bias)
+    assert out.shape == (2, 3, 4, 8)
+    expected = F.scaled_dot_product_attention(
+        q.expand(2, 3, 4, 8),
+        k.expand(2, 3, 6, 8),
+        v.expand(2, 3, 6, 8),
+        attn_mask=bias.masked_fill(~mask, float("-inf")),
+    )
+    torch.testing.assert_close(out, expected)
+
+
+def test_sdpa_gradients_match_torch() -> None:
+    torch.manual_seed(0)
+    ours = [torch.randn(2, 3, 5, 8, requires_grad=True) for _ in range(3)]
+    peer = [t.detach().clone().requires_grad_() for t in ours]
+    mask = torch.ones(5, 5, dtype=torch.bool).tril()
+    bias = torch.randn(3, 5, 5)
+    scaled_dot_product_attention(*ours, mask=mask, bias=bias).square().sum().backward()
+    F.scaled_dot_product_attention(
+        *peer, attn_mask=bias.masked_fill(~mask, float("-inf"))
+    ).square().sum().backward()
+    for a, b in zip(ours, peer, strict=True):
+        torch.testing.assert_close(a.grad, b.grad)
+
+
+def test_a_query_with_no_visible_key_gets_nan() -> None:
+    q, k, v = torch.randn(2, 4), torch.randn(3, 4), torch.randn(3, 4)
+    mask = torch.tensor([[True, False, False], [False, False, False]])
+    out = scaled_dot_product_attention(q, k, v, mask=mask)
+    torch.testing.assert_close(out[0], v[0])
+    assert torch.isnan(out[1]).all()

@@ -290,6 +290,10 @@ def test_strict_mode_turns_a_failure_into_an_immediate_error(
     message = r"plugin 'flash' from lmcore-flash 1.0 .* failed: importing 'flash_broken3' raised ImportError: flash kernels need triton"
     with pytest.raises(PluginLoadError, match=message):
         Registry(strict=True).load()
+    strict = Registry(strict=True)
+    for _ in range(2):  # nothing half-loaded survives a strict failure: it raises every time
+        with pytest.raises(PluginLoadError, match=message):
+            strict.get("norm", "rmsnorm")
     monkeypatch.setenv("LMCORE_STRICT_PLUGINS", "1")
     with pytest.raises(PluginLoadError, match=message):
         Registry().load()
@@ -572,3 +576,17 @@ def test_acceptance_broken_plugin_beside_the_builtins_in_a_fresh_process(make_di
         [sys.executable, "-c", build], capture_output=True, text=True, env=env, check=True
     )
     assert out.stdout.strip() == "512"
+
+
+def test_a_plugin_calling_sys_exit_at_import_is_isolated(make_dist, registry: Registry) -> None:
+    make_dist(
+        "lmcore-exit",
+        entry_points={"quitter": "quitter_mod"},
+        modules={"quitter_mod": "import sys\nsys.exit(3)\n"},
+    )
+    [record] = [r for r in registry.plugins() if r.name == "quitter"]
+    assert (
+        record.status == "failed"
+        and "importing 'quitter_mod' raised SystemExit: 3" in record.reason
+    )
+    assert registry.get("pos", "rope").status == "ok"
