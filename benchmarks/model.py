@@ -41,7 +41,7 @@ def torch_forward(w: dict[str, Tensor], spec: ModelSpec, ids: Tensor) -> Tensor:
         q = F.linear(h, w[p + "attn.q_proj.weight"]).unflatten(-1, (H, hd)).transpose(1, 2)
         k = F.linear(h, w[p + "attn.k_proj.weight"]).unflatten(-1, (Hkv, hd)).transpose(1, 2)
         v = F.linear(h, w[p + "attn.v_proj.weight"]).unflatten(-1, (Hkv, hd)).transpose(1, 2)
-        a = F.scaled_dot_product_attention(rope(q), rope(k), v, is_causal=True, enable_gqa=H != Hkv)
+        a = F.scaled_dot_product_attention(rope(q), rope(k), v, is_causal=True, enable_gqa=Hkv != H)
         x = x + F.linear(a.transpose(1, 2).flatten(-2), w[p + "attn.output_proj.weight"])
         h = F.rms_norm(x, (d,), w[p + "ln2.weight"], eps)
         gate = F.silu(F.linear(h, w[p + "ffn.w1.weight"])) * F.linear(h, w[p + "ffn.w3.weight"])
@@ -83,21 +83,20 @@ def main() -> None:
         model.zero_grad(set_to_none=True)
         torch_forward(weights, spec, ids).float().logsumexp(-1).mean().backward()
 
-    rows = []
     with torch.no_grad():
-        rows.append(("forward", median_ms(lambda: model(ids), args.threads),
-                     median_ms(lambda: torch_forward(weights, spec, ids), args.threads)))  # fmt: skip
-    rows.append(
+        fwd = median_ms(lambda: model(ids), args.threads)
+        fwd_peer = median_ms(lambda: torch_forward(weights, spec, ids), args.threads)
+    rows = [
+        ("forward", fwd, fwd_peer),
         (
             "forward+backward",
             median_ms(ours_train, args.threads),
             median_ms(peer_train, args.threads),
-        )
-    )
+        ),
+    ]
     tokens = args.batch * args.seq
-    print(
-        f"torch {torch.__version__}, {args.threads} threads, {args.spec!r}, batch {args.batch} x seq {args.seq}"
-    )
+    shape = f"batch {args.batch} x seq {args.seq}"
+    print(f"torch {torch.__version__}, {args.threads} threads, {args.spec!r}, {shape}")
     print("| pass | lmcore ms | torch ms | ratio | lmcore tokens/s |")
     print("| --- | ---: | ---: | ---: | ---: |")
     for name, ours, peer in rows:

@@ -110,7 +110,10 @@ def scaled_dot_product_attention(
     if bias is not None:
         scores = scores + bias  # not in place: bias may broadcast scores to a larger shape
     if mask is not None:
-        if torch.broadcast_shapes(scores.shape, mask.shape) == scores.shape:
+        fits = mask.ndim <= scores.ndim and all(
+            m in (1, s) for m, s in zip(reversed(mask.shape), reversed(scores.shape), strict=False)
+        )
+        if fits:
             scores.masked_fill_(~mask, float("-inf"))
         else:  # the mask adds batch dimensions
             scores = scores.masked_fill(~mask, float("-inf"))
