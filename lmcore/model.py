@@ -197,7 +197,7 @@ class TransformerLM(nn.Module):
             )
         if seq == 0:
             raise ModelInputError("token ids have an empty sequence dimension")
-        if ids.device.type != "meta":
+        if _values_checkable(ids):
             bad = (ids < 0) | (ids >= self.spec.vocab_size)
             if bool(bad.any()):
                 where = tuple(int(i) for i in bad.nonzero()[0])
@@ -223,12 +223,18 @@ class TransformerLM(nn.Module):
                 f"token_positions has {pos.shape[0]} rows for a batch of {ids.shape[0]}"
             )
         ctx = self.spec.context_length
-        if pos.device.type != "meta" and bool(((pos < 0) | (pos >= ctx)).any()):
+        if _values_checkable(pos) and bool(((pos < 0) | (pos >= ctx)).any()):
             raise ModelInputError(
                 f"token_positions must lie in 0..{ctx - 1} (context_length={ctx}); "
                 f"got min {int(pos.min())}, max {int(pos.max())}"
             )
         return pos
+
+
+def _values_checkable(t: Tensor) -> bool:
+    """Whether reading tensor values is possible and cheap: not on meta, not inside
+    torch.compile (a data-dependent branch would break the graph; eager runs still check)."""
+    return t.device.type != "meta" and not torch.compiler.is_compiling()
 
 
 def build_model(

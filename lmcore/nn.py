@@ -1,4 +1,4 @@
-"""From-scratch primitives (CS336 assignment 1): Linear, Embedding, softmax, silu, attention.
+"""From-scratch primitives (CS336 assignment 1): Linear, Embedding, softmax, silu, gelu, attention.
 
 Only `nn.Module`, `nn.Parameter`, `torch.nn.init` and plain tensor ops are used here.
 """
@@ -6,6 +6,7 @@ Only `nn.Module`, `nn.Parameter`, `torch.nn.init` and plain tensor ops are used 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 from jaxtyping import Bool, Float, Int
@@ -65,6 +66,48 @@ class Embedding(nn.Module):
         return f"num_embeddings={self.num_embeddings}, embedding_dim={self.embedding_dim}"
 
 
+class FeedForward(nn.Module):
+    """Position-wise feed-forward network without biases, with CS336's key names.
+
+    Ungated: `w2(act(w1 x))`. Gated (the GLU family, Shazeer 2020): `w2(act(w1 x) * w3 x)`.
+    `w1, w3: (d_ff, d_model)`, `w2: (d_model, d_ff)`. The ffn plugins differ only in `activation`
+    and `gated`, so they share this module.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        d_ff: int,
+        activation: Callable[[Tensor], Tensor],
+        *,
+        gated: bool,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ):
+        super().__init__()
+        self.activation = activation
+        self.w1 = Linear(d_model, d_ff, device=device, dtype=dtype)
+        self.w2 = Linear(d_ff, d_model, device=device, dtype=dtype)
+        self.w3 = Linear(d_model, d_ff, device=device, dtype=dtype) if gated else None
+
+    def forward(self, x: Float[Tensor, "... d_model"]) -> Float[Tensor, "... d_model"]:
+        hidden = self.activation(self.w1(x))  # (..., d_ff)
+        if self.w3 is not None:
+            hidden = hidden * self.w3(x)
+        y: Tensor = self.w2(hidden)
+        return y
+
+    def extra_repr(self) -> str:
+        name = getattr(self.activation, "__name__", repr(self.activation))
+        return f"activation={name}, gated={self.w3 is not None}"
+
+
+def gated_d_ff(d_model: int) -> int:
+    """8/3 · d_model rounded to a multiple of 64 (at least 64): a gated FFN's three matrices then
+    hold about as many parameters as an ungated 4·d_model FFN's two."""
+    return max(64, round(8 * d_model / 3 / 64) * 64)
+
+
 def softmax(x: Float[Tensor, "..."], dim: int = -1) -> Float[Tensor, "..."]:
     """Softmax along `dim`, subtracting the max first so large inputs do not overflow."""
     shifted = x - x.amax(dim=dim, keepdim=True)
@@ -75,6 +118,11 @@ def softmax(x: Float[Tensor, "..."], dim: int = -1) -> Float[Tensor, "..."]:
 def silu(x: Float[Tensor, "..."]) -> Float[Tensor, "..."]:
     """`x * sigmoid(x)`."""
     return x * torch.sigmoid(x)
+
+
+def gelu(x: Float[Tensor, "..."]) -> Float[Tensor, "..."]:
+    """The exact GELU, `x · Φ(x) = 0.5 · x · (1 + erf(x / √2))` (not the tanh approximation)."""
+    return 0.5 * x * (1.0 + torch.erf(x * (1.0 / math.sqrt(2.0))))
 
 
 def causal_mask(
@@ -90,6 +138,19 @@ def causal_mask(
     return j <= i + (k_len - q_len)
 
 
+def group_heads(t: Tensor | None, kv_heads: int, group: int) -> Tensor | None:
+    """View a `(..., H or 1, Sq, Sk)` mask or bias as `(..., Hkv or 1, G or 1, Sq, Sk)`.
+
+    Grouped-query kernels view q as `(B, Hkv, G, Sq, D)` so that k and v broadcast without a copy;
+    a per-head mask or bias must be split the same way. `(Sq, Sk)` broadcasts as it is.
+    """
+    if t is None or t.ndim < 3:
+        return t
+    if t.shape[-3] == 1:
+        return t.unsqueeze(-3)
+    return t.reshape(*t.shape[:-3], kv_heads, group, *t.shape[-2:])
+
+
 def scaled_dot_product_attention(
     Q: Float[Tensor, "... q d_k"],
     K: Float[Tensor, "... k d_k"],
@@ -100,7 +161,8 @@ def scaled_dot_product_attention(
     """`softmax(Q Kᵀ / sqrt(d_k) + bias) V` over any leading batch dims.
 
     `mask` is boolean, True = may attend; False positions get -inf before the softmax. A query
-    whose keys are all masked gets NaN, as the softmax of an empty set is undefined.
+    whose keys are all masked gets zeros (as torch's fused kernel does), so a padded row cannot
+    spread NaN through the residual stream or the gradients.
     """
     # Same maths as softmax(scores) @ V, arranged to touch the (q, k) matrix as few times as
     # possible: the 1/sqrt(d_k) scale goes on Q, the mask and bias go in place, and the softmax
@@ -118,5 +180,9 @@ def scaled_dot_product_attention(
         else:  # the mask adds batch dimensions
             scores = scores.masked_fill(~mask, float("-inf"))
     # The max is only a shift for stability; softmax is invariant to it, so no gradient flows.
-    weights = (scores - scores.amax(dim=-1, keepdim=True).detach()).exp_()  # (..., q, k)
-    return (weights @ V) / weights.sum(dim=-1, keepdim=True)
+    # A row with every key masked has max -inf: shift it by 0 so its weights are exp(-inf) = 0.
+    row_max = scores.amax(dim=-1, keepdim=True).detach()  # (..., q, 1)
+    row_max = torch.where(row_max == float("-inf"), 0.0, row_max)
+    weights = (scores - row_max).exp_()  # (..., q, k)
+    total = weights.sum(dim=-1, keepdim=True)
+    return (weights @ V) / torch.where(total == 0, 1.0, total)

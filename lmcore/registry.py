@@ -249,8 +249,19 @@ class Registry:
 
         Errors raise at once (no isolation): the caller is the one who can fix them.
         """
+        module = getattr(plugin, "__module__", None) or getattr(plugin, "__name__", "?")
+        return self._register(plugin, name or getattr(plugin, "__name__", None), str(module))
+
+    def add(self, *items: Component | Preset, name: str | None = None) -> str:
+        """Register components and presets directly (notebooks, tests); returns the plugin name."""
+        # Provenance names where the first component's factory lives, not this module.
+        builds = [i.build for i in items if isinstance(i, Component)]
+        module = getattr(builds[0], "__module__", None) if builds else None
+        return self._register(_ItemsPlugin(items), name, module or "__main__")
+
+    def _register(self, plugin: object, name: str | None, module: str) -> str:
         self.load()
-        name = name or getattr(plugin, "__name__", None) or f"plugin-{self._counter}"
+        name = name or f"added-{self._counter}"
         self._counter += 1
         if name in self._records:
             raise ValueError(
@@ -258,18 +269,13 @@ class Registry:
                 f"({self._records[name].provenance}); "
                 "pick another name or unregister it first"
             )
-        module = getattr(plugin, "__module__", None) or getattr(plugin, "__name__", "?")
-        prov = Provenance(plugin=name, module=str(module))
+        prov = Provenance(plugin=name, module=module)
         try:
             self._add(name, plugin, prov, strict=True)
         except PluginLoadError:
             del self._records[name]  # nothing half-registered is left behind
             raise
         return name
-
-    def add(self, *items: Component | Preset, name: str | None = None) -> str:
-        """Register components and presets directly (notebooks, tests); returns the plugin name."""
-        return self.register(_ItemsPlugin(items), name=name or f"added-{self._counter}")
 
     def unregister(self, name: str) -> None:
         """Remove a plugin (programmatic or loaded) and everything it provided."""

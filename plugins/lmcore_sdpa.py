@@ -6,7 +6,7 @@ from jaxtyping import Bool, Float
 from torch import Tensor, nn
 
 from lmcore import Component, hookimpl
-from lmcore.nn import causal_mask, scaled_dot_product_attention
+from lmcore.nn import causal_mask, group_heads, scaled_dot_product_attention
 
 
 class SDPA(nn.Module):
@@ -37,18 +37,13 @@ class SDPA(nn.Module):
         qg = q.reshape(*batch, kv_heads, group, sq, d)  # (B, Hkv, G, Sq, D)
         kg, vg = k.unsqueeze(-3), v.unsqueeze(-3)  # (B, Hkv, 1, Sk, D)
         out = scaled_dot_product_attention(
-            qg, kg, vg, mask=_grouped(mask, kv_heads, group), bias=_grouped(bias, kv_heads, group)
+            qg,
+            kg,
+            vg,
+            mask=group_heads(mask, kv_heads, group),
+            bias=group_heads(bias, kv_heads, group),
         )
         return out.reshape(*batch, heads, sq, d)
-
-
-def _grouped(t: Tensor | None, kv_heads: int, group: int) -> Tensor | None:
-    """Reshape a `(..., H or 1, Sq, Sk)` mask or bias to `(..., Hkv or 1, G or 1, Sq, Sk)`."""
-    if t is None or t.ndim < 3:
-        return t  # (Sq, Sk) broadcasts as it is
-    if t.shape[-3] == 1:
-        return t.unsqueeze(-3)
-    return t.reshape(*t.shape[:-3], kv_heads, group, *t.shape[-2:])
 
 
 @hookimpl

@@ -138,6 +138,14 @@ def test_build_on_meta_allocates_nothing() -> None:
     assert sum(p.numel() for p in model.parameters()) == 2_127_057_600
 
 
+def test_the_whole_model_compiles_as_one_graph() -> None:
+    torch.manual_seed(0)
+    model = build_model("cs336-tiny")
+    ids = torch.randint(0, 10000, (2, 16))
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    torch.testing.assert_close(compiled(ids), model(ids))
+
+
 def test_bf16_model_runs_in_bf16() -> None:
     model = build_model("cs336-tiny", dtype=torch.bfloat16)
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16}

@@ -8,7 +8,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lmcore.nn import Embedding, Linear, causal_mask, scaled_dot_product_attention, silu, softmax
+from lmcore.nn import (
+    Embedding,
+    Linear,
+    causal_mask,
+    gated_d_ff,
+    gelu,
+    scaled_dot_product_attention,
+    silu,
+    softmax,
+)
 
 
 def test_linear_is_x_times_w_transposed_without_bias() -> None:
@@ -64,6 +73,18 @@ def test_silu_matches_the_formula_and_torch() -> None:
     x = torch.linspace(-20, 20, 101)
     torch.testing.assert_close(silu(x), x / (1 + torch.exp(-x)))
     torch.testing.assert_close(silu(x), F.silu(x))
+
+
+def test_gelu_is_the_exact_erf_form_not_tanh() -> None:
+    x = torch.linspace(-6, 6, 1001, dtype=torch.float64)
+    torch.testing.assert_close(gelu(x), F.gelu(x), rtol=0, atol=1e-12)
+    # The tanh approximation differs by up to ~5e-4 here; exact means much closer than that.
+    assert (gelu(x) - F.gelu(x, approximate="tanh")).abs().max() > 1e-4
+    # Φ(1) = 0.8413447460685429 written out.
+    torch.testing.assert_close(
+        gelu(torch.tensor(1.0, dtype=torch.float64)),
+        torch.tensor(0.8413447460685429, dtype=torch.float64),
+    )
 
 
 def _reference_attention(q, k, v, mask):
@@ -148,9 +169,24 @@ def test_sdpa_gradients_match_torch() -> None:
         torch.testing.assert_close(a.grad, b.grad)
 
 
-def test_a_query_with_no_visible_key_gets_nan() -> None:
-    q, k, v = torch.randn(2, 4), torch.randn(3, 4), torch.randn(3, 4)
+def test_a_query_with_no_visible_key_gets_zeros_and_finite_gradients() -> None:
+    torch.manual_seed(0)
+    q = torch.randn(2, 4, requires_grad=True)
+    k, v = torch.randn(3, 4), torch.randn(3, 4)
     mask = torch.tensor([[True, False, False], [False, False, False]])
     out = scaled_dot_product_attention(q, k, v, mask=mask)
     torch.testing.assert_close(out[0], v[0])
-    assert torch.isnan(out[1]).all()
+    torch.testing.assert_close(out[1], torch.zeros(4))
+    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, attn_mask=mask))
+    out.sum().backward()
+    assert q.grad is not None and torch.isfinite(q.grad).all() and (q.grad[1] == 0).all()
+
+
+def test_gated_d_ff_is_8_thirds_d_model_rounded_to_64() -> None:
+    assert gated_d_ff(512) == 1344  # 1365.3 -> 21 * 64
+    assert gated_d_ff(768) == 2048
+    assert gated_d_ff(1600) == 4288  # 4266.7 -> 67 * 64
+    assert gated_d_ff(16) == 64  # never below one block of 64
+    for d in range(64, 4097, 64):
+        assert gated_d_ff(d) % 64 == 0
+        assert abs(gated_d_ff(d) - 8 * d / 3) <= 32

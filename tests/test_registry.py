@@ -384,7 +384,7 @@ def test_disabled_builtin_is_not_loaded_and_errors_say_so(monkeypatch: pytest.Mo
     assert status["rope"] == "disabled" and status["sdpa"] == "disabled" and status["nope"] == "ok"
     with pytest.raises(
         SpecError,
-        match=r"no installed plugin provides pos 'rope'; available pos: nope; disabled plugins, not loaded "
+        match=r"no installed plugin provides pos 'rope'; available pos: alibi, learned, nope, sinusoidal; disabled plugins, not loaded "
         r"\(LMCORE_DISABLE_PLUGINS\): 'rope' \(lmcore .*\), 'sdpa'",
     ):
         parse_spec("cs336-tiny, attn=sdpa", reg)
@@ -458,7 +458,9 @@ def test_use_registry_nests_and_restores() -> None:
 
 def test_register_and_unregister(registry: Registry) -> None:
     name = registry.add(SCALE, name="scaler")
-    assert name == "scaler" and registry.get("norm", "scale").provenance.plugin == "scaler"
+    prov = registry.get("norm", "scale").provenance
+    assert name == "scaler" and prov.plugin == "scaler"
+    assert prov.module == __name__  # where the component's factory lives
     with pytest.raises(ValueError, match=r"a plugin named 'scaler' is already registered"):
         registry.add(SCALE, name="scaler")
     registry.unregister("scaler")

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from lmcore_rmsnorm import RMSNorm
 
 

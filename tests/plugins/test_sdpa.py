@@ -3,6 +3,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+
 from lmcore_sdpa import SDPA
 
 

@@ -2,7 +2,10 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from lmcore_swiglu import SwiGLU, default_d_ff
+
+from lmcore import get_registry
+from lmcore.nn import gated_d_ff
+from lmcore_swiglu import SwiGLU
 
 
 def test_swiglu_matches_the_formula() -> None:
@@ -20,11 +23,9 @@ def test_weight_shapes_and_keys_are_cs336s() -> None:
     assert shapes == {"w1.weight": (128, 64), "w2.weight": (64, 128), "w3.weight": (128, 64)}
 
 
-def test_default_d_ff_is_8_thirds_d_model_rounded_to_64() -> None:
-    assert default_d_ff(512) == 1344  # 1365.3 -> 21 * 64
-    assert default_d_ff(768) == 2048
-    assert default_d_ff(1600) == 4288  # 4266.7 -> 67 * 64
-    assert default_d_ff(16) == 64  # never below one block of 64
-    for d in range(64, 4097, 64):
-        assert default_d_ff(d) % 64 == 0
-        assert abs(default_d_ff(d) - 8 * d / 3) <= 32
+def test_declared_default_width_is_the_gated_rule() -> None:
+    declared = get_registry().get("ffn", "swiglu").component.default_d_ff
+    assert declared is not None
+    assert [declared(d) for d in (16, 512, 768, 1600)] == [
+        gated_d_ff(d) for d in (16, 512, 768, 1600)
+    ]
