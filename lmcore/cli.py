@@ -1,6 +1,8 @@
 """The `lmcore` console script.
 
 lmcore build SPEC           build a model; print its canonical spec and parameter count
+lmcore describe SPEC        parameters, FLOPs and memory by component, before any weight exists
+lmcore run SPEC             forward+backward steps on random tokens: tokens/s and peak memory
 lmcore plugins              list components, presets and plugins with provenance and status
 """
 
@@ -8,12 +10,21 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import warnings
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lmcore.errors import LmcoreError, LmcoreWarning
+
+if TYPE_CHECKING:
+    from lmcore.accounting import Description
+    from lmcore.train import RunResult
+
+
+class UsageError(LmcoreError, ValueError):
+    """A command-line option does not fit the spec (e.g. --seq beyond context_length)."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -45,6 +56,41 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu", help="torch device (meta: no allocation)")
     p.set_defaults(func=_cmd_build)
 
+    p = sub.add_parser(
+        "describe",
+        help="parameters, FLOPs and memory by component (builds on the meta device only)",
+        description="Account a spec before any weight exists: parameters and forward FLOPs by "
+        "component with their shares, weight memory and a training-memory estimate (AdamW).",
+    )
+    p.add_argument("spec", help='spec string, e.g. "gpt2-xl" or "tinystories, ffn=gelu"')
+    p.add_argument("--seq", type=_positive, help="tokens per sequence (default: context_length)")
+    p.add_argument("--batch", type=_positive, default=1, help="sequences per batch (default: 1)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=_cmd_describe)
+
+    p = sub.add_parser(
+        "run",
+        help="forward+backward steps on random tokens; report tokens/s and peak memory",
+        description="A smoke test for any spec: build the model, run forward+backward steps on "
+        "random token ids (next-token cross-entropy, no weight update) and report throughput, "
+        "peak memory and whether the gradient reached every parameter.",
+    )
+    p.add_argument("spec", help='spec string, e.g. "tinystories"')
+    p.add_argument(
+        "--steps", type=_positive, default=10, help="forward+backward steps (default: 10)"
+    )
+    p.add_argument("--batch", type=_positive, default=2, help="sequences per step (default: 2)")
+    p.add_argument(
+        "--seq", type=_positive, help="tokens per sequence (default: min(128, context_length))"
+    )
+    p.add_argument(
+        "--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda:N"
+    )
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    p.add_argument("--seed", type=int, default=0, help="seeds the weights and the tokens")
+    p.set_defaults(func=_cmd_run)
+
     p = sub.add_parser("plugins", help="list components and presets with provenance and status")
     p.add_argument("--kind", choices=["norm", "ffn", "pos", "attn", "preset"])
     p.add_argument("--json", action="store_true", help="machine-readable output")
@@ -53,6 +99,16 @@ def _parser() -> argparse.ArgumentParser:
 
 
 DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
 
 
 def _cmd_build(args: argparse.Namespace) -> int:
@@ -65,6 +121,213 @@ def _cmd_build(args: argparse.Namespace) -> int:
     print(model.spec)
     print(f"parameters: {n:,}")
     return 0
+
+
+def _check_seq(args: argparse.Namespace, context_length: int) -> None:
+    if args.seq is not None and args.seq > context_length:
+        raise UsageError(
+            f"--seq {args.seq} exceeds context_length={context_length} of this spec; "
+            f"use --seq {context_length} or less, or raise the context in the spec: "
+            f'"{args.spec}, context_length={args.seq}"'
+        )
+
+
+def _cmd_describe(args: argparse.Namespace) -> int:
+    import torch
+
+    from lmcore.accounting import describe
+    from lmcore.spec import parse_spec
+
+    spec = parse_spec(args.spec)
+    _check_seq(args, spec.context_length)
+    found = describe(spec, batch=args.batch, seq_len=args.seq, dtype=getattr(torch, args.dtype))
+    if args.json:
+        print(json.dumps(describe_json(found), indent=2))
+    else:
+        print("\n".join(describe_lines(found)))
+    return 0
+
+
+def describe_json(found: Description) -> dict[str, Any]:
+    """`lmcore describe --json`: every row, the totals, the FLOPs by part and the memory."""
+    acc, mem = found.accounting, found.memory
+    return {
+        "spec": str(acc.spec),
+        "batch": acc.batch,
+        "seq_len": acc.seq_len,
+        "dtype": mem.dtype,
+        "rows": [
+            {
+                "name": r.name,
+                "part": r.part,
+                "module": r.module,
+                "count": r.count,
+                "params_each": r.params_each,
+                "params": r.params,
+                "params_share": acc.params_share(r),
+                "flops_each": r.flops_each,
+                "flops": r.flops,
+                "flops_share": acc.flops_share(r),
+            }
+            for r in acc.rows
+        ],
+        "per_layer": {"params": acc.layer_params, "flops": acc.layer_flops},
+        "total": {"params": acc.params, "flops": acc.flops},
+        "flops_by_part": {
+            part: {"flops": n, "share": n / acc.flops if acc.flops else 0.0}
+            for part, n in acc.flops_by_part().items()
+        },
+        "memory": {
+            "weights": mem.weights,
+            "gradients": mem.gradients,
+            "optimizer": mem.optimizer,
+            "buffers": mem.buffers,
+            "activations": mem.activations,
+            "total": mem.total,
+            "note": mem.note,
+        },
+    }
+
+
+def describe_lines(found: Description) -> list[str]:
+    """`lmcore describe` as text: the spec, one row per module, the FLOPs by part, memory."""
+    acc, mem = found.accounting, found.memory
+    table = [("row", "module", "count", "parameters", "share", "forward FLOPs", "share")]
+    for r in acc.rows:
+        table.append((
+            r.name, r.module, str(r.count), f"{r.params:,}", _pct(acc.params_share(r)),
+            f"{r.flops:,}", _pct(acc.flops_share(r)),
+        ))  # fmt: skip
+    table.append(("per layer", "", "", f"{acc.layer_params:,}", "", f"{acc.layer_flops:,}", ""))
+    table.append(("total", "", "", f"{acc.params:,}", _pct(1.0), f"{acc.flops:,}", _pct(1.0)))
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+    left = (True, True, False, False, False, False, False)
+    lines = [
+        f"spec: {acc.spec}",
+        f"input: batch {acc.batch} × seq {acc.seq_len} tokens, {mem.dtype}",
+        "",
+    ]
+    for n, row in enumerate(table):
+        if n == len(table) - 2:
+            lines.append("")
+        cells = [
+            c.ljust(w) if lft else c.rjust(w) for c, w, lft in zip(row, widths, left, strict=True)
+        ]
+        lines.append("  ".join(cells).rstrip())
+    by_part = acc.flops_by_part()
+    lines += ["", f"forward FLOPs by part (total {_flops(acc.flops)}):"]
+    width = max(len(part) for part in by_part)
+    for part, n in by_part.items():
+        lines.append(
+            f"  {part:<{width}}  {_flops(n):>13}  {_pct(n / acc.flops if acc.flops else 0):>6}"
+        )
+    size = mem.weights // acc.params if acc.params else 0
+    lines += [
+        "",
+        f"weights: {_bytes(mem.weights)} ({acc.params:,} parameters × {size} bytes, {mem.dtype})",
+        "",
+        f"training memory estimate (AdamW, {mem.dtype}, batch {acc.batch} × seq {acc.seq_len}):",
+    ]
+    items: list[tuple[str, int | None, str]] = [
+        ("weights", mem.weights, ""),
+        ("gradients", mem.gradients, ""),
+        ("AdamW moments", mem.optimizer, "two float32 moments per parameter"),
+        (
+            "activations",
+            mem.activations,
+            "saved for backward by forward + loss, measured on the meta device"
+            if mem.activations is not None
+            else f"unknown: {mem.note}",
+        ),
+        ("buffers", mem.buffers, "non-persistent tables, e.g. RoPE cos/sin"),
+        ("total", mem.total, "" if mem.activations is not None else "without activations"),
+    ]
+    for label, amount, why in items:
+        shown = "?" if amount is None else _bytes(amount)
+        lines.append(f"  {label:<13}  {shown:>10}  {why}".rstrip())
+    return lines
+
+
+def _pct(share: float) -> str:
+    return f"{100 * share:.1f}%"
+
+
+def _flops(n: int) -> str:
+    """Decimal prefixes, as FLOP counts are usually quoted: 4.51 TFLOPs."""
+    scales = (("PFLOPs", 1e15), ("TFLOPs", 1e12), ("GFLOPs", 1e9), ("MFLOPs", 1e6), ("kFLOPs", 1e3))
+    for unit, scale in scales:
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n:,} FLOPs"
+
+
+def _bytes(n: int) -> str:
+    """Binary prefixes, as memory is sized: 7.92 GiB."""
+    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n} B"
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    import torch
+
+    from lmcore.spec import parse_spec
+    from lmcore.train import ProgressBar, run_steps
+
+    spec = parse_spec(args.spec)
+    _check_seq(args, spec.context_length)
+    result = run_steps(
+        spec,
+        steps=args.steps,
+        batch=args.batch,
+        seq_len=args.seq,
+        device=args.device,
+        dtype=getattr(torch, args.dtype),
+        seed=args.seed,
+        progress=ProgressBar(sys.stderr),
+    )
+    print("\n".join(run_lines(result)))
+    bad_loss = [i + 1 for i, x in enumerate(result.losses) if not math.isfinite(x)]
+    if bad_loss:
+        print(
+            "lmcore run: error: the loss is not finite at step(s) "
+            f"{', '.join(map(str, bad_loss))}; "
+            "check the components' numerics (with bfloat16, try --dtype float32)",
+            file=sys.stderr,
+        )
+    if result.gradient_problems:
+        print(
+            f"lmcore run: error: {len(result.gradient_problems)} parameter tensor(s) got no usable "
+            f"gradient ({'; '.join(result.gradient_problems)}); a component holds parameters its "
+            "forward does not use, or its backward is broken",
+            file=sys.stderr,
+        )
+    return 0 if result.ok else 1
+
+
+def run_lines(r: RunResult) -> list[str]:
+    """`lmcore run`'s report."""
+    tokens = r.steps * r.batch * r.seq_len
+    timed = "the one step" if r.steps == 1 else f"steps 2-{r.steps}; step 1 warms up"
+    peak = "unknown" if r.peak_memory is None else _bytes(r.peak_memory)
+    if r.gradient_problems:
+        grads = f"{len(r.gradient_problems)} parameter(s) without a usable gradient: " + "; ".join(
+            r.gradient_problems
+        )
+    else:
+        grads = f"all {r.param_tensors} parameter tensors received a finite, non-zero gradient"
+    return [
+        f"spec: {r.spec}",
+        f"model: {r.params:,} parameters, {r.dtype} on {r.device}",
+        f"run: {r.steps} steps × batch {r.batch} × seq {r.seq_len} = {tokens:,} random tokens, "
+        "forward + backward of next-token cross-entropy, no weight update",
+        f"loss: first {r.losses[0]:.4f}, last {r.losses[-1]:.4f} "
+        f"(ln vocab_size = {math.log(r.spec.vocab_size):.4f})",
+        f"throughput: {r.tokens_per_second:,.0f} tokens/s ({timed})",
+        f"peak memory: {peak} ({r.peak_memory_kind})",
+        f"gradients: {grads}",
+    ]
 
 
 def plugin_rows(kind: str | None = None) -> list[dict[str, Any]]:
@@ -147,7 +410,8 @@ def _cmd_plugins(args: argparse.Namespace) -> int:
         )
     widths = [max(len(row[i]) for row in table) for i in range(5)]
     for row in table:
-        print("  ".join(cell.ljust(w) for cell, w in zip(row[:5], widths, strict=True)), row[5])
+        cells = [cell.ljust(w) for cell, w in zip(row[:5], widths, strict=True)]
+        print("  ".join([*cells, row[5]]).rstrip())
     for problem in problems:
         print(f"warning: {problem}", file=sys.stderr)
     return 0

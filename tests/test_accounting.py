@@ -1,0 +1,305 @@
+"""Accounting: declared parameters and FLOPs against built models, FlopCounterMode and RSS."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from lmcore import Component, ModelInputError, build_model, get_registry, scoped_registry
+from lmcore.accounting import (
+    AccountingError,
+    account,
+    activation_bytes,
+    check_params,
+    describe,
+    measured_params,
+    saved_activation_bytes,
+)
+from lmcore.nn import Linear
+
+
+def gpt2_forward_flops(seq: int, d: int, layers: int, d_ff: int, vocab: int) -> int:
+    """CS336's hand count: per layer 8·S·d² (q, k, v, o) + 4·S²·d (QKᵀ, AV) + 6·S·d·d_ff
+    (SwiGLU's three matrices), plus 2·S·d·V for lm_head."""
+    per_layer = 8 * seq * d * d + 4 * seq * seq * d + 6 * seq * d * d_ff
+    return layers * per_layer + 2 * seq * d * vocab
+
+
+def components() -> list[tuple[str, str]]:
+    """Every registered component, so newly installed plugins are tested without editing this."""
+    return sorted({(e.kind, e.name) for e in get_registry().entries()})
+
+
+def spec_for(kind: str, name: str) -> str:
+    entry = next(e for e in get_registry().entries(kind) if e.name == name)
+    required = [a.name for a in entry.component.args if a.required]
+    if required:
+        pytest.skip(f"{kind} {name!r} needs argument(s) {', '.join(required)}: no default to build")
+    qualified = f"{entry.provenance.qualifier}:{name}" if entry.status == "shadowed" else name
+    return f"cs336-tiny, {kind}={qualified}"
+
+
+# ------------------------------------------------------------------------- GPT-2 XL, by hand
+
+
+def test_gpt2_xl_parameters_and_flops_are_cs336s_numbers() -> None:
+    acc = account("gpt2-xl")
+    assert acc.params == 2_127_057_600
+    assert acc.seq_len == 1024 and acc.batch == 1
+    assert acc.flops == gpt2_forward_flops(1024, 1600, 48, 6400, 50257) == 4_513_336_524_800
+    assert acc.row("lm_head").flops == 2 * 1024 * 1600 * 50257
+    assert acc.row("layers.*.attn.kernel").flops == 48 * 4 * 1024 * 1024 * 1600
+    assert acc.layer_params == 4 * 1600**2 + 3 * 1600 * 6400 + 2 * 1600
+
+
+def test_flops_scale_with_batch_and_the_attention_share_grows_with_context() -> None:
+    one, four = account("gpt2-small", seq_len=512), account("gpt2-small", batch=4, seq_len=512)
+    assert four.flops == 4 * one.flops
+    short = account("gpt2-xl").flops_by_part()
+    long = account("gpt2-xl, context_length=16384").flops_by_part()
+    assert long["attention kernel"] == 16 * 16 * short["attention kernel"]  # S² vs S·16
+    assert long["ffn"] == 16 * short["ffn"]
+    assert (
+        long["attention kernel"] / sum(long.values())
+        > 0.5
+        > short["attention kernel"] / sum(short.values())
+    )
+
+
+# --------------------------------------------------------------- declared vs built parameters
+
+
+@pytest.mark.parametrize("preset", get_registry().preset_names())
+def test_declared_parameters_equal_the_built_model_for_every_preset(preset: str) -> None:
+    acc = account(preset)
+    model = build_model(preset, device="meta")
+    assert measured_params(acc, model) == {r.name: r.params for r in acc.rows}
+    assert acc.params == sum(p.numel() for p in model.parameters())
+    check_params(acc, model)
+
+
+@pytest.mark.parametrize(("kind", "name"), components())
+def test_declared_parameters_equal_the_built_model_for_every_component(
+    kind: str, name: str
+) -> None:
+    spec = spec_for(kind, name)
+    acc = account(spec)
+    model = build_model(spec)
+    assert measured_params(acc, model) == {r.name: r.params for r in acc.rows}
+    assert acc.params == sum(p.numel() for p in model.parameters())
+
+
+def test_tied_embeddings_are_counted_once_and_lm_head_still_costs_flops() -> None:
+    untied, tied = account("cs336-tiny"), account("cs336-tiny, tie_embeddings=true")
+    assert untied.params - tied.params == 10000 * 64
+    assert tied.row("lm_head").params == 0 and tied.row("lm_head").module.endswith("(tied)")
+    assert tied.row("lm_head").flops == untied.row("lm_head").flops == 2 * 16 * 64 * 10000
+    model = build_model("cs336-tiny, tie_embeddings=true", device="meta")
+    assert tied.params == sum(p.numel() for p in model.parameters())
+    check_params(tied, model)
+
+
+def test_grouped_query_attention_shrinks_k_and_v_only() -> None:
+    acc = account("cs336-tiny, num_kv_heads=2", batch=3)
+    kv_width = 2 * 16  # two heads of d_model / num_heads = 16
+    for proj in ("k_proj", "v_proj"):
+        row = acc.row(f"layers.*.attn.{proj}")
+        assert (row.params_each, row.flops_each) == (64 * kv_width, 2 * 3 * 16 * 64 * kv_width)
+    assert acc.row("layers.*.attn.q_proj").params_each == 64 * 64
+    check_params(acc, build_model("cs336-tiny, num_kv_heads=2", device="meta"))
+
+
+def test_a_different_ffn_width_changes_only_the_ffn_row() -> None:
+    base, wide = account("tinystories"), account("tinystories, ffn=swiglu(d_ff=2048)")
+    changed = [
+        a.name for a, b in zip(base.rows, wide.rows, strict=True)
+        if (a.params, a.flops, a.module) != (b.params, b.flops, b.module)
+    ]  # fmt: skip
+    assert changed == ["layers.*.ffn"]
+    assert wide.row("layers.*.ffn").params == 4 * 3 * 512 * 2048
+    assert wide.row("layers.*.ffn").flops == 4 * 6 * 256 * 512 * 2048
+
+
+def test_a_wrong_declaration_is_named_with_its_component_and_plugin() -> None:
+    class TwoLinears(torch.nn.Module):
+        def __init__(self, d_model: int, d_ff: int):
+            super().__init__()
+            self.up, self.down = Linear(d_model, d_ff), Linear(d_ff, d_model)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            out: torch.Tensor = self.down(self.up(x))
+            return out
+
+    liar = Component(
+        kind="ffn",
+        name="liar",
+        build=TwoLinears,
+        params=lambda d_model, d_ff: 3 * d_model * d_ff,  # it builds two matrices, not three
+        # (d_ff: the preset's 128 belongs to swiglu; another ffn gets its default, 4·d_model)
+        flops=lambda d_model, d_ff, seq_len: 4 * seq_len * d_model * d_ff,
+    )
+    with scoped_registry() as registry:
+        registry.add(liar, name="liars")
+        with pytest.raises(
+            AccountingError,
+            match=r"layers\.\*\.ffn: ffn 'liar' from registered in-process \(plugin 'liars'.*\) "
+            r"declares 49,152 parameters for d_model=64, d_ff=256, but the module it builds "
+            r"holds 32,768; fix the params= declaration of ffn 'liar'",
+        ):
+            describe("cs336-tiny, ffn=liar")
+
+
+def test_a_parameter_outside_every_row_is_reported_by_name() -> None:
+    acc = account("cs336-tiny")
+    model = build_model("cs336-tiny", device="meta")
+    model.register_parameter("stray", torch.nn.Parameter(torch.zeros(2, device="meta")))
+    with pytest.raises(
+        AccountingError,
+        match=r"the built model holds parameters outside the accounted modules \(stray\)",
+    ):
+        check_params(acc, model)
+
+
+def test_sequence_and_batch_are_checked_against_the_spec() -> None:
+    with pytest.raises(
+        ModelInputError,
+        match=r"sequence length 17 does not fit context_length=16; use 1\.\.16 or raise "
+        r"context_length in the spec \(e\.g\. '\.\.\., context_length=17'\)",
+    ):
+        account("cs336-tiny", seq_len=17)
+    with pytest.raises(ModelInputError, match="batch size must be at least 1, got 0"):
+        account("cs336-tiny", batch=0)
+
+
+# ---------------------------------------------------------- declared FLOPs vs FlopCounterMode
+
+
+def counted_flops(spec: str, batch: int, seq: int) -> tuple[int, dict[str, int]]:
+    """FlopCounterMode's count of a real CPU forward: the total, and per module path."""
+    torch.manual_seed(0)
+    model = build_model(spec)
+    ids = torch.randint(0, model.spec.vocab_size, (batch, seq))
+    with FlopCounterMode(display=False) as counter:
+        model(ids)
+    per_module = {
+        name.removeprefix("TransformerLM."): sum(ops.values())
+        for name, ops in counter.get_flop_counts().items()
+    }
+    return counter.get_total_flops(), per_module
+
+
+@pytest.mark.parametrize(("kind", "name"), components())
+def test_declared_flops_match_flop_counter_mode_for_every_component(kind: str, name: str) -> None:
+    spec = spec_for(kind, name)
+    acc = account(spec, batch=2, seq_len=12)
+    total, per_module = counted_flops(spec, batch=2, seq=12)
+    assert acc.flops == pytest.approx(total, rel=1e-3), (acc.flops, total)
+    for row in acc.rows:
+        if row.name == "pos":  # applied through hooks, not __call__; the total covers it
+            continue
+        counted = sum(per_module.get(path, 0) for path in row.paths(acc.spec.num_layers))
+        assert row.flops == pytest.approx(counted, rel=1e-3), (row.name, row.flops, counted)
+
+
+def test_declared_flops_match_flop_counter_mode_with_grouped_query_attention() -> None:
+    spec = "cs336-tiny, num_kv_heads=1"
+    total, _ = counted_flops(spec, batch=3, seq=16)
+    assert account(spec, batch=3, seq_len=16).flops == total
+
+
+# ------------------------------------------------------------------------------- memory
+
+
+def test_saved_activation_bytes_counts_live_saved_storages_once() -> None:
+    weight = torch.nn.Parameter(torch.ones(8, 8))
+    module = torch.nn.Module()
+    module.weight = weight
+    x = torch.ones(4, 8)
+
+    def run() -> torch.Tensor:
+        h = x @ weight  # saves x (128 bytes) and weight (a parameter: not an activation)
+        _ = h.amax(-1).detach()  # its node dies at once: what it saved must not count
+        y = h.exp()  # saves its output (128 bytes) ...
+        return (y * y.T.T).sum()  # ... which mul saves twice more, through views
+
+    assert saved_activation_bytes(module, run) == 128 + 128
+
+
+def test_activations_on_meta_equal_those_on_cpu() -> None:
+    torch.manual_seed(0)
+    cpu = activation_bytes(build_model("cs336-tiny, pos=alibi"), 2, 16)
+    meta = activation_bytes(build_model("cs336-tiny, pos=alibi", device="meta"), 2, 16)
+    assert cpu == meta > 0
+
+
+def test_training_memory_adds_weights_gradients_adamw_buffers_and_activations() -> None:
+    found = describe("cs336-tiny", batch=2, dtype=torch.bfloat16)
+    mem, n = found.memory, found.accounting.params
+    assert (mem.dtype, mem.weights, mem.gradients, mem.optimizer) == (
+        "bfloat16",
+        2 * n,
+        2 * n,
+        8 * n,
+    )
+    assert mem.buffers == 2 * 16 * 8 * 4  # RoPE cos and sin: (context, head_dim / 2) float32
+    assert mem.activations == activation_bytes(
+        build_model("cs336-tiny", device="meta", dtype=torch.bfloat16), 2, 16
+    )
+    assert mem.total == mem.weights + mem.gradients + mem.optimizer + mem.buffers + mem.activations
+
+
+RSS_PROBE = r"""
+import gc, json, sys
+import torch
+from lmcore.accounting import activation_bytes
+from lmcore.model import build_model
+from lmcore.train import cross_entropy, random_tokens
+
+def rss():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096
+
+batch, seq, specs = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3:]
+results = {}
+for spec in specs:
+    torch.manual_seed(0)
+    model = build_model(spec)
+    tokens = torch.Generator().manual_seed(0)
+    inputs, targets = random_tokens(model.spec.vocab_size, batch, seq, tokens)
+    cross_entropy(model(inputs), targets).backward()  # warm up thread pools, lazy initialisation
+    model.zero_grad(set_to_none=True)
+    gc.collect()
+    before = rss()
+    loss = cross_entropy(model(inputs), targets)  # the graph holds what backward will need
+    held = rss() - before
+    del loss
+    estimate = activation_bytes(build_model(spec, device="meta"), batch, seq)
+    results[spec] = {"measured": held, "estimate": estimate}
+print(json.dumps(results))
+"""
+
+
+@pytest.mark.skipif(
+    sys.platform != "linux" or platform.libc_ver()[0] != "glibc",
+    reason="measures RSS with glibc's malloc returning every freed block to the system",
+)
+def test_activation_estimate_matches_the_memory_a_real_cpu_forward_holds() -> None:
+    specs = ["tinystories, num_layers=2", "tinystories, num_layers=2, ffn=gelu, pos=alibi"]
+    # With mmap for every block of 4 KiB or more, RSS rises by what the live graph holds.
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "4096"}
+    out = subprocess.run(
+        [sys.executable, "-c", RSS_PROBE, "4", "64", *specs],
+        capture_output=True, text=True, env=env, check=True,
+    )  # fmt: skip
+    results = json.loads(out.stdout)
+    assert list(results) == specs
+    for spec, result in results.items():
+        assert result["estimate"] > 20_000_000, spec  # big enough that page rounding is noise
+        assert result["measured"] == pytest.approx(result["estimate"], rel=0.03), (spec, result)

@@ -1,0 +1,174 @@
+"""`lmcore describe`: the table, the totals, --json, and its errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from lmcore.cli import main
+from lmcore.spec import parse_spec
+
+ROWS = [
+    "token_embeddings",
+    "pos",
+    "layers.*.ln1",
+    "layers.*.attn.q_proj",
+    "layers.*.attn.k_proj",
+    "layers.*.attn.v_proj",
+    "layers.*.attn.output_proj",
+    "layers.*.attn.kernel",
+    "layers.*.ln2",
+    "layers.*.ffn",
+    "ln_final",
+    "lm_head",
+]
+
+
+def describe_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, Any]:
+    assert main(["describe", *argv, "--json"]) == 0
+    result: dict[str, Any] = json.loads(capsys.readouterr().out)
+    return result
+
+
+def test_text_output_for_the_cs336_test_model(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["describe", "cs336-tiny"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"spec: {parse_spec('cs336-tiny')}"
+    assert lines[1] == "input: batch 1 × seq 16 tokens, float32"
+    rows = {line.split()[0]: line.split()[1:] for line in lines[3:19] if line}
+    # per layer: 3·64·128 SwiGLU parameters; 6·16·64·128 FLOPs; shares of 1,403,328 / 24,608,768
+    assert rows["layers.*.ffn"] == ["ffn=swiglu", "3", "73,728", "5.3%", "2,359,296", "9.6%"]
+    assert rows["layers.*.attn.kernel"] == ["attn=sdpa", "3", "0", "0.0%", "196,608", "0.8%"]
+    assert rows["lm_head"] == [
+        "linear",
+        "64->10000",
+        "1",
+        "640,000",
+        "45.6%",
+        "20,480,000",
+        "83.2%",
+    ]
+    assert rows["per"] == ["layer", "41,088", "1,376,256"]
+    assert rows["total"] == ["1,403,328", "100.0%", "24,608,768", "100.0%"]
+    text = "\n".join(lines)
+    assert "forward FLOPs by part (total 24.6 MFLOPs):" in text
+    assert "  lm_head                  20.5 MFLOPs   83.2%" in text
+    assert "weights: 5.35 MiB (1,403,328 parameters × 4 bytes, float32)" in text
+    assert "  AdamW moments   10.71 MiB  two float32 moments per parameter" in text
+
+
+def test_gpt2_xl_reports_cs336s_parameter_and_flop_counts(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["describe", "gpt2-xl"]) == 0
+    out = capsys.readouterr().out
+    total = next(line for line in out.splitlines() if line.startswith("total"))
+    assert total.split() == ["total", "2,127,057,600", "100.0%", "4,513,336,524,800", "100.0%"]
+    assert "forward FLOPs by part (total 4.51 TFLOPs):" in out
+    assert "weights: 7.92 GiB (2,127,057,600 parameters × 4 bytes, float32)" in out
+
+
+def test_json_shape(capsys: pytest.CaptureFixture[str]) -> None:
+    found = describe_json(capsys, "cs336-tiny", "--batch", "2", "--seq", "8", "--dtype", "bfloat16")
+    assert set(found) == {
+        "spec", "batch", "seq_len", "dtype", "rows", "per_layer", "total", "flops_by_part", "memory",
+    }  # fmt: skip
+    assert (found["batch"], found["seq_len"], found["dtype"]) == (2, 8, "bfloat16")
+    assert [r["name"] for r in found["rows"]] == ROWS
+    assert set(found["rows"][0]) == {
+        "name", "part", "module", "count", "params_each", "params", "params_share",
+        "flops_each", "flops", "flops_share",
+    }  # fmt: skip
+    layer = 8 * 8 * 64**2 + 4 * 8**2 * 64 + 6 * 8 * 64 * 128  # S=8, d=64, d_ff=128
+    assert found["total"] == {"params": 1_403_328, "flops": 2 * (3 * layer + 2 * 8 * 64 * 10_000)}
+    assert sum(r["params"] for r in found["rows"]) == found["total"]["params"]
+    assert sum(r["flops_share"] for r in found["rows"]) == pytest.approx(1.0)
+    assert list(found["flops_by_part"]) == [
+        "embeddings", "norms", "attention projections", "attention kernel", "ffn", "lm_head",
+    ]  # fmt: skip
+    memory = found["memory"]
+    assert memory["weights"] == memory["gradients"] == 2 * 1_403_328  # bfloat16
+    assert memory["optimizer"] == 8 * 1_403_328
+    assert memory["activations"] > 0 and memory["note"] == ""
+    parts = ("weights", "gradients", "optimizer", "buffers", "activations")
+    assert memory["total"] == sum(memory[k] for k in parts)
+
+
+def test_a_wider_ffn_changes_only_the_ffn_rows(capsys: pytest.CaptureFixture[str]) -> None:
+    base = describe_json(capsys, "tinystories")
+    wide = describe_json(capsys, "tinystories, ffn=swiglu(d_ff=2048)")
+    absolute = ("name", "module", "count", "params_each", "params", "flops_each", "flops")
+    differ = [
+        a["name"]
+        for a, b in zip(base["rows"], wide["rows"], strict=True)
+        if [a[k] for k in absolute] != [b[k] for k in absolute]
+    ]
+    assert differ == ["layers.*.ffn"]
+    ffn = next(r for r in wide["rows"] if r["name"] == "layers.*.ffn")
+    assert (ffn["params_each"], ffn["flops_each"]) == (3 * 512 * 2048, 6 * 256 * 512 * 2048)
+
+
+def test_the_attention_kernel_dominates_gpt2_xl_at_16k_context(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    def kernel_share(seq: int, d: int = 1600, d_ff: int = 6400, vocab: int = 50257) -> float:
+        kernel = 4 * seq * seq * d
+        total = 48 * (8 * seq * d * d + kernel + 6 * seq * d * d_ff) + 2 * seq * d * vocab
+        return 48 * kernel / total
+
+    short = describe_json(capsys, "gpt2-xl")["flops_by_part"]
+    long = describe_json(capsys, "gpt2-xl, context_length=16384")["flops_by_part"]
+    assert short["attention kernel"]["share"] == pytest.approx(kernel_share(1024), rel=1e-12)
+    assert long["attention kernel"]["share"] == pytest.approx(kernel_share(16384), rel=1e-12)
+    assert short["attention kernel"]["share"] < 0.08 < 0.5 < long["attention kernel"]["share"]
+
+
+def test_spec_errors_exit_2_with_a_caret(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["describe", "tinystories, pos=rop"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith(
+        "lmcore describe: error: no installed plugin provides pos 'rop' (did you mean 'rope'?)"
+    )
+    assert err[-2:] == ["  tinystories, pos=rop", "                   ^^^"]
+
+
+def test_seq_beyond_the_context_exits_2_and_says_how_to_fix_it(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["describe", "gpt2-small", "--seq", "2048"]) == 2
+    assert capsys.readouterr().err == (
+        "lmcore describe: error: --seq 2048 exceeds context_length=1024 of this spec; "
+        "use --seq 1024 or less, or raise the context in the spec: "
+        '"gpt2-small, context_length=2048"\n'
+    )
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--batch", "0"], "argument --batch: expected a positive integer, got '0'"),
+        (["--seq", "many"], "argument --seq: expected a positive integer, got 'many'"),
+        (["--dtype", "float64"], "argument --dtype: invalid choice: 'float64'"),
+    ],
+)
+def test_bad_options_exit_2(
+    capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["describe", "cs336-tiny", *argv])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_console_script_describes_gpt2_xl() -> None:
+    script = Path(sys.executable).with_name("lmcore")
+    out = subprocess.run(
+        [script, "describe", "gpt2-xl", "--json"], capture_output=True, text=True, check=True
+    )
+    found = json.loads(out.stdout)
+    assert found["total"] == {"params": 2_127_057_600, "flops": 4_513_336_524_800}
