@@ -1,27 +1,62 @@
 """lmcore: build decoder-only transformer LMs from spec strings and plugin components.
 
->>> import lmcore
->>> model = lmcore.build_model("cs336-tiny, pos=nope")
->>> str(model.spec)  # the canonical spec
+    >>> import lmcore
+    >>> model = lmcore.build_model("cs336-tiny, pos=nope")
+    >>> str(model.spec)  # the canonical spec
+
+Names are imported on first use (PEP 562): `import lmcore` loads neither torch nor any plugin,
+so lmcore's pytest plugin costs nothing in test runs that never ask for it.
 """
 
-from lmcore.components import KINDS, REQUIRED, Arg, Component, Preset
-from lmcore.errors import (
-    AmbiguousComponentError,
-    ComponentNotFoundError,
-    LmcoreError,
-    ModelInputError,
-    PluginFailedError,
-    PluginLoadError,
-    RegistryError,
-    SpecError,
-)
-from lmcore.hookspecs import hookimpl
-from lmcore.model import TransformerLM, build_model
-from lmcore.registry import Registry, get_registry, scoped_registry, use_registry
-from lmcore.spec import ComponentSpec, ModelSpec, parse_spec
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from lmcore.components import KINDS, REQUIRED, Arg, Component, Preset
+    from lmcore.errors import (
+        AmbiguousComponentError,
+        ComponentNotFoundError,
+        LmcoreError,
+        ModelInputError,
+        PluginFailedError,
+        PluginLoadError,
+        RegistryError,
+        SpecError,
+    )
+    from lmcore.hookspecs import hookimpl
+    from lmcore.model import TransformerLM, build_model
+    from lmcore.registry import Registry, get_registry, scoped_registry, use_registry
+    from lmcore.spec import ComponentSpec, ModelSpec, parse_spec
 
 __version__ = "0.1.0"
+
+_WHERE = {
+    "KINDS": "components",
+    "REQUIRED": "components",
+    "Arg": "components",
+    "Component": "components",
+    "Preset": "components",
+    "AmbiguousComponentError": "errors",
+    "ComponentNotFoundError": "errors",
+    "LmcoreError": "errors",
+    "ModelInputError": "errors",
+    "PluginFailedError": "errors",
+    "PluginLoadError": "errors",
+    "RegistryError": "errors",
+    "SpecError": "errors",
+    "hookimpl": "hookspecs",
+    "TransformerLM": "model",
+    "build_model": "model",
+    "Registry": "registry",
+    "get_registry": "registry",
+    "scoped_registry": "registry",
+    "use_registry": "registry",
+    "ComponentSpec": "spec",
+    "ModelSpec": "spec",
+    "parse_spec": "spec",
+}
 
 __all__ = [
     "KINDS",
@@ -48,3 +83,15 @@ __all__ = [
     "scoped_registry",
     "use_registry",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module 'lmcore' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"lmcore.{_WHERE[name]}"), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return [*globals(), *_WHERE]

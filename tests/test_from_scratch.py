@@ -39,7 +39,15 @@ def violations(source: str, filename: str = "<src>") -> list[str]:
 
     def check_dotted(node: ast.AST, dotted: str) -> None:
         parts = dotted.split(".")
-        if dotted.startswith("torch.nn.functional") or dotted.startswith("torch.nn.modules") or (parts[:2] == ["torch", "nn"] and len(parts) > 2 and parts[2] not in ALLOWED_NN) or (parts[:2] == ["torch", "optim"] and len(parts) > 2 and parts[2] not in ALLOWED_OPTIM) or (parts[0] == "torch" and parts[-1] in FUSED):
+        if (
+            dotted.startswith("torch.nn.functional")
+            or dotted.startswith("torch.nn.modules")
+            or (parts[:2] == ["torch", "nn"] and len(parts) > 2 and parts[2] not in ALLOWED_NN)
+            or (
+                parts[:2] == ["torch", "optim"] and len(parts) > 2 and parts[2] not in ALLOWED_OPTIM
+            )
+            or (parts[0] == "torch" and parts[-1] in FUSED)
+        ):
             flag(node, dotted)
 
     for node in ast.walk(tree):

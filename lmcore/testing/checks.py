@@ -1,0 +1,608 @@
+"""The conformance checks, one function per contract, registered with `core.check`.
+
+Each check builds the component at the kit's small test shapes, runs it on seeded random inputs
+and raises `ConformanceError` with a sentence naming what broke and how to fix it. Attention
+kernels are compared with `lmcore.nn.scaled_dot_product_attention` given an explicit mask built
+here, so a bug in a shared helper cannot hide on both sides.
+"""
+
+from __future__ import annotations
+
+import io
+import itertools
+import warnings
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.utils.flop_counter import FlopCounterMode
+
+from lmcore.components import accepted_kwargs
+from lmcore.interfaces import PROTOCOLS, PositionalEncoding
+from lmcore.nn import scaled_dot_product_attention
+from lmcore.testing.core import (
+    BATCH,
+    DTYPES,
+    SEQ,
+    SHAPES,
+    SHORT,
+    Settings,
+    Target,
+    call,
+    check,
+    describe,
+    fail,
+    hooks,
+    make_inputs,
+    mismatch,
+    output_names,
+    positions,
+    run,
+    shape_of,
+    tolerance,
+)
+
+ALL = ("norm", "ffn", "pos", "attn")
+TOKENWISE = ("norm", "ffn")
+# (Sq, Sk) pairs every attention check covers: a plain forward, and decoding with a KV cache.
+ATTN_LENGTHS = ((SEQ, SEQ), (SHORT, SEQ))
+# A perturbation changed an output when it moved by more than this (outputs are O(1)).
+CHANGED = 1e-5
+POS_METHODS = ("embed", "rotation", "attention_bias")
+
+
+# ------------------------------------------------------------------------------ every kind
+
+
+@check("build", ALL)
+def build(target: Target, variant: str, settings: Settings) -> None:
+    """The factory builds a torch.nn.Module implementing its kind's protocol, at two shapes."""
+    for shape in range(len(SHAPES)):
+        module = target.build(shape)
+        protocol = PROTOCOLS[target.kind]
+        if not isinstance(module, protocol):
+            missing = [m for m in POS_METHODS if not callable(getattr(module, m, None))]
+            fail(
+                f"{type(module).__name__} does not implement lmcore.interfaces.{protocol.__name__}"
+                f" (missing {', '.join(missing) or 'a method'}); subclass "
+                "lmcore.interfaces.PositionalEncodingBase and override the hooks you need"
+            )
+
+
+@check("forward", ALL, variants=("float32", "bfloat16"))
+def forward(target: Target, variant: str, settings: Settings) -> None:
+    """Outputs keep the input's shape and dtype and are finite on random input."""
+    dtype = DTYPES[variant]
+    module = target.build(dtype=dtype)
+    for name, p in module.named_parameters():
+        if p.dtype != dtype:
+            fail(
+                f"built with dtype={dtype}, parameter {name!r} is {p.dtype}; pass dtype= to every "
+                "parameter __init__ creates, e.g. nn.Parameter(torch.ones(d, dtype=dtype))"
+            )
+    if target.kind in TOKENWISE:
+        x = make_inputs(target, dtype, lead=(3,))["x"]  # (B, 3, T, d_model)
+        _expect(module(x), x.shape, dtype, "the output")
+    elif target.kind == "attn":
+        for (sq, sk), causal in itertools.product(ATTN_LENGTHS, (False, True)):
+            i = make_inputs(target, dtype, seq=sq, kv_seq=sk)
+            out = module(i["q"], i["k"], i["v"], causal=causal)
+            _expect(out, i["q"].shape, dtype, f"the output (causal={causal}, Sq={sq}, Sk={sk})")
+    else:
+        _pos_forward(target, module, dtype)
+
+
+def _pos_forward(target: Target, module: nn.Module, dtype: torch.dtype) -> None:
+    i = make_inputs(target, dtype)
+    x, q, k, p = i["x"], i["q"], i["k"], i["positions"]
+    pos = hooks(module)
+    _expect(pos.embed(x, p), x.shape, dtype, "embed(x, positions)")
+    _expect(pos.embed(x, p[:1]), x.shape, dtype, "embed(x, positions of shape (1, T))")
+    rotate = pos.rotation(p)
+    if rotate is not None:
+        _expect(rotate(q), q.shape, dtype, "rotation(positions)(q)")
+        _expect(rotate(k), k.shape, dtype, f"rotation(positions)(k) with {k.shape[1]} kv heads")
+    heads = shape_of(target)["num_heads"]
+    for q_pos in (p, p[:, -SHORT:]):
+        bias = pos.attention_bias(q_pos, p)
+        if bias is None:
+            continue
+        full = (BATCH, heads, q_pos.shape[1], p.shape[1])
+        what = f"attention_bias for {q_pos.shape[1]} queries and {p.shape[1]} keys"
+        if not isinstance(bias, Tensor) or not bias.is_floating_point():
+            fail(f"{what} must be a floating-point tensor, got {bias!r:.80}")
+        if not _broadcasts(tuple(bias.shape), full):
+            fail(
+                f"{what} has shape {tuple(bias.shape)}, which does not broadcast to "
+                f"(B, H, Sq, Sk) = {full}; return (H, Sq, Sk) or (B, H, Sq, Sk)"
+            )
+        _finite(bias, what)
+
+
+@check("gradients", ALL)
+def gradients(target: Target, variant: str, settings: Settings) -> None:
+    """Gradients reach every parameter and every input the outputs depend on."""
+    module = target.build()
+    inputs = make_inputs(target)
+    for t in inputs.values():
+        if t.is_floating_point():
+            t.requires_grad_()
+    outs = run(target.kind, module, inputs)
+    _backward(outs)
+    used = ["x"] if target.kind in TOKENWISE else ["q", "k", "v"]
+    if target.kind == "pos":
+        rotates = hooks(module).rotation(inputs["positions"]) is not None
+        used = ["x", "q", "k"] if rotates else ["x"]
+    for name in used:
+        g = inputs[name].grad
+        if g is None or not bool(g.ne(0).any()):
+            fail(
+                f"no gradient reaches the input {name!r}: the output is detached from it "
+                "(.detach(), .data, torch.no_grad() or a non-differentiable op in the forward)"
+            )
+        if not bool(torch.isfinite(g).all()):
+            fail(f"the gradient reaching the input {name!r} has NaN or inf values on random input")
+    zero = _check_param_grads(module)
+    if zero:
+        # An all-zero gradient can be an artefact of the initial values (a zero-initialised
+        # gate); nudge every parameter and look again before calling it a bug.
+        with torch.no_grad():
+            for p in module.parameters():
+                if p.is_floating_point():
+                    p.add_(0.1 * torch.randn_like(p))
+        module.zero_grad()
+        _backward(run(target.kind, module, inputs))
+        zero = _check_param_grads(module)
+        if zero:
+            fail(
+                f"parameter {zero[0]!r} gets an all-zero gradient, even after every parameter "
+                "was moved off its initial value; it does not influence the output"
+            )
+
+
+def _check_param_grads(module: nn.Module) -> list[str]:
+    """Fail on a parameter without a gradient; return the ones whose gradient is all zeros."""
+    zero = []
+    for name, p in module.named_parameters():
+        if not p.requires_grad:
+            continue
+        if p.grad is None:
+            fail(
+                f"parameter {name!r} gets no gradient: the forward does not use it, or uses it "
+                "detached (.detach(), .data, torch.no_grad()); use it or remove it"
+            )
+        if not bool(torch.isfinite(p.grad).all()):
+            fail(f"the gradient of parameter {name!r} has NaN or inf values on random input")
+        if not bool(p.grad.ne(0).any()):
+            zero.append(name)
+    return zero
+
+
+@check("state_dict", ALL)
+def state_dict(target: Target, variant: str, settings: Settings) -> None:
+    """A saved state dict, loaded (strict) into another instance, reproduces the outputs exactly."""
+    torch.manual_seed(settings.seed + 1)
+    saved = target.build()
+    torch.manual_seed(settings.seed + 2)
+    fresh = target.build()
+    with torch.no_grad():  # the fresh instance must take every value from the state dict
+        for p in fresh.parameters():
+            if p.is_floating_point():
+                p.add_(torch.randn_like(p))
+    buffer = io.BytesIO()
+    torch.save(saved.state_dict(), buffer)
+    buffer.seek(0)
+    try:
+        loaded = torch.load(buffer, weights_only=True)
+    except Exception as e:
+        fail(f"state_dict() holds more than tensors: torch.load(weights_only=True) raised {e}")
+    try:
+        fresh.load_state_dict(loaded, strict=True)
+    except RuntimeError as e:
+        fail(f"load_state_dict(strict=True) into a second instance failed: {_first_line(e)}")
+    inputs = make_inputs(target)
+    with torch.no_grad():
+        before, after = run(target.kind, saved, inputs), run(target.kind, fresh, inputs)
+    names = output_names(target.kind, saved, inputs)
+    for name, a, b in zip(names, before, after, strict=True):
+        problem = mismatch(b, a, atol=0.0, rtol=0.0, equal_nan=True)
+        if problem:
+            fail(
+                f"after a state-dict round trip, {name} differs ({problem}): the output depends "
+                "on state the state dict does not hold; register it with nn.Parameter or "
+                "register_buffer (persistent=False only for what __init__ recomputes)"
+            )
+
+
+@check("meta", ALL)
+def meta(target: Target, variant: str, settings: Settings) -> None:
+    """Built with device="meta" it allocates nothing: every parameter and buffer is on meta."""
+    module = target.build(device="meta")
+    tensors = itertools.chain(
+        (("parameter", n, t) for n, t in module.named_parameters()),
+        (("buffer", n, t) for n, t in module.named_buffers()),
+    )
+    for what, name, t in tensors:
+        if t.device.type != "meta":
+            fail(
+                f"built with device='meta', {what} {name!r} is on {t.device}; pass device= to "
+                "every tensor __init__ creates (torch.empty(..., device=device)) so that "
+                "build_model(spec, device='meta') allocates nothing"
+            )
+
+
+@check("params", ALL)
+def params(target: Target, variant: str, settings: Settings) -> None:
+    """The declared parameter count equals the built module's, at two shapes."""
+    for shape in range(len(SHAPES)):
+        kwargs = target.kwargs(shape)
+        declared = target.component.count_params(**kwargs)
+        module = target.build(shape)
+        actual = sum(p.numel() for p in module.parameters())
+        if declared != actual:
+            found = ", ".join(f"{n} {tuple(p.shape)}" for n, p in module.named_parameters())
+            shown = call("params", accepted_kwargs(target.component.params, kwargs))
+            fail(
+                f"declares {shown} = {declared:,}, but the built module has {actual:,} "
+                f"parameters ({found or 'none'}); fix the params function of the Component"
+            )
+
+
+@check("flops", ALL)
+def flops(target: Target, variant: str, settings: Settings) -> None:
+    """Declared FLOPs equal torch's FlopCounterMode count of one sequence's forward, at several
+    lengths and two shapes."""
+    lengths = [(SEQ, SEQ), (2 * SEQ, 2 * SEQ)]
+    if target.kind == "attn":
+        lengths.append((SHORT, 2 * SEQ))
+    for shape, (seq, kv) in itertools.product(range(len(SHAPES)), lengths):
+        module = target.build(shape)
+        inputs = make_inputs(target, shape=shape, batch=1, seq=seq, kv_seq=kv)
+        with FlopCounterMode(display=False) as counter, torch.no_grad():
+            run(target.kind, module, inputs)
+        measured = counter.get_total_flops()
+        kwargs = {**target.kwargs(shape), "seq_len": seq, "kv_len": kv}
+        declared = target.component.count_flops(**kwargs)
+        if declared != measured:
+            shown = call("flops", accepted_kwargs(target.component.flops, kwargs))
+            fail(
+                f"declares {shown} = {declared:,}, but one forward of a single sequence does "
+                f"{measured:,} matmul FLOPs (torch.utils.flop_counter.FlopCounterMode); fix the "
+                "flops function of the Component (2·m·n·p per (m×n)·(n×p) matmul)"
+            )
+
+
+@check("compile", ALL, feature="compile", defaults_only=True)
+def compiled(target: Target, variant: str, settings: Settings) -> None:
+    """torch.compile runs the forward and matches eager (the component declares 'compile')."""
+    module = target.build()
+    inputs = make_inputs(target)
+    with torch.no_grad():
+        eager = run(target.kind, module, inputs)
+
+    def forward(inputs: Mapping[str, Tensor]) -> list[Tensor]:
+        return run(target.kind, module, inputs)
+
+    backend = settings.compile_backend
+    torch.compiler.reset()  # earlier components' graphs must not count towards recompile limits
+    try:
+        with torch.no_grad(), warnings.catch_warnings():
+            # torch's own deprecation notices from inside the compiler are not the plugin's.
+            warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"torch\.")
+            got = torch.compile(forward, backend=backend)(inputs)
+    except Exception as e:
+        fail(
+            f"torch.compile(backend={backend!r}) failed: {type(e).__name__}: {_first_line(e)}; "
+            "make the forward traceable, or drop 'compile' from the Component's features"
+        )
+    finally:
+        torch.compiler.reset()
+    atol, rtol = tolerance(torch.float32)
+    names = output_names(target.kind, module, inputs)
+    for name, e_out, c_out in zip(names, eager, got, strict=True):
+        problem = mismatch(c_out, e_out, atol=atol, rtol=rtol, equal_nan=True)
+        if problem:
+            fail(f"compiled with backend={backend!r}, {name} differs from eager: {problem}")
+
+
+# ------------------------------------------------------------------------------ norm and ffn
+
+
+@check("per_token", TOKENWISE)
+def per_token(target: Target, variant: str, settings: Settings) -> None:
+    """Each (..., d_model) vector is mapped on its own: no mixing across tokens or batch rows."""
+    module = target.build()
+    x = make_inputs(target, lead=(3,))["x"]  # (B, 3, T, d_model)
+    token = (1, 2, SEQ - 3)
+    nudged = x.clone()
+    nudged[token] += torch.randn(x.shape[-1])
+    with torch.no_grad():
+        changed = (module(nudged) - module(x)).abs().amax(dim=-1) > CHANGED
+    changed[token] = False
+    if bool(changed.any()):
+        other = tuple(int(i) for i in changed.nonzero()[0])
+        fail(
+            f"changing the input vector at index {token} changed the output at {other}: a "
+            f"{target.kind} maps each (..., d_model) vector on its own; reduce over the last "
+            "dimension only (dim=-1, keepdim=True)"
+        )
+
+
+# ------------------------------------------------------------------------------ attention
+
+
+def reference_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    causal: bool,
+    mask: Tensor | None = None,
+    bias: Tensor | None = None,
+) -> Tensor:
+    """lmcore.nn.scaled_dot_product_attention in float32, with k, v repeated to q's heads and
+    an explicit end-aligned causal mask: query i sits at position Sk - Sq + i."""
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    sq, sk = q.shape[-2], k.shape[-2]
+    keep = mask
+    if causal:
+        visible = torch.arange(sk)[None, :] <= torch.arange(sq)[:, None] + (sk - sq)  # (Sq, Sk)
+        keep = visible if keep is None else keep & visible
+    return scaled_dot_product_attention(
+        q.float(), k.float(), v.float(), mask=keep, bias=None if bias is None else bias.float()
+    )
+
+
+def _attend(module: nn.Module, q: Tensor, k: Tensor, v: Tensor, **kw: Any) -> Tensor:
+    """Call a kernel, passing mask / bias only when given (as the model does)."""
+    extra = {name: t for name, t in kw.items() if name in ("mask", "bias") and t is not None}
+    out: Tensor = module(q, k, v, causal=kw["causal"], **extra)
+    return out
+
+
+@check("reference", ("attn",), variants=("float32", "bfloat16"))
+def reference(target: Target, variant: str, settings: Settings) -> None:
+    """Matches the reference kernel on random inputs, causal or not, for Sq = Sk and Sq < Sk."""
+    dtype = DTYPES[variant]
+    atol, rtol = tolerance(dtype)
+    module = target.build(dtype=dtype)
+    for (sq, sk), causal in itertools.product(ATTN_LENGTHS, (False, True)):
+        i = make_inputs(target, dtype, seq=sq, kv_seq=sk)
+        out = _attend(module, i["q"], i["k"], i["v"], causal=causal)
+        expected = reference_attention(i["q"], i["k"], i["v"], causal=causal)
+        problem = mismatch(out, expected, atol=atol, rtol=rtol)
+        if problem:
+            fail(
+                f"causal={causal}, Sq={sq}, Sk={sk}, {variant}: the output differs from "
+                f"lmcore.nn.scaled_dot_product_attention: {problem}"
+            )
+
+
+@check("causal", ("attn",))
+def causal(target: Target, variant: str, settings: Settings) -> None:
+    """With causal=True, query i (at position Sk - Sq + i) sees exactly keys 0 .. Sk - Sq + i:
+    perturbing later keys/values never changes it, perturbing the visible ones does."""
+    module = target.build()
+    for sq, sk in ATTN_LENGTHS:
+        i = make_inputs(target, seq=sq, kv_seq=sk)
+        q, k, v = i["q"], i["k"], i["v"]
+        with torch.no_grad():
+            base = module(q, k, v, causal=True)
+            for cut in range(1, sk):
+                k2, v2 = k.clone(), v.clone()
+                k2[..., cut:, :] += torch.randn_like(k2[..., cut:, :])
+                v2[..., cut:, :] += torch.randn_like(v2[..., cut:, :])
+                moved = (module(q, k2, v2, causal=True) - base).abs().amax(dim=(0, 1, 3))  # (Sq,)
+                for query, change in enumerate(moved.tolist()):
+                    _causal_verdict(query, sk - sq + query, cut, change, sq, sk)
+
+
+def _causal_verdict(query: int, position: int, cut: int, change: float, sq: int, sk: int) -> None:
+    where = f"with Sq={sq}, Sk={sk}, query {query} (position {position})"
+    if position < cut and change > CHANGED:
+        fail(
+            f"causal=True leaks future tokens: {where} changed by {change:.3g} when keys/values "
+            f"from position {cut} on were perturbed; query i may attend only keys "
+            f"j <= Sk - Sq + i (here {position}), queries aligned to the end of the keys"
+        )
+    if position >= cut and not change > CHANGED:
+        fail(
+            f"causal=True hides visible tokens: {where} did not change when keys/values from "
+            f"position {cut} on were perturbed, yet it may attend keys up to {position}; the "
+            "mask must be j <= Sk - Sq + i (aligned to the end, including the query's own "
+            "position)"
+        )
+
+
+@check("mask", ("attn",), feature="mask")
+def mask(target: Target, variant: str, settings: Settings) -> None:
+    """A boolean mask (True = may attend), alone or with causal=True, gives the reference output."""
+    module = target.build()
+    heads = shape_of(target)["num_heads"]
+    for (sq, sk), causal, layout in itertools.product(
+        ATTN_LENGTHS, (False, True), ("Sq, Sk", "B, 1, Sq, Sk", "B, H, Sq, Sk")
+    ):
+        shape = {"Sq, Sk": (sq, sk), "B, 1, Sq, Sk": (BATCH, 1, sq, sk)}.get(
+            layout, (BATCH, heads, sq, sk)
+        )
+        keep = torch.rand(shape) > 0.5
+        rows = torch.arange(sq)
+        keep[..., rows, rows + sk - sq] = True  # each query may see its own position: no empty row
+        i = make_inputs(target, seq=sq, kv_seq=sk)
+        out = _attend(module, i["q"], i["k"], i["v"], causal=causal, mask=keep)
+        expected = reference_attention(i["q"], i["k"], i["v"], causal=causal, mask=keep)
+        problem = mismatch(out, expected, *tolerance(torch.float32))
+        if problem:
+            fail(
+                f"with a ({layout}) boolean mask, causal={causal}, Sq={sq}, Sk={sk}: the output "
+                f"differs from the reference: {problem}. lmcore masks are True where a query "
+                "MAY attend; False positions get -inf before the softmax"
+            )
+
+
+@check("bias", ("attn",), feature="bias")
+def bias(target: Target, variant: str, settings: Settings) -> None:
+    """An additive bias broadcastable to (B, H, Sq, Sk) is added to the scaled scores."""
+    module = target.build()
+    heads = shape_of(target)["num_heads"]
+    for (sq, sk), causal in itertools.product(ATTN_LENGTHS, (False, True)):
+        for shape in ((sq, sk), (heads, sq, sk), (BATCH, 1, sq, sk), (BATCH, heads, sq, sk)):
+            add = 2.0 * torch.randn(shape)
+            i = make_inputs(target, seq=sq, kv_seq=sk)
+            out = _attend(module, i["q"], i["k"], i["v"], causal=causal, bias=add)
+            expected = reference_attention(i["q"], i["k"], i["v"], causal=causal, bias=add)
+            problem = mismatch(out, expected, *tolerance(torch.float32))
+            if problem:
+                fail(
+                    f"with a bias of shape {shape}, causal={causal}, Sq={sq}, Sk={sk}: the output "
+                    f"differs from softmax(q kᵀ / sqrt(D) + bias) v: {problem}"
+                )
+
+
+@check("gqa", ("attn",), feature="gqa")
+def gqa(target: Target, variant: str, settings: Settings) -> None:
+    """With Hkv < H key/value heads, query head h uses kv head h // (H / Hkv), with or without
+    per-head masks and biases."""
+    s = SHAPES[0]
+    heads, d = s["num_heads"], s["head_dim"]
+    for kv_heads, (sq, sk), causal in itertools.product(
+        (heads // 2, 1), ATTN_LENGTHS, (False, True)
+    ):
+        module = target.build(num_kv_heads=kv_heads)
+        q = torch.randn(BATCH, heads, sq, d)
+        k, v = torch.randn(BATCH, kv_heads, sk, d), torch.randn(BATCH, kv_heads, sk, d)
+        extra: dict[str, Tensor | None] = {"mask": None, "bias": None}
+        if "bias" in target.features:
+            extra["bias"] = torch.randn(BATCH, heads, sq, sk)
+        if "mask" in target.features:
+            keep = torch.rand(BATCH, heads, sq, sk) > 0.5
+            keep[..., torch.arange(sq), torch.arange(sq) + sk - sq] = True
+            extra["mask"] = keep
+        out = _attend(module, q, k, v, causal=causal, **extra)
+        expected = reference_attention(q, k, v, causal=causal, **extra)
+        problem = mismatch(out, expected, *tolerance(torch.float32))
+        if problem:
+            given = ", ".join(f"per-head {n}" for n, t in extra.items() if t is not None)
+            fail(
+                f"with {heads} query heads and {kv_heads} kv heads ({given or 'no mask or bias'},"
+                f" causal={causal}, Sq={sq}, Sk={sk}): the output differs from the reference "
+                f"with k, v repeated per group (query head h uses kv head h // "
+                f"{heads // kv_heads}, as repeat_interleave): {problem}"
+            )
+
+
+# ------------------------------------------------------------------------------ positions
+
+
+@check("features", ("pos",))
+def features(target: Target, variant: str, settings: Settings) -> None:
+    """The declared features match what the hooks do: 'rotary' ⇔ rotation, 'bias' ⇔
+    attention_bias, 'absolute' ⇔ embed changes x."""
+    pos = hooks(target.build())
+    i = make_inputs(target)
+    x, p = i["x"], i["positions"]
+    with torch.no_grad():
+        does = {
+            "rotary": ("rotation(positions) returns a function", pos.rotation(p) is not None),
+            "bias": ("attention_bias returns a tensor", pos.attention_bias(p, p) is not None),
+            "absolute": ("embed(x, positions) changes x", not torch.equal(pos.embed(x, p), x)),
+        }
+    for feature, (hook, happens) in does.items():
+        if feature in target.features and not happens:
+            fail(
+                f"declares {feature!r}, but it is not true that {hook}; implement the hook or "
+                f"drop {feature!r} from the Component's features"
+            )
+        if happens and feature not in target.features:
+            fail(
+                f"{hook}, but the Component does not declare {feature!r}; add it to features, "
+                "so that specs can check what the encoding needs (an attention bias needs an "
+                "attn kernel with 'bias')"
+            )
+
+
+@check("relative", ("pos",), feature="relative")
+def relative(target: Target, variant: str, settings: Settings) -> None:
+    """Relative: shifting every position by a constant changes no q·k score after rotation, no
+    attention bias and no embedding."""
+    pos = hooks(target.build())
+    s = shape_of(target)
+    heads, d = s["num_heads"], s["head_dim"]
+    p = positions(BATCH, SEQ)
+    shifted = p + torch.tensor([[3], [11]])  # a different shift per row, within the context
+    q, k = torch.randn(BATCH, heads, SEQ, d), torch.randn(BATCH, heads, SEQ, d)
+    x = torch.randn(BATCH, SEQ, s["d_model"])
+    atol, rtol = 1e-4, 1e-4  # float32 rotation tables at positions up to ~30
+    with torch.no_grad():
+        for what, a, b in _relative_pairs(pos, p, shifted, q, k, x):
+            problem = mismatch(b, a, atol=atol, rtol=rtol)
+            if problem:
+                fail(
+                    f"declares 'relative', but {what} changes when every position is shifted "
+                    f"by a constant (3 in row 0, 11 in row 1): {problem}; it must depend only "
+                    "on the offset between query and key positions, or drop 'relative'"
+                )
+
+
+def _relative_pairs(
+    pos: PositionalEncoding, p: Tensor, shifted: Tensor, q: Tensor, k: Tensor, x: Tensor
+) -> Iterator[tuple[str, Tensor, Tensor]]:
+    """(what, at positions p, at shifted positions) for each hook the encoding implements."""
+    yield "embed(x, positions)", pos.embed(x, p), pos.embed(x, shifted)
+    rot, rot_shifted = pos.rotation(p), pos.rotation(shifted)
+    if rot is not None and rot_shifted is not None:
+        scores = rot(q) @ rot(k).transpose(-2, -1)
+        scores_shifted = rot_shifted(q) @ rot_shifted(k).transpose(-2, -1)
+        yield "q·k after rotation(positions)", scores, scores_shifted
+    for q_pos, q_shifted in ((p, shifted), (p[:, -SHORT:], shifted[:, -SHORT:])):
+        b, b_shifted = pos.attention_bias(q_pos, p), pos.attention_bias(q_shifted, shifted)
+        if b is not None and b_shifted is not None:
+            yield f"attention_bias ({q_pos.shape[1]} queries)", b, b_shifted
+
+
+# ------------------------------------------------------------------------------ helpers
+
+
+def _expect(out: object, shape: torch.Size, dtype: torch.dtype, what: str) -> None:
+    if not isinstance(out, Tensor):
+        fail(f"{what} is a {type(out).__name__}, not a torch.Tensor")
+    if out.shape != shape:
+        fail(f"{what} has shape {tuple(out.shape)}; it must keep the input's {tuple(shape)}")
+    if out.dtype != dtype:
+        name = str(dtype).removeprefix("torch.")
+        fail(
+            f"{what} is {describe(out)} for {name} input; return the input's dtype (compute "
+            "in float32 if you need to, then cast back with .to(x.dtype))"
+        )
+    _finite(out, what)
+
+
+def _broadcasts(shape: tuple[int, ...], full: tuple[int, ...]) -> bool:
+    """Whether a tensor of `shape` broadcasts to exactly `full`."""
+    if len(shape) > len(full):
+        return False
+    return all(a in (1, b) for a, b in zip(reversed(shape), reversed(full), strict=False))
+
+
+def _finite(t: Tensor, what: str) -> None:
+    bad = ~torch.isfinite(t.detach())
+    if bool(bad.any()):
+        where = tuple(int(i) for i in bad.nonzero()[0])
+        fail(f"{what} has {int(bad.sum())} NaN/inf values on random normal input, first at {where}")
+
+
+def _backward(outs: list[Tensor]) -> None:
+    """Backpropagate a random cotangent: every output element gets a non-zero weight."""
+    loss = sum(
+        ((o.float() * torch.randn(o.shape)).sum() for o in outs if o.requires_grad),
+        start=torch.zeros(()),
+    )
+    if loss.requires_grad:
+        torch.autograd.backward(loss)
+
+
+def _first_line(e: BaseException) -> str:
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    return lines[0] if lines else type(e).__name__

@@ -1,0 +1,301 @@
+"""What the checks share: the component under test, the test shapes, inputs and comparisons.
+
+A `Target` is one registered component plus the argument values it is built with. Components are
+built at two small shapes (`SHAPES`) so that a parameter or FLOP formula that is right at one
+shape by coincidence is still caught. Everything here is plain torch; no pytest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final, NoReturn, cast
+
+import torch
+from torch import Tensor, nn
+
+from lmcore.components import DIMS, Component, Scalar, format_scalar
+from lmcore.interfaces import PositionalEncoding
+from lmcore.registry import Entry
+
+# Two model shapes; head_dim = d_model / num_heads in both, as in a real model.
+SHAPES: Final[tuple[Mapping[str, int], ...]] = (
+    dict(d_model=64, d_ff=128, num_heads=4, num_kv_heads=4, head_dim=16, context_length=32),
+    dict(d_model=48, d_ff=80, num_heads=2, num_kv_heads=2, head_dim=24, context_length=24),
+)
+BATCH: Final = 2
+SEQ: Final = 8
+SHORT: Final = 3  # queries when Sq < Sk (decoding with a KV cache)
+# Row offsets of the (B, T) positions: rows must be allowed to differ (packed sequences).
+OFFSETS: Final = (0, 5)
+
+# Tolerances against lmcore's reference computations: float32 kernels may sum in another order
+# (online softmax), bfloat16 ones keep 8 bits of mantissa.
+TOLERANCE: Final[Mapping[torch.dtype, tuple[float, float]]] = {  # (atol, rtol)
+    torch.float32: (1e-5, 1e-4),
+    torch.bfloat16: (2e-2, 2e-2),
+}
+DTYPES: Final[Mapping[str, torch.dtype]] = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+class ConformanceError(AssertionError):
+    """A component breaks its kind's contract; the message says what broke and how to fix it."""
+
+
+def fail(message: str) -> NoReturn:
+    raise ConformanceError(message)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How checks run: the `torch.compile` backend of the compile check, and the random seed."""
+
+    compile_backend: str = "inductor"
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class Target:
+    """One component under test: its registry entry and the non-default argument values.
+
+    `qualified` puts the provider in the label (``norm:lmcore-dyt:dyt``) when two plugins
+    provide the same name.
+    """
+
+    entry: Entry
+    overrides: tuple[tuple[str, Scalar], ...] = ()
+    qualified: bool = False
+
+    @property
+    def component(self) -> Component:
+        return self.entry.component
+
+    @property
+    def kind(self) -> str:
+        return self.entry.kind
+
+    @property
+    def features(self) -> frozenset[str]:
+        return self.component.features
+
+    @property
+    def label(self) -> str:
+        """``kind:name``, with the provider when ambiguous and non-default arguments."""
+        name = self.entry.name
+        if self.qualified:
+            name = f"{self.entry.provenance.qualifier}:{name}"
+        args = ",".join(f"{k}={format_scalar(v)}" for k, v in self.overrides)
+        return f"{self.kind}:{name}" + (f"({args})" if args else "")
+
+    @property
+    def missing(self) -> list[str]:
+        """Required arguments with no value: the kit cannot build the component without them."""
+        given = dict(self.overrides)
+        return [a.name for a in self.component.args if a.required and a.name not in given]
+
+    def arg_values(self) -> dict[str, Scalar]:
+        args = self.component.args
+        values: dict[str, Scalar] = {a.name: a.default for a in args if not a.required}
+        values.update(self.overrides)
+        return values
+
+    def dims(self, shape: int = 0, **overrides: int) -> dict[str, int]:
+        """The model dimensions this kind receives, at test shape `shape`."""
+        every = dict(SHAPES[shape])
+        if self.kind == "attn" and "gqa" in self.features:
+            every["num_kv_heads"] = every["num_heads"] // 2  # exercise the grouped path
+        every.update(overrides)
+        return {k: every[k] for k in DIMS[self.kind]}
+
+    def kwargs(self, shape: int = 0, **overrides: int) -> dict[str, Any]:
+        """Everything `flops` / `params` / the factory receive, as `build_model` passes it."""
+        return {**self.dims(shape, **overrides), **self.arg_values()}
+
+    def build(
+        self,
+        shape: int = 0,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+        **overrides: int,
+    ) -> nn.Module:
+        kwargs = self.kwargs(shape, **overrides)
+        self.component.check_shape(**kwargs)
+        module = self.component.create(**kwargs, device=device, dtype=dtype)
+        if not isinstance(module, nn.Module):
+            fail(
+                f"build returned a {type(module).__name__}, not a torch.nn.Module; "
+                "make the factory return a module (subclass torch.nn.Module)"
+            )
+        return module
+
+
+def call(fn: str, kwargs: Mapping[str, Any]) -> str:
+    """``params(d_model=64, bias=True)``: what a declaration was called with, for messages."""
+    return f"{fn}({', '.join(f'{k}={v!r}' for k, v in kwargs.items())})"
+
+
+# ------------------------------------------------------------------------------------ inputs
+
+
+def shape_of(target: Target, shape: int = 0) -> Mapping[str, int]:
+    """The full model shape behind `target.dims(shape)` (inputs need d_model, heads, ...)."""
+    every = dict(SHAPES[shape])
+    every.update(target.dims(shape))
+    return every
+
+
+def positions(batch: int, seq: int, offsets: tuple[int, ...] = OFFSETS) -> Tensor:
+    """`(batch, seq)` positions, row b starting at `offsets[b]` (batch 1: from 0)."""
+    start = torch.tensor(offsets[:batch] if batch > 1 else (0,))[:, None]
+    return start + torch.arange(seq)[None, :]
+
+
+def make_inputs(
+    target: Target,
+    dtype: torch.dtype = torch.float32,
+    *,
+    shape: int = 0,
+    batch: int = BATCH,
+    seq: int = SEQ,
+    kv_seq: int | None = None,
+    lead: tuple[int, ...] = (),
+) -> dict[str, Tensor]:
+    """Random inputs for one forward of `target`'s kind (seeded by the caller).
+
+    norm and ffn get `x: (batch, *lead, seq, d_model)`: their contract is `(..., d_model)`.
+    """
+    s = shape_of(target, shape)
+    d_model, heads, head_dim = s["d_model"], s["num_heads"], s["head_dim"]
+    if target.kind in ("norm", "ffn"):
+        return {"x": torch.randn(batch, *lead, seq, d_model, dtype=dtype)}
+    if target.kind == "attn":
+        kv_heads, sk = s["num_kv_heads"], kv_seq or seq
+        return {
+            "q": torch.randn(batch, heads, seq, head_dim, dtype=dtype),
+            "k": torch.randn(batch, kv_heads, sk, head_dim, dtype=dtype),
+            "v": torch.randn(batch, kv_heads, sk, head_dim, dtype=dtype),
+        }
+    # pos: k has fewer heads than q, as when the model uses grouped-query attention.
+    return {
+        "x": torch.randn(batch, seq, d_model, dtype=dtype),
+        "q": torch.randn(batch, heads, seq, head_dim, dtype=dtype),
+        "k": torch.randn(batch, max(1, heads // 2), seq, head_dim, dtype=dtype),
+        "positions": positions(batch, seq),
+    }
+
+
+def run(kind: str, module: nn.Module, inputs: Mapping[str, Tensor]) -> list[Tensor]:
+    """One forward of a component, as the model calls it; returns every output tensor.
+
+    pos: the embedded x, then q and k rotated (if it rotates), then the bias (if it has one).
+    """
+    if kind in ("norm", "ffn"):
+        return [module(inputs["x"])]
+    if kind == "attn":
+        return [module(inputs["q"], inputs["k"], inputs["v"], causal=True)]
+    pos, p = hooks(module), inputs["positions"]
+    out: list[Tensor] = [pos.embed(inputs["x"], p)]
+    rotate = pos.rotation(p)
+    if rotate is not None:
+        out += [rotate(inputs["q"]), rotate(inputs["k"])]
+    bias = pos.attention_bias(p, p)
+    if bias is not None:
+        out.append(bias)
+    return out
+
+
+def hooks(module: nn.Module) -> PositionalEncoding:
+    """A pos module seen through its protocol (the `build` check verifies it implements it)."""
+    return cast(PositionalEncoding, module)
+
+
+def output_names(kind: str, module: nn.Module, inputs: Mapping[str, Tensor]) -> list[str]:
+    """Names of `run`'s outputs, for messages."""
+    if kind in ("norm", "ffn", "attn"):
+        return ["output"]
+    pos, p = hooks(module), inputs["positions"]
+    names = ["embed(x, positions)"]
+    if pos.rotation(p) is not None:
+        names += ["rotation(positions)(q)", "rotation(positions)(k)"]
+    if pos.attention_bias(p, p) is not None:
+        names.append("attention_bias(positions, positions)")
+    return names
+
+
+# ------------------------------------------------------------------------------- comparisons
+
+
+def describe(t: Tensor) -> str:
+    return f"shape {tuple(t.shape)} {str(t.dtype).removeprefix('torch.')}"
+
+
+def mismatch(
+    actual: Tensor, expected: Tensor, atol: float, rtol: float, *, equal_nan: bool = False
+) -> str | None:
+    """None when `actual` is close to `expected`; else where and by how much it is not.
+
+    `equal_nan` for comparing two runs of the same component, where a NaN is the forward
+    check's business, not a difference.
+    """
+    if actual.shape != expected.shape:
+        return f"shape {tuple(actual.shape)} where {tuple(expected.shape)} was expected"
+    a, e = actual.detach().float(), expected.detach().float()
+    bad = ~torch.isclose(a, e, atol=atol, rtol=rtol, equal_nan=equal_nan)
+    if not bool(bad.any()):
+        return None
+    where = tuple(int(i) for i in bad.nonzero()[0])
+    worst = float((a - e).abs().nan_to_num(nan=float("inf")).max())
+    return (
+        f"{int(bad.sum())} of {bad.numel()} values differ, max |diff| {worst:.3g} "
+        f"(atol={atol}, rtol={rtol}); first at index {where}: {float(a[where]):.6g} "
+        f"instead of {float(e[where]):.6g}"
+    )
+
+
+def tolerance(dtype: torch.dtype) -> tuple[float, float]:
+    return TOLERANCE[dtype]
+
+
+Fn = Callable[[Target, str, Settings], None]
+
+
+@dataclass(frozen=True)
+class Check:
+    """One contract: which kinds it applies to, the feature it needs and its variants."""
+
+    name: str
+    kinds: frozenset[str]
+    fn: Fn
+    doc: str
+    feature: str | None = None
+    variants: tuple[str, ...] = ("",)
+    defaults_only: bool = False  # too costly to repeat for every argument variant
+
+    def applies_to(self, target: Target) -> bool:
+        return (
+            target.kind in self.kinds
+            and (self.feature is None or self.feature in target.features)
+            and not (self.defaults_only and target.overrides)
+        )
+
+
+CHECKS: list[Check] = []
+
+
+def check(
+    name: str,
+    kinds: tuple[str, ...],
+    *,
+    feature: str | None = None,
+    variants: tuple[str, ...] = ("",),
+    defaults_only: bool = False,
+) -> Callable[[Fn], Fn]:
+    """Register a check; its docstring's first line is the contract it states."""
+
+    def register(fn: Fn) -> Fn:
+        doc = " ".join((fn.__doc__ or name).strip().split("\n\n")[0].split())
+        CHECKS.append(Check(name, frozenset(kinds), fn, doc, feature, variants, defaults_only))
+        return fn
+
+    return register

@@ -1,0 +1,139 @@
+"""Which checks run on which components: selection, argument variants and runnable cases.
+
+    from lmcore.testing import cases
+    for case in cases(get_registry(), components=["dyt"]):
+        case.run()                       # raises ConformanceError naming the broken contract
+
+Every component is checked with its default arguments; a boolean argument is also checked
+flipped (``norm:dyt(bias=false)``), since it usually changes the parameters.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from lmcore.components import KINDS
+from lmcore.errors import did_you_mean, one_of
+from lmcore.registry import Entry, Registry, normalize_dist
+from lmcore.testing import checks as _checks  # noqa: F401  (registers the checks)
+from lmcore.testing.core import CHECKS, Check, Settings, Target
+
+
+class SelectionError(ValueError):
+    """`--lmcore-kind` / `--lmcore-component` select nothing; the message lists what exists."""
+
+
+@dataclass(frozen=True)
+class Case:
+    """One check on one component (in one variant, e.g. a dtype)."""
+
+    check: Check
+    target: Target
+    variant: str = ""
+
+    @property
+    def param_id(self) -> str:
+        """``norm:rmsnorm-float32``: the component and the variant."""
+        return f"{self.target.label}-{self.variant}" if self.variant else self.target.label
+
+    @property
+    def name(self) -> str:
+        """``test_forward[norm:rmsnorm-float32]``: the pytest item name."""
+        return f"test_{self.check.name}[{self.param_id}]"
+
+    @property
+    def skip_reason(self) -> str | None:
+        missing = self.target.missing
+        if not missing:
+            return None
+        return (
+            f"{self.target.label} has required argument(s) {', '.join(missing)} with no default; "
+            "the conformance kit builds components from their declared defaults"
+        )
+
+    def run(self, settings: Settings | None = None) -> None:
+        """Run the check; raise ConformanceError when the component breaks the contract.
+
+        The global RNG is seeded for the run and restored afterwards.
+        """
+        settings = settings or Settings()
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(settings.seed)
+            self.check.fn(self.target, self.variant, settings)
+
+
+def select(
+    registry: Registry, kinds: Sequence[str] = (), components: Sequence[str] = ()
+) -> list[Entry]:
+    """The registered components of `kinds` (all when empty) named by `components` (all when
+    empty); each selector is ``name`` or ``dist:name``. Raise SelectionError on a miss."""
+    for kind in kinds:
+        if kind not in KINDS:
+            raise SelectionError(
+                f"--lmcore-kind {kind!r} is not a component kind{did_you_mean(kind, KINDS)}; "
+                f"kinds are {one_of(KINDS)}"
+            )
+    pool = [e for e in registry.entries() if not kinds or e.kind in kinds]
+    if not components:
+        return pool
+    chosen: list[Entry] = []
+    for selector in components:
+        provider, _, name = selector.rpartition(":")
+        found = [
+            e
+            for e in pool
+            if e.name == name
+            and (not provider or normalize_dist(e.provenance.qualifier) == normalize_dist(provider))
+        ]
+        if not found:
+            raise SelectionError(_no_match(registry, selector, name, kinds, pool))
+        chosen += [e for e in found if e not in chosen]
+    return chosen
+
+
+def _no_match(
+    registry: Registry, selector: str, name: str, kinds: Sequence[str], pool: list[Entry]
+) -> str:
+    where = f" of kind {', '.join(kinds)}" if kinds else ""
+    names = {e.name for e in pool}
+    qualified = {f"{e.provenance.qualifier}:{e.name}" for e in pool}
+    choices = qualified if ":" in selector else names
+    message = (
+        f"--lmcore-component {selector!r} matches no registered component{where}"
+        f"{did_you_mean(selector, choices) or did_you_mean(name, names)}; registered: "
+        f"{one_of(qualified)} (`lmcore plugins` lists them with their distributions)"
+    )
+    failed = [r for r in registry.plugins() if r.status == "failed"]
+    if failed:
+        message += "; plugins that failed to load: " + "; ".join(
+            f"{r.name!r} ({r.provenance}): {r.reason}" for r in failed
+        )
+    return message
+
+
+def targets(entries: Iterable[Entry]) -> list[Target]:
+    """Each entry with its default arguments, plus one variant per flipped boolean argument."""
+    out: list[Target] = []
+    for e in entries:
+        # A name two plugins provide is labelled with its provider, as a spec must write it.
+        qualified = e.status == "shadowed"
+        out.append(Target(e, qualified=qualified))
+        for arg in e.component.args:
+            if arg.type is bool and not arg.required:
+                out.append(Target(e, ((arg.name, not arg.default),), qualified=qualified))
+    return out
+
+
+def cases(
+    registry: Registry, kinds: Sequence[str] = (), components: Sequence[str] = ()
+) -> list[Case]:
+    """Every applicable check on every selected component, in a stable order."""
+    found: list[Case] = []
+    for target in targets(select(registry, kinds, components)):
+        for check in CHECKS:
+            if check.applies_to(target):
+                found += [Case(check, target, variant) for variant in check.variants]
+    return found

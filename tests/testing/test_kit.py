@@ -1,0 +1,583 @@
+"""The conformance kit catches bugs: each planted-bug component fails exactly the check for its
+bug, with a message that names it. Runs pytest in-process (pytester) with `--lmcore-conformance`
+and a registry holding only the planted components.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+import torch
+from torch import Tensor, nn
+
+from lmcore import Arg, Component, Registry
+from lmcore.interfaces import PositionalEncodingBase
+from lmcore.nn import scaled_dot_product_attention
+
+pytest_plugins = ["pytester"]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _kit_warmed_up() -> None:
+    """pytester's in-process runs unload every module first imported inside them, and torch's
+    compiler cannot be imported twice: run the kit once here first, so that every module it
+    needs is loaded for good (and is not re-imported by each run)."""
+    from lmcore.testing import Settings, cases
+
+    for case in cases(PlantedRegistry(*PLANTED[:3]).registry):
+        case.run(Settings(compile_backend="eager"))
+
+
+# ------------------------------------------------------------------ healthy components
+
+
+class Norm(nn.Module):
+    """A correct RMS-style norm; the planted norms below break it one way each."""
+
+    def __init__(self, d_model: int, device: Any = None, dtype: Any = None):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(d_model, device=device, dtype=dtype))
+
+    def normalise(self, x: Tensor, dim: int = -1) -> Tensor:
+        x32 = x.float()
+        return x32 / torch.sqrt(x32.pow(2).mean(dim=dim, keepdim=True) + 1e-5) * self.weight
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.normalise(x).to(x.dtype)
+
+
+class Attention(nn.Module):
+    """A correct kernel: the reference with an end-aligned causal mask and k, v per group."""
+
+    offset = 0  # planted: how many future keys leak
+    start_aligned = False  # planted: queries aligned to the start of the keys
+
+    def forward(
+        self, q: Tensor, k: Tensor, v: Tensor, *, causal: bool, mask: Any = None, bias: Any = None
+    ) -> Tensor:
+        k, v = self.expand(k, q.shape[1]), self.expand(v, q.shape[1])
+        sq, sk = q.shape[-2], k.shape[-2]
+        if causal:
+            shift = 0 if self.start_aligned else sk - sq
+            visible = torch.arange(sk)[None, :] <= torch.arange(sq)[:, None] + shift + self.offset
+            mask = visible if mask is None else self.combine(mask, visible)
+        return scaled_dot_product_attention(q, k, v, mask=mask, bias=self.bias_of(bias))
+
+    def expand(self, t: Tensor, heads: int) -> Tensor:
+        return t.repeat_interleave(heads // t.shape[1], dim=1)
+
+    def combine(self, mask: Tensor, visible: Tensor) -> Tensor:
+        return mask & visible
+
+    def bias_of(self, bias: Tensor | None) -> Tensor | None:
+        return bias
+
+
+class Rotary(PositionalEncodingBase):
+    """A correct rotary encoding over the two halves of the head dimension."""
+
+    def __init__(self, head_dim: int, device: Any = None):
+        super().__init__()
+        self.inv_freq = 1.0 / 10000 ** (torch.arange(0, head_dim, 2, device=device) / head_dim)
+
+    def angle(self, positions: Tensor) -> Tensor:
+        return positions.float()[..., None] * self.inv_freq  # (B, T, D/2)
+
+    def rotation(self, token_positions: Tensor) -> Any:
+        a = self.angle(token_positions)[:, None]  # (B, 1, T, D/2)
+        cos, sin = torch.cos(a), torch.sin(a)
+
+        def rotate(x: Tensor) -> Tensor:
+            x1, x2 = x.float().chunk(2, dim=-1)
+            return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).to(x.dtype)
+
+        return rotate
+
+
+def attn_flops(num_heads: int, head_dim: int, seq_len: int, kv_len: int) -> int:
+    return 4 * num_heads * seq_len * kv_len * head_dim
+
+
+def norm(name: str, build: Any, **kw: Any) -> Component:
+    kw.setdefault("params", lambda d_model: d_model)
+    kw.setdefault("features", frozenset({"compile"}))
+    return Component(kind="norm", name=name, build=build, **kw)
+
+
+def attn(name: str, build: Any, **kw: Any) -> Component:
+    kw.setdefault("features", frozenset({"gqa", "mask", "bias", "compile"}))
+    kw.setdefault("flops", attn_flops)
+    return Component(kind="attn", name=name, build=build, **kw)
+
+
+def rotary(name: str, build: Any, **kw: Any) -> Component:
+    kw.setdefault("features", frozenset({"rotary", "relative", "compile"}))
+    return Component(kind="pos", name=name, build=build, **kw)
+
+
+# ------------------------------------------------------------------ planted bugs
+
+
+class DtypeNorm(Norm):
+    def forward(self, x: Tensor) -> Tensor:
+        return self.normalise(x)  # planted: forgets .to(x.dtype), so bf16 comes back float32
+
+
+class NaNNorm(Norm):
+    def forward(self, x: Tensor) -> Tensor:
+        return torch.log(x) * self.weight  # planted: log of negative inputs is NaN
+
+
+class MixingNorm(Norm):
+    def forward(self, x: Tensor) -> Tensor:
+        return self.normalise(x, dim=-2).to(x.dtype)  # planted: statistics over the sequence
+
+
+class DetachedNorm(Norm):
+    def forward(self, x: Tensor) -> Tensor:
+        x32 = x.float()
+        rms = torch.sqrt(x32.pow(2).mean(dim=-1, keepdim=True) + 1e-5)
+        return (x32 / rms * self.weight.detach()).to(x.dtype)  # planted: the gain never learns
+
+
+class UnsavedNorm(Norm):
+    def __init__(self, d_model: int, device: Any = None, dtype: Any = None):
+        super().__init__(d_model, device, dtype)
+        self.scale = torch.rand(d_model, device=device)  # planted: not a parameter or buffer
+
+    def forward(self, x: Tensor) -> Tensor:
+        return (self.normalise(x) * self.scale).to(x.dtype)
+
+
+class CpuNorm(Norm):
+    def __init__(self, d_model: int, device: Any = None, dtype: Any = None):
+        super().__init__(d_model, device, dtype)
+        self.register_buffer("eps", torch.full((1,), 1e-5))  # planted: ignores device
+
+
+class CompileNorm(Norm):
+    def forward(self, x: Tensor) -> Tensor:
+        y = self.normalise(x).to(x.dtype)
+        return y * 2 if torch.compiler.is_compiling() else y  # planted: compiled ≠ eager
+
+
+class ArgNorm(Norm):
+    def __init__(self, d_model: int, unused: float, device: Any = None, dtype: Any = None):
+        super().__init__(d_model, device, dtype)
+
+
+class LeakyAttention(Attention):
+    offset = 1
+
+
+class StartAlignedAttention(Attention):
+    start_aligned = True
+
+
+class InvertedMaskAttention(Attention):
+    def combine(self, mask: Tensor, visible: Tensor) -> Tensor:
+        return ~mask & visible  # planted: True read as "masked out"
+
+    def forward(
+        self, q: Tensor, k: Tensor, v: Tensor, *, causal: bool, mask: Any = None, bias: Any = None
+    ) -> Tensor:
+        if mask is not None and not causal:
+            mask = ~mask  # the same bug without causal
+        return super().forward(q, k, v, causal=causal, mask=mask, bias=bias)
+
+
+class BiaslessAttention(Attention):
+    def bias_of(self, bias: Tensor | None) -> Tensor | None:
+        return None  # planted: declares 'bias' but drops it
+
+
+class TiledGQAAttention(Attention):
+    def expand(self, t: Tensor, heads: int) -> Tensor:
+        return t.repeat(1, heads // t.shape[1], 1, 1)  # planted: head h uses kv head h % Hkv
+
+
+class QuadraticRotary(Rotary):
+    def angle(self, positions: Tensor) -> Tensor:
+        return positions.float()[..., None] ** 2 / 32 * self.inv_freq  # planted: not relative
+
+
+class UndeclaredBias(PositionalEncodingBase):
+    def attention_bias(self, q_positions: Tensor, k_positions: Tensor) -> Tensor:
+        return -(q_positions[:, None, :, None] - k_positions[:, None, None, :]).abs().float()
+
+
+PLANTED = [
+    norm("good-norm", Norm),
+    attn("good-attn", Attention),
+    rotary("good-rotary", Rotary),
+    norm("wrong-dtype", DtypeNorm),
+    norm("nan", NaNNorm),
+    norm("mixing", MixingNorm),
+    norm("detached", DetachedNorm),
+    norm("unsaved", UnsavedNorm),
+    norm("cpu-only", CpuNorm),
+    norm("miscounted", Norm, params=lambda d_model: d_model + 1),
+    norm("coincidence", Norm, params=lambda d_model: 64),  # right at one shape only
+    norm("flop-claim", Norm, flops=lambda d_model, seq_len: 2 * seq_len * d_model),
+    norm("compile-changes", CompileNorm),
+    norm("needs-arg", ArgNorm, args=(Arg("unused", float, help="required, no default"),)),
+    Component(kind="ffn", name="bool-arg", build=lambda d_model, gated=True: Norm(d_model),
+              args=(Arg("gated", bool, True),), params=lambda d_model, gated: d_model + gated),
+    attn("leaky", LeakyAttention),
+    attn("start-aligned", StartAlignedAttention),
+    attn("inverted-mask", InvertedMaskAttention),
+    attn("biasless", BiaslessAttention),
+    attn("tiled-gqa", TiledGQAAttention),
+    attn("slow-flops", Attention, flops=lambda num_heads, head_dim, seq_len, kv_len: 4 * num_heads * seq_len**2 * head_dim),
+    rotary("quadratic", QuadraticRotary),
+    Component(kind="pos", name="undeclared-bias", build=UndeclaredBias, features=frozenset({"relative"})),
+]  # fmt: skip
+
+
+class PlantedRegistry:
+    """A pytest plugin that hands the kit a registry of the planted components only."""
+
+    def __init__(self, *components: Component):
+        self.registry = Registry(autoload=False)
+        self.registry.add(*(components or PLANTED), name="planted")
+
+    def pytest_lmcore_registry(self, config: pytest.Config) -> Registry:
+        return self.registry
+
+
+# Plugins the inner runs do without: hypothesis would be imported anew by each run.
+QUIET = ("-p", "no:cacheprovider", "-p", "no:hypothesispytest")
+
+
+def run_kit(pytester: pytest.Pytester, *args: str, plugin: object | None = None) -> dict[str, str]:
+    """Run the kit in-process; return {nodeid: outcome or failure text} of every check."""
+    rec = pytester.inline_run(
+        "--lmcore-conformance", "--lmcore-compile-backend", "eager", *QUIET, *args,
+        plugins=[plugin or PlantedRegistry()],
+    )  # fmt: skip
+    outcomes: dict[str, str] = {}
+    for report in rec.getreports("pytest_runtest_logreport"):
+        if report.when == "call" or report.outcome != "passed":
+            outcomes[report.nodeid] = report.longreprtext if report.failed else report.outcome
+    return outcomes
+
+
+def failures(outcomes: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in outcomes.items() if v not in ("passed", "skipped")}
+
+
+NODE = "lmcore-conformance::"
+
+# component: {failing test: a regex its message must match}. Every other check must pass.
+EXPECTED: dict[str, dict[str, str]] = {
+    "wrong-dtype": {
+        "test_forward[norm:wrong-dtype-bfloat16]": r"the output is shape \(2, 3, 8, 64\) float32 for bfloat16 input; return the input's dtype",
+    },
+    "nan": {
+        "test_forward[norm:nan-float32]": r"the output has \d+ NaN/inf values on random normal input",
+        "test_forward[norm:nan-bfloat16]": r"NaN/inf",
+        "test_gradients[norm:nan]": r"the gradient of parameter 'weight' has NaN or inf values on random input",
+    },
+    "mixing": {
+        "test_per_token[norm:mixing]": r"changing the input vector at index \(1, 2, 5\) changed the output at \(1, 2, \d\): a norm maps each \(\.\.\., d_model\) vector on its own",
+    },
+    "detached": {
+        "test_gradients[norm:detached]": r"parameter 'weight' gets no gradient: the forward does not use it, or uses it detached",
+    },
+    "unsaved": {
+        "test_state_dict[norm:unsaved]": r"after a state-dict round trip, output differs .*: the output depends on state the state dict does not hold",
+    },
+    "cpu-only": {
+        "test_meta[norm:cpu-only]": r"built with device='meta', buffer 'eps' is on cpu; pass device= to every tensor",
+    },
+    "miscounted": {
+        "test_params[norm:miscounted]": r"declares params\(d_model=64\) = 65, but the built module has 64 parameters \(weight \(64,\)\); fix the params function",
+    },
+    "coincidence": {
+        "test_params[norm:coincidence]": r"declares params\(d_model=48\) = 64, but the built module has 48 parameters",
+    },
+    "flop-claim": {
+        "test_flops[norm:flop-claim]": r"declares flops\(d_model=64, seq_len=8\) = 1,024, but one forward of a single sequence does 0 matmul FLOPs \(torch.utils.flop_counter.FlopCounterMode\)",
+    },
+    "compile-changes": {
+        "test_compile[norm:compile-changes]": r"compiled with backend='eager', output differs from eager",
+    },
+    "leaky": {
+        "test_causal[attn:leaky]": r"causal=True leaks future tokens: with Sq=8, Sk=8, query 0 \(position 0\) changed by .* when keys/values from position 1 on were perturbed",
+        "test_reference[attn:leaky-float32]": r"causal=True, Sq=8, Sk=8, float32: the output differs from lmcore.nn.scaled_dot_product_attention",
+        "test_reference[attn:leaky-bfloat16]": r"causal=True",
+        "test_mask[attn:leaky]": r"causal=True",
+        "test_bias[attn:leaky]": r"causal=True",
+        "test_gqa[attn:leaky]": r"causal=True",
+    },
+    "start-aligned": {
+        "test_causal[attn:start-aligned]": r"causal=True hides visible tokens: with Sq=3, Sk=8, query 0 \(position 5\) did not change",
+        "test_reference[attn:start-aligned-float32]": r"causal=True, Sq=3, Sk=8",
+        "test_reference[attn:start-aligned-bfloat16]": r"causal=True, Sq=3, Sk=8",
+        "test_mask[attn:start-aligned]": r"causal=True, Sq=3, Sk=8",
+        "test_bias[attn:start-aligned]": r"causal=True, Sq=3, Sk=8",
+        "test_gqa[attn:start-aligned]": r"causal=True, Sq=3, Sk=8",
+    },
+    "inverted-mask": {
+        "test_mask[attn:inverted-mask]": r"with a \(Sq, Sk\) boolean mask, causal=False, Sq=8, Sk=8: the output differs from the reference: .* lmcore masks are True where a query MAY attend",
+        "test_gqa[attn:inverted-mask]": r"per-head mask",
+    },
+    "biasless": {
+        "test_bias[attn:biasless]": r"with a bias of shape \(8, 8\), causal=False, Sq=8, Sk=8: the output differs from softmax\(q kᵀ / sqrt\(D\) \+ bias\) v",
+        "test_gqa[attn:biasless]": r"per-head bias",
+    },
+    "tiled-gqa": {
+        "test_gqa[attn:tiled-gqa]": r"with 4 query heads and 2 kv heads .*query head h uses kv head h // 2, as repeat_interleave",
+        # The kit runs every check of a 'gqa' kernel with fewer kv heads, so all see the bug.
+        "test_reference[attn:tiled-gqa-float32]": r"differs",
+        "test_reference[attn:tiled-gqa-bfloat16]": r"differs",
+        "test_mask[attn:tiled-gqa]": r"differs",
+        "test_bias[attn:tiled-gqa]": r"differs",
+    },
+    "slow-flops": {
+        "test_flops[attn:slow-flops]": r"declares flops\(num_heads=4, head_dim=16, seq_len=3, kv_len=16\) = 2,304, but one forward of a single sequence does 12,288 matmul FLOPs",
+    },
+    "quadratic": {
+        "test_relative[pos:quadratic]": r"declares 'relative', but q·k after rotation\(positions\) changes when every position is shifted by a constant",
+    },
+    "undeclared-bias": {
+        "test_features[pos:undeclared-bias]": r"attention_bias returns a tensor, but the Component does not declare 'bias'; add it to features",
+    },
+}
+
+
+@pytest.mark.parametrize("component", sorted(EXPECTED))
+def test_each_planted_bug_fails_its_check_and_names_it(
+    pytester: pytest.Pytester, component: str
+) -> None:
+    outcomes = run_kit(pytester, "--lmcore-component", component)
+    assert outcomes, "the kit generated no tests"
+    failed = failures(outcomes)
+    expected = {NODE + test: pattern for test, pattern in EXPECTED[component].items()}
+    assert set(failed) == set(expected), f"unexpected failures: {failed}"
+    for nodeid, pattern in expected.items():
+        assert re.search(pattern, failed[nodeid]), f"{nodeid}:\n{failed[nodeid]}"
+        assert (
+            "component: " in failed[nodeid]
+            and "registered in-process (plugin 'planted'" in failed[nodeid]
+        )
+
+
+@pytest.mark.parametrize("component", ["good-norm", "good-attn", "good-rotary"])
+def test_correct_components_pass_every_check(pytester: pytest.Pytester, component: str) -> None:
+    outcomes = run_kit(pytester, "--lmcore-component", component)
+    assert outcomes and set(outcomes.values()) == {"passed"}, failures(outcomes)
+
+
+def test_every_check_is_shown_failing_by_some_planted_bug() -> None:
+    from lmcore.testing import CHECKS
+
+    caught = {
+        test.split("[")[0].removeprefix("test_") for tests in EXPECTED.values() for test in tests
+    }
+    caught.add("build")  # test_a_module_that_is_not_a_positional_encoding_fails_build
+    assert caught == {c.name for c in CHECKS}
+
+
+def test_a_module_that_is_not_a_positional_encoding_fails_build(pytester: pytest.Pytester) -> None:
+    bad = Component(kind="pos", name="plain", build=lambda: nn.Identity())
+    outcomes = run_kit(pytester, plugin=PlantedRegistry(bad))
+    assert re.search(
+        r"Identity does not implement lmcore.interfaces.PositionalEncoding \(missing embed, rotation, "
+        r"attention_bias\); subclass lmcore.interfaces.PositionalEncodingBase",
+        outcomes[NODE + "test_build[pos:plain]"],
+    )
+
+
+# ------------------------------------------------------------------ ids and selection
+
+
+def test_ids_name_the_check_the_component_and_the_variant(pytester: pytest.Pytester) -> None:
+    outcomes = run_kit(pytester, "--lmcore-component", "good-norm")
+    assert sorted(outcomes) == [
+        NODE + f"test_{t}[norm:good-norm{v}]"
+        for t, v in sorted([
+            ("build", ""), ("compile", ""), ("flops", ""), ("forward", "-bfloat16"),
+            ("forward", "-float32"), ("gradients", ""), ("meta", ""), ("params", ""),
+            ("per_token", ""), ("state_dict", ""),
+        ])
+    ]  # fmt: skip
+
+
+def test_a_boolean_argument_is_also_checked_flipped(pytester: pytest.Pytester) -> None:
+    outcomes = run_kit(pytester, "--lmcore-component", "bool-arg")
+    assert outcomes[NODE + "test_params[ffn:bool-arg(gated=false)]"] == "passed"
+    assert outcomes[NODE + "test_params[ffn:bool-arg]"].startswith(
+        "declares params(d_model=64, gated=True) = 65"
+    )
+    assert NODE + "test_compile[ffn:bool-arg(gated=false)]" not in outcomes  # defaults only
+
+
+def test_a_required_argument_without_default_skips_with_the_reason(
+    pytester: pytest.Pytester,
+) -> None:
+    result = pytester.runpytest(
+        *QUIET, "--lmcore-conformance", "--lmcore-component", "needs-arg", "-rs",
+        plugins=[PlantedRegistry()],
+    )  # fmt: skip
+    result.assert_outcomes(skipped=10)
+    result.stdout.fnmatch_lines(
+        [
+            "*norm:needs-arg has required argument(s) unused with no default; the conformance kit builds components from their declared defaults*"
+        ]
+    )
+
+
+def test_kind_selects(pytester: pytest.Pytester) -> None:
+    result = pytester.runpytest(
+        *QUIET,
+        "--lmcore-conformance",
+        "--lmcore-kind",
+        "pos",
+        "--collect-only",
+        "-q",
+        plugins=[PlantedRegistry()],
+    )
+    names = {line for line in result.outlines if line.startswith(NODE)}
+    assert names and all("[pos:" in n for n in names)
+    targets = {re.sub(r"-(float32|bfloat16)$", "", n.split("[")[1].rstrip("]")) for n in names}
+    assert targets == {"pos:good-rotary", "pos:quadratic", "pos:undeclared-bias"}
+
+
+def test_dist_qualified_selection_and_ambiguous_names(pytester: pytest.Pytester) -> None:
+    plugin = PlantedRegistry(norm("twin", Norm))
+    plugin.registry.add(norm("twin", Norm), name="other")
+    outcomes = run_kit(pytester, "--lmcore-component", "other:twin", "-k", "params", plugin=plugin)
+    assert outcomes == {NODE + "test_params[norm:other:twin]": "passed"}
+    both = run_kit(pytester, "--lmcore-component", "twin", "-k", "params", plugin=plugin)
+    assert set(both) == {
+        NODE + "test_params[norm:planted:twin]",
+        NODE + "test_params[norm:other:twin]",
+    }
+
+
+def test_k_and_m_select_among_generated_tests(pytester: pytest.Pytester) -> None:
+    outcomes = run_kit(pytester, "-k", "forward and good-attn and bfloat16")
+    assert list(outcomes) == [NODE + "test_forward[attn:good-attn-bfloat16]"]
+    pytester.makepyfile(test_mine="def test_mine(): pass")
+    result = pytester.runpytest(
+        *QUIET, "--lmcore-conformance", "-m", "not lmcore_conformance", plugins=[PlantedRegistry()]
+    )
+    counts = result.parseoutcomes()
+    assert counts["passed"] == 1 and counts["deselected"] > 100, counts
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (
+            ["--lmcore-kind", "nrom"],
+            r"--lmcore-kind 'nrom' is not a component kind \(did you mean 'norm'\?\); kinds are attn, ffn, norm, pos",
+        ),
+        (
+            ["--lmcore-component", "leaki"],
+            r"--lmcore-component 'leaki' matches no registered component \(did you mean 'leaky'\?\); registered: .*planted:leaky.* \(`lmcore plugins` lists them",
+        ),
+        (
+            ["--lmcore-component", "elsewhere:leaky"],
+            r"--lmcore-component 'elsewhere:leaky' matches no registered component.*registered: .*planted:leaky",
+        ),
+        (
+            ["--lmcore-kind", "attn", "--lmcore-component", "good-norm"],
+            r"'good-norm' matches no registered component of kind attn",
+        ),
+    ],
+)
+def test_a_selection_that_matches_nothing_is_a_usage_error(
+    pytester: pytest.Pytester, args: list[str], message: str
+) -> None:
+    result = pytester.runpytest(*QUIET, "--lmcore-conformance", *args, plugins=[PlantedRegistry()])
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert re.search(message, result.stderr.str()), result.stderr.str()
+
+
+@pytest.mark.parametrize(
+    "flag", ["--lmcore-kind=norm", "--lmcore-component=rmsnorm", "--lmcore-compile-backend=eager"]
+)
+def test_selection_flags_without_the_switch_are_a_usage_error(
+    pytester: pytest.Pytester, flag: str
+) -> None:
+    result = pytester.runpytest(*QUIET, flag)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(
+        [
+            f"*{flag.split('=')[0]} * has no effect without --lmcore-conformance; add --lmcore-conformance*"
+        ]
+    )
+
+
+def test_off_by_default_it_adds_nothing(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_mine="def test_mine(): pass")
+    result = pytester.runpytest(*QUIET, plugins=[PlantedRegistry()])
+    result.assert_outcomes(passed=1)
+    assert "lmcore conformance" not in result.stdout.str()
+
+
+def test_off_by_default_it_loads_neither_the_checks_nor_any_plugin(
+    pytester: pytest.Pytester,
+) -> None:
+    """In a fresh process: the pytest11 plugin is loaded, yet no check module and no lmcore plugin
+    is imported unless --lmcore-conformance is given (what it costs is importing lmcore itself)."""
+    pytester.makepyfile(
+        test_probe="""
+        import sys
+        def test_probe(pytestconfig):
+            assert pytestconfig.pluginmanager.has_plugin("lmcore")
+            loaded = sorted(m for m in sys.modules if m.startswith(("lmcore.testing.", "lmcore_")))
+            assert loaded == ["lmcore.testing.hooks", "lmcore.testing.plugin"], loaded
+        """
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1)
+
+
+def test_header_names_the_selection_and_backend(pytester: pytest.Pytester) -> None:
+    result = pytester.runpytest(
+        *QUIET, "--lmcore-conformance", "--lmcore-kind", "norm", "--lmcore-compile-backend", "eager", "--co",
+        plugins=[PlantedRegistry()],
+    )  # fmt: skip
+    result.stdout.fnmatch_lines(
+        ["lmcore conformance: kinds norm; components all; compile backend eager"]
+    )
+
+
+def test_the_backend_can_come_from_the_ini_file(pytester: pytest.Pytester) -> None:
+    pytester.makeini("[pytest]\nlmcore_compile_backend = aot_eager\n")
+    result = pytester.runpytest(*QUIET, "--lmcore-conformance", "--co", plugins=[PlantedRegistry()])
+    result.stdout.fnmatch_lines(["*compile backend aot_eager"])
+
+
+def test_failure_report_leads_with_the_broken_contract(pytester: pytest.Pytester) -> None:
+    result = pytester.runpytest(
+        *QUIET, "--lmcore-conformance", "--lmcore-compile-backend", "eager", "--lmcore-component", "wrong-dtype",
+        plugins=[PlantedRegistry()],
+    )  # fmt: skip
+    result.assert_outcomes(failed=1, passed=9)
+    result.stdout.fnmatch_lines([
+        "*_ lmcore-conformance::test_forward[[]norm:wrong-dtype-bfloat16[]] _*",
+        "the output is shape (2, 3, 8, 64) float32 for bfloat16 input; return the input's dtype*",
+        "  contract:  Outputs keep the input's shape and dtype and are finite on random input.",
+        "  component: norm 'wrong-dtype' from registered in-process (plugin 'planted', module *)",
+        "FAILED lmcore-conformance::test_forward[[]norm:wrong-dtype-bfloat16[]]*",
+    ])  # fmt: skip
+
+
+def test_the_python_api_runs_a_case_without_pytest() -> None:
+    from lmcore.testing import ConformanceError, cases
+
+    registry = PlantedRegistry().registry
+    [case] = [c for c in cases(registry, components=["miscounted"]) if c.check.name == "params"]
+    assert case.name == "test_params[norm:miscounted]"
+    state = torch.random.get_rng_state()
+    with pytest.raises(ConformanceError, match=r"declares params\(d_model=64\) = 65"):
+        case.run()
+    assert torch.equal(torch.random.get_rng_state(), state), (
+        "a case must not disturb the caller's RNG"
+    )
