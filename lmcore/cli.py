@@ -52,7 +52,7 @@ def _parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("build", help="build a model and print its canonical spec and size")
     p.add_argument("spec", help='spec string, e.g. "tinystories, pos=nope"')
-    p.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
+    p.add_argument("--dtype", choices=DTYPES, default="float32")
     p.add_argument("--device", default="cpu", help="torch device (meta: no allocation)")
     p.set_defaults(func=_cmd_build)
 
@@ -98,7 +98,7 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
+DTYPES = ("bfloat16", "float16", "float32")
 
 
 def _positive(text: str) -> int:
