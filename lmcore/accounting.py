@@ -5,12 +5,17 @@
 q/k/v/output projections (k and v sized by `num_kv_heads`) and `lm_head`, whose matmuls are
 counted here by the 2·m·n·p rule. Nothing is allocated.
 
+Activations (the bytes autograd keeps for backward) come the same way: each component declares
+what its forward saves (`Component.activations`) and lmcore adds what its own pieces and the
+loss save. `measure_activations` finds the same numbers by running the forward and the loss on
+meta tensors under `saved_tensors_hooks`, summing every distinct storage the graph still holds,
+row by row; lmcore's tests hold every declaration to that measurement, byte for byte.
+
 `describe(spec)` adds what needs the model's structure, built on the meta device (no storage):
-a cross-check of every declared parameter count against the built modules, the bytes of weights,
-gradients and AdamW state, and the activations autograd saves for backward. Those are measured,
-not guessed: the forward (and the loss) runs on meta tensors under `saved_tensors_hooks`, and the
-bytes of every distinct storage still held by the graph are summed. That counts any component
-exactly as it is written, with no per-component formula to keep in step with the code.
+a cross-check of every declared parameter count against the built modules, the bytes of
+weights, gradients and AdamW state, and the activations. It measures them only when asked to, or
+when a component declares none: the first operation on a meta tensor makes torch import its
+compiler stack, about a second, several times what the rest of `describe` costs.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ PARTS: Final = (
     "ffn",
     "lm_head",
 )
+ACTIVATION_PARTS: Final = (*PARTS, "loss")
 
 ADAMW_STATE_BYTES: Final = 8  # two float32 moments per parameter
 
@@ -62,6 +68,8 @@ class Row:
     params_each: int
     flops_each: int
     entry: Entry | None = None  # the plugin component, or None for lmcore's own pieces
+    # Bytes one instance saves for backward for the whole batch; None: the component declares none.
+    activations_each: int | None = 0
 
     @property
     def params(self) -> int:
@@ -70,6 +78,10 @@ class Row:
     @property
     def flops(self) -> int:
         return self.flops_each * self.count
+
+    @property
+    def activations(self) -> int | None:
+        return None if self.activations_each is None else self.activations_each * self.count
 
     @property
     def per_layer(self) -> bool:
@@ -86,12 +98,15 @@ class Row:
 
 @dataclass(frozen=True)
 class Accounting:
-    """Parameters and forward FLOPs of a spec, by row, for `batch` sequences of `seq_len`."""
+    """Parameters, forward FLOPs and declared activations of a spec, by row, for `batch`
+    sequences of `seq_len` in `dtype`; `loss_activations` is what the cross-entropy saves."""
 
     spec: ModelSpec
     batch: int
     seq_len: int
+    dtype: torch.dtype
     rows: tuple[Row, ...]
+    loss_activations: int
 
     @property
     def params(self) -> int:
@@ -108,6 +123,29 @@ class Accounting:
     @property
     def layer_flops(self) -> int:
         return sum(r.flops_each for r in self.rows if r.per_layer)
+
+    @property
+    def undeclared(self) -> tuple[Row, ...]:
+        """Rows whose component declares no activations."""
+        return tuple(r for r in self.rows if r.activations_each is None)
+
+    def undeclared_components(self) -> list[str]:
+        """``norm 'plain'`` for each component that declares no activations, sorted."""
+        return sorted({f"{r.entry.kind} {r.entry.name!r}" for r in self.undeclared if r.entry})
+
+    @property
+    def activations(self) -> int | None:
+        """Declared activation bytes of forward + loss; None if a component declares none."""
+        if self.undeclared:
+            return None
+        return sum(r.activations or 0 for r in self.rows) + self.loss_activations
+
+    def declared_activations(self) -> dict[str, int]:
+        """Declared bytes by row name, plus `loss`; only when every component declares them."""
+        if self.undeclared:
+            names = ", ".join(self.undeclared_components())
+            raise AccountingError(f"no activation declaration from {names}")
+        return {**{r.name: r.activations or 0 for r in self.rows}, "loss": self.loss_activations}
 
     def row(self, name: str) -> Row:
         for r in self.rows:
@@ -130,10 +168,11 @@ def account(
     *,
     batch: int = 1,
     seq_len: int | None = None,
+    dtype: torch.dtype = torch.float32,
     registry: Registry | None = None,
 ) -> Accounting:
-    """Count parameters and forward FLOPs from the declarations alone; `seq_len` defaults to
-    the context length."""
+    """Count parameters, forward FLOPs and activations from the declarations alone; `seq_len`
+    defaults to the context length."""
     registry = registry or get_registry()
     spec = parse_spec(str(spec), registry)
     seq = spec.context_length if seq_len is None else seq_len
@@ -144,51 +183,71 @@ def account(
         for kind in ("norm", "ffn", "pos", "attn")
     }
 
+    d, layers, vocab = spec.d_model, spec.num_layers, spec.vocab_size
+    tokens, size = batch * seq, dtype.itemsize
+
     def declared(kind: str, name: str, part: str, count: int) -> Row:
         entry = entries[kind]
         kwargs = {**spec.dims(kind), **spec.component(kind).kwargs}
+        if kind == "attn" and "gqa" not in entry.component.features:
+            kwargs["num_kv_heads"] = spec.num_heads  # lmcore repeats k and v for such a kernel
+        # Components declare FLOPs for one sequence; a plain forward has kv_len = seq_len.
+        shape = {"seq_len": seq, "kv_len": seq}
+        saved = entry.component.count_activations(
+            **kwargs, **shape, batch=batch, dtype=dtype, num_layers=layers
+        )
+        if saved is not None and saved < 0:
+            raise AccountingError(
+                f"{kind} {entry.name!r} from {entry.provenance} declares {saved:,} bytes of "
+                "activations, a negative number; fix its activations= declaration"
+            )
         return Row(
             name=name,
             part=part,
             module=f"{kind}={entry.name}",
             count=count,
             params_each=entry.component.count_params(**kwargs),
-            # Components declare FLOPs for one sequence; a plain forward has kv_len = seq_len.
-            flops_each=batch * entry.component.count_flops(**kwargs, seq_len=seq, kv_len=seq),
+            flops_each=batch * entry.component.count_flops(**kwargs, **shape),
             entry=entry,
+            activations_each=saved,
         )
 
-    def linear(name: str, part: str, d_in: int, d_out: int, count: int, params: bool = True) -> Row:
+    def linear(name: str, d_in: int, d_out: int, count: int, saves_input: bool) -> Row:
         return Row(
             name=name,
-            part=part,
+            part="lm_head" if name == "lm_head" else "attention projections",
             module=f"linear {d_in}->{d_out}",
             count=count,
-            params_each=d_in * d_out if params else 0,
-            flops_each=2 * batch * seq * d_in * d_out,
+            params_each=d_in * d_out,
+            flops_each=2 * tokens * d_in * d_out,
+            # x @ W.T keeps x for W's gradient; q, k and v share theirs, counted at q_proj.
+            activations_each=tokens * d_in * size if saves_input else 0,
         )
 
-    d, layers, vocab = spec.d_model, spec.num_layers, spec.vocab_size
     kv_width = spec.num_kv_heads * spec.head_dim
-    lm_head = linear("lm_head", "lm_head", d, vocab, 1, params=not spec.tie_embeddings)
+    lm_head = linear("lm_head", d, vocab, 1, saves_input=True)
     if spec.tie_embeddings:
-        lm_head = replace(lm_head, module=f"{lm_head.module} (tied)")
+        lm_head = replace(lm_head, module=f"{lm_head.module} (tied)", params_each=0)
     rows = (
-        # A lookup, not a matmul: no FLOPs by the 2·m·n·p rule.
-        Row("token_embeddings", "embeddings", f"embedding {vocab}×{d}", 1, vocab * d, 0),
+        # A lookup, not a matmul: no FLOPs by the 2·m·n·p rule. Keeps the int64 token ids.
+        Row("token_embeddings", "embeddings", f"embedding {vocab}×{d}", 1, vocab * d, 0,
+            activations_each=8 * tokens),
         declared("pos", "pos", "embeddings", 1),  # one instance, applied once per forward
         declared("norm", "layers.*.ln1", "norms", layers),
-        linear("layers.*.attn.q_proj", "attention projections", d, d, layers),
-        linear("layers.*.attn.k_proj", "attention projections", d, kv_width, layers),
-        linear("layers.*.attn.v_proj", "attention projections", d, kv_width, layers),
-        linear("layers.*.attn.output_proj", "attention projections", d, d, layers),
+        linear("layers.*.attn.q_proj", d, d, layers, saves_input=True),
+        linear("layers.*.attn.k_proj", d, kv_width, layers, saves_input=False),
+        linear("layers.*.attn.v_proj", d, kv_width, layers, saves_input=False),
+        linear("layers.*.attn.output_proj", d, d, layers, saves_input=True),
         declared("attn", "layers.*.attn.kernel", "attention kernel", layers),
         declared("norm", "layers.*.ln2", "norms", layers),
         declared("ffn", "layers.*.ffn", "ffn", layers),
         declared("norm", "ln_final", "norms", 1),
         lm_head,
-    )
-    return Accounting(spec=spec, batch=batch, seq_len=seq, rows=rows)
+    )  # fmt: skip
+    # cross_entropy keeps float32 logits, the log-partition per token and the int64 targets.
+    loss = tokens * (4 * vocab + 4 + 8)
+    return Accounting(spec=spec, batch=batch, seq_len=seq, dtype=dtype, rows=rows,
+                      loss_activations=loss)  # fmt: skip
 
 
 def _check_shape(spec: ModelSpec, batch: int, seq: int) -> None:
@@ -267,19 +326,22 @@ class _Saved:
         self.tensor = tensor
 
 
-def saved_activation_bytes(model: nn.Module, run: Callable[[], Tensor]) -> int:
+def saved_bytes_by_label(
+    model: nn.Module, run: Callable[[], Tensor], label: Callable[[], str]
+) -> dict[str, int]:
     """Bytes of the distinct storages autograd keeps for backward after `run()` (a forward and
-    loss of `model`), excluding the model's parameters and buffers.
+    loss of `model`), excluding the model's parameters and buffers, grouped by `label()` as it
+    was when each storage was first saved.
 
-    Runs on any device; on meta tensors it costs no memory and almost no time.
+    Runs on any device; on meta tensors it costs no memory.
     """
     # Storages are told apart by their C++ object: data_ptr() is 0 for every meta tensor.
     held = {t.untyped_storage()._cdata for t in (*model.parameters(), *model.buffers())}
-    boxes: list[weakref.ref[_Saved]] = []
+    boxes: list[tuple[weakref.ref[_Saved], str]] = []
 
     def pack(t: Tensor) -> _Saved:
         box = _Saved(t.detach())
-        boxes.append(weakref.ref(box))
+        boxes.append((weakref.ref(box), label()))
         return box
 
     def unpack(box: _Saved) -> Tensor:
@@ -288,15 +350,23 @@ def saved_activation_bytes(model: nn.Module, run: Callable[[], Tensor]) -> int:
     with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
         out = run()
     # Only the boxes the graph (kept alive by `out`) still holds count; views share a storage.
-    storages: dict[int, int] = {}
-    for ref in boxes:
+    first: dict[int, tuple[str, int]] = {}
+    for ref, name in boxes:
         box = ref()
         if box is not None:
             storage = box.tensor.untyped_storage()
-            if storage._cdata not in held:
-                storages[storage._cdata] = storage.nbytes()
+            if storage._cdata not in held and storage._cdata not in first:
+                first[storage._cdata] = (name, storage.nbytes())
     del out
-    return sum(storages.values())
+    by_label: dict[str, int] = {}
+    for name, nbytes in first.values():
+        by_label[name] = by_label.get(name, 0) + nbytes
+    return by_label
+
+
+def saved_activation_bytes(model: nn.Module, run: Callable[[], Tensor]) -> int:
+    """The total of `saved_bytes_by_label`: every storage autograd keeps after `run()`."""
+    return sum(saved_bytes_by_label(model, run, lambda: "").values())
 
 
 def activation_bytes(model: TransformerLM, batch: int, seq_len: int) -> int:
@@ -308,11 +378,89 @@ def activation_bytes(model: TransformerLM, batch: int, seq_len: int) -> int:
     return saved_activation_bytes(model, lambda: cross_entropy(model(inputs), targets))
 
 
+def measure_activations(acc: Accounting, model: TransformerLM) -> dict[str, int]:
+    """Activation bytes of forward + loss by row name (plus `loss`, and `other` for anything
+    saved outside every row), measured by running `model` (built for `acc.spec`; use the meta
+    device) on `acc.batch` × `acc.seq_len` tokens.
+
+    A storage saved by two rows counts once, at the row that saved it first. The pos
+    component's `embed`, `rotation` (and the function it returns) and `attention_bias` are
+    attributed to the `pos` row wherever they run.
+    """
+    where = {path: row.name for row in acc.rows for path in row.paths(acc.spec.num_layers)}
+    stack = ["other"]
+    handles = []
+
+    def enter(name: str) -> Callable[..., None]:
+        return lambda *_: stack.append(name)
+
+    def leave(*_: object) -> None:
+        stack.pop()
+
+    for path, module in model.named_modules():
+        if path in where and path != "pos":
+            handles.append(module.register_forward_pre_hook(enter(where[path])))
+            handles.append(module.register_forward_hook(leave))
+
+    def as_pos(fn: Callable[..., object]) -> Callable[..., object]:
+        def wrapped(*args: object, **kwargs: object) -> object:
+            stack.append("pos")
+            try:
+                out = fn(*args, **kwargs)
+            finally:
+                stack.pop()
+            return as_pos(out) if callable(out) and not isinstance(out, Tensor) else out
+
+        return wrapped
+
+    pos = model.pos
+    hooks = ("embed", "rotation", "attention_bias")
+    for name in hooks:  # instance attributes shadow the methods for this one run
+        setattr(pos, name, as_pos(getattr(pos, name)))
+    device = next(model.parameters()).device
+    shape = (acc.batch, acc.seq_len)
+    inputs = torch.zeros(shape, dtype=torch.long, device=device)
+    targets = torch.zeros(shape, dtype=torch.long, device=device)
+
+    def run() -> Tensor:
+        logits = model(inputs)
+        stack.append("loss")
+        return cross_entropy(logits, targets)
+
+    try:
+        found = saved_bytes_by_label(model, run, lambda: stack[-1])
+    finally:
+        for h in handles:
+            h.remove()
+        for name in hooks:
+            delattr(pos, name)
+    return {**{r.name: found.get(r.name, 0) for r in acc.rows},
+            "loss": found.get("loss", 0), "other": found.get("other", 0)}  # fmt: skip
+
+
+def by_part(acc: Accounting, by_row: dict[str, int]) -> dict[str, int]:
+    """Activation bytes by row (as `measure_activations` or `declared_activations` give them)
+    summed into `ACTIVATION_PARTS`, plus a part `other` when something was saved outside every
+    row (lmcore's own code never does; the tests check it)."""
+    parts = dict.fromkeys(ACTIVATION_PARTS, 0)
+    for row in acc.rows:
+        parts[row.part] += by_row.get(row.name, 0)
+    parts["loss"] += by_row.get("loss", 0)
+    if by_row.get("other"):
+        parts["other"] = by_row["other"]
+    return parts
+
+
 @dataclass(frozen=True)
 class TrainingMemory:
     """Bytes to train with AdamW in `dtype` (weights, gradients and activations in `dtype`,
-    AdamW's two moments in float32). `activations` is None when the forward could not run on
-    the meta device; `note` says why."""
+    AdamW's two moments in float32).
+
+    `activations_source` says where the activations come from: "declared" (by the components,
+    held to measurement by the tests) or "measured" (on the meta device). `activations` is None
+    when they had to be measured and the forward could not run on the meta device; `note` says
+    why, or why they were measured.
+    """
 
     dtype: str
     weights: int
@@ -320,6 +468,8 @@ class TrainingMemory:
     optimizer: int
     buffers: int
     activations: int | None
+    activations_by_part: dict[str, int]
+    activations_source: str
     note: str = ""
 
     @property
@@ -330,10 +480,12 @@ class TrainingMemory:
 
 @dataclass(frozen=True)
 class Description:
-    """Everything `lmcore describe` shows."""
+    """Everything `lmcore describe` shows. `mismatches` lists rows whose declared activations
+    differ from the measurement (only when `describe` measured and every row declares)."""
 
     accounting: Accounting
     memory: TrainingMemory
+    mismatches: tuple[str, ...] = ()
 
 
 def describe(
@@ -342,27 +494,52 @@ def describe(
     batch: int = 1,
     seq_len: int | None = None,
     dtype: torch.dtype = torch.float32,
+    measure: bool = False,
     registry: Registry | None = None,
 ) -> Description:
     """Account `spec`, check the declarations against a meta-device build and estimate the
-    training memory for `batch` sequences of `seq_len` (default: the context length)."""
-    acc = account(spec, batch=batch, seq_len=seq_len, registry=registry)
+    training memory for `batch` sequences of `seq_len` (default: the context length).
+
+    Activations come from the components' declarations; with `measure=True`, or when a
+    component declares none, from a forward on the meta device instead.
+    """
+    acc = account(spec, batch=batch, seq_len=seq_len, dtype=dtype, registry=registry)
     model = build_model(acc.spec, device="meta", dtype=dtype, registry=registry)
     check_params(acc, model)
     size = dtype.itemsize
-    note = ""
-    try:
-        activations: int | None = activation_bytes(model, acc.batch, acc.seq_len)
-    except (RuntimeError, NotImplementedError, TypeError, ValueError) as e:
-        activations = None
-        note = f"the forward does not run on the meta device ({type(e).__name__}: {e})"
+    activations = acc.activations
+    by_row = acc.declared_activations() if activations is not None else {}
+    source, note = "declared", ""
+    mismatches: tuple[str, ...] = ()
+    if measure or activations is None:
+        if activations is None:
+            missing = acc.undeclared_components()
+            note = f"{' and '.join(missing)} declare{'s' if len(missing) == 1 else ''} none"
+        try:
+            measured = measure_activations(acc, model)
+        except (RuntimeError, NotImplementedError, TypeError, ValueError) as e:
+            why = f"the forward does not run on the meta device ({type(e).__name__}: {e})"
+            if activations is None:
+                source, note, by_row = "", f"{note}, and {why}", {}
+            else:
+                note = f"not measured: {why}; showing the declared bytes"
+        else:
+            if activations is not None:
+                mismatches = tuple(
+                    f"{name}: declared {by_row.get(name, 0):,} bytes, measured {n:,}"
+                    for name, n in measured.items()
+                    if by_row.get(name, 0) != n
+                )
+            activations, by_row, source = sum(measured.values()), measured, "measured"
     memory = TrainingMemory(
         dtype=str(dtype).removeprefix("torch."),
         weights=acc.params * size,
         gradients=acc.params * size,
         optimizer=acc.params * ADAMW_STATE_BYTES,
         buffers=sum(b.numel() * b.element_size() for b in model.buffers()),
-        activations=activations,
+        activations=activations if source else None,
+        activations_by_part=by_part(acc, by_row) if by_row else {},
+        activations_source=source,
         note=note,
     )
-    return Description(accounting=acc, memory=memory)
+    return Description(accounting=acc, memory=memory, mismatches=mismatches)

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from lmcore.errors import LmcoreError, LmcoreWarning
 
 if TYPE_CHECKING:
-    from lmcore.accounting import Description
+    from lmcore.accounting import Description, TrainingMemory
     from lmcore.train import RunResult
 
 
@@ -66,6 +66,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seq", type=_positive, help="tokens per sequence (default: context_length)")
     p.add_argument("--batch", type=_positive, default=1, help="sequences per batch (default: 1)")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    p.add_argument(
+        "--measure",
+        action="store_true",
+        help="measure activations with a forward on the meta device (about a second more) and "
+        "check each component's declaration against it; exit 1 on a difference",
+    )
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=_cmd_describe)
 
@@ -140,11 +146,24 @@ def _cmd_describe(args: argparse.Namespace) -> int:
 
     spec = parse_spec(args.spec)
     _check_seq(args, spec.context_length)
-    found = describe(spec, batch=args.batch, seq_len=args.seq, dtype=getattr(torch, args.dtype))
+    found = describe(
+        spec,
+        batch=args.batch,
+        seq_len=args.seq,
+        dtype=getattr(torch, args.dtype),
+        measure=args.measure,
+    )
     if args.json:
         print(json.dumps(describe_json(found), indent=2))
     else:
         print("\n".join(describe_lines(found)))
+    if found.mismatches:
+        print(
+            "lmcore describe: error: declared activations differ from the measurement:\n  "
+            + "\n  ".join(found.mismatches),
+            file=sys.stderr,
+        )
+        return 1
     return 0
 
 
@@ -168,6 +187,7 @@ def describe_json(found: Description) -> dict[str, Any]:
                 "flops_each": r.flops_each,
                 "flops": r.flops,
                 "flops_share": acc.flops_share(r),
+                "activations_declared": r.activations,
             }
             for r in acc.rows
         ],
@@ -183,9 +203,12 @@ def describe_json(found: Description) -> dict[str, Any]:
             "optimizer": mem.optimizer,
             "buffers": mem.buffers,
             "activations": mem.activations,
+            "activations_source": mem.activations_source,
             "total": mem.total,
             "note": mem.note,
         },
+        "activations_by_part": mem.activations_by_part,
+        "mismatches": list(found.mismatches),
     }
 
 
@@ -232,20 +255,30 @@ def describe_lines(found: Description) -> list[str]:
         ("weights", mem.weights, ""),
         ("gradients", mem.gradients, ""),
         ("AdamW moments", mem.optimizer, "two float32 moments per parameter"),
-        (
-            "activations",
-            mem.activations,
-            "saved for backward by forward + loss, measured on the meta device"
-            if mem.activations is not None
-            else f"unknown: {mem.note}",
-        ),
+        ("activations", mem.activations, _activations_note(mem)),
         ("buffers", mem.buffers, "non-persistent tables, e.g. RoPE cos/sin"),
         ("total", mem.total, "" if mem.activations is not None else "without activations"),
     ]
     for label, amount, why in items:
         shown = "?" if amount is None else _bytes(amount)
         lines.append(f"  {label:<13}  {shown:>10}  {why}".rstrip())
+    if mem.activations:
+        lines += ["", f"activations by part (total {_bytes(mem.activations)}):"]
+        width = max(len(part) for part in mem.activations_by_part)
+        for part, n in mem.activations_by_part.items():
+            share = _pct(n / mem.activations)
+            lines.append(f"  {part:<{width}}  {_bytes(n):>10}  {share:>6}")
     return lines
+
+
+def _activations_note(mem: TrainingMemory) -> str:
+    what = "saved for backward by forward + loss"
+    why = f" ({mem.note})" if mem.note else ""
+    if mem.activations_source == "declared":
+        return f"{what}, declared by the components{why}"
+    if mem.activations_source == "measured":
+        return f"{what}, measured on the meta device{why}"
+    return f"unknown: {mem.note}"
 
 
 def _pct(share: float) -> str:

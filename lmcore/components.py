@@ -18,6 +18,8 @@ attn     ``num_heads``, ``num_kv_heads``, ``head_dim``
 
 Factories also get ``device`` and ``dtype``; ``flops`` also gets ``seq_len`` (query tokens of one
 sequence) and ``kv_len`` (key tokens; equal to ``seq_len`` in a plain forward pass).
+``activations`` gets those two plus ``batch`` (sequences) and ``dtype`` (the model's
+``torch.dtype``); a pos component's ``activations`` also gets ``num_layers``.
 """
 
 from __future__ import annotations
@@ -59,7 +61,9 @@ FEATURES: Final[Mapping[str, frozenset[str]]] = {
 }
 
 NAME_RE: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]*\Z")
-_RESERVED_ARGS: Final = frozenset({"device", "dtype", "seq_len", "kv_len", "d_ff"})
+_RESERVED_ARGS: Final = frozenset(
+    {"device", "dtype", "seq_len", "kv_len", "batch", "num_layers", "d_ff"}
+)
 _ARG_TYPES: Final = (int, float, bool, str)
 
 
@@ -129,6 +133,13 @@ class Component:
 
     params(**dims, **args) -> int: the parameter count of one built module.
     flops(**dims, **args, seq_len, kv_len) -> int: forward matmul FLOPs (2·m·n·p) for one sequence.
+    activations(**dims, **args, batch, seq_len, kv_len, dtype) -> int: bytes of the distinct
+        tensors one module's forward saves for backward in the model (parameters and buffers
+        excluded; views of its inputs included), for `batch` sequences. A pos component counts
+        its whole forward: `embed`, `attention_bias` and `rotation` applied to q and k in each of
+        `num_layers` layers. None (the default): `lmcore describe` measures them instead, on the
+        meta device, which is exact but costs about a second. `lmcore.testing` checks a
+        declaration against that measurement.
     default_d_ff(d_model) -> int: for ffn components, the hidden width used when a spec gives none.
     validate(**dims, **args): raise ValueError with a sentence when the shape cannot work.
     """
@@ -140,6 +151,7 @@ class Component:
     help: str = ""
     params: Callable[..., int] = _zero
     flops: Callable[..., int] = _zero
+    activations: Callable[..., int] | None = None
     features: frozenset[str] = field(default_factory=frozenset)
     default_d_ff: Callable[[int], int] | None = None
     validate: Callable[..., None] | None = None
@@ -156,6 +168,12 @@ class Component:
 
     def count_flops(self, **kwargs: Any) -> int:
         return int(call_with(self.flops, kwargs))
+
+    def count_activations(self, **kwargs: Any) -> int | None:
+        """Declared activation bytes, or None when the component declares none."""
+        if self.activations is None:
+            return None
+        return int(call_with(self.activations, kwargs))
 
     def check_shape(self, **kwargs: Any) -> None:
         if self.validate is not None:
@@ -221,8 +239,10 @@ def validate_component(item: object) -> Component:
     for fn_name in ("build", "params", "flops"):
         if not callable(getattr(c, fn_name)):
             raise InvalidComponentError(f"{what}: {fn_name} must be callable")
-    if c.kind == "ffn" and c.default_d_ff is not None and not callable(c.default_d_ff):
-        raise InvalidComponentError(f"{what}: default_d_ff must be callable")
+    for fn_name in ("activations", "default_d_ff", "validate"):
+        fn = getattr(c, fn_name)
+        if fn is not None and not callable(fn):
+            raise InvalidComponentError(f"{what}: {fn_name} must be callable or None")
     unknown = set(c.features) - FEATURES[c.kind]
     if unknown:
         bad = sorted(unknown)[0]
@@ -255,7 +275,7 @@ def validate_component(item: object) -> Component:
                     f"{what}: default of argument {a.name!r} is invalid: it {e}"
                 ) from None
         seen.add(a.name)
-    for fn_name in ("build", "params", "flops", "validate", "default_d_ff"):
+    for fn_name in ("build", "params", "flops", "activations", "validate", "default_d_ff"):
         fn = getattr(c, fn_name)
         try:
             fn is None or inspect.signature(fn)

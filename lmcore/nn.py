@@ -102,6 +102,22 @@ class FeedForward(nn.Module):
         return f"activation={name}, gated={self.w3 is not None}"
 
 
+def feed_forward_activations(*, activation_saves: int, gated: bool) -> Callable[..., int]:
+    """The `activations` declaration of a `FeedForward`: bytes its forward saves for backward.
+
+    That is its input (for w1 and w3), the `activation_saves` (..., d_ff) tensors the activation
+    keeps besides its output, the activation's output, for a gated FFN also w3 x, and the
+    hidden product w2 reads. silu keeps 2 (its input and the sigmoid), gelu 3 (x/√2, x/2 and
+    1 + erf), relu 0 (it keeps its output, which w2 keeps anyway).
+    """
+    per_d_ff = activation_saves + 1 + 2 * gated
+
+    def activations(batch: int, seq_len: int, d_model: int, d_ff: int, dtype: torch.dtype) -> int:
+        return batch * seq_len * dtype.itemsize * (d_model + d_ff * per_d_ff)
+
+    return activations
+
+
 def gated_d_ff(d_model: int) -> int:
     """8/3 · d_model rounded to a multiple of 64 (at least 64): a gated FFN's three matrices then
     hold about as many parameters as an ungated 4·d_model FFN's two."""
@@ -149,6 +165,17 @@ def group_heads(t: Tensor | None, kv_heads: int, group: int) -> Tensor | None:
     if t.shape[-3] == 1:
         return t.unsqueeze(-3)
     return t.reshape(*t.shape[:-3], kv_heads, group, *t.shape[-2:])
+
+
+def kv_heads_kept(batch: int, num_heads: int, num_kv_heads: int) -> int:
+    """How many heads' worth of k (and of v) autograd keeps when grouped q, viewed as
+    `(B, Hkv, G, S, D)`, is multiplied with k, v of shape `(B, Hkv, 1, S, D)`.
+
+    torch's matmul expands the broadcast operand into a copy, which backward keeps: H heads. The
+    exception is a single sequence with a single k/v head, which it folds into one plain matrix
+    product without a copy.
+    """
+    return num_kv_heads if batch == 1 and num_kv_heads == 1 else num_heads
 
 
 def scaled_dot_product_attention(

@@ -69,6 +69,7 @@ def lmcore_components() -> list[Component]:
             name="alibi",
             build=ALiBi,
             help="linear attention biases per head (Press 2022); needs an attn with 'bias'",
+            activations=lambda: 0,  # the bias needs no gradient; the kernel adds it
             features=frozenset({"bias", "relative", "compile"}),
         )
     ]

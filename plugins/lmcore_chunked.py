@@ -19,14 +19,15 @@ from jaxtyping import Bool, Float
 from torch import Tensor, nn
 
 from lmcore import Arg, Component, hookimpl
-from lmcore.nn import group_heads
+from lmcore.nn import group_heads, kv_heads_kept
 
 
 class ChunkedAttention(nn.Module):
     """`softmax(q kᵀ / sqrt(D) + bias) v`, streamed over key blocks; softmax state in float32.
 
-    Grouped-query heads without copying k, v: q is viewed as `(B, Hkv, G, Sq, D)` against
-    `(B, Hkv, 1, block, D)` key blocks. Causal queries are aligned to the end of the keys.
+    Grouped-query heads without repeating k, v: q is viewed as `(B, Hkv, G, Sq, D)` against
+    `(B, Hkv, 1, block, D)` key blocks (torch's broadcasting matmul still expands each block).
+    Causal queries are aligned to the end of the keys.
     """
 
     def __init__(self, block_size: int = 128):
@@ -51,7 +52,10 @@ class ChunkedAttention(nn.Module):
         kv_heads, sk = k.shape[-3], k.shape[-2]
         group = heads // kv_heads
         acc_dtype = torch.promote_types(q.dtype, torch.float32)  # bf16 sums lose too much
-        qg = q.reshape(*batch, kv_heads, group, sq, d) * (1.0 / math.sqrt(d))  # (B,Hkv,G,Sq,D)
+        # Contiguous once, up front: a head-strided q, k or v (a view of the (B, T, H·D)
+        # projections) would make every block's matmul copy its operands again.
+        qg = (q.reshape(*batch, kv_heads, group, sq, d) * (1.0 / math.sqrt(d))).contiguous()
+        k, v = k.contiguous(), v.contiguous()  # (B, Hkv, Sk, D)
         mask, bias = group_heads(mask, kv_heads, group), group_heads(bias, kv_heads, group)
         q_pos = torch.arange(sq, device=q.device)[:, None] + (sk - sq)  # (Sq, 1), end-aligned
 
@@ -92,6 +96,32 @@ def _keys(t: Tensor, start: int, end: int) -> Tensor:
     return t if t.shape[-1] == 1 else t[..., start:end]
 
 
+def chunked_activations(
+    batch: int,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    seq_len: int,
+    kv_len: int,
+    dtype: torch.dtype,
+    block_size: int,
+) -> int:
+    """Bytes kept for backward. Once: q / sqrt(D), k and v (H heads' worth for grouped heads,
+    see `kv_heads_kept`), and the float32 output and denominator. Per key block of
+    b keys: the mask (Sq, b) as bool; the float32 scores and weights (B, H, Sq, b), and the
+    weights in the model dtype when that is not float32; the row max, previous max, rescale
+    factor and previous sum (B, H, Sq) in float32, a bool zero test, and the previous output
+    accumulator (B, H, Sq, D) in float32."""
+    rows = batch * num_heads * seq_len  # query rows over all heads
+    size = dtype.itemsize
+    blocks = -(-kv_len // block_size)
+    kv_heads = kv_heads_kept(batch, num_heads, num_kv_heads)
+    once = size * (rows * head_dim + 2 * batch * kv_heads * kv_len * head_dim)
+    once += rows * (4 * head_dim + 4 + 1)  # output accumulator, denominator, its zero test
+    keys = seq_len * kv_len + rows * kv_len * (8 + (size if dtype != torch.float32 else 0))
+    return once + keys + blocks * rows * (4 * head_dim + 4 * 4 + 1)
+
+
 @hookimpl
 def lmcore_components() -> list[Component]:
     return [
@@ -105,6 +135,7 @@ def lmcore_components() -> list[Component]:
             flops=lambda num_heads, head_dim, seq_len, kv_len: (
                 4 * num_heads * seq_len * kv_len * head_dim
             ),
+            activations=chunked_activations,
             features=frozenset({"gqa", "bias", "mask", "compile"}),
         )
     ]

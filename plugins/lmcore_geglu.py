@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from lmcore import Component, hookimpl
-from lmcore.nn import FeedForward, gated_d_ff, gelu
+from lmcore.nn import FeedForward, feed_forward_activations, gated_d_ff, gelu
 
 
 def GEGLU(
@@ -31,6 +31,7 @@ def lmcore_components() -> list[Component]:
             help="gated GELU FFN: w2(gelu(w1 x) * w3 x)",
             params=lambda d_model, d_ff: 3 * d_model * d_ff,
             flops=lambda d_model, d_ff, seq_len: 3 * 2 * seq_len * d_model * d_ff,
+            activations=feed_forward_activations(activation_saves=3, gated=True),
             default_d_ff=gated_d_ff,
             features=frozenset({"compile"}),
         )

@@ -56,6 +56,8 @@ def lmcore_components() -> list[Component]:
             ),
             help="LayerNorm (mean and variance) with a gain and optional bias, in float32",
             params=lambda d_model, bias: 2 * d_model if bias else d_model,
+            # float32 x - mean, (x - mean) / std and std; the mean itself is not kept.
+            activations=lambda batch, seq_len, d_model: 4 * batch * seq_len * (2 * d_model + 1),
             features=frozenset({"compile"}),
         )
     ]

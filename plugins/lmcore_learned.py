@@ -64,6 +64,8 @@ def lmcore_components() -> list[Component]:
             build=LearnedPositionalEmbedding,
             help="learned absolute positions added to the token embeddings (key pos.weight)",
             params=lambda context_length, d_model: context_length * d_model,
+            # The (1, T) int64 positions the table lookup needs for its gradient.
+            activations=lambda seq_len: 8 * seq_len,
             features=frozenset({"absolute", "compile"}),
             validate=_check,
         )

@@ -23,6 +23,7 @@ def lmcore_components() -> list[Component]:
             name="none",
             build=NoNorm,
             help="identity: no normalisation (ablation)",
+            activations=lambda: 0,
             features=frozenset({"compile"}),
         )
     ]

@@ -21,6 +21,7 @@ def lmcore_components() -> list[Component]:
             name="nope",
             build=NoPE,
             help="no positional encoding",
+            activations=lambda: 0,
             features=frozenset({"compile"}),
         )
     ]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from lmcore import Component, hookimpl
-from lmcore.nn import FeedForward
+from lmcore.nn import FeedForward, feed_forward_activations
 
 
 def ReLUFeedForward(
@@ -35,6 +35,7 @@ def lmcore_components() -> list[Component]:
             help="ungated ReLU FFN: w2(relu(w1 x)); d_ff defaults to 4·d_model",
             params=lambda d_model, d_ff: 2 * d_model * d_ff,
             flops=lambda d_model, d_ff, seq_len: 2 * 2 * seq_len * d_model * d_ff,
+            activations=feed_forward_activations(activation_saves=0, gated=False),
             default_d_ff=default_d_ff,
             features=frozenset({"compile"}),
         )

@@ -43,6 +43,8 @@ def lmcore_components() -> list[Component]:
             args=(Arg("eps", float, 1e-5, "added to mean(x²) inside the square root", gt=0.0),),
             help="RMSNorm with a learned gain, computed in float32",
             params=lambda d_model: d_model,
+            # float32 x (the input itself, or its float32 copy), x / rms and rms.
+            activations=lambda batch, seq_len, d_model: 4 * batch * seq_len * (2 * d_model + 1),
             features=frozenset({"compile"}),
         )
     ]

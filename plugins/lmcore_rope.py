@@ -28,12 +28,14 @@ class RotaryPositionalEmbedding(PositionalEncodingBase):
         if d_k % 2:
             raise ValueError(f"RoPE rotates pairs of dimensions; d_k={d_k} is odd")
         self.theta, self.d_k, self.max_seq_len = theta, d_k, max_seq_len
-        k = torch.arange(0, d_k, 2, device=device, dtype=torch.float32)  # 2k
+        # Computed on the CPU and moved: the same numbers on every device, and a meta build
+        # runs no operator (torch's first meta operator costs about a second of imports).
+        k = torch.arange(0, d_k, 2, dtype=torch.float32)  # 2k
         inv_freq = 1.0 / (theta ** (k / d_k))  # (d_k/2,)
-        pos = torch.arange(max_seq_len, device=device, dtype=torch.float32)
+        pos = torch.arange(max_seq_len, dtype=torch.float32)
         angles = pos[:, None] * inv_freq[None, :]  # (max_seq_len, d_k/2)
-        self.register_buffer("cos", torch.cos(angles), persistent=False)
-        self.register_buffer("sin", torch.sin(angles), persistent=False)
+        self.register_buffer("cos", torch.cos(angles).to(device), persistent=False)
+        self.register_buffer("sin", torch.sin(angles).to(device), persistent=False)
 
     def forward(
         self, x: Float[Tensor, "... seq d_k"], token_positions: Int[Tensor, "... seq"]
@@ -73,6 +75,9 @@ def lmcore_components() -> list[Component]:
             ),
             args=(Arg("theta", float, 10000.0, "base of the rotation frequencies", gt=0.0),),
             help="rotary embeddings on q and k, interleaved pairs",
+            # cos and sin gathered at the positions, (1, T, head_dim / 2) float32 each, gathered
+            # once per forward and kept by the rotation of q and k in every layer.
+            activations=lambda seq_len, head_dim: 4 * seq_len * head_dim,
             features=frozenset({"rotary", "relative", "compile"}),
             validate=_check,
         )

@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+import torch
 from jaxtyping import Bool, Float
 from torch import Tensor, nn
 
 from lmcore import Component, hookimpl
-from lmcore.nn import causal_mask, group_heads, scaled_dot_product_attention
+from lmcore.nn import causal_mask, group_heads, kv_heads_kept, scaled_dot_product_attention
 
 
 class SDPA(nn.Module):
     """`softmax(q kᵀ / sqrt(D) + bias) v`, materialising the `(Sq, Sk)` scores.
 
-    Grouped-query attention without copying k and v: the H query heads are viewed as
-    `(Hkv, H / Hkv)` groups that broadcast against the Hkv key/value heads.
+    Grouped-query attention without repeating k and v: the H query heads are viewed as
+    `(Hkv, H / Hkv)` groups that broadcast against the Hkv key/value heads. (torch's
+    broadcasting matmul still expands k and v into a copy per call, and autograd keeps it.)
     """
 
     def forward(
@@ -46,6 +48,27 @@ class SDPA(nn.Module):
         return out.reshape(*batch, heads, sq, d)
 
 
+def sdpa_activations(
+    batch: int,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    seq_len: int,
+    kv_len: int,
+    dtype: torch.dtype,
+) -> int:
+    """Bytes kept for backward: q / sqrt(D); k and v with H heads; the softmax numerator
+    (B, H, Sq, Sk); the unnormalised output (B, H, Sq, D), the denominator and its zero test
+    (B, H, Sq); and the inverted causal mask (Sq, Sk) as bool.
+
+    With grouped-query heads, k and v still count H heads (see `kv_heads_kept`).
+    """
+    rows = batch * num_heads * seq_len  # query rows over all heads
+    kv = 2 * batch * kv_heads_kept(batch, num_heads, num_kv_heads) * kv_len * head_dim
+    floats = 2 * rows * head_dim + kv + rows * kv_len + rows
+    return dtype.itemsize * floats + seq_len * kv_len + rows  # + the two bool tensors
+
+
 @hookimpl
 def lmcore_components() -> list[Component]:
     return [
@@ -58,6 +81,7 @@ def lmcore_components() -> list[Component]:
             flops=lambda num_heads, head_dim, seq_len, kv_len: (
                 4 * num_heads * seq_len * kv_len * head_dim
             ),
+            activations=sdpa_activations,
             features=frozenset({"gqa", "bias", "mask", "compile"}),
         )
     ]

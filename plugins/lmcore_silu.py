@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from lmcore import Component, hookimpl
-from lmcore.nn import FeedForward, silu
+from lmcore.nn import FeedForward, feed_forward_activations, silu
 
 
 def SiLUFeedForward(
@@ -37,6 +37,7 @@ def lmcore_components() -> list[Component]:
             help="ungated SiLU FFN: w2(silu(w1 x)); d_ff defaults to 4·d_model",
             params=lambda d_model, d_ff: 2 * d_model * d_ff,
             flops=lambda d_model, d_ff, seq_len: 2 * 2 * seq_len * d_model * d_ff,
+            activations=feed_forward_activations(activation_saves=2, gated=False),
             default_d_ff=default_d_ff,
             features=frozenset({"compile"}),
         )

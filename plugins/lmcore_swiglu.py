@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from lmcore import Component, hookimpl
-from lmcore.nn import FeedForward, gated_d_ff, silu
+from lmcore.nn import FeedForward, feed_forward_activations, gated_d_ff, silu
 
 
 def SwiGLU(
@@ -28,6 +28,7 @@ def lmcore_components() -> list[Component]:
             help="gated SiLU FFN: w2(silu(w1 x) * w3 x)",
             params=lambda d_model, d_ff: 3 * d_model * d_ff,
             flops=lambda d_model, d_ff, seq_len: 3 * 2 * seq_len * d_model * d_ff,
+            activations=feed_forward_activations(activation_saves=2, gated=True),
             default_d_ff=gated_d_ff,
             features=frozenset({"compile"}),
         )

@@ -1,7 +1,9 @@
-"""Accounting: declared parameters and FLOPs against built models, FlopCounterMode and RSS."""
+"""Accounting: declared parameters, FLOPs and activations against built models,
+FlopCounterMode, autograd's saved tensors on the meta device, and RSS."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import platform
@@ -19,6 +21,7 @@ from lmcore.accounting import (
     activation_bytes,
     check_params,
     describe,
+    measure_activations,
     measured_params,
     saved_activation_bytes,
 )
@@ -44,6 +47,22 @@ def spec_for(kind: str, name: str) -> str:
         pytest.skip(f"{kind} {name!r} needs argument(s) {', '.join(required)}: no default to build")
     qualified = f"{entry.provenance.qualifier}:{name}" if entry.status == "shadowed" else name
     return f"cs336-tiny, {kind}={qualified}"
+
+
+class PlainNorm(torch.nn.Module):
+    """An RMS norm in float32 for the tests' own components."""
+
+    def __init__(
+        self, d_model: int, device: torch.device | None = None, dtype: torch.dtype | None = None
+    ):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(d_model, device=device, dtype=dtype))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        return (x32 / torch.sqrt(x32.pow(2).mean(-1, keepdim=True) + 1e-5) * self.weight).to(
+            x.dtype
+        )
 
 
 # ------------------------------------------------------------------------- GPT-2 XL, by hand
@@ -255,6 +274,117 @@ def test_training_memory_adds_weights_gradients_adamw_buffers_and_activations() 
     assert mem.total == mem.weights + mem.gradients + mem.optimizer + mem.buffers + mem.activations
 
 
+# ------------------------------------------------------- declared activations vs measurement
+
+
+def measured_vs_declared(
+    spec: str, batch: int, seq: int, dtype: torch.dtype
+) -> dict[str, tuple[int, int]]:
+    """{row: (declared, measured)} for every row (and the loss) where the two differ."""
+    acc = account(spec, batch=batch, seq_len=seq, dtype=dtype)
+    measured = measure_activations(acc, build_model(acc.spec, device="meta", dtype=dtype))
+    declared = acc.declared_activations()
+    assert measured.pop("other") == 0, "lmcore's own code saved something outside every row"
+    assert measured.keys() == declared.keys()
+    return {k: (declared[k], measured[k]) for k in declared if declared[k] != measured[k]}
+
+
+# Around the component: multi-head, then post-norm with one k/v head, then two k/v heads with
+# tied embeddings; one sequence, several of an odd length, and a single token.
+VARIANTS = ("", ", block=postnorm, num_kv_heads=1", ", num_kv_heads=2, tie_embeddings=true")
+SHAPES = ((1, 16), (3, 11), (2, 1))
+
+
+@pytest.mark.parametrize(("kind", "name"), components())
+def test_declared_activations_equal_the_measurement_for_every_component(
+    kind: str, name: str
+) -> None:
+    spec = spec_for(kind, name)
+    for variant, (batch, seq), dtype in itertools.product(
+        VARIANTS, SHAPES, (torch.float32, torch.bfloat16)
+    ):
+        assert measured_vs_declared(spec + variant, batch, seq, dtype) == {}, (
+            variant, batch, seq, dtype,
+        )  # fmt: skip
+
+
+@pytest.mark.parametrize("block_size", [1, 5, 16, 100])
+def test_chunked_attention_activations_for_any_block_size(block_size: int) -> None:
+    spec = f"cs336-tiny, attn=chunked(block_size={block_size}), pos=alibi"
+    for (batch, seq), dtype in itertools.product(SHAPES, (torch.float32, torch.bfloat16)):
+        assert measured_vs_declared(spec, batch, seq, dtype) == {}, (batch, seq, dtype)
+
+
+def test_gpt2_xl_activations_by_hand() -> None:
+    """CS336-style count for one 1,024-token sequence in float32: per layer, RMSNorm keeps
+    2·(2d + 1) floats a token, q/k/v and output_proj 2·d, SwiGLU d + 5·d_ff, attention
+    4·H·D + 2·H + H·S floats plus S bools; then the token ids, ln_final, lm_head's input and the
+    loss's float32 logits, log-partition and targets."""
+    s, d, h, d_ff, vocab, layers = 1024, 1600, 25, 6400, 50257, 48
+    attention = 4 * (4 * d + h * s + h) + s + h  # bytes a token
+    per_layer = 4 * (2 * (2 * d + 1) + 2 * d + d + 5 * d_ff) + attention
+    rest = 8 + 4 * (2 * d + 1) + 4 * d + 4 * vocab + 4 + 8
+    rope = 4 * s * (d // h)  # cos and sin, once
+    acc = account("gpt2-xl")
+    assert acc.activations == s * (layers * per_layer + rest) + rope == 15_067_590_656
+
+
+def test_describe_measures_on_request_and_finds_the_declared_numbers() -> None:
+    declared = describe("tinystories, attn=chunked(block_size=100)", batch=2, seq_len=250)
+    measured = describe(
+        "tinystories, attn=chunked(block_size=100)", batch=2, seq_len=250, measure=True
+    )
+    assert declared.memory.activations_source == "declared"
+    assert measured.memory.activations_source == "measured" and measured.mismatches == ()
+    assert measured.memory.activations == declared.memory.activations
+    assert measured.memory.activations_by_part == declared.memory.activations_by_part
+
+
+def test_an_undeclared_component_is_measured_and_named() -> None:
+    plain = Component(kind="norm", name="plain", build=PlainNorm, params=lambda d_model: d_model)
+    with scoped_registry() as registry:
+        registry.add(plain, name="plain-norms")
+        found = describe("cs336-tiny, norm=plain", batch=2)
+        assert found.accounting.activations is None
+        assert found.memory.activations_source == "measured"
+        assert found.memory.note == "norm 'plain' declares none"
+        model = build_model("cs336-tiny, norm=plain", device="meta")
+        assert found.memory.activations == activation_bytes(model, 2, 16)
+
+
+def test_a_wrong_declaration_shows_up_when_measured() -> None:
+    short = Component(
+        kind="norm",
+        name="short",
+        build=PlainNorm,
+        params=lambda d_model: d_model,
+        activations=lambda batch, seq_len, d_model: 4 * batch * seq_len * d_model,  # x only
+    )
+    with scoped_registry() as registry:
+        registry.add(short, name="short-norms")
+        assert describe("cs336-tiny, norm=short").mismatches == ()  # not measured: not known
+        found = describe("cs336-tiny, norm=short", measure=True)
+    # PlainNorm keeps float32 x, x / rms and rms: 4·16·(2·64 + 1) bytes per norm; declared 4·16·64.
+    assert found.mismatches == (
+        "layers.*.ln1: declared 12,288 bytes, measured 24,768",
+        "layers.*.ln2: declared 12,288 bytes, measured 24,768",
+        "ln_final: declared 4,096 bytes, measured 8,256",
+    )
+    assert found.memory.activations_source == "measured"
+
+
+def test_a_negative_declaration_is_an_error_naming_the_component() -> None:
+    odd = Component(kind="norm", name="odd", build=PlainNorm, activations=lambda: -1)
+    with scoped_registry() as registry:
+        registry.add(odd, name="odd-norms")
+        with pytest.raises(
+            AccountingError,
+            match=r"norm 'odd' from registered in-process \(plugin 'odd-norms'.*\) declares -1 "
+            r"bytes of activations, a negative number; fix its activations= declaration",
+        ):
+            account("cs336-tiny, norm=odd")
+
+
 RSS_PROBE = r"""
 import gc, json, sys
 import torch
@@ -303,3 +433,46 @@ def test_activation_estimate_matches_the_memory_a_real_cpu_forward_holds() -> No
     for spec, result in results.items():
         assert result["estimate"] > 20_000_000, spec  # big enough that page rounding is noise
         assert result["measured"] == pytest.approx(result["estimate"], rel=0.03), (spec, result)
+
+
+class DataDependentNorm(PlainNorm):
+    """Reads a value in its forward, which a meta tensor cannot give."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.abs().max().item() > 1e4:
+            x = x / 1e4
+        return super().forward(x)
+
+
+def test_a_forward_that_cannot_run_on_meta_leaves_undeclared_activations_unknown() -> None:
+    norm = Component(
+        kind="norm", name="peeks", build=DataDependentNorm, params=lambda d_model: d_model
+    )
+    with scoped_registry() as registry:
+        registry.add(norm, name="peeking-norms")
+        mem = describe("cs336-tiny, norm=peeks").memory
+    assert (mem.activations, mem.activations_source, mem.activations_by_part) == (None, "", {})
+    assert mem.note.startswith(
+        "norm 'peeks' declares none, and the forward does not run on the meta device (RuntimeError: "
+    )
+    assert mem.total == mem.weights + mem.gradients + mem.optimizer + mem.buffers
+
+
+def test_measuring_a_forward_that_cannot_run_on_meta_keeps_the_declared_bytes() -> None:
+    norm = Component(
+        kind="norm",
+        name="peeks",
+        build=DataDependentNorm,
+        params=lambda d_model: d_model,
+        activations=lambda batch, seq_len, d_model: 4 * batch * seq_len * (2 * d_model + 1),
+    )
+    with scoped_registry() as registry:
+        registry.add(norm, name="peeking-norms")
+        declared = describe("cs336-tiny, norm=peeks").memory
+        asked = describe("cs336-tiny, norm=peeks", measure=True)
+    assert asked.memory.activations == declared.activations is not None
+    assert asked.memory.activations_source == "declared" and asked.mismatches == ()
+    assert asked.memory.note.startswith(
+        "not measured: the forward does not run on the meta device (RuntimeError: "
+    )
+    assert asked.memory.note.endswith("; showing the declared bytes")

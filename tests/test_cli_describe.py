@@ -9,8 +9,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
+from lmcore import Component, scoped_registry
+from lmcore.accounting import activation_bytes
 from lmcore.cli import main
+from lmcore.model import build_model
 from lmcore.spec import parse_spec
 
 ROWS = [
@@ -77,12 +81,13 @@ def test_json_shape(capsys: pytest.CaptureFixture[str]) -> None:
     found = describe_json(capsys, "cs336-tiny", "--batch", "2", "--seq", "8", "--dtype", "bfloat16")
     assert set(found) == {
         "spec", "batch", "seq_len", "dtype", "rows", "per_layer", "total", "flops_by_part", "memory",
+        "activations_by_part", "mismatches",
     }  # fmt: skip
     assert (found["batch"], found["seq_len"], found["dtype"]) == (2, 8, "bfloat16")
     assert [r["name"] for r in found["rows"]] == ROWS
     assert set(found["rows"][0]) == {
         "name", "part", "module", "count", "params_each", "params", "params_share",
-        "flops_each", "flops", "flops_share",
+        "flops_each", "flops", "flops_share", "activations_declared",
     }  # fmt: skip
     layer = 8 * 8 * 64**2 + 4 * 8**2 * 64 + 6 * 8 * 64 * 128  # S=8, d=64, d_ff=128
     assert found["total"] == {"params": 1_403_328, "flops": 2 * (3 * layer + 2 * 8 * 64 * 10_000)}
@@ -94,7 +99,19 @@ def test_json_shape(capsys: pytest.CaptureFixture[str]) -> None:
     memory = found["memory"]
     assert memory["weights"] == memory["gradients"] == 2 * 1_403_328  # bfloat16
     assert memory["optimizer"] == 8 * 1_403_328
-    assert memory["activations"] > 0 and memory["note"] == ""
+    # Declared, and equal to what a forward on the meta device keeps (measured independently).
+    meta = build_model("cs336-tiny", device="meta", dtype=torch.bfloat16)
+    assert memory["activations"] == activation_bytes(meta, 2, 8)
+    assert (memory["activations_source"], memory["note"], found["mismatches"]) == (
+        "declared",
+        "",
+        [],
+    )
+    assert (
+        sum(r["activations_declared"] for r in found["rows"]) + found["activations_by_part"]["loss"]
+        == memory["activations"]
+    )
+    assert sum(found["activations_by_part"].values()) == memory["activations"]
     parts = ("weights", "gradients", "optimizer", "buffers", "activations")
     assert memory["total"] == sum(memory[k] for k in parts)
 
@@ -102,7 +119,10 @@ def test_json_shape(capsys: pytest.CaptureFixture[str]) -> None:
 def test_a_wider_ffn_changes_only_the_ffn_rows(capsys: pytest.CaptureFixture[str]) -> None:
     base = describe_json(capsys, "tinystories")
     wide = describe_json(capsys, "tinystories, ffn=swiglu(d_ff=2048)")
-    absolute = ("name", "module", "count", "params_each", "params", "flops_each", "flops")
+    absolute = (
+        "name", "module", "count", "params_each", "params", "flops_each", "flops",
+        "activations_declared",
+    )  # fmt: skip
     differ = [
         a["name"]
         for a, b in zip(base["rows"], wide["rows"], strict=True)
@@ -172,3 +192,58 @@ def test_console_script_describes_gpt2_xl() -> None:
     )
     found = json.loads(out.stdout)
     assert found["total"] == {"params": 2_127_057_600, "flops": 4_513_336_524_800}
+
+
+def test_activations_text_says_where_they_come_from(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["describe", "cs336-tiny"]) == 0
+    declared = capsys.readouterr().out
+    assert main(["describe", "cs336-tiny", "--measure"]) == 0
+    measured = capsys.readouterr().out
+    line = "  activations    904.44 KiB  saved for backward by forward + loss"
+    assert f"{line}, declared by the components\n" in declared
+    assert f"{line}, measured on the meta device\n" in measured
+    # The same bytes by part, either way; the loss's float32 logits (16 × 10,000) dominate.
+    by_part = declared[declared.index("activations by part") :]
+    assert by_part == measured[measured.index("activations by part") :]
+    assert by_part.splitlines()[0] == "activations by part (total 904.44 KiB):"
+    assert "  loss                   625.19 KiB   69.1%" in by_part  # 16 · (4·10,000 + 4 + 8)
+    assert activation_bytes(build_model("cs336-tiny", device="meta"), 1, 16) == 926_144
+
+
+def test_describe_runs_no_operator_on_meta_tensors() -> None:
+    """torch's first operator on a meta tensor imports its compiler stack (torch._dynamo, about
+    a second): describe builds on meta and counts from declarations without one, so it stays
+    near the time of `import torch`. --measure runs the forward, which shows the probe works."""
+    probe = (
+        "import sys; from lmcore.cli import main; code = main(sys.argv[1:]); "
+        "print(code, 'torch._dynamo' in sys.modules, file=sys.stderr)"
+    )
+
+    def run(*argv: str) -> str:
+        out = subprocess.run(
+            [sys.executable, "-c", probe, "describe", *argv],
+            capture_output=True, text=True, check=True,
+        )  # fmt: skip
+        return out.stderr.strip()
+
+    assert run("gpt2-xl") == "0 False"
+    assert run("gpt2-xl, pos=learned, norm=layernorm, attn=chunked, ffn=geglu") == "0 False"
+    assert run("gpt2-small", "--measure") == "0 True"
+
+
+def test_a_declaration_the_measurement_contradicts_exits_1(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    class Norm(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5)
+
+    wrong = Component(kind="norm", name="wrong", build=Norm, activations=lambda: 0)
+    with scoped_registry() as registry:
+        registry.add(wrong, name="wrong-norms")
+        assert main(["describe", "cs336-tiny, norm=wrong"]) == 0  # declared: nothing to contradict
+        capsys.readouterr()
+        assert main(["describe", "cs336-tiny, norm=wrong", "--measure"]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == "lmcore describe: error: declared activations differ from the measurement:"
+    assert err[1].startswith("  layers.*.ln1: declared 0 bytes, measured ")

@@ -221,6 +221,23 @@ def test_an_unknown_name_mentions_failed_plugins(make_dist, registry: Registry) 
             """
             @hookimpl
             def lmcore_components():
+                return [Component(kind="norm", name="x", build=Module, activations=4096)]
+            """,
+            r"norm 'x': activations must be callable or None",
+        ),
+        (
+            """
+            def build(d_model, batch=1): ...
+            @hookimpl
+            def lmcore_components():
+                return [Component(kind="norm", name="x", build=build, args=(Arg("batch", int, 1),))]
+            """,
+            r"norm 'x': argument 'batch' clashes with a name lmcore passes itself \(.*batch.*\)",
+        ),
+        (
+            """
+            @hookimpl
+            def lmcore_components():
                 return [Component(kind="norm", name="x", build=Module)] * 2
             """,
             r"norm 'x' is declared twice by this plugin",
@@ -259,6 +276,8 @@ def test_an_unknown_name_mentions_failed_plugins(make_dist, registry: Registry) 
         "arg-not-accepted",
         "bad-default",
         "unknown-feature",
+        "activations-not-callable",
+        "reserved-arg",
         "duplicate",
         "typo-hook",
         "hook-args",

@@ -55,6 +55,14 @@ def dyt_params(d_model: int, bias: bool) -> int:
     return 1 + d_model + (d_model if bias else 0)
 
 
+def dyt_activations(batch: int, seq_len: int, d_model: int, dtype: torch.dtype) -> int:
+    """Bytes kept for backward: float32 x (for alpha's gradient) and tanh(alpha x) (for tanh's
+    and weight's). In a model that is not float32, also the float32 copies of alpha and weight
+    that the products keep."""
+    copies = 0 if dtype == torch.float32 else 4 * (1 + d_model)
+    return 2 * 4 * batch * seq_len * d_model + copies
+
+
 @hookimpl
 def lmcore_components() -> list[Component]:
     return [
@@ -68,6 +76,7 @@ def lmcore_components() -> list[Component]:
             ),
             help="Dynamic Tanh: weight * tanh(alpha * x) + bias, no statistics (Zhu 2025)",
             params=dyt_params,
+            activations=dyt_activations,
             # Element-wise only: no matmul FLOPs.
             features=frozenset({"compile"}),
         )

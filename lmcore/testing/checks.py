@@ -18,7 +18,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from lmcore.components import accepted_kwargs
+from lmcore.components import accepted_kwargs, format_scalar
 from lmcore.interfaces import PROTOCOLS, PositionalEncoding
 from lmcore.nn import scaled_dot_product_attention
 from lmcore.testing.core import (
@@ -271,6 +271,77 @@ def flops(target: Target, variant: str, settings: Settings) -> None:
                 f"{measured:,} matmul FLOPs (torch.utils.flop_counter.FlopCounterMode); fix the "
                 "flops function of the Component (2·m·n·p per (m×n)·(n×p) matmul)"
             )
+
+
+@check("activations", ALL, declaration="activations")
+def activations(target: Target, variant: str, settings: Settings) -> None:
+    """Declared activations equal the bytes autograd keeps for the component in a small model's
+    forward + loss (measured on the meta device), at two shapes (the second with grouped-query
+    heads), in float32 and bfloat16, for one sequence and for several."""
+    from lmcore.accounting import account, measure_activations
+    from lmcore.errors import LmcoreError
+    from lmcore.model import build_model
+
+    cases = ((1, SEQ), (BATCH, SEQ - 1))  # an odd length too: block sizes rarely divide it
+    for shape, dtype, (batch, seq) in itertools.product(range(len(SHAPES)), DTYPES.values(), cases):
+        spec = _model_around(target, shape)
+        try:
+            acc = account(spec, batch=batch, seq_len=seq, dtype=dtype, registry=target.registry)
+            model = build_model(acc.spec, device="meta", dtype=dtype, registry=target.registry)
+            measured = measure_activations(acc, model)
+        except (LmcoreError, RuntimeError, NotImplementedError, TypeError, ValueError) as e:
+            fail(
+                f"cannot measure its activations in the model {spec!r} on the meta device: "
+                f"{type(e).__name__}: {_first_line(e)}"
+            )
+        for row in acc.rows:
+            if row.entry != target.entry or row.activations_each is None:
+                continue
+            got = measured[row.name] // row.count
+            if got * row.count == measured[row.name] and got == row.activations_each:
+                continue
+            kwargs = {
+                **acc.spec.dims(target.kind),
+                **acc.spec.component(target.kind).kwargs,
+                "batch": batch,
+                "seq_len": seq,
+                "kv_len": seq,
+                "dtype": dtype,
+                "num_layers": acc.spec.num_layers,
+            }
+            declaration = target.component.activations
+            assert declaration is not None  # rows without one were skipped above
+            shown = call("activations", accepted_kwargs(declaration, kwargs))
+            fail(
+                f"declares {shown} = {row.activations_each:,} bytes, but in the model {spec!r} "
+                f"autograd keeps {got:,} bytes for it ({row.name}, measured on the meta device "
+                f"as lmcore describe --measure does); fix the activations function of the "
+                "Component: count every distinct tensor its forward saves for backward"
+            )
+        declared = acc.activations
+        total = sum(measured.values())
+        if declared != total:  # the rows agree, so a storage is counted twice or not at all
+            fail(
+                f"its declaration matches its own row, but the model {spec!r} keeps {total:,} "
+                f"bytes where the declarations add up to {declared:,}: the component's output "
+                "is probably also saved by the next layer; do not count tensors it returns"
+            )
+
+
+def _model_around(target: Target, shape: int) -> str:
+    """A two-layer model spec at test shape `shape` with `target` in its slot; the other
+    components are the registry's defaults. Shape 1 uses grouped-query heads."""
+    s = SHAPES[shape]
+    kv_heads = s["num_heads"] if shape == 0 else s["num_heads"] // 2
+    args = ", ".join(f"{k}={format_scalar(v)}" for k, v in target.overrides)
+    name = target.entry.name
+    if target.qualified:
+        name = f"{target.entry.provenance.qualifier}:{name}"
+    return (
+        f"vocab_size=97, context_length={s['context_length']}, d_model={s['d_model']}, "
+        f"num_layers=2, num_heads={s['num_heads']}, num_kv_heads={kv_heads}, d_ff={s['d_ff']}, "
+        f"{target.kind}={name}" + (f"({args})" if args else "")
+    )
 
 
 @check("compile", ALL, feature="compile", defaults_only=True)

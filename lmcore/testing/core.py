@@ -8,7 +8,7 @@ shape by coincidence is still caught. Everything here is plain torch; no pytest.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final, NoReturn, cast
 
 import torch
@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from lmcore.components import DIMS, Component, Scalar, format_scalar
 from lmcore.interfaces import PositionalEncoding
-from lmcore.registry import Entry
+from lmcore.registry import Entry, Registry
 
 # Two model shapes; head_dim = d_model / num_heads in both, as in a real model.
 SHAPES: Final[tuple[Mapping[str, int], ...]] = (
@@ -65,6 +65,9 @@ class Target:
     entry: Entry
     overrides: tuple[tuple[str, Scalar], ...] = ()
     qualified: bool = False
+    # The registry the entry came from: checks that build a whole model resolve the other
+    # components there (None: the current one).
+    registry: Registry | None = field(default=None, compare=False, repr=False)
 
     @property
     def component(self) -> Component:
@@ -271,6 +274,7 @@ class Check:
     feature: str | None = None
     variants: tuple[str, ...] = ("",)
     defaults_only: bool = False  # too costly to repeat for every argument variant
+    declaration: str | None = None  # a Component field the check needs; skipped when None
 
     def applies_to(self, target: Target) -> bool:
         return (
@@ -290,12 +294,15 @@ def check(
     feature: str | None = None,
     variants: tuple[str, ...] = ("",),
     defaults_only: bool = False,
+    declaration: str | None = None,
 ) -> Callable[[Fn], Fn]:
     """Register a check; its docstring's first line is the contract it states."""
 
     def register(fn: Fn) -> Fn:
         doc = " ".join((fn.__doc__ or name).strip().split("\n\n")[0].split())
-        CHECKS.append(Check(name, frozenset(kinds), fn, doc, feature, variants, defaults_only))
+        CHECKS.append(
+            Check(name, frozenset(kinds), fn, doc, feature, variants, defaults_only, declaration)
+        )
         return fn
 
     return register

@@ -47,12 +47,18 @@ class Case:
     @property
     def skip_reason(self) -> str | None:
         missing = self.target.missing
-        if not missing:
-            return None
-        return (
-            f"{self.target.label} has required argument(s) {', '.join(missing)} with no default; "
-            "the conformance kit builds components from their declared defaults"
-        )
+        if missing:
+            return (
+                f"{self.target.label} has required argument(s) {', '.join(missing)} with no "
+                "default; the conformance kit builds components from their declared defaults"
+            )
+        declaration = self.check.declaration
+        if declaration and getattr(self.target.component, declaration) is None:
+            return (
+                f"{self.target.label} declares no {declaration}= (optional; without it "
+                f"`lmcore describe` measures them on the meta device, about a second slower)"
+            )
+        return None
 
     def run(self, settings: Settings | None = None) -> None:
         """Run the check; raise ConformanceError when the component breaks the contract.
@@ -114,16 +120,17 @@ def _no_match(
     return message
 
 
-def targets(entries: Iterable[Entry]) -> list[Target]:
+def targets(entries: Iterable[Entry], registry: Registry | None = None) -> list[Target]:
     """Each entry with its default arguments, plus one variant per flipped boolean argument."""
     out: list[Target] = []
     for e in entries:
         # A name two plugins provide is labelled with its provider, as a spec must write it.
         qualified = e.status == "shadowed"
-        out.append(Target(e, qualified=qualified))
+        out.append(Target(e, qualified=qualified, registry=registry))
         for arg in e.component.args:
             if arg.type is bool and not arg.required:
-                out.append(Target(e, ((arg.name, not arg.default),), qualified=qualified))
+                flipped = ((arg.name, not arg.default),)
+                out.append(Target(e, flipped, qualified=qualified, registry=registry))
     return out
 
 
@@ -132,7 +139,7 @@ def cases(
 ) -> list[Case]:
     """Every applicable check on every selected component, in a stable order."""
     found: list[Case] = []
-    for target in targets(select(registry, kinds, components)):
+    for target in targets(select(registry, kinds, components), registry):
         for check in CHECKS:
             if check.applies_to(target):
                 found += [Case(check, target, variant) for variant in check.variants]
