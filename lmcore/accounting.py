@@ -163,6 +163,23 @@ class Accounting:
         return {part: sum(r.flops for r in self.rows if r.part == part) for part in PARTS}
 
 
+def declaration_kwargs(spec: ModelSpec, entry: Entry) -> dict[str, object]:
+    """The model dimensions and arguments `entry`'s declarations get in `spec`'s model."""
+    kwargs: dict[str, object] = {**spec.dims(entry.kind), **spec.component(entry.kind).kwargs}
+    if entry.kind == "attn" and "gqa" not in entry.component.features:
+        kwargs["num_kv_heads"] = spec.num_heads  # lmcore repeats k and v for such a kernel
+    return kwargs
+
+
+def activation_kwargs(
+    spec: ModelSpec, entry: Entry, *, batch: int, seq_len: int, dtype: torch.dtype
+) -> dict[str, object]:
+    """`declaration_kwargs` plus what an `activations` declaration also gets, for `batch`
+    sequences of `seq_len` (a plain forward: kv_len = seq_len)."""
+    shape = {"batch": batch, "seq_len": seq_len, "kv_len": seq_len, "dtype": dtype}
+    return {**declaration_kwargs(spec, entry), **shape, "num_layers": spec.num_layers}
+
+
 def account(
     spec: ModelSpec | str,
     *,
@@ -188,13 +205,9 @@ def account(
 
     def declared(kind: str, name: str, part: str, count: int) -> Row:
         entry = entries[kind]
-        kwargs = {**spec.dims(kind), **spec.component(kind).kwargs}
-        if kind == "attn" and "gqa" not in entry.component.features:
-            kwargs["num_kv_heads"] = spec.num_heads  # lmcore repeats k and v for such a kernel
-        # Components declare FLOPs for one sequence; a plain forward has kv_len = seq_len.
-        shape = {"seq_len": seq, "kv_len": seq}
+        kwargs = declaration_kwargs(spec, entry)
         saved = entry.component.count_activations(
-            **kwargs, **shape, batch=batch, dtype=dtype, num_layers=layers
+            **activation_kwargs(spec, entry, batch=batch, seq_len=seq, dtype=dtype)
         )
         if saved is not None and saved < 0:
             raise AccountingError(
@@ -207,7 +220,8 @@ def account(
             module=f"{kind}={entry.name}",
             count=count,
             params_each=entry.component.count_params(**kwargs),
-            flops_each=batch * entry.component.count_flops(**kwargs, **shape),
+            # Components declare FLOPs for one sequence; a plain forward has kv_len = seq_len.
+            flops_each=batch * entry.component.count_flops(**kwargs, seq_len=seq, kv_len=seq),
             entry=entry,
             activations_each=saved,
         )
@@ -299,7 +313,7 @@ def check_params(acc: Accounting, model: TransformerLM) -> None:
                 f"but the built module holds {each:,}; this is a bug in lmcore, please report it"
             )
         kind, name = row.entry.kind, row.entry.name
-        given = {**acc.spec.dims(kind), **acc.spec.component(kind).kwargs}
+        given = declaration_kwargs(acc.spec, row.entry)
         shape = ", ".join(f"{k}={v}" for k, v in given.items())
         raise AccountingError(
             f"{row.name}: {kind} {name!r} from {row.entry.provenance} declares "

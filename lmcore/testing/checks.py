@@ -278,7 +278,7 @@ def activations(target: Target, variant: str, settings: Settings) -> None:
     """Declared activations equal the bytes autograd keeps for the component in a small model's
     forward + loss (measured on the meta device), at two shapes (the second with grouped-query
     heads), in float32 and bfloat16, for one sequence and for several."""
-    from lmcore.accounting import account, measure_activations
+    from lmcore.accounting import account, activation_kwargs, measure_activations
     from lmcore.errors import LmcoreError
     from lmcore.model import build_model
 
@@ -300,15 +300,7 @@ def activations(target: Target, variant: str, settings: Settings) -> None:
             got = measured[row.name] // row.count
             if got * row.count == measured[row.name] and got == row.activations_each:
                 continue
-            kwargs = {
-                **acc.spec.dims(target.kind),
-                **acc.spec.component(target.kind).kwargs,
-                "batch": batch,
-                "seq_len": seq,
-                "kv_len": seq,
-                "dtype": dtype,
-                "num_layers": acc.spec.num_layers,
-            }
+            kwargs = activation_kwargs(acc.spec, row.entry, batch=batch, seq_len=seq, dtype=dtype)
             declaration = target.component.activations
             assert declaration is not None  # rows without one were skipped above
             shown = call("activations", accepted_kwargs(declaration, kwargs))
