@@ -18,9 +18,9 @@ from einops import einsum
 from torch.utils.benchmark import Timer
 
 from lmcore.nn import Linear, scaled_dot_product_attention, softmax
+from lmcore_ffn import SwiGLU
 from lmcore_rmsnorm import RMSNorm
 from lmcore_sdpa import SDPA
-from lmcore_swiglu import SwiGLU
 
 
 def median_ms(fn: Callable[[], object], threads: int) -> float:

@@ -14,6 +14,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from lmcore.blueprint import Blueprint, parse_spec, resolve
     from lmcore.components import KINDS, REQUIRED, Arg, Component, Preset
     from lmcore.errors import (
         AmbiguousComponentError,
@@ -28,11 +29,14 @@ if TYPE_CHECKING:
     from lmcore.hookspecs import hookimpl
     from lmcore.model import TransformerLM, build_model
     from lmcore.registry import Registry, get_registry, scoped_registry, use_registry
-    from lmcore.spec import ComponentSpec, ModelSpec, parse_spec
+    from lmcore.spec import ComponentSpec, ModelSpec
 
 __version__ = "0.1.0"
 
 _WHERE = {
+    "Blueprint": "blueprint",
+    "parse_spec": "blueprint",
+    "resolve": "blueprint",
     "KINDS": "components",
     "REQUIRED": "components",
     "Arg": "components",
@@ -55,7 +59,6 @@ _WHERE = {
     "use_registry": "registry",
     "ComponentSpec": "spec",
     "ModelSpec": "spec",
-    "parse_spec": "spec",
 }
 
 __all__ = [
@@ -63,6 +66,7 @@ __all__ = [
     "REQUIRED",
     "AmbiguousComponentError",
     "Arg",
+    "Blueprint",
     "Component",
     "ComponentNotFoundError",
     "ComponentSpec",
@@ -80,6 +84,7 @@ __all__ = [
     "get_registry",
     "hookimpl",
     "parse_spec",
+    "resolve",
     "scoped_registry",
     "use_registry",
 ]

@@ -28,10 +28,11 @@ from typing import Final
 import torch
 from torch import Tensor, nn
 
-from lmcore.errors import LmcoreError, ModelInputError
+from lmcore.blueprint import Blueprint, resolve
+from lmcore.errors import LmcoreError, LmcoreKeyError, ModelInputError
 from lmcore.model import TransformerLM, build_model
-from lmcore.registry import Entry, Registry, get_registry
-from lmcore.spec import ModelSpec, parse_spec
+from lmcore.registry import Entry, Registry
+from lmcore.spec import ModelSpec
 from lmcore.train import cross_entropy
 
 
@@ -98,15 +99,19 @@ class Row:
 
 @dataclass(frozen=True)
 class Accounting:
-    """Parameters, forward FLOPs and declared activations of a spec, by row, for `batch`
+    """Parameters, forward FLOPs and declared activations of a blueprint, by row, for `batch`
     sequences of `seq_len` in `dtype`; `loss_activations` is what the cross-entropy saves."""
 
-    spec: ModelSpec
+    blueprint: Blueprint
     batch: int
     seq_len: int
     dtype: torch.dtype
     rows: tuple[Row, ...]
     loss_activations: int
+
+    @property
+    def spec(self) -> ModelSpec:
+        return self.blueprint.spec
 
     @property
     def params(self) -> int:
@@ -151,7 +156,7 @@ class Accounting:
         for r in self.rows:
             if r.name == name:
                 return r
-        raise KeyError(f"no row {name!r}; rows are {', '.join(r.name for r in self.rows)}")
+        raise LmcoreKeyError(f"no row {name!r}; rows are {', '.join(r.name for r in self.rows)}")
 
     def params_share(self, row: Row) -> float:
         return row.params / self.params if self.params else 0.0
@@ -163,25 +168,17 @@ class Accounting:
         return {part: sum(r.flops for r in self.rows if r.part == part) for part in PARTS}
 
 
-def declaration_kwargs(spec: ModelSpec, entry: Entry) -> dict[str, object]:
-    """The model dimensions and arguments `entry`'s declarations get in `spec`'s model."""
-    kwargs: dict[str, object] = {**spec.dims(entry.kind), **spec.component(entry.kind).kwargs}
-    if entry.kind == "attn" and "gqa" not in entry.component.features:
-        kwargs["num_kv_heads"] = spec.num_heads  # lmcore repeats k and v for such a kernel
-    return kwargs
-
-
 def activation_kwargs(
-    spec: ModelSpec, entry: Entry, *, batch: int, seq_len: int, dtype: torch.dtype
+    bp: Blueprint, kind: str, *, batch: int, seq_len: int, dtype: torch.dtype
 ) -> dict[str, object]:
-    """`declaration_kwargs` plus what an `activations` declaration also gets, for `batch`
+    """`bp.kwargs(kind)` plus what an `activations` declaration also gets, for `batch`
     sequences of `seq_len` (a plain forward: kv_len = seq_len)."""
     shape = {"batch": batch, "seq_len": seq_len, "kv_len": seq_len, "dtype": dtype}
-    return {**declaration_kwargs(spec, entry), **shape, "num_layers": spec.num_layers}
+    return {**bp.kwargs(kind), **shape, "num_layers": bp.spec.num_layers}
 
 
 def account(
-    spec: ModelSpec | str,
+    spec: Blueprint | ModelSpec | str,
     *,
     batch: int = 1,
     seq_len: int | None = None,
@@ -190,24 +187,18 @@ def account(
 ) -> Accounting:
     """Count parameters, forward FLOPs and activations from the declarations alone; `seq_len`
     defaults to the context length."""
-    registry = registry or get_registry()
-    spec = parse_spec(str(spec), registry)
+    bp = resolve(spec, registry)
+    spec = bp.spec
     seq = spec.context_length if seq_len is None else seq_len
     _check_shape(spec, batch, seq)
-
-    entries = {
-        kind: registry.get(kind, spec.component(kind).name, spec.component(kind).provider)
-        for kind in ("norm", "ffn", "pos", "attn")
-    }
 
     d, layers, vocab = spec.d_model, spec.num_layers, spec.vocab_size
     tokens, size = batch * seq, dtype.itemsize
 
     def declared(kind: str, name: str, part: str, count: int) -> Row:
-        entry = entries[kind]
-        kwargs = declaration_kwargs(spec, entry)
+        entry, kwargs = bp.entries[kind], bp.kwargs(kind)
         saved = entry.component.count_activations(
-            **activation_kwargs(spec, entry, batch=batch, seq_len=seq, dtype=dtype)
+            **activation_kwargs(bp, kind, batch=batch, seq_len=seq, dtype=dtype)
         )
         if saved is not None and saved < 0:
             raise AccountingError(
@@ -260,7 +251,7 @@ def account(
     )  # fmt: skip
     # cross_entropy keeps float32 logits, the log-partition per token and the int64 targets.
     loss = tokens * (4 * vocab + 4 + 8)
-    return Accounting(spec=spec, batch=batch, seq_len=seq, dtype=dtype, rows=rows,
+    return Accounting(blueprint=bp, batch=batch, seq_len=seq, dtype=dtype, rows=rows,
                       loss_activations=loss)  # fmt: skip
 
 
@@ -313,7 +304,7 @@ def check_params(acc: Accounting, model: TransformerLM) -> None:
                 f"but the built module holds {each:,}; this is a bug in lmcore, please report it"
             )
         kind, name = row.entry.kind, row.entry.name
-        given = declaration_kwargs(acc.spec, row.entry)
+        given = acc.blueprint.kwargs(kind)
         shape = ", ".join(f"{k}={v}" for k, v in given.items())
         raise AccountingError(
             f"{row.name}: {kind} {name!r} from {row.entry.provenance} declares "
@@ -503,7 +494,7 @@ class Description:
 
 
 def describe(
-    spec: ModelSpec | str,
+    spec: Blueprint | ModelSpec | str,
     *,
     batch: int = 1,
     seq_len: int | None = None,
@@ -518,7 +509,7 @@ def describe(
     component declares none, from a forward on the meta device instead.
     """
     acc = account(spec, batch=batch, seq_len=seq_len, dtype=dtype, registry=registry)
-    model = build_model(acc.spec, device="meta", dtype=dtype, registry=registry)
+    model = build_model(acc.blueprint, device="meta", dtype=dtype)
     check_params(acc, model)
     size = dtype.itemsize
     activations = acc.activations

@@ -16,6 +16,7 @@ import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from lmcore.components import KINDS
 from lmcore.errors import LmcoreError, LmcoreWarning
 
 if TYPE_CHECKING:
@@ -65,7 +66,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("spec", help='spec string, e.g. "gpt2-xl" or "tinystories, ffn=gelu"')
     p.add_argument("--seq", type=_positive, help="tokens per sequence (default: context_length)")
     p.add_argument("--batch", type=_positive, default=1, help="sequences per batch (default: 1)")
-    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    p.add_argument("--dtype", choices=DTYPES, default="float32")
     p.add_argument(
         "--measure",
         action="store_true",
@@ -93,12 +94,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda:N"
     )
-    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    p.add_argument("--dtype", choices=DTYPES, default="float32")
     p.add_argument("--seed", type=int, default=0, help="seeds the weights and the tokens")
     p.set_defaults(func=_cmd_run)
 
     p = sub.add_parser("plugins", help="list components and presets with provenance and status")
-    p.add_argument("--kind", choices=["norm", "ffn", "pos", "attn", "preset"])
+    p.add_argument("--kind", choices=[*KINDS, "preset"])
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=_cmd_plugins)
     return parser
@@ -120,9 +121,10 @@ def _positive(text: str) -> int:
 def _cmd_build(args: argparse.Namespace) -> int:
     import torch
 
+    from lmcore.blueprint import resolve
     from lmcore.model import build_model
 
-    model = build_model(args.spec, device=args.device, dtype=getattr(torch, args.dtype))
+    model = build_model(resolve(args.spec), device=args.device, dtype=getattr(torch, args.dtype))
     n = sum(p.numel() for p in model.parameters())
     print(model.spec)
     print(f"parameters: {n:,}")
@@ -142,12 +144,12 @@ def _cmd_describe(args: argparse.Namespace) -> int:
     import torch
 
     from lmcore.accounting import describe
-    from lmcore.spec import parse_spec
+    from lmcore.blueprint import resolve
 
-    spec = parse_spec(args.spec)
-    _check_seq(args, spec.context_length)
+    bp = resolve(args.spec)
+    _check_seq(args, bp.spec.context_length)
     found = describe(
-        spec,
+        bp,
         batch=args.batch,
         seq_len=args.seq,
         dtype=getattr(torch, args.dtype),
@@ -305,13 +307,13 @@ def _bytes(n: int) -> str:
 def _cmd_run(args: argparse.Namespace) -> int:
     import torch
 
-    from lmcore.spec import parse_spec
+    from lmcore.blueprint import resolve
     from lmcore.train import ProgressBar, run_steps
 
-    spec = parse_spec(args.spec)
-    _check_seq(args, spec.context_length)
+    bp = resolve(args.spec)
+    _check_seq(args, bp.spec.context_length)
     result = run_steps(
-        spec,
+        bp,
         steps=args.steps,
         batch=args.batch,
         seq_len=args.seq,
@@ -383,7 +385,7 @@ def plugin_rows(kind: str | None = None) -> list[dict[str, Any]]:
     for r in registry.plugins():
         if r.status != "ok":  # its kinds are unknown, so it shows under every filter
             rows.append(_row("-", r.name, r.provenance, r.status, r.reason) | {"args": []})
-    order = {"norm": 0, "ffn": 1, "pos": 2, "attn": 3, "preset": 4, "-": 5}
+    order = {kind: n for n, kind in enumerate((*KINDS, "preset", "-"))}
     rows.sort(key=lambda r: (order[r["kind"]], r["name"], r["dist"] or ""))
     return rows
 

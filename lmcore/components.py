@@ -31,8 +31,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, cast
 
-from torch import nn
-
 from lmcore.errors import InvalidComponentError, did_you_mean, one_of
 
 Scalar = int | float | bool | str
@@ -195,6 +193,8 @@ def call_with(fn: Callable[..., Any], available: Mapping[str, Any]) -> Any:
 
 
 def accepted_kwargs(fn: Callable[..., Any], available: Mapping[str, Any]) -> dict[str, Any]:
+    from torch import nn  # here, not at the top: declaring components needs no torch
+
     if isinstance(fn, type) and fn.__init__ is nn.Module.__init__:  # type: ignore[misc]
         return {}  # a module without its own __init__ takes nothing (Module's is *args, **kwargs)
     params = inspect.signature(fn).parameters.values()

@@ -43,6 +43,22 @@ class SpecError(LmcoreError, ValueError):
         return f"{self.message} ({where})\n  {line}\n  {' ' * col}{'^' * width}"
 
 
+class SpecTypeError(SpecError, TypeError):
+    """Something other than a spec string (or `ModelSpec`, `Blueprint`) was given as a spec."""
+
+
+class ConfigError(LmcoreError, ValueError):
+    """An environment variable or option holds a value lmcore cannot read."""
+
+
+class LmcoreKeyError(LmcoreError, KeyError):
+    """A name is not in one of lmcore's tables. `str()` is the plain message (KeyError's quotes
+    it)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
 class RegistryError(LmcoreError, LookupError):
     """A component or preset lookup cannot be answered."""
 
@@ -59,6 +75,14 @@ class PluginFailedError(RegistryError):
     """The requested component belongs to a plugin that failed to load."""
 
 
+class PluginNameError(RegistryError, ValueError):
+    """`Registry.register` / `add` was given a plugin name that is already taken."""
+
+
+class PluginNotFoundError(RegistryError, LmcoreKeyError):
+    """`Registry.unregister` was given a name no registered plugin has."""
+
+
 class PluginLoadError(LmcoreError):
     """A plugin failed to load while the registry is strict (`LMCORE_STRICT_PLUGINS=1`)."""
 
@@ -69,6 +93,10 @@ class InvalidComponentError(LmcoreError, TypeError):
 
 class ModelInputError(LmcoreError, ValueError):
     """Bad input to a model: ids out of range, a sequence longer than the context, ..."""
+
+
+class ModelInputTypeError(ModelInputError, TypeError):
+    """Input to a model of the wrong type: not a tensor, float token ids, ..."""
 
 
 class LmcoreWarning(UserWarning):

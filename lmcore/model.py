@@ -14,12 +14,13 @@ from einops import rearrange
 from jaxtyping import Float, Int
 from torch import Tensor, nn
 
-from lmcore.components import Component
-from lmcore.errors import ModelInputError
+from lmcore.blueprint import Blueprint, resolve
+from lmcore.components import KINDS, Component
+from lmcore.errors import ModelInputError, ModelInputTypeError
 from lmcore.interfaces import Rotation
 from lmcore.nn import Embedding, Linear
-from lmcore.registry import Registry, get_registry
-from lmcore.spec import ModelSpec, parse_spec
+from lmcore.registry import Registry
+from lmcore.spec import ModelSpec
 
 
 class CausalSelfAttention(nn.Module):
@@ -106,59 +107,58 @@ class TransformerBlock(nn.Module):
 class TransformerLM(nn.Module):
     """`token_embeddings → pos → layers → ln_final → lm_head`; returns unnormalised logits.
 
-    Built from a `ModelSpec` (or spec string); `model.spec` is the canonical, validated spec.
+    Built from a `Blueprint` (or a spec, resolved once); `model.blueprint` holds the canonical,
+    validated spec and the registry entry behind each component.
     """
 
     def __init__(
         self,
-        spec: ModelSpec | str,
+        spec: Blueprint | ModelSpec | str,
         *,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
         registry: Registry | None = None,
     ):
         super().__init__()
-        registry = registry or get_registry()
-        # Re-parsing the canonical string validates a ModelSpec edited by hand, too.
-        self.spec = spec = parse_spec(str(spec), registry)
-        comps = {
-            k: registry.get(k, spec.component(k).name, spec.component(k).provider).component
-            for k in ("norm", "ffn", "pos", "attn")
-        }
+        self.blueprint = bp = resolve(spec, registry)
+        self.spec = spec = bp.spec
         factory: dict[str, Any] = {"device": device, "dtype": dtype}
-
-        def make(kind: str) -> Any:
-            return comps[kind].create(**spec.dims(kind), **spec.component(kind).kwargs, **factory)
 
         def make_attn() -> CausalSelfAttention:
             return CausalSelfAttention(
                 d_model=spec.d_model,
                 num_heads=spec.num_heads,
                 num_kv_heads=spec.num_kv_heads,
-                kernel=make("attn"),
-                kernel_gqa="gqa" in comps["attn"].features,
+                kernel=bp.create("attn", **factory),
+                kernel_gqa=bp.kernel_gqa,
                 **factory,
             )
 
         self.token_embeddings = Embedding(spec.vocab_size, spec.d_model, **factory)
-        self.pos = make("pos")  # one instance: position work is done once per forward
+        self.pos = bp.create(
+            "pos", **factory
+        )  # one instance: position work is done once per forward
         self.layers = nn.ModuleList(
             TransformerBlock(
-                ln1=make("norm"),
+                ln1=bp.create("norm", **factory),
                 attn=make_attn(),
-                ln2=make("norm"),
-                ffn=make("ffn"),
+                ln2=bp.create("norm", **factory),
+                ffn=bp.create("ffn", **factory),
                 postnorm=spec.block == "postnorm",
             )
             for _ in range(spec.num_layers)
         )
-        self.ln_final = make("norm")
+        self.ln_final = bp.create("norm", **factory)
         self.lm_head = Linear(spec.d_model, spec.vocab_size, **factory)
         if spec.tie_embeddings:
             # The shared matrix keeps lm_head's initialisation: σ=1 rows would make the initial
             # logits sqrt(d_model) times too large.
             self.token_embeddings.weight = self.lm_head.weight
-        self.components: dict[str, Component] = comps
+
+    @property
+    def components(self) -> dict[str, Component]:
+        """The component behind each kind, as the registry provided it."""
+        return {kind: self.blueprint.component(kind) for kind in KINDS}
 
     def forward(
         self,
@@ -181,9 +181,9 @@ class TransformerLM(nn.Module):
 
     def _check_ids(self, ids: Tensor) -> Tensor:
         if not isinstance(ids, Tensor):
-            raise TypeError(f"token ids must be a torch.Tensor, got {type(ids).__name__}")
+            raise ModelInputTypeError(f"token ids must be a torch.Tensor, got {type(ids).__name__}")
         if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
-            raise TypeError(
+            raise ModelInputTypeError(
                 f"token ids must be an integer tensor, got dtype {ids.dtype}; "
                 "convert with ids.long()"
             )
@@ -238,13 +238,14 @@ def _values_checkable(t: Tensor) -> bool:
 
 
 def build_model(
-    spec: ModelSpec | str,
+    spec: Blueprint | ModelSpec | str,
     device: torch.device | str | None = None,
     dtype: torch.dtype | None = None,
     *,
     registry: Registry | None = None,
 ) -> TransformerLM:
-    """Build a `TransformerLM` from a spec string or `ModelSpec` (e.g. ``"tinystories, pos=nope"``).
+    """Build a `TransformerLM` from a spec string (e.g. ``"tinystories, pos=nope"``), a
+    `ModelSpec` or a resolved `Blueprint`.
 
     `device="meta"` builds the structure without allocating weights.
     """

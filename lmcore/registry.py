@@ -36,10 +36,12 @@ from lmcore.components import (
 from lmcore.errors import (
     AmbiguousComponentError,
     ComponentNotFoundError,
+    ConfigError,
     InvalidComponentError,
     LmcoreWarning,
     PluginFailedError,
     PluginLoadError,
+    PluginNotFoundError,
     did_you_mean,
     one_of,
 )
@@ -126,7 +128,7 @@ def _env_flag(var: str) -> bool:
         return True
     if raw in _FALSE:
         return False
-    raise ValueError(f"{var}={os.environ[var]!r} is not a flag; use 1/true/yes or 0/false/no")
+    raise ConfigError(f"{var}={os.environ[var]!r} is not a flag; use 1/true/yes or 0/false/no")
 
 
 def _env_list(var: str) -> set[str]:
@@ -282,7 +284,7 @@ class Registry:
         self.load()
         record = self._records.pop(name, None)
         if record is None:
-            raise KeyError(
+            raise PluginNotFoundError(
                 f"no plugin named {name!r}{did_you_mean(name, self._records)}; "
                 f"plugins: {one_of(self._records)}"
             )

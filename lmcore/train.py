@@ -19,10 +19,11 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor, nn
 
+from lmcore.blueprint import Blueprint, resolve
 from lmcore.errors import LmcoreError, ModelInputError
 from lmcore.model import build_model
 from lmcore.registry import Registry
-from lmcore.spec import ModelSpec, parse_spec
+from lmcore.spec import ModelSpec
 
 
 class RunError(LmcoreError, ValueError):
@@ -126,7 +127,7 @@ def resolve_device(name: str) -> torch.device:
 
 
 def run_steps(
-    spec: ModelSpec | str,
+    spec: Blueprint | ModelSpec | str,
     *,
     steps: int = 10,
     batch: int = 2,
@@ -144,8 +145,8 @@ def run_steps(
     if steps < 1 or batch < 1:
         raise RunError(f"steps and batch must be at least 1, got steps={steps}, batch={batch}")
     dev = resolve_device(device)
-    spec = parse_spec(str(spec), registry)
-    ctx = spec.context_length
+    bp = resolve(spec, registry)
+    ctx = bp.spec.context_length
     seq = min(128, ctx) if seq_len is None else seq_len
     if not 1 <= seq <= ctx:
         raise ModelInputError(
@@ -153,7 +154,7 @@ def run_steps(
             f"or raise context_length in the spec (e.g. '..., context_length={seq}')"
         )
     torch.manual_seed(seed)  # the weights come from the global generator
-    model = build_model(spec, device=dev, dtype=dtype, registry=registry)
+    model = build_model(bp, device=dev, dtype=dtype)
     tokens = torch.Generator().manual_seed(seed)
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)

@@ -4,8 +4,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from lmcore import parse_spec
 from lmcore.cli import main
-from lmcore.spec import parse_spec
 
 
 def test_build_prints_the_canonical_spec_and_parameter_count(capsys) -> None:

@@ -11,11 +11,10 @@ from typing import Any
 import pytest
 import torch
 
-from lmcore import Component, scoped_registry
+from lmcore import Component, parse_spec, scoped_registry
 from lmcore.accounting import activation_bytes
 from lmcore.cli import main
 from lmcore.model import build_model
-from lmcore.spec import parse_spec
 
 ROWS = [
     "token_embeddings",

@@ -11,10 +11,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lmcore import Component, ModelInputError, scoped_registry
+from lmcore import Component, ModelInputError, parse_spec, scoped_registry
 from lmcore.cli import main
 from lmcore.interfaces import PositionalEncodingBase
-from lmcore.spec import parse_spec
 from lmcore.train import ProgressBar, cross_entropy, gradient_problems, run_steps
 
 SMALL = ["cs336-tiny", "--steps", "3", "--batch", "2", "--seq", "8", "--device", "cpu"]

@@ -64,7 +64,7 @@ def test_builtins_are_declared_as_entry_points_of_the_lmcore_distribution() -> N
     eps = {
         ep.name: ep
         for ep in md.entry_points(group="lmcore")
-        if ep.dist and ep.dist.name == "lmcore"
+        if ep.dist and ep.dist.name == "lmcore-registry"
     }
     assert set(eps) >= BUILTINS
     assert eps["rope"].value == "lmcore_rope"
@@ -74,10 +74,13 @@ def test_components_carry_their_provenance(registry: Registry) -> None:
     entry = registry.get("norm", "rmsnorm")
     prov = entry.provenance
     assert (prov.dist, prov.version, prov.plugin, prov.module) == (
-        "lmcore", md.version("lmcore"), "rmsnorm", "lmcore_rmsnorm",
+        "lmcore-registry", md.version("lmcore-registry"), "rmsnorm", "lmcore_rmsnorm",
     )  # fmt: skip
     assert entry.status == "ok"
-    assert str(prov) == f"lmcore {md.version('lmcore')} (plugin 'rmsnorm', module lmcore_rmsnorm)"
+    assert (
+        str(prov)
+        == f"lmcore-registry {md.version('lmcore-registry')} (plugin 'rmsnorm', module lmcore_rmsnorm)"
+    )
 
 
 def test_importing_lmcore_does_no_discovery() -> None:
@@ -293,7 +296,7 @@ def test_malformed_plugins_are_recorded_as_failed_with_their_reason(
     [record] = [r for r in reg.plugins() if r.name == "bad"]
     assert record.status == "failed"
     assert __import__("re").search(reason, record.reason), record.reason
-    assert reg.get("norm", "rmsnorm").provenance.dist == "lmcore"  # the rest still loads
+    assert reg.get("norm", "rmsnorm").provenance.dist == "lmcore-registry"  # the rest still loads
     # A failed plugin leaves nothing registered behind.
     assert all(e.provenance.plugin != "bad" for e in reg.entries())
 
@@ -339,11 +342,11 @@ def test_two_providers_of_one_name_neither_wins(make_dist, registry: Registry) -
         modules={"other_norms_a": OTHER_RMSNORM},
     )
     entries = [e for e in registry.entries("norm") if e.name == "rmsnorm"]
-    assert sorted(e.provenance.dist for e in entries) == ["lmcore", "other-norms"]
+    assert sorted(e.provenance.dist for e in entries) == ["lmcore-registry", "other-norms"]
     assert {e.status for e in entries} == {"shadowed"}
     both = (
-        r"norm 'rmsnorm' is provided by 2 plugins: lmcore .*; other-norms 2.0 .*"
-        r"Neither is chosen for you: write one of lmcore:rmsnorm, other-norms:rmsnorm"
+        r"norm 'rmsnorm' is provided by 2 plugins: lmcore-registry .*; other-norms 2.0 .*"
+        r"Neither is chosen for you: write one of lmcore-registry:rmsnorm, other-norms:rmsnorm"
     )
     with pytest.raises(AmbiguousComponentError, match=both):
         registry.get("norm", "rmsnorm")
@@ -360,7 +363,7 @@ def test_two_providers_of_one_name_neither_wins(make_dist, registry: Registry) -
     assert parse_spec(str(model.spec)) == model.spec
     # The qualifier is matched after PEP 503 normalisation.
     assert parse_spec("tinystories, norm=Other_Norms:rmsnorm") == model.spec
-    builtin = build_model("tinystories, norm=lmcore:rmsnorm", device="meta")
+    builtin = build_model("tinystories, norm=lmcore-registry:rmsnorm", device="meta")
     assert type(builtin.layers[0].ln1).__name__ == "RMSNorm"
 
 
@@ -374,7 +377,7 @@ def test_qualifier_that_provides_nothing_lists_the_real_providers(
     )
     with pytest.raises(
         ComponentNotFoundError,
-        match=r"'other-norm' does not provide norm 'rmsnorm' \(did you mean 'other-norms'\?\); it is provided by lmcore, other-norms",
+        match=r"'other-norm' does not provide norm 'rmsnorm' \(did you mean 'other-norms'\?\); it is provided by lmcore-registry, other-norms",
     ):
         registry.get("norm", "rmsnorm", provider="other-norm")
 
@@ -389,7 +392,7 @@ def test_disabling_one_provider_resolves_the_conflict(
     )
     monkeypatch.setenv("LMCORE_DISABLE_PLUGINS", "other")
     reg = Registry()
-    assert reg.get("norm", "rmsnorm").provenance.dist == "lmcore"
+    assert reg.get("norm", "rmsnorm").provenance.dist == "lmcore-registry"
     assert [r.status for r in reg.plugins() if r.name == "other"] == ["disabled"]
 
 
@@ -404,7 +407,7 @@ def test_disabled_builtin_is_not_loaded_and_errors_say_so(monkeypatch: pytest.Mo
     with pytest.raises(
         SpecError,
         match=r"no installed plugin provides pos 'rope'; available pos: alibi, learned, nope, sinusoidal; disabled plugins, not loaded "
-        r"\(LMCORE_DISABLE_PLUGINS\): 'rope' \(lmcore .*\), 'sdpa'",
+        r"\(LMCORE_DISABLE_PLUGINS\): 'rope' \(lmcore-registry .*\), 'sdpa'",
     ):
         parse_spec("cs336-tiny, attn=sdpa", reg)
 
@@ -499,7 +502,9 @@ def test_programmatic_registration_fails_loudly(registry: Registry) -> None:
 
 def test_a_programmatic_duplicate_of_a_builtin_is_a_conflict(registry: Registry) -> None:
     registry.add(Component(kind="pos", name="rope", build=Module), name="my-rope")
-    with pytest.raises(AmbiguousComponentError, match=r"write one of lmcore:rope, my-rope:rope"):
+    with pytest.raises(
+        AmbiguousComponentError, match=r"write one of lmcore-registry:rope, my-rope:rope"
+    ):
         registry.get("pos", "rope")
     assert registry.get("pos", "rope", provider="my-rope").provenance.plugin == "my-rope"
 
@@ -532,10 +537,10 @@ def test_plugins_table_lists_kind_name_dist_version_status_args(
     out = capsys.readouterr().out.splitlines()
     assert out[0].split() == ["KIND", "NAME", "DIST", "VERSION", "STATUS", "ARGS", "/", "REASON"]
     rows = {tuple(line.split()[:5]): line for line in out[1:]}
-    version = md.version("lmcore")
-    assert rows["norm", "rmsnorm", "lmcore", version, "ok"].endswith("eps: float = 1e-05")
-    assert rows["pos", "rope", "lmcore", version, "ok"].endswith("theta: float = 10000.0")
-    assert ("preset", "tinystories", "lmcore", version, "ok") in rows
+    version = md.version("lmcore-registry")
+    assert rows["norm", "rmsnorm", "lmcore-registry", version, "ok"].endswith("eps: float = 1e-05")
+    assert rows["pos", "rope", "lmcore-registry", version, "ok"].endswith("theta: float = 10000.0")
+    assert ("preset", "tinystories", "lmcore-registry", version, "ok") in rows
     failed = rows["-", "flash", "lmcore-flash", "0.3", "failed"]
     assert "importing 'flash_broken4' raised ImportError: flash kernels need triton" in failed
 
@@ -545,7 +550,11 @@ def test_plugins_json_and_kind_filter(registry: Registry, capsys) -> None:
     data = json.loads(capsys.readouterr().out)
     assert {r["kind"] for r in data["components"]} == {"pos"}
     rope = next(r for r in data["components"] if r["name"] == "rope")
-    assert rope["dist"] == "lmcore" and rope["plugin"] == "rope" and rope["module"] == "lmcore_rope"
+    assert (
+        rope["dist"] == "lmcore-registry"
+        and rope["plugin"] == "rope"
+        and rope["module"] == "lmcore_rope"
+    )
     assert rope["args"] == [
         {
             "name": "theta",
@@ -568,7 +577,7 @@ def test_shadowed_rows_say_how_to_choose(make_dist, registry: Registry, capsys) 
     assert (
         "shadowed" in out
         and "(ambiguous: write other-norms:rmsnorm)" in out
-        and "(ambiguous: write lmcore:rmsnorm)" in out
+        and "(ambiguous: write lmcore-registry:rmsnorm)" in out
     )
 
 

@@ -58,7 +58,7 @@ def test_equal_models_have_equal_canonical_strings() -> None:
         "tinystories, num_kv_heads=16, block=prenorm, tie_embeddings=false",
         "tinystories, ffn=swiglu(d_ff=1344)",
         "tinystories, d_ff=1344",
-        "tinystories, norm=lmcore:rmsnorm",  # an unambiguous qualifier is dropped
+        "tinystories, norm=lmcore-registry:rmsnorm",  # an unambiguous qualifier is dropped
     ]
     assert len({str(parse_spec(v)) for v in variants}) == 1
 
@@ -177,7 +177,7 @@ def test_changing_the_ffn_drops_the_presets_width_but_not_an_explicit_one() -> N
         ('tinystories, norm=rmsnorm(eps="1)', r"unterminated string: add the closing \"", "^^^"),
         (
             "tinystories, norm=foo:rmsnorm",
-            r"'foo' does not provide norm 'rmsnorm'; it is provided by lmcore",
+            r"'foo' does not provide norm 'rmsnorm'; it is provided by lmcore-registry",
             "^^^^^^^^^^^",
         ),
         (
@@ -292,7 +292,9 @@ def valid_specs(draw: st.DrawFn) -> str:
         keys["tie_embeddings"] = draw(st.sampled_from(["true", "false"]))
     if draw(st.booleans()):
         eps = draw(st.floats(1e-12, 1.0, allow_nan=False))
-        keys["norm"] = draw(st.sampled_from(["rmsnorm", f"rmsnorm(eps={eps!r})", "lmcore:rmsnorm"]))
+        keys["norm"] = draw(
+            st.sampled_from(["rmsnorm", f"rmsnorm(eps={eps!r})", "lmcore-registry:rmsnorm"])
+        )
     if draw(st.booleans()):
         theta = draw(st.one_of(st.integers(1, 10**6).map(str), st.floats(1.0, 1e7).map(repr)))
         keys["pos"] = draw(st.sampled_from(["nope", "rope", f"rope(theta={theta})", "rope()"]))

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from lmcore.components import accepted_kwargs, format_scalar
+from lmcore.components import KINDS, accepted_kwargs, format_scalar
 from lmcore.interfaces import PROTOCOLS, PositionalEncoding
 from lmcore.nn import scaled_dot_product_attention
 from lmcore.testing.core import (
@@ -27,6 +27,7 @@ from lmcore.testing.core import (
     SEQ,
     SHAPES,
     SHORT,
+    TOKENWISE,
     Settings,
     Target,
     call,
@@ -43,8 +44,7 @@ from lmcore.testing.core import (
     tolerance,
 )
 
-ALL = ("norm", "ffn", "pos", "attn")
-TOKENWISE = ("norm", "ffn")
+ALL = KINDS
 # (Sq, Sk) pairs every attention check covers: a plain forward, and decoding with a KV cache.
 ATTN_LENGTHS = ((SEQ, SEQ), (SHORT, SEQ))
 # A perturbation changed an output when it moved by more than this (outputs are O(1)).
@@ -279,6 +279,7 @@ def activations(target: Target, variant: str, settings: Settings) -> None:
     forward + loss (measured on the meta device), at two shapes (the second with grouped-query
     heads), in float32 and bfloat16, for one sequence and for several."""
     from lmcore.accounting import account, activation_kwargs, measure_activations
+    from lmcore.blueprint import resolve
     from lmcore.errors import LmcoreError
     from lmcore.model import build_model
 
@@ -286,8 +287,9 @@ def activations(target: Target, variant: str, settings: Settings) -> None:
     for shape, dtype, (batch, seq) in itertools.product(range(len(SHAPES)), DTYPES.values(), cases):
         spec = _model_around(target, shape)
         try:
-            acc = account(spec, batch=batch, seq_len=seq, dtype=dtype, registry=target.registry)
-            model = build_model(acc.spec, device="meta", dtype=dtype, registry=target.registry)
+            bp = resolve(spec, target.registry)
+            acc = account(bp, batch=batch, seq_len=seq, dtype=dtype)
+            model = build_model(bp, device="meta", dtype=dtype)
             measured = measure_activations(acc, model)
         except (LmcoreError, RuntimeError, NotImplementedError, TypeError, ValueError) as e:
             fail(
@@ -300,7 +302,7 @@ def activations(target: Target, variant: str, settings: Settings) -> None:
             got = measured[row.name] // row.count
             if got * row.count == measured[row.name] and got == row.activations_each:
                 continue
-            kwargs = activation_kwargs(acc.spec, row.entry, batch=batch, seq_len=seq, dtype=dtype)
+            kwargs = activation_kwargs(bp, row.entry.kind, batch=batch, seq_len=seq, dtype=dtype)
             declaration = target.component.activations
             assert declaration is not None  # rows without one were skipped above
             shown = call("activations", accepted_kwargs(declaration, kwargs))

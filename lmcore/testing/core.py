@@ -23,6 +23,8 @@ SHAPES: Final[tuple[Mapping[str, int], ...]] = (
     dict(d_model=64, d_ff=128, num_heads=4, num_kv_heads=4, head_dim=16, context_length=32),
     dict(d_model=48, d_ff=80, num_heads=2, num_kv_heads=2, head_dim=24, context_length=24),
 )
+# Kinds that map (..., d_model) to (..., d_model), token by token.
+TOKENWISE: Final = ("norm", "ffn")
 BATCH: Final = 2
 SEQ: Final = 8
 SHORT: Final = 3  # queries when Sq < Sk (decoding with a KV cache)
@@ -170,7 +172,7 @@ def make_inputs(
     """
     s = shape_of(target, shape)
     d_model, heads, head_dim = s["d_model"], s["num_heads"], s["head_dim"]
-    if target.kind in ("norm", "ffn"):
+    if target.kind in TOKENWISE:
         return {"x": torch.randn(batch, *lead, seq, d_model, dtype=dtype)}
     if target.kind == "attn":
         kv_heads, sk = s["num_kv_heads"], kv_seq or seq
@@ -193,7 +195,7 @@ def run(kind: str, module: nn.Module, inputs: Mapping[str, Tensor]) -> list[Tens
 
     pos: the embedded x, then q and k rotated (if it rotates), then the bias (if it has one).
     """
-    if kind in ("norm", "ffn"):
+    if kind in TOKENWISE:
         return [module(inputs["x"])]
     if kind == "attn":
         return [module(inputs["q"], inputs["k"], inputs["v"], causal=True)]
@@ -215,7 +217,7 @@ def hooks(module: nn.Module) -> PositionalEncoding:
 
 def output_names(kind: str, module: nn.Module, inputs: Mapping[str, Tensor]) -> list[str]:
     """Names of `run`'s outputs, for messages."""
-    if kind in ("norm", "ffn", "attn"):
+    if kind != "pos":
         return ["output"]
     pos, p = hooks(module), inputs["positions"]
     names = ["embed(x, positions)"]

@@ -16,13 +16,13 @@ from dataclasses import dataclass
 import torch
 
 from lmcore.components import KINDS
-from lmcore.errors import did_you_mean, one_of
+from lmcore.errors import LmcoreError, did_you_mean, one_of
 from lmcore.registry import Entry, Registry, normalize_dist
 from lmcore.testing import checks as _checks  # noqa: F401  (registers the checks)
 from lmcore.testing.core import CHECKS, Check, Settings, Target
 
 
-class SelectionError(ValueError):
+class SelectionError(LmcoreError, ValueError):
     """`--lmcore-kind` / `--lmcore-component` select nothing; the message lists what exists."""
 
 

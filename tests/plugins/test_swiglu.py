@@ -5,7 +5,7 @@ import torch.nn.functional as F
 
 from lmcore import get_registry
 from lmcore.nn import gated_d_ff
-from lmcore_swiglu import SwiGLU
+from lmcore_ffn import SwiGLU
 
 
 def test_swiglu_matches_the_formula() -> None:

@@ -6,11 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lmcore import build_model, get_registry
-from lmcore_geglu import GEGLU
-from lmcore_gelu import GELUFeedForward
-from lmcore_relu import ReLUFeedForward
-from lmcore_silu import SiLUFeedForward
+from lmcore import build_model, get_registry, parse_spec
+from lmcore_ffn import GEGLU, GELUFeedForward, ReLUFeedForward, SiLUFeedForward
 
 UNGATED = {
     "silu": (SiLUFeedForward, F.silu),
@@ -50,8 +47,10 @@ def test_geglu_matches_the_formula() -> None:
 def test_default_widths() -> None:
     reg = get_registry()
     for name in ("silu", "gelu", "relu"):
-        default = reg.get("ffn", name).component.default_d_ff
-        assert default is not None and default(512) == 2048 and default(768) == 3072
+        # Ungated rows declare no width; lmcore's own default, 4·d_model, applies.
+        assert reg.get("ffn", name).component.default_d_ff is None
+        assert parse_spec(f"tinystories, ffn={name}").d_ff == 2048
+        assert parse_spec(f"gpt2-small, ffn={name}").d_ff == 3072  # gpt2's d_ff belongs to swiglu
     geglu, swiglu = (reg.get("ffn", n).component.default_d_ff for n in ("geglu", "swiglu"))
     assert geglu is not None and swiglu is not None
     for d in (16, 64, 512, 768, 1600):

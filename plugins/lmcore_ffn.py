@@ -1,0 +1,95 @@
+"""The feed-forward family from one table, an entry point per row: swiglu, geglu, silu, gelu, relu.
+
+Every row is a `lmcore.nn.FeedForward` without biases and with CS336's keys: ungated
+`w2(act(w1 x))`, or gated (the GLU family, Shazeer 2020) `w2(act(w1 x) * w3 x)`, with
+`w1, w3: (d_ff, d_model)` and `w2: (d_model, d_ff)`. The rows differ only in the activation, the
+gating and how many tensors the activation keeps for backward.
+
+Widths: a gated row defaults to `d_ff = 8/3·d_model` rounded to a multiple of 64; an ungated row
+declares no default and gets lmcore's `4·d_model`, so its two matrices hold about as many
+parameters as a gated row's three and an ablation compares the gating, not the size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+from torch import Tensor
+
+from lmcore import Component, hookimpl
+from lmcore import nn as ops
+from lmcore.nn import FeedForward, feed_forward_activations, gated_d_ff
+
+
+@dataclass(frozen=True)
+class Row:
+    name: str
+    activation: Callable[[Tensor], Tensor]
+    gated: bool
+    # (..., d_ff) tensors the activation keeps besides its output: silu its input and the
+    # sigmoid, gelu x/√2, x/2 and 1 + erf, relu none (it keeps its output, which w2 keeps anyway).
+    activation_saves: int
+    help: str
+
+
+TABLE: tuple[Row, ...] = (
+    Row("swiglu", ops.silu, True, 2, "gated SiLU FFN: w2(silu(w1 x) * w3 x)"),
+    Row("geglu", ops.gelu, True, 3, "gated GELU FFN: w2(gelu(w1 x) * w3 x)"),
+    Row("silu", ops.silu, False, 2, "ungated SiLU FFN: w2(silu(w1 x)); d_ff defaults to 4·d_model"),
+    Row("gelu", ops.gelu, False, 3, "ungated GELU FFN: w2(gelu(w1 x)); d_ff defaults to 4·d_model"),
+    Row(
+        "relu", torch.relu, False, 0, "ungated ReLU FFN: w2(relu(w1 x)); d_ff defaults to 4·d_model"
+    ),
+)
+
+
+def build(
+    row: Row,
+    d_model: int,
+    d_ff: int,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype | None = None,
+) -> FeedForward:
+    return FeedForward(d_model, d_ff, row.activation, gated=row.gated, device=device, dtype=dtype)
+
+
+class Plugin:
+    """The plugin object one entry point names: the hook that declares its row's component."""
+
+    def __init__(self, row: Row):
+        self.row = row
+
+    @hookimpl
+    def lmcore_components(self) -> list[Component]:
+        row, matrices = self.row, 3 if self.row.gated else 2
+        return [
+            Component(
+                kind="ffn",
+                name=row.name,
+                build=lambda d_model, d_ff, device=None, dtype=None: build(
+                    row, d_model, d_ff, device, dtype
+                ),
+                help=row.help,
+                params=lambda d_model, d_ff: matrices * d_model * d_ff,
+                flops=lambda d_model, d_ff, seq_len: matrices * 2 * seq_len * d_model * d_ff,
+                activations=feed_forward_activations(
+                    activation_saves=row.activation_saves, gated=row.gated
+                ),
+                default_d_ff=gated_d_ff if row.gated else None,
+                features=frozenset({"compile"}),
+            )
+        ]
+
+
+ROWS = {row.name: row for row in TABLE}
+# The objects the entry points name (`swiglu = "lmcore_ffn:swiglu"`), one per row.
+swiglu, geglu, silu, gelu, relu = (Plugin(row) for row in TABLE)
+# Module factories by name, e.g. `SwiGLU(d_model=64, d_ff=128)`, for direct use and tests.
+SwiGLU = partial(build, ROWS["swiglu"])
+GEGLU = partial(build, ROWS["geglu"])
+SiLUFeedForward = partial(build, ROWS["silu"])
+GELUFeedForward = partial(build, ROWS["gelu"])
+ReLUFeedForward = partial(build, ROWS["relu"])
