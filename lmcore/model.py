@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from lmcore.blueprint import Blueprint, resolve
 from lmcore.components import KINDS, Component
-from lmcore.errors import ModelInputError, ModelInputTypeError
+from lmcore.inputs import check_ids, check_positions
 from lmcore.interfaces import Rotation
 from lmcore.nn import Embedding, Linear
 from lmcore.registry import Registry
@@ -165,10 +165,11 @@ class TransformerLM(nn.Module):
         in_indices: Int[Tensor, "... T"],
         token_positions: Int[Tensor, "... T"] | None = None,
     ) -> Float[Tensor, "... T vocab_size"]:
-        ids = self._check_ids(in_indices)
+        spec = self.spec
+        ids = check_ids(in_indices, vocab_size=spec.vocab_size, context_length=spec.context_length)
         lead, seq = ids.shape[:-1], ids.shape[-1]
         ids = ids.reshape(-1, seq)  # (B, T)
-        positions = self._positions(token_positions, ids)  # (B or 1, T)
+        positions = check_positions(token_positions, ids, context_length=spec.context_length)
 
         x = self.token_embeddings(ids)  # (B, T, d_model)
         x = self.pos.embed(x, positions)
@@ -178,63 +179,6 @@ class TransformerLM(nn.Module):
             x = layer(x, rotation, bias)
         logits: Tensor = self.lm_head(self.ln_final(x))  # (B, T, vocab_size)
         return logits.reshape(*lead, seq, -1)
-
-    def _check_ids(self, ids: Tensor) -> Tensor:
-        if not isinstance(ids, Tensor):
-            raise ModelInputTypeError(f"token ids must be a torch.Tensor, got {type(ids).__name__}")
-        if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
-            raise ModelInputTypeError(
-                f"token ids must be an integer tensor, got dtype {ids.dtype}; "
-                "convert with ids.long()"
-            )
-        if ids.ndim == 0:
-            raise ModelInputError("token ids need a sequence dimension: shape (..., seq)")
-        seq, ctx = ids.shape[-1], self.spec.context_length
-        if seq > ctx:
-            raise ModelInputError(
-                f"sequence length {seq} exceeds context_length={ctx}; "
-                f"truncate to the last {ctx} tokens or build with a larger context_length"
-            )
-        if seq == 0:
-            raise ModelInputError("token ids have an empty sequence dimension")
-        if _values_checkable(ids):
-            bad = (ids < 0) | (ids >= self.spec.vocab_size)
-            if bool(bad.any()):
-                where = tuple(int(i) for i in bad.nonzero()[0])
-                raise ModelInputError(
-                    f"token id {int(ids[where])} at index {where} is out of range for "
-                    f"vocab_size={self.spec.vocab_size} (valid ids: 0..{self.spec.vocab_size - 1})"
-                )
-        return ids
-
-    def _positions(self, token_positions: Tensor | None, ids: Tensor) -> Tensor:
-        seq = ids.shape[-1]
-        if token_positions is None:
-            return torch.arange(seq, device=ids.device)[None, :]  # (1, T)
-        pos = token_positions
-        if pos.dtype.is_floating_point or pos.dtype == torch.bool or pos.shape[-1] != seq:
-            raise ModelInputError(
-                f"token_positions must be integers of shape (..., {seq}); "
-                f"got dtype {pos.dtype}, shape {tuple(pos.shape)}"
-            )
-        pos = pos.reshape(-1, seq)
-        if pos.shape[0] not in (1, ids.shape[0]):
-            raise ModelInputError(
-                f"token_positions has {pos.shape[0]} rows for a batch of {ids.shape[0]}"
-            )
-        ctx = self.spec.context_length
-        if _values_checkable(pos) and bool(((pos < 0) | (pos >= ctx)).any()):
-            raise ModelInputError(
-                f"token_positions must lie in 0..{ctx - 1} (context_length={ctx}); "
-                f"got min {int(pos.min())}, max {int(pos.max())}"
-            )
-        return pos
-
-
-def _values_checkable(t: Tensor) -> bool:
-    """Whether reading tensor values is possible and cheap: not on meta, not inside
-    torch.compile (a data-dependent branch would break the graph; eager runs still check)."""
-    return t.device.type != "meta" and not torch.compiler.is_compiling()
 
 
 def build_model(
