@@ -18,7 +18,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lmcore.components import KINDS, Arg, Component, Scalar, format_scalar
-from lmcore.errors import RegistryError, SpecError, SpecTypeError, did_you_mean, one_of
+from lmcore.errors import (
+    PluginError,
+    RegistryError,
+    SpecError,
+    SpecTypeError,
+    did_you_mean,
+    one_of,
+)
 from lmcore.registry import Entry, Provenance, Registry, get_registry
 from lmcore.spec import (
     ALL_KEYS,
@@ -67,8 +74,17 @@ class Blueprint:
         return kwargs
 
     def create(self, kind: str, *, device: Any = None, dtype: Any = None) -> Any:
-        """Build one module of `kind` for this model."""
-        return self.component(kind).create(**self.kwargs(kind), device=device, dtype=dtype)
+        """Build one module of `kind` for this model: a `torch.nn.Module` implementing the
+        kind's protocol, else a `PluginError` naming the component and its distribution. The
+        module's outputs are checked (shape, dtype) on every call; see `checked_module`."""
+        entry = self.entries[kind]
+        module = entry.invoke("build", {**self.kwargs(kind), "device": device, "dtype": dtype})
+        return checked_module(entry, module)
+
+    def count(self, kind: str, what: str, **shape: Any) -> int | None:
+        """A declared count of `kind`'s component (params, flops, activations, buffers) for this
+        model, with `shape` (seq_len, batch, dtype, ...) added to its keyword arguments."""
+        return self.entries[kind].count(what, {**self.kwargs(kind), **shape})
 
     def __str__(self) -> str:
         return str(self.spec)
@@ -339,24 +355,34 @@ class _Resolver:
         if "d_ff" in self.values and (self.by_user("d_ff") or ffn[1].name == preset_ffn):
             value: int = self.model_key(arg)
             return value
-        default = ffn[0].component.default_d_ff
-        return int(default(d_model)) if default is not None else 4 * d_model
+        try:
+            width = ffn[0].count("default_d_ff", {"d_model": d_model})
+        except PluginError as e:
+            raise self.at_slot("ffn", str(e)) from e
+        if width is None:
+            return 4 * d_model
+        try:
+            return int(arg.check(width))  # what a spec could say: canonical form round-trips
+        except (TypeError, ValueError) as e:
+            raise self.at_slot(
+                "ffn", f"default_d_ff of ffn {ffn[1].name!r} from {ffn[0].provenance} gave d_ff {e}"
+            ) from None
 
     def check_shape(self, bp: Blueprint) -> None:
         spec = bp.spec
         d_model, heads = spec.d_model, spec.num_heads
         if d_model % heads:
-            near = [h for h in range(1, d_model + 1) if d_model % h == 0]
-            near.sort(key=lambda h: abs(h - heads))
             raise self.at_slot(
                 "num_heads" if "num_heads" in self.values else "d_model",
                 f"d_model={d_model} is not divisible by num_heads={heads}; "
-                f"num_heads that divide it: {', '.join(map(str, sorted(near[:4])))}",
+                f"num_heads that divide it: {', '.join(map(str, divisors_near(d_model, heads)))}",
             )
         for kind in KINDS:
             comp = bp.component(kind)
             try:
-                comp.check_shape(**bp.kwargs(kind))
+                bp.entries[kind].invoke("validate", bp.kwargs(kind), allow=(ValueError,))
+            except PluginError as e:
+                raise self.at_slot(kind, str(e)) from e
             except ValueError as e:
                 # Blame what the user wrote: the slot itself, else the dimensions it is built for.
                 dims = spec.dims(kind)
@@ -372,3 +398,55 @@ class _Resolver:
                 f"attn {attn.name!r} cannot take the additive attention bias that pos "
                 f"{pos.name!r} produces; kernels that can: {one_of(able)}",
             )
+
+
+def divisors_near(n: int, target: int, count: int = 4) -> list[int]:
+    """Up to `count` divisors of `n` closest to `target`, ascending. Looks only at 1, `n` and a
+    window around `target` (and its powers of two), so the work never grows with `n`."""
+    window = range(max(1, target - 256), min(n, target + 256) + 1)
+    powers = (2**k for k in range(min(n.bit_length(), 64)))
+    found = {d for d in (1, n, *window, *powers) if 1 <= d <= n and n % d == 0}
+    return sorted(sorted(found, key=lambda d: (abs(d - target), d))[:count])
+
+
+def checked_module(entry: Entry, module: Any) -> Any:
+    """`module` once it is a `torch.nn.Module` implementing its kind's protocol, with a forward
+    hook that checks its output (norm, ffn: the input's shape and dtype; attn: q's), so a
+    plugin that gets them wrong is named at its first call instead of failing somewhere later.
+    """
+    from torch import nn
+
+    from lmcore.interfaces import PROTOCOLS
+
+    where = f"{entry.kind} {entry.name!r} from {entry.provenance}"
+    protocol = PROTOCOLS[entry.kind]
+    if not isinstance(module, nn.Module) or not isinstance(module, protocol):
+        got = "None" if module is None else f"a {type(module).__name__}"
+        raise PluginError(
+            f"{where}: its factory returned {got}, not a torch.nn.Module implementing "
+            f"lmcore.interfaces.{protocol.__name__}"
+        )
+    if entry.kind != "pos":
+        module.register_forward_hook(_OutputCheck(where, entry.kind))
+    return module
+
+
+@dataclass(frozen=True)
+class _OutputCheck:
+    """A forward hook: the output has the shape and dtype of the first input (x, or q)."""
+
+    where: str
+    kind: str
+
+    def __call__(self, module: Any, args: tuple[Any, ...], out: Any) -> None:
+        from torch import Tensor
+
+        x = args[0]
+        if isinstance(out, Tensor) and out.shape == x.shape and out.dtype == x.dtype:
+            return
+        what = "q's" if self.kind == "attn" else "its input's"
+        got = f"shape {tuple(out.shape)} {out.dtype}" if isinstance(out, Tensor) else type(out)
+        raise PluginError(
+            f"{self.where} returned {got} for {'q' if self.kind == 'attn' else 'an input'} of "
+            f"shape {tuple(x.shape)} {x.dtype}; a {self.kind} must return {what} shape and dtype"
+        )

@@ -4,20 +4,31 @@ lmcore build SPEC           build a model; print its canonical spec and paramete
 lmcore describe SPEC        parameters, FLOPs and memory by component, before any weight exists
 lmcore run SPEC             forward+backward steps on random tokens: tokens/s and peak memory
 lmcore plugins              list components, presets and plugins with provenance and status
+
+Exit status: 0 done; 2 the input is wrong (spec, options, environment variables, plugins), with
+a one-line message on stderr (plus the caret display for spec errors); 1 lmcore failed: a bug
+(with a traceback), a check that `describe --measure` or `run` reports, or output that could
+not be written. Output that the terminal's encoding cannot show (e.g. `×` under
+PYTHONIOENCODING=ascii) is written with ASCII stand-ins.
 """
 
 from __future__ import annotations
 
 import argparse
+import codecs
+import contextlib
+import io
 import json
 import math
+import os
+import re
 import sys
 import warnings
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from lmcore.components import KINDS
-from lmcore.errors import LmcoreError, LmcoreWarning
+from lmcore.errors import LmcoreError, LmcoreWarning, SlowPluginWarning, SpecError
 
 if TYPE_CHECKING:
     from lmcore.accounting import Description, TrainingMemory
@@ -29,32 +40,116 @@ class UsageError(LmcoreError, ValueError):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = _parser()
-    args = parser.parse_args(argv)
-    warnings.simplefilter("ignore", LmcoreWarning)  # `lmcore plugins` prints them itself
+    with _ascii_fallback(), warnings.catch_warnings():
+        parser = _parser()
+        try:
+            args = parser.parse_args(argv)
+        except SystemExit as e:  # --help, or a usage error already reported in one line
+            return int(e.code or 0)
+        prog = f"lmcore {args.command}"
+        warnings.simplefilter("ignore", LmcoreWarning)  # `lmcore plugins` prints them itself
+        warnings.simplefilter("always", SlowPluginWarning)  # ... but not a plugin still loading
+        warnings.showwarning = lambda message, *_: _say(f"{prog}: warning: {message}")
+        try:
+            code: int = args.func(args)
+            sys.stdout.flush()  # a full disk or closed pipe shows here, not at exit
+        except LmcoreError as e:
+            _say(f"{prog}: error: {_one_line(e)}")
+            return 2
+        except BrokenPipeError:  # `lmcore plugins | head`
+            _silence_stdout()
+            return 0
+        except OSError as e:
+            if not _is_stdout_error(e):
+                raise
+            _silence_stdout()
+            _say(f"{prog}: error: cannot write the output: {e}")
+            return 1
+        return code
+
+
+def _one_line(e: LmcoreError) -> str:
+    """The message on one line; a spec error keeps its caret display below it."""
+    if isinstance(e, SpecError):
+        return str(e)
+    return "; ".join(line.strip() for line in str(e).splitlines() if line.strip())
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr)
+
+
+def _is_stdout_error(e: OSError) -> bool:
+    """Whether `e` came from writing stdout (ENOSPC, EIO, ...), not from reading a file."""
+    return e.filename is None and e.errno is not None
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so the interpreter's last flush at exit cannot fail again."""
+    with contextlib.suppress(OSError, ValueError, io.UnsupportedOperation):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+
+
+# ASCII stand-ins for the non-ASCII characters lmcore prints, for terminals that cannot show them.
+_ASCII = {
+    "×": "x", "·": "*", "→": "->", "≤": "<=", "≥": ">=", "²": "^2", "³": "^3", "…": "...",
+    "—": "-", "–": "-", "−": "-", "σ": "sigma", "√": "sqrt", "≈": "~", "ᵀ": "^T", "θ": "theta",
+    "‘": "'", "’": "'", "“": '"', "”": '"', "±": "+-",
+}  # fmt: skip
+
+
+def _ascii_stand_in(e: UnicodeError) -> tuple[str, int]:
+    if not isinstance(e, UnicodeEncodeError):
+        raise e
+    text = e.object[e.start : e.end]
+    return "".join(_ASCII.get(c, "?") for c in text), e.end
+
+
+codecs.register_error("lmcore-ascii", _ascii_stand_in)
+
+
+@contextlib.contextmanager
+def _ascii_fallback() -> Iterator[None]:
+    """While a command runs, characters stdout/stderr cannot encode get ASCII stand-ins."""
+    changed = []
+    for stream in (sys.stdout, sys.stderr):
+        if isinstance(stream, io.TextIOWrapper):
+            with contextlib.suppress(OSError, ValueError):
+                changed.append((stream, stream.errors))
+                stream.reconfigure(errors="lmcore-ascii")
     try:
-        code: int = args.func(args)
-    except LmcoreError as e:
-        print(f"lmcore {args.command}: error: {e}", file=sys.stderr)
-        return 2
-    except BrokenPipeError:  # `lmcore plugins | head`
-        return 0
-    return code
+        yield
+    finally:
+        for stream, errors in changed:
+            with contextlib.suppress(OSError, ValueError):
+                stream.reconfigure(errors=errors)
+
+
+class _Parser(argparse.ArgumentParser):
+    """Usage errors in one line, exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        _say(f"{self.prog}: error: {message} (see {self.prog} --help)")
+        raise SystemExit(2)
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="lmcore",
         description="Build decoder-only transformer LMs from spec strings and plugin components.",
         epilog='Spec example: "tinystories, pos=nope, norm=rmsnorm(eps=1e-6)". '
         "See the README for the grammar.",
     )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = parser.add_subparsers(
+        dest="command", required=True, metavar="COMMAND", parser_class=_Parser
+    )
 
     p = sub.add_parser("build", help="build a model and print its canonical spec and size")
     p.add_argument("spec", help='spec string, e.g. "tinystories, pos=nope"')
     p.add_argument("--dtype", choices=DTYPES, default="float32")
     p.add_argument("--device", default="cpu", help="torch device (meta: no allocation)")
+    p.add_argument("--max-bytes", type=_byte_count, help=MAX_BYTES_HELP)
     p.set_defaults(func=_cmd_build)
 
     p = sub.add_parser(
@@ -95,7 +190,10 @@ def _parser() -> argparse.ArgumentParser:
         "--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda:N"
     )
     p.add_argument("--dtype", choices=DTYPES, default="float32")
-    p.add_argument("--seed", type=int, default=0, help="seeds the weights and the tokens")
+    p.add_argument(
+        "--seed", type=_seed, default=0, help="seeds the weights and the tokens (0 .. 2**64-1)"
+    )
+    p.add_argument("--max-bytes", type=_byte_count, help=MAX_BYTES_HELP + " (weights and a step)")
     p.set_defaults(func=_cmd_run)
 
     p = sub.add_parser("plugins", help="list components and presets with provenance and status")
@@ -106,16 +204,36 @@ def _parser() -> argparse.ArgumentParser:
 
 
 DTYPES = ("bfloat16", "float16", "float32")
+MAX_BYTES_HELP = (
+    "refuse a model (and step) needing more memory than this, e.g. 8GiB or 500MB "
+    "(default: the memory available on the device)"
+)
+_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "PB": 10**15,
+          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40, "PIB": 2**50}  # fmt: skip
 
 
 def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
+    value = int(text) if re.fullmatch(r"\s*\+?\d{1,19}\s*", text) else 0
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
     return value
+
+
+def _seed(text: str) -> int:
+    value = int(text) if re.fullmatch(r"\s*\+?\d{1,20}\s*", text) else -1
+    if not 0 <= value < 2**64:
+        raise argparse.ArgumentTypeError(f"expected an integer in 0 .. 2**64-1, got {text!r}")
+    return value
+
+
+def _byte_count(text: str) -> int:
+    m = re.fullmatch(r"\s*(\d{1,20}(?:\.\d{1,10})?)\s*([A-Za-z]*)\s*", text)
+    unit = m[2].upper() if m else ""
+    if m is None or unit not in _UNITS or float(m[1]) * _UNITS[unit] < 1:
+        raise argparse.ArgumentTypeError(
+            f"expected a number of bytes such as 8GiB, 500MB or 1000000, got {text!r}"
+        )
+    return int(float(m[1]) * _UNITS[unit]) if "." in m[1] else int(m[1]) * _UNITS[unit]
 
 
 def _cmd_build(args: argparse.Namespace) -> int:
@@ -124,7 +242,12 @@ def _cmd_build(args: argparse.Namespace) -> int:
     from lmcore.blueprint import resolve
     from lmcore.model import build_model
 
-    model = build_model(resolve(args.spec), device=args.device, dtype=getattr(torch, args.dtype))
+    model = build_model(
+        resolve(args.spec),
+        device=args.device,
+        dtype=getattr(torch, args.dtype),
+        max_bytes=args.max_bytes,
+    )
     n = sum(p.numel() for p in model.parameters())
     print(model.spec)
     print(f"parameters: {n:,}")
@@ -216,6 +339,8 @@ def describe_json(found: Description) -> dict[str, Any]:
 
 def describe_lines(found: Description) -> list[str]:
     """`lmcore describe` as text: the spec, one row per module, the FLOPs by part, memory."""
+    from lmcore.accounting import format_bytes
+
     acc, mem = found.accounting, found.memory
     table = [("row", "module", "count", "parameters", "share", "forward FLOPs", "share")]
     for r in acc.rows:
@@ -249,7 +374,8 @@ def describe_lines(found: Description) -> list[str]:
     size = mem.weights // acc.params if acc.params else 0
     lines += [
         "",
-        f"weights: {_bytes(mem.weights)} ({acc.params:,} parameters × {size} bytes, {mem.dtype})",
+        f"weights: {format_bytes(mem.weights)} "
+        f"({acc.params:,} parameters × {size} bytes, {mem.dtype})",
         "",
         f"training memory estimate (AdamW, {mem.dtype}, batch {acc.batch} × seq {acc.seq_len}):",
     ]
@@ -262,14 +388,14 @@ def describe_lines(found: Description) -> list[str]:
         ("total", mem.total, "" if mem.activations is not None else "without activations"),
     ]
     for label, amount, why in items:
-        shown = "?" if amount is None else _bytes(amount)
+        shown = "?" if amount is None else format_bytes(amount)
         lines.append(f"  {label:<13}  {shown:>10}  {why}".rstrip())
     if mem.activations:
-        lines += ["", f"activations by part (total {_bytes(mem.activations)}):"]
+        lines += ["", f"activations by part (total {format_bytes(mem.activations)}):"]
         width = max(len(part) for part in mem.activations_by_part)
         for part, n in mem.activations_by_part.items():
             share = _pct(n / mem.activations)
-            lines.append(f"  {part:<{width}}  {_bytes(n):>10}  {share:>6}")
+            lines.append(f"  {part:<{width}}  {format_bytes(n):>10}  {share:>6}")
     return lines
 
 
@@ -296,14 +422,6 @@ def _flops(n: int) -> str:
     return f"{n:,} FLOPs"
 
 
-def _bytes(n: int) -> str:
-    """Binary prefixes, as memory is sized: 7.92 GiB."""
-    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= scale:
-            return f"{n / scale:.2f} {unit}"
-    return f"{n} B"
-
-
 def _cmd_run(args: argparse.Namespace) -> int:
     import torch
 
@@ -321,6 +439,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         dtype=getattr(torch, args.dtype),
         seed=args.seed,
         progress=ProgressBar(sys.stderr),
+        max_bytes=args.max_bytes,
     )
     print("\n".join(run_lines(result)))
     bad_loss = [i + 1 for i, x in enumerate(result.losses) if not math.isfinite(x)]
@@ -343,9 +462,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 def run_lines(r: RunResult) -> list[str]:
     """`lmcore run`'s report."""
+    from lmcore.accounting import format_bytes
+
     tokens = r.steps * r.batch * r.seq_len
     timed = "the one step" if r.steps == 1 else f"steps 2-{r.steps}; step 1 warms up"
-    peak = "unknown" if r.peak_memory is None else _bytes(r.peak_memory)
+    peak = "unknown" if r.peak_memory is None else format_bytes(r.peak_memory)
     if r.gradient_problems:
         grads = f"{len(r.gradient_problems)} parameter(s) without a usable gradient: " + "; ".join(
             r.gradient_problems

@@ -25,6 +25,7 @@ from lmcore.accounting import (
     measured_params,
     saved_activation_bytes,
 )
+from lmcore.errors import PluginError
 from lmcore.nn import Linear
 
 
@@ -378,9 +379,9 @@ def test_a_negative_declaration_is_an_error_naming_the_component() -> None:
     with scoped_registry() as registry:
         registry.add(odd, name="odd-norms")
         with pytest.raises(
-            AccountingError,
-            match=r"norm 'odd' from registered in-process \(plugin 'odd-norms'.*\) declares -1 "
-            r"bytes of activations, a negative number; fix its activations= declaration",
+            PluginError,
+            match=r"norm 'odd' from registered in-process \(plugin 'odd-norms'.*\): its "
+            r"activations declaration gives activations\(\) = -1; it must give a whole number >= 0",
         ):
             account("cs336-tiny, norm=odd")
 
