@@ -23,6 +23,7 @@ from lmcore.errors import (
     RegistryError,
     SpecError,
     SpecTypeError,
+    clip,
     did_you_mean,
     one_of,
 )
@@ -30,6 +31,7 @@ from lmcore.registry import Entry, Provenance, Registry, get_registry
 from lmcore.spec import (
     ALL_KEYS,
     KEY_ARGS,
+    MAX_INT,
     MODEL_KEYS,
     SLOTS,
     ComponentSpec,
@@ -178,8 +180,8 @@ class _Resolver:
             if item.key is None:
                 if n > 0:
                     raise SpecError(
-                        f"a bare name ({item.value.name!r}) is a preset and can only come first; "
-                        "everything after it is key=value",
+                        f"a bare name ({clip(item.value.name or '')}) is a preset and can only "
+                        "come first; everything after it is key=value",
                         self.text,
                         item.start,
                         item.end,
@@ -187,7 +189,7 @@ class _Resolver:
                 self.preset_item = item
             elif item.key not in ALL_KEYS:
                 raise SpecError(
-                    f"unknown key {item.key!r}{did_you_mean(item.key, ALL_KEYS)}; "
+                    f"unknown key {clip(item.key)}{did_you_mean(item.key, ALL_KEYS)}; "
                     f"keys are {', '.join(ALL_KEYS)}",
                     self.text,
                     item.start,
@@ -268,7 +270,7 @@ class _Resolver:
             shown = format_scalar(value.scalar) if value.scalar is not None else ""
             raise self.fail(
                 f"{kind} takes a component, e.g. {kind}={SLOTS[kind]} or "
-                f"{kind}=name(arg=value); got {shown!r}; "
+                f"{kind}=name(arg=value); got {clip(shown)}; "
                 f"available {kind}: {one_of(self.registry.names(kind))}",
                 origin,
             )
@@ -285,8 +287,8 @@ class _Resolver:
         for name, (_, start, end) in given.items():
             if name not in accepted:
                 raise self.fail(
-                    f"{kind} {comp.name!r} has no argument {name!r}{did_you_mean(name, accepted)}; "
-                    f"it takes: {one_of(accepted)}",
+                    f"{kind} {comp.name!r} has no argument {clip(name)}"
+                    f"{did_you_mean(name, accepted)}; it takes: {one_of(accepted)}",
                     self.values[kind],
                     start,
                     end,
@@ -359,14 +361,20 @@ class _Resolver:
             width = ffn[0].count("default_d_ff", {"d_model": d_model})
         except PluginError as e:
             raise self.at_slot("ffn", str(e)) from e
+        source = f"default_d_ff of ffn {ffn[1].name!r} from {ffn[0].provenance}"
         if width is None:
-            return 4 * d_model
+            width, source = 4 * d_model, "the default d_ff = 4·d_model"
         try:
-            return int(arg.check(width))  # what a spec could say: canonical form round-trips
+            value = int(arg.check(width))
         except (TypeError, ValueError) as e:
+            raise self.at_slot("ffn", f"{source} gave d_ff {e}") from None
+        if value > MAX_INT:  # the canonical form must parse back
             raise self.at_slot(
-                "ffn", f"default_d_ff of ffn {ffn[1].name!r} from {ffn[0].provenance} gave d_ff {e}"
-            ) from None
+                "ffn",
+                f"{source} gives d_ff={value:,}, beyond the largest integer a spec can hold "
+                f"(2**63 - 1); give d_ff=... explicitly",
+            )
+        return value
 
     def check_shape(self, bp: Blueprint) -> None:
         spec = bp.spec
@@ -401,9 +409,11 @@ class _Resolver:
 
 
 def divisors_near(n: int, target: int, count: int = 4) -> list[int]:
-    """Up to `count` divisors of `n` closest to `target`, ascending. Looks only at 1, `n` and a
-    window around `target` (and its powers of two), so the work never grows with `n`."""
-    window = range(max(1, target - 256), min(n, target + 256) + 1)
+    """Up to `count` divisors of `n` closest to `target`, ascending. Looks only at 1, `n`, the
+    powers of two and a window around `target` of at most 4,097 numbers, so the work never grows
+    with `n` (a spec's integers reach 2**63)."""
+    half = min(max(256, target), 2048)
+    window = range(max(1, target - half), min(n, target + half) + 1)
     powers = (2**k for k in range(min(n.bit_length(), 64)))
     found = {d for d in (1, n, *window, *powers) if 1 <= d <= n and n % d == 0}
     return sorted(sorted(found, key=lambda d: (abs(d - target), d))[:count])

@@ -51,6 +51,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         warnings.simplefilter("always", SlowPluginWarning)  # ... but not a plugin still loading
         warnings.showwarning = lambda message, *_: _say(f"{prog}: warning: {message}")
         try:
+            from lmcore.registry import guard_torch_import  # before any command imports torch
+
+            for problem in guard_torch_import():
+                _say(f"{prog}: warning: {problem}")
             code: int = args.func(args)
             sys.stdout.flush()  # a full disk or closed pipe shows here, not at exit
         except LmcoreError as e:
@@ -506,6 +510,9 @@ def plugin_rows(kind: str | None = None) -> list[dict[str, Any]]:
     for r in registry.plugins():
         if r.status != "ok":  # its kinds are unknown, so it shows under every filter
             rows.append(_row("-", r.name, r.provenance, r.status, r.reason) | {"args": []})
+        elif not r.components and not r.presets:  # loaded, yet nothing to show for it
+            note = "loaded, but declares no components or presets"
+            rows.append(_row("-", r.name, r.provenance, "empty", note) | {"args": []})
     order = {kind: n for n, kind in enumerate((*KINDS, "preset", "-"))}
     rows.sort(key=lambda r: (order[r["kind"]], r["name"], r["dist"] or ""))
     return rows
@@ -535,7 +542,7 @@ def _arg_json(a: Any) -> dict[str, Any]:
 
 
 def _cmd_plugins(args: argparse.Namespace) -> int:
-    from lmcore.components import format_scalar
+    from lmcore.components import format_qualified, format_scalar
     from lmcore.registry import get_registry
 
     rows = plugin_rows(args.kind)
@@ -550,10 +557,11 @@ def _cmd_plugins(args: argparse.Namespace) -> int:
             + ("required" if a["required"] else format_scalar(a["default"]))
             for a in r["args"]
         )
-        if r["status"] in ("failed", "disabled"):
+        if r["status"] in ("failed", "disabled", "empty"):
             detail = r["note"]
         elif r["status"] == "shadowed":
-            detail = f"{detail}  (ambiguous: write {r['dist'] or r['plugin']}:{r['name']})".strip()
+            typed = format_qualified(r["dist"] or r["plugin"], r["name"])
+            detail = f"{detail}  (ambiguous: write {typed})".strip()
         table.append(
             (
                 r["kind"],

@@ -111,7 +111,9 @@ class Arg:
         if self.type is float and type(value) is int:
             value = float(value)  # 10000 is a fine theta; canonical form writes 10000.0
         if type(value) is not self.type:
-            shown = format_scalar(value) if isinstance(value, bool) else repr(value)
+            shown = (
+                format_scalar(value) if isinstance(value, bool) else clip(repr(value), quote=False)
+            )
             raise TypeError(f"expects {expected}, got {type(value).__name__} {shown}")
         if isinstance(value, int | float) and not isinstance(value, bool):
             if self.gt is not None and not value > self.gt:
@@ -120,7 +122,7 @@ class Arg:
                 raise ValueError(f"must be >= {self.ge}, got {value!r}")
         if self.choices is not None and value not in self.choices:
             raise ValueError(
-                f"must be one of {one_of(self.choices)}, got {value!r}"
+                f"must be one of {one_of(self.choices)}, got {clip(str(value))}"
                 + did_you_mean(str(value), self.choices)
             )
         return cast(Scalar, value)

@@ -59,6 +59,7 @@ from lmcore.errors import (
     PluginLoadError,
     PluginNotFoundError,
     SlowPluginWarning,
+    clip,
     describe_exception,
     did_you_mean,
     one_of,
@@ -271,6 +272,9 @@ class Registry:
         self._loaded = False
 
     def _load_entry_points(self, strict: bool, disabled: set[str]) -> None:
+        self.problems += guard_torch_import()
+        import torch  # noqa: F401  (now: its import time must not count against a plugin)
+
         names = {d for d in disabled if ":" not in d}
         qualified = {_qualified_key(*d.rsplit(":", 1)) for d in disabled if ":" in d}
         seen: set[tuple[str, str]] = set()  # (normalised distribution, entry-point name)
@@ -534,7 +538,7 @@ class Registry:
                 offered = [m.provenance.qualifier for m in matches]
                 if offered:
                     raise ComponentNotFoundError(
-                        f"{provider!r} does not provide {kind} {name!r}"
+                        f"{clip(provider)} does not provide {kind} {clip(name)}"
                         f"{did_you_mean(provider, offered)}; it is provided by {one_of(offered)}"
                     )
                 # fall through: nobody provides the name at all
@@ -566,7 +570,7 @@ class Registry:
         # Only suggest a near name when no disabled plugin is the likelier answer.
         hint = "" if any(r.name == name for r in off) else did_you_mean(name, available)
         message = (
-            f"no installed plugin provides {kind} {name!r}{hint}; "
+            f"no installed plugin provides {kind} {clip(name)}{hint}; "
             f"available {kind}: {one_of(available)}"
         )
         if failed:
@@ -663,6 +667,48 @@ def _stem(dist: md.Distribution) -> tuple[str, str]:
 
 def _qualified_key(dist: str, name: str) -> tuple[str, str]:
     return normalize_dist(dist.strip()), name.strip()
+
+
+def malformed_entry_points() -> list[str]:
+    """Installed distributions whose entry_points.txt `importlib.metadata` cannot parse (a
+    line that is neither a [section], a # comment nor name = value; text that is not UTF-8),
+    one sentence each naming the distribution and the line."""
+    found = []
+    for dist in md.distributions():
+        try:
+            text = dist.read_text("entry_points.txt") or ""
+        except Exception as e:
+            found.append(f"{_stem(dist)[0]}: its entry_points.txt cannot be read ({e})")
+            continue
+        for number, line in enumerate(text.splitlines(), 1):
+            line = line.strip()
+            section = line.startswith("[") and line.endswith("]")
+            if line and not line.startswith("#") and not section and "=" not in line:
+                where = getattr(getattr(dist, "_path", None), "name", _stem(dist)[0])
+                found.append(f"{where}/entry_points.txt line {number}, {line[:60]!r}, has no '='")
+                break
+    return found
+
+
+def guard_torch_import() -> list[str]:
+    """Call before torch is first imported. torch's import reads every installed distribution's
+    entry points (to autoload device backends) and fails on a malformed entry_points.txt, even
+    one of an unrelated tool; when there is one, that autoload is switched off for this process
+    (TORCH_DEVICE_BACKEND_AUTOLOAD=0) so lmcore keeps working, with a warning naming it.
+    Returns the warnings given."""
+    if "torch" in sys.modules or os.environ.get("TORCH_DEVICE_BACKEND_AUTOLOAD") == "0":
+        return []
+    bad = malformed_entry_points()
+    if not bad:
+        return []
+    os.environ["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
+    message = (
+        f"malformed distribution metadata: {'; '.join(bad)}. importing torch would fail on it, "
+        "so torch's device-backend autoload is off for this process "
+        "(TORCH_DEVICE_BACKEND_AUTOLOAD=0); fix or uninstall that distribution"
+    )
+    warnings.warn(message, LmcoreWarning, stacklevel=2)
+    return [message]
 
 
 # -------------------------------------------------------------------- what plugins may not do

@@ -23,7 +23,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any, Final, NamedTuple
 
-from lmcore.components import DIMS, NAME_RE, REQUIRED, Arg, Scalar, format_scalar
+from lmcore.components import (
+    DIMS,
+    NAME_RE,
+    REQUIRED,
+    Arg,
+    Scalar,
+    format_qualified,
+    format_scalar,
+)
 from lmcore.errors import SpecError, clip
 
 # ------------------------------------------------------------------------------ data
@@ -42,7 +50,7 @@ class ComponentSpec:
         return dict(self.args)
 
     def __str__(self) -> str:
-        qualified = f"{self.provider}:{self.name}" if self.provider else self.name
+        qualified = format_qualified(self.provider, self.name)
         if not self.args:
             return qualified
         inner = ",".join(f"{k}={format_scalar(v)}" for k, v in self.args)
