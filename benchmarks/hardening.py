@@ -389,7 +389,11 @@ def run(
     text = (err if case.argv is not None else out or err).decode(errors="replace")
     lines = [line for line in text.splitlines() if line.strip()]
     if case.argv is not None and proc.returncode == 0 and out:
-        lines = [line for line in out.decode(errors="replace").splitlines() if line.strip()][-1:]
+        # A warning on stderr says more than the output; else the output's last line.
+        lines = (
+            lines[:1]
+            or [line for line in out.decode(errors="replace").splitlines() if line.strip()][-1:]
+        )
     shown = lines[0] if len(lines) == 1 or proc.returncode in (0, 2) else _last_error(lines)
     return str(proc.returncode), seconds, rss, shown
 

@@ -389,14 +389,6 @@ class Footprint:
     def largest(self) -> tuple[str, int]:
         return max(self.parts.items(), key=lambda item: item[1])
 
-    @property
-    def undeclared(self) -> list[str]:
-        """Components whose buffers are not declared (and so not counted)."""
-        rows = self.accounting.rows
-        return sorted(
-            {f"{r.entry.kind} {r.entry.name!r}" for r in rows if r.buffers is None and r.entry}
-        )
-
 
 def footprint(bp: Blueprint, dtype: torch.dtype) -> Footprint:
     """The bytes a build of `bp` in `dtype` allocates, by row; see `Footprint`."""

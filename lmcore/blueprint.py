@@ -83,11 +83,6 @@ class Blueprint:
         module = entry.invoke("build", {**self.kwargs(kind), "device": device, "dtype": dtype})
         return checked_module(entry, module)
 
-    def count(self, kind: str, what: str, **shape: Any) -> int | None:
-        """A declared count of `kind`'s component (params, flops, activations, buffers) for this
-        model, with `shape` (seq_len, batch, dtype, ...) added to its keyword arguments."""
-        return self.entries[kind].count(what, {**self.kwargs(kind), **shape})
-
     def __str__(self) -> str:
         return str(self.spec)
 

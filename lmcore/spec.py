@@ -145,32 +145,39 @@ class _Tok(NamedTuple):
     value: Any = None
 
 
-_TOKEN = re.compile(r"(?P<space>\s+)|(?P<punct>[,=():])|(?P<word>[A-Za-z0-9_.+\-]+)|[\"']")
+_TOKEN = re.compile(  # one match per token, with the whitespace before it
+    r"\s*(?:(?P<punct>[,=():])"
+    r"|(?P<name>[A-Za-z_][A-Za-z0-9_.\-]*)(?![A-Za-z0-9_.+\-])"  # names: the common case
+    r"|(?P<word>[A-Za-z0-9_.+\-]+)"  # numbers, and what is neither
+    r"|(?P<quote>[\"'])"
+    r"|(?P<other>.))",
+    re.S,
+)
 
 
 def _tokenize(src: str) -> list[_Tok]:
     """Tokens in one pass of regular expressions, each linear in its length."""
     toks: list[_Tok] = []
     i, n = 0, len(src)
-    while i < n:
-        m = _TOKEN.match(src, i)
-        if m is None:
+    while (m := _TOKEN.match(src, i)) is not None:  # None: only whitespace is left
+        kind = m.lastgroup or "other"
+        start, i, text = m.start(kind), m.end(), m.group(kind)
+        if kind == "punct":
+            toks.append(_Tok("punct", text, start, i))
+        elif kind == "name" and text not in ("true", "false"):
+            toks.append(_Tok("name", text, start, i, text))
+        elif kind in ("name", "word"):
+            toks.append(_word(src, text, start))
+        elif kind == "quote":
+            toks.append(_string(src, start))
+            i = toks[-1].end
+        else:
             raise SpecError(
-                f"unexpected character {src[i]!r}; "
+                f"unexpected character {text!r}; "
                 "specs use names, numbers, quoted strings and , = ( ) :",
                 src,
-                i,
+                start,
             )
-        kind = m.lastgroup
-        if kind == "punct":
-            toks.append(_Tok("punct", m.group(), i, i + 1))
-        elif kind == "word":
-            toks.append(_word(src, m.group(), i))
-        elif kind is None:  # a quote
-            toks.append(_string(src, i))
-            i = toks[-1].end
-            continue
-        i = m.end()
     toks.append(_Tok("end", "", n, n))
     return toks
 
@@ -199,7 +206,7 @@ def _word(src: str, text: str, start: int) -> _Tok:
     end = start + len(text)
     if text[0].isdigit() or text[0] in "+-.":
         if not _NUMBER.match(text):
-            quote = f' (quote a distribution name that is not a plain name: "{text}":...)'
+            quote = f' (quote a distribution name that is not a plain name: "{_short(text)}":...)'
             raise SpecError(
                 f"malformed number {clip(text)}; names start with a letter or '_', numbers look "
                 "like 10000, 10_000, 1e-5 or 0.5" + (quote if src[end : end + 1] == ":" else ""),
@@ -246,8 +253,7 @@ def _word(src: str, text: str, start: int) -> _Tok:
 # ------------------------------------------------------------------------------ syntax
 
 
-@dataclass(frozen=True)
-class Value:
+class Value(NamedTuple):  # tuples: a spec of 100,000 items builds quickly
     """A parsed value: a scalar, or a (qualified) name with an optional argument list."""
 
     start: int
@@ -262,8 +268,7 @@ class Value:
         return self.name is not None and self.provider is None and self.args is None
 
 
-@dataclass(frozen=True)
-class Item:
+class Item(NamedTuple):
     """One `key=value` item, or the preset item (`key` None), with its position in the text."""
 
     key: str | None
@@ -281,11 +286,10 @@ class _Parser:
     def __init__(self, src: str):
         self.src = src
         self.toks = _tokenize(src)
-        self.i = 0
+        self.i, self.last = 0, len(self.toks) - 1
 
     def peek(self, ahead: int = 0) -> _Tok:
-        at = self.i + ahead
-        return self.toks[at] if at < len(self.toks) else self.toks[-1]
+        return self.toks[min(self.i + ahead, self.last)]
 
     def take(self) -> _Tok:
         tok = self.peek()
@@ -329,7 +333,7 @@ class _Parser:
             if value.args is not None:
                 raise SpecError(
                     f"{clip(tok.text)} takes no arguments here: a bare name is a preset; "
-                    f"components go in slots, e.g. norm={tok.text}(...)",
+                    f"components go in slots, e.g. norm={_short(tok.text)}(...)",
                     self.src,
                     tok.start,
                     value.end,
@@ -384,6 +388,11 @@ class _Parser:
             args.append((key.text, val.value, key.start, val.end))
         close = self.take()
         return Value(tok.start, close.end, name=name.text, provider=provider, args=tuple(args))
+
+
+def _short(text: str) -> str:
+    """`text` as it is when short, else `name`: for examples in messages."""
+    return text if len(text) <= 40 else "name"
 
 
 def _show(tok: _Tok) -> str:
