@@ -8,8 +8,8 @@ lmcore plugins              list components, presets and plugins with provenance
 Exit status: 0 done; 2 the input is wrong (spec, options, environment variables, plugins), with
 a one-line message on stderr (plus the caret display for spec errors); 1 lmcore failed: a bug
 (with a traceback), a check that `describe --measure` or `run` reports, or output that could
-not be written. Output that the terminal's encoding cannot show (e.g. `×` under
-PYTHONIOENCODING=ascii) is written with ASCII stand-ins.
+not be written; 130 interrupted (Ctrl-C). Output that the terminal's encoding cannot show
+(e.g. `×` under PYTHONIOENCODING=ascii) is written with ASCII stand-ins.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import codecs
 import contextlib
+import errno
 import io
 import json
 import math
@@ -60,6 +61,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         except LmcoreError as e:
             _say(f"{prog}: error: {_one_line(e)}")
             return 2
+        except KeyboardInterrupt:
+            _say(f"{prog}: interrupted")
+            return 130  # as a shell reports a process ended by SIGINT
         except BrokenPipeError:  # `lmcore plugins | head`
             _silence_stdout()
             return 0
@@ -84,8 +88,12 @@ def _say(line: str) -> None:
 
 
 def _is_stdout_error(e: OSError) -> bool:
-    """Whether `e` came from writing stdout (ENOSPC, EIO, ...), not from reading a file."""
-    return e.filename is None and e.errno is not None
+    """Whether `e` is what writing stdout raises (a full disk, an I/O error, a closed file),
+    not an error about a file lmcore opened."""
+    return e.filename is None and e.errno in _WRITE_ERRORS
+
+
+_WRITE_ERRORS = {errno.ENOSPC, errno.EIO, errno.EBADF, errno.EFBIG, errno.EPIPE}
 
 
 def _silence_stdout() -> None:

@@ -733,9 +733,10 @@ def _interrupts_noted() -> Iterator[dict[str, bool]]:
 
     def noted(signum: int, frame: Any) -> None:
         state["signalled"] = True
-        if callable(previous):
+        if callable(previous):  # Python's own handler raises KeyboardInterrupt
             previous(signum, frame)
-        raise KeyboardInterrupt
+        else:  # SIG_DFL, or a handler set outside Python
+            raise KeyboardInterrupt
 
     try:
         signal.signal(signal.SIGINT, noted)
