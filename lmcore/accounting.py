@@ -708,6 +708,8 @@ def describe(
         full = build_model(bp, device="meta", dtype=dtype) if probe.spec != bp.spec else model
         try:
             measured = measure_activations(acc, full)
+        except LmcoreError:
+            raise  # a plugin's fault (e.g. an output of the wrong shape), named: not a note
         except (RuntimeError, NotImplementedError, TypeError, ValueError) as e:
             why = f"the forward does not run on the meta device ({type(e).__name__}: {e})"
             if activations is None:

@@ -831,6 +831,7 @@ if hasattr(os, "register_at_fork"):
 # -------------------------------------------------------------------- the current registry
 
 _default: Registry | None = None
+_default_lock = threading.Lock()
 _current: contextvars.ContextVar[Registry | None] = contextvars.ContextVar(
     "lmcore_registry", default=None
 )
@@ -843,7 +844,9 @@ def get_registry() -> Registry:
         return current
     global _default
     if _default is None:
-        _default = Registry()
+        with _default_lock:  # threads asking first at once share one registry
+            if _default is None:
+                _default = Registry()
     return _default
 
 

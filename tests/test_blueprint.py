@@ -242,11 +242,13 @@ def boom(d_model: int) -> torch.nn.Module:
          r"norm 'fractional' from .*: its params declaration gives params\(d_model=64\) = 21.33+\d; it must give a whole number >= 0"),
         (Component(kind="norm", name="squash", build=Squash), "forward",
          r"norm 'squash' from .* returned shape \(2, 8, 1\) torch.float32 for an input of shape \(2, 8, 64\) torch.float32; a norm must return its input's shape and dtype"),
+        (Component(kind="norm", name="squash", build=Squash), "measure",
+         r"norm 'squash' from .* returned shape \(1, 16, 1\) torch.float32 for an input of shape \(1, 16, 64\)"),
         (Component(kind="norm", name="halve", build=Halve), "forward",
          r"norm 'halve' from .* returned shape \(2, 8, 64\) torch.float16 for an input of shape \(2, 8, 64\) torch.float32"),
     ],
     ids=["factory-raises", "factory-none", "factory-list", "validate-typeerror", "params-raises",
-         "params-fraction", "norm-changes-shape", "norm-changes-dtype"],
+         "params-fraction", "norm-changes-shape", "describe-measure-names-it", "norm-changes-dtype"],
 )  # fmt: skip
 def test_every_plugin_fault_names_the_component_and_its_plugin(
     component: Component, where: str, message: str
@@ -262,6 +264,8 @@ def test_every_plugin_fault_names_the_component_and_its_plugin(
                 build_model(spec, device="meta")
             elif where == "describe":
                 describe(spec)
+            elif where == "measure":
+                describe(spec, measure=True)
             else:
                 build_model(spec)(torch.zeros(2, 8, dtype=torch.long))
 
