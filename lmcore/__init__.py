@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from lmcore.errors import (
         AmbiguousComponentError,
         ComponentNotFoundError,
+        DataError,
         LmcoreError,
         ModelInputError,
         PluginFailedError,
@@ -44,6 +45,7 @@ _WHERE = {
     "Preset": "components",
     "AmbiguousComponentError": "errors",
     "ComponentNotFoundError": "errors",
+    "DataError": "errors",
     "LmcoreError": "errors",
     "ModelInputError": "errors",
     "PluginFailedError": "errors",
@@ -70,6 +72,7 @@ __all__ = [
     "Component",
     "ComponentNotFoundError",
     "ComponentSpec",
+    "DataError",
     "LmcoreError",
     "ModelInputError",
     "ModelSpec",

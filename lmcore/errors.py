@@ -99,6 +99,11 @@ class ModelInputTypeError(ModelInputError, TypeError):
     """Input to a model of the wrong type: not a tensor, float token ids, ..."""
 
 
+class DataError(LmcoreError, ValueError):
+    """Token data cannot be prepared or read: missing or undecodable text, a bad option, an
+    output directory that already holds data, files that do not match their metadata, ..."""
+
+
 class LmcoreWarning(UserWarning):
     """Something is off but nothing failed, e.g. LMCORE_DISABLE_PLUGINS names no plugin."""
 
