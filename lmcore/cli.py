@@ -553,7 +553,11 @@ def prepare_lines(r: Any) -> list[str]:
     m = r.meta
     total = m.tokens
     sources = f"{len(m.sources)} source{'s' if len(m.sources) != 1 else ''}"
-    skipped = f"; skipped {len(m.skipped)} not UTF-8: {', '.join(m.skipped)}" if m.skipped else ""
+    skipped = (
+        f"; skipped {len(m.skipped)} not UTF-8 (meta.json lists them), e.g. {m.skipped[0]}"
+        if m.skipped
+        else ""
+    )
     made = (
         f"trained in {r.tokenizer_seconds:.1f} s"
         if m.tokenizer_from is None

@@ -128,3 +128,18 @@ def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
             main(argv)
         assert exc.value.code == 2
     assert "the following arguments are required" in capsys.readouterr().err
+
+
+def test_skip_undecodable_in_the_summary(
+    corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = corpus / "latin1.txt"
+    bad.write_bytes("caf\xe9\n".encode("latin-1"))
+    assert prepare(corpus, "--out", tmp_path / "a") == 2
+    assert f"{bad}: byte offset 3: b'\\xe9' is not valid UTF-8" in capsys.readouterr().err
+    assert prepare(corpus, "--out", tmp_path / "b", "--skip-undecodable") == 0
+    line = capsys.readouterr().out.splitlines()[1]
+    assert line.endswith(
+        "from 1 source; skipped 1 not UTF-8 (meta.json lists them), e.g. "
+        f"{bad}: not UTF-8 at byte offset 3"
+    )

@@ -2,7 +2,7 @@
 
 One schema, written by `prepare` and read by `TokenData.open`:
 
-    DIR/train.bin       token ids, a flat array of `dtype` (native byte order, no header)
+    DIR/train.bin       token ids, a flat little-endian array of `dtype`, no header
     DIR/val.bin         the same for the validation split
     DIR/tokenizer.json  the Hugging Face `tokenizers` byte-level BPE that produced the ids
     DIR/meta.json       this module's `DataMeta`: vocabulary, dtype, token counts, sources, rules
@@ -14,9 +14,12 @@ import json
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lmcore.errors import DataError
+
+if TYPE_CHECKING:
+    import numpy as np
 
 FORMAT = "lmcore-tokens"
 VERSION = 1
@@ -44,6 +47,14 @@ SPLIT_RULE = (
 def dtype_for(vocab_size: int) -> str:
     """uint16 while every id fits (vocab_size ≤ 65,536), else uint32."""
     return "uint16" if vocab_size <= 2**16 else "uint32"
+
+
+def file_dtype(dtype: str) -> np.dtype[Any]:
+    """The numpy dtype of the .bin files: `dtype`, little-endian whatever the machine."""
+    import numpy as np  # here, so that the CLI's parser can read the defaults above cheaply
+
+    little: np.dtype[Any] = np.dtype(dtype).newbyteorder("<")
+    return little
 
 
 @dataclass(frozen=True)

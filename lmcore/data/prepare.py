@@ -43,8 +43,10 @@ from lmcore.data.meta import (
     SourceInfo,
     SplitInfo,
     dtype_for,
+    file_dtype,
 )
 from lmcore.data.sources import (
+    CHUNK_BYTES,
     DEFAULT_EXTENSIONS,
     SourceFile,
     check_utf8,
@@ -61,6 +63,10 @@ if TYPE_CHECKING:
 BYTES = 256  # a byte-level BPE starts from every byte value
 MIN_VOCAB = BYTES + 1  # ... plus <|endoftext|>
 MAX_VOCAB = 2**32  # ids must fit uint32
+# Text encoded per call of encode_batch_fast, which runs its inputs (chunks, files) in parallel.
+# Every token of a batch is held as an Encoding with its string, ~100 bytes per token, so a
+# batch bounds the memory of the encoding pass: 2 MiB of text holds ~130 MiB at the peak.
+BATCH_BYTES = 2 << 20
 
 
 @dataclass(frozen=True)
@@ -93,8 +99,8 @@ def prepare(
     context_length: int = 1,
     skip_undecodable: bool = False,
     progress: bool | None = None,
-    chunk_bytes: int = 1 << 20,
-    batch_bytes: int = 8 << 20,
+    chunk_bytes: int = CHUNK_BYTES,
+    batch_bytes: int = BATCH_BYTES,
 ) -> PrepareResult:
     """Tokenise text files into `out_dir`: train.bin, val.bin, tokenizer.json, meta.json.
 
@@ -159,9 +165,11 @@ def prepare(
     assert eot_id is not None  # train_tokenizer adds it; load_tokenizer checks it
     dtype = dtype_for(vocab)
 
+    created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     writers = {name: _SplitWriter(out, name, dtype, eot_id) for name in SPLITS}
+    done = False
     try:
         splitter = _Splitter(val_fraction, split_block, eot_id, writers["train"], writers["val"])
         bar = _bar("encode", total_bytes, progress)
@@ -184,9 +192,12 @@ def prepare(
             versions=_versions(),
         )
         _commit(out, writers, tok, meta)
+        done = True
     finally:
         for w in writers.values():
             w.discard()  # a no-op for files already renamed into place
+        if created and not done and not any(out.iterdir()):
+            out.rmdir()  # leave no empty directory behind
     return PrepareResult(
         out_dir=out,
         meta=meta,
@@ -394,7 +405,7 @@ class _SplitWriter:
     """Token ids appended to a temporary file in the output directory, renamed at commit."""
 
     def __init__(self, out: Path, name: str, dtype: str, eot_id: int):
-        self.name, self.dtype, self.eot_id = name, np.dtype(dtype), eot_id
+        self.name, self.dtype, self.eot_id = name, file_dtype(dtype), eot_id
         self.final = out / f"{name}.bin"
         fd, tmp = tempfile.mkstemp(dir=out, prefix=f".{name}.bin.", suffix=".partial")
         self.tmp = Path(tmp)

@@ -27,6 +27,7 @@ from pathlib import Path
 from lmcore.errors import DataError, did_you_mean, one_of
 
 DEFAULT_EXTENSIONS = (".txt", ".md", ".rst", ".py")
+CHUNK_BYTES = 1 << 16  # read per block; a chunk of text is about this long
 
 
 @dataclass(frozen=True)
@@ -164,7 +165,7 @@ class UndecodableError(DataError):
 
 
 def read_chunks(
-    path: Path, chunk_bytes: int = 1 << 20, on_bytes: Callable[[int], None] | None = None
+    path: Path, chunk_bytes: int = CHUNK_BYTES, on_bytes: Callable[[int], None] | None = None
 ) -> Iterator[str]:
     """The text of `path` in pieces that encode exactly like the whole (see the module doc).
 
@@ -218,7 +219,7 @@ def safe_cut(text: str) -> int:
     return 0
 
 
-def check_utf8(path: Path, chunk_bytes: int = 1 << 20) -> UndecodableError | None:
+def check_utf8(path: Path, chunk_bytes: int = CHUNK_BYTES) -> UndecodableError | None:
     """The error `read_chunks` would raise for bytes of `path` that are not UTF-8, or None."""
     try:
         for _ in read_chunks(path, chunk_bytes):

@@ -27,7 +27,7 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
-from lmcore.data.meta import META_FILE, SPLITS, DataMeta
+from lmcore.data.meta import META_FILE, SPLITS, DataMeta, file_dtype
 from lmcore.errors import DataError, did_you_mean, one_of
 
 if TYPE_CHECKING:
@@ -71,24 +71,24 @@ class TokenData:
             )
         if not (root / meta.tokenizer_file).is_file():
             raise DataError(f"{root / meta.tokenizer_file} is missing; {fix} --force")
-        itemsize = np.dtype(meta.dtype).itemsize
+        dtype = file_dtype(meta.dtype)
         splits: dict[str, np.ndarray] = {}
         for name in SPLITS:
             info = meta.splits[name]
             file = root / info.file
-            expected = info.tokens * itemsize
+            expected = info.tokens * dtype.itemsize
             size = file.stat().st_size if file.is_file() else None
             if size != expected:
                 found = "is missing" if size is None else f"holds {size:,} bytes"
                 raise DataError(
-                    f"{file} {found}, but {META_FILE} says {info.tokens:,} tokens × {itemsize} "
-                    f"bytes = {expected:,}: the files do not belong together (an interrupted "
-                    f"or partial copy); {fix} --force"
+                    f"{file} {found}, but {META_FILE} says {info.tokens:,} tokens × "
+                    f"{dtype.itemsize} bytes = {expected:,}: the files do not belong together "
+                    f"(an interrupted or partial copy); {fix} --force"
                 )
             splits[name] = (
-                np.memmap(file, dtype=meta.dtype, mode="r", shape=(info.tokens,))
+                np.memmap(file, dtype=dtype, mode="r", shape=(info.tokens,))
                 if info.tokens
-                else np.empty(0, dtype=meta.dtype)
+                else np.empty(0, dtype=dtype)
             )
         return cls(root, meta, splits)
 
