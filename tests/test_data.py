@@ -41,7 +41,7 @@ def write(path: Path, text: str | bytes) -> Path:
 
 @pytest.fixture(scope="module")
 def tok() -> Tokenizer:
-    return train_tokenizer(iter([SAMPLE] * 20), 400, progress=False)
+    return train_tokenizer(iter([SAMPLE] * 20), 400)
 
 
 @pytest.fixture
@@ -75,7 +75,7 @@ def test_round_trip_keeps_end_of_text_and_learns_no_merge_across_it(tok: Tokeniz
     assert ids.count(tok.token_to_id(EOT)) == 2
     assert tok.decode(ids, skip_special_tokens=False) == text
     # The trainer saw the text split at <|endoftext|>, so no piece of it became a merge.
-    trained = train_tokenizer(iter([f"abc{EOT}" * 50]), 300, progress=False)
+    trained = train_tokenizer(iter([f"abc{EOT}" * 50]), 300)
     assert not [t for t in trained.get_vocab() if t != EOT and ("endof" in t or "|>" in t)]
     assert trained.token_to_id(EOT) == 0
 
@@ -181,7 +181,7 @@ def test_uint16_until_the_vocabulary_needs_uint32(tmp_path: Path, corpus: Path) 
     assert dtype_for(257) == dtype_for(2**16) == "uint16"
     assert dtype_for(2**16 + 1) == "uint32"
     # A reused tokenizer with more than 65,536 tokens: ids past 65,535 survive the round trip.
-    big = train_tokenizer(iter([SAMPLE] * 5), 300, progress=False)
+    big = train_tokenizer(iter([SAMPLE] * 5), 300)
     big.add_tokens([f"zq{i}q" for i in range(2**16)])
     big.save(str(tmp_path / "big.json"))
     write(corpus / "zz.txt", "a zq65535q b")  # last added token: id ≥ 65,536
@@ -227,6 +227,18 @@ def test_files_and_metadata(corpus: Path, tmp_path: Path) -> None:
     assert abs(val - 0.25 * (len(train) + val)) <= 32  # within a block of the share
     assert result.tokens_per_second > 0 and result.tokenizer_seconds > 0
     assert not list(tmp_path.rglob("*.partial"))
+
+
+def test_progress_bars_go_to_stderr(
+    corpus: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    prepare([corpus], tmp_path / "out", vocab_size=300, progress=True)
+    out, err = capfd.readouterr()
+    assert out == ""
+    size = f"{sum(p.stat().st_size for p in corpus.iterdir()) / 1024:.2f}k"  # tqdm's format
+    assert re.search(rf"tokenizer: 100%.*{size}/{size}.*read; computing merges", err)
+    tokens = TokenData.open(tmp_path / "out").meta.tokens
+    assert re.search(rf"encode: 100%.*{size}/{size}.*{tokens:,} tokens", err)
 
 
 def test_reuse_an_existing_tokenizer(corpus: Path, tmp_path: Path) -> None:
@@ -417,7 +429,7 @@ def test_undecodable_bytes_name_the_file_and_offset(tmp_path: Path) -> None:
         list(read_chunks(truncated))
     # With a tokenizer reused there is no training pass: the encoding pass finds it.
     tokenizer = tmp_path / "tok.json"
-    train_tokenizer(iter([SAMPLE]), 300, progress=False).save(str(tokenizer))
+    train_tokenizer(iter([SAMPLE]), 300).save(str(tokenizer))
     with pytest.raises(DataError, match=re.escape(f"{bad}: byte offset 17")):
         small([src], tmp_path / "out", vocab_size=None, tokenizer=tokenizer, split_block=4)
     assert not (tmp_path / "out").exists()
@@ -502,7 +514,7 @@ def test_tokenizers_that_cannot_be_reused(corpus: Path, tmp_path: Path) -> None:
     write(tmp_path / "junk.json", "{not json")
     with pytest.raises(DataError, match=r"is not a Hugging Face tokenizer\.json"):
         reuse(tmp_path / "junk.json")
-    no_eot = train_tokenizer(iter([SAMPLE]), 300, progress=False)
+    no_eot = train_tokenizer(iter([SAMPLE]), 300)
     config = json.loads(no_eot.to_str())
     config["added_tokens"] = []
     config["pre_tokenizer"] = {"type": "Whitespace"}
@@ -513,7 +525,7 @@ def test_tokenizers_that_cannot_be_reused(corpus: Path, tmp_path: Path) -> None:
         "byte-level BPE tokenizers"
     )):  # fmt: skip
         reuse(tmp_path / "ws.json")
-    spanning = train_tokenizer(iter([SAMPLE]), 300, progress=False)
+    spanning = train_tokenizer(iter([SAMPLE]), 300)
     spanning.add_tokens(["a\nb"])
     spanning.save(str(tmp_path / "span.json"))
     with pytest.raises(DataError, match=re.escape(

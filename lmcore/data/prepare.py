@@ -157,7 +157,6 @@ def prepare(
         tok = train_tokenizer(
             _training_text(files, chunk_bytes, _bar("tokenizer", total_bytes, progress)),
             DEFAULT_VOCAB_SIZE if vocab_size is None else vocab_size,
-            progress=progress,
         )
         tokenizer_seconds = time.perf_counter() - t0
     vocab = tok.get_vocab_size()
@@ -314,7 +313,7 @@ def new_tokenizer() -> Tokenizer:
     return tok
 
 
-def train_tokenizer(texts: Iterable[str], vocab_size: int, *, progress: bool | None) -> Tokenizer:
+def train_tokenizer(texts: Iterable[str], vocab_size: int) -> Tokenizer:
     """Train a byte-level BPE of `vocab_size` tokens (fewer if the text runs out of merges)
     from an iterable of texts, consumed as a stream; `<|endoftext|>` is id 0.
 
@@ -328,7 +327,9 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int, *, progress: bool | N
         vocab_size=vocab_size,
         special_tokens=[EOT],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=sys.stderr.isatty() if progress is None else progress,
+        # Its bars print blank lines on stdout even when hidden; the caller's bar on the
+        # iterator shows the reading, the longer part.
+        show_progress=False,
     )
     parts = (part for text in texts for part in text.split(EOT) if part)
     tok.train_from_iterator(parts, trainer)
@@ -339,6 +340,7 @@ def _training_text(files: Sequence[SourceFile], chunk_bytes: int, bar: Any) -> I
     """The text of every file, in chunks."""
     for f in files:
         yield from read_chunks(f.path, chunk_bytes, bar.update)
+    bar.set_postfix_str("read; computing merges")
     bar.close()
 
 
