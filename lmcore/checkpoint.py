@@ -370,28 +370,36 @@ def resolve_checkpoint(
     info = source if isinstance(source, CheckpointInfo) else read_info(source)
     registry = registry or get_registry()
     chosen: dict[str, Entry] = {}
-    differences: dict[str, str] = {}
+    changed: dict[tuple[str, str], list[str]] = {}  # (saved with, installed now): components
+    pins: set[str] = set()  # what to install to get the saved providers back
     for kind in KINDS:
-        entry, difference = _provider(info, info.components[kind], registry)
-        chosen[kind] = entry
-        if difference:
-            differences[kind] = difference
-    if differences:
-        wanted = [info.components[k].requirement for k in differences]
-        pins = " ".join(sorted({r for r in wanted if r is not None}))
+        saved = info.components[kind]
+        chosen[kind] = entry = _provider(info, saved, registry)
+        now = entry.provenance
+        if normalize_dist(now.qualifier) != normalize_dist(saved.dist or saved.plugin):
+            key = (str(saved), str(now))
+        elif now.version != saved.version:
+            key = (f"{saved.dist} {saved.version}", f"{now.dist} {now.version}")
+        else:
+            continue
+        changed.setdefault(key, []).append(f"{kind} {saved.name!r}")
+        if saved.requirement is not None:
+            pins.add(saved.requirement)
+    if changed:
+        what = "; ".join(
+            f"{_and(names)} {'was' if len(names) == 1 else 'were'} saved with {then}, and "
+            f"{now} is installed"
+            for (then, now), names in changed.items()
+        )
+        fix = f"pip install {' '.join(sorted(pins))}" if pins else "register what saved it"
         if registry.strict:
             raise CheckpointError(
-                f"{info.path}: "
-                + "; ".join(differences.values())
-                + ". LMCORE_STRICT_PLUGINS is set, so "
-                f"this is an error: install what saved it (pip install {pins}) or unset "
-                "LMCORE_STRICT_PLUGINS to load it anyway"
+                f"{info.path}: {what}. LMCORE_STRICT_PLUGINS is set, so this is an error: install "
+                f"what saved it ({fix}) or unset LMCORE_STRICT_PLUGINS to load it anyway"
             )
         warnings.warn(
-            f"{info.path}: "
-            + "; ".join(differences.values())
-            + ". Loading it anyway; if its tensors no "
-            f"longer fit, or to reproduce it exactly, pip install {pins}",
+            f"{info.path}: {what}. Loading it anyway; if its tensors no longer fit, or to "
+            f"reproduce it exactly, {fix}",
             CheckpointWarning,
             stacklevel=3,
         )
@@ -403,8 +411,13 @@ def resolve_checkpoint(
         ) from None
 
 
-def _provider(info: CheckpointInfo, saved: SavedComponent, registry: Registry) -> tuple[Entry, str]:
-    """The installed entry for a saved component, and how its provenance differs ('' if not)."""
+def _and(names: Sequence[str]) -> str:
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+
+
+def _provider(info: CheckpointInfo, saved: SavedComponent, registry: Registry) -> Entry:
+    """The installed entry for a saved component: from the distribution that saved it when that
+    one is installed, else the only provider of its name."""
     kind, name = saved.kind, saved.name
     matches = [e for e in registry.entries(kind) if e.name == name]
     if not matches:
@@ -427,21 +440,14 @@ def _provider(info: CheckpointInfo, saved: SavedComponent, registry: Registry) -
     want = normalize_dist(saved.dist or saved.plugin)
     same = [e for e in matches if normalize_dist(e.provenance.qualifier) == want]
     if len(same) == 1:
-        now = same[0].provenance
-        if now.version == saved.version:
-            return same[0], ""
-        return same[0], (
-            f"{kind} {name!r} was saved with {saved.dist} {saved.version}, and {now.dist} "
-            f"{now.version} is installed"
-        )
+        return same[0]
     if len(same) == 0 and len(matches) == 1:
-        now = matches[0].provenance
-        return matches[0], f"{kind} {name!r} was saved with {saved}, and is now provided by {now}"
+        return matches[0]
     providers = "; ".join(str(e.provenance) for e in matches)
     raise CheckpointError(
         f"{info.path}: needs {kind} {name!r}, provided by {saved} when it was saved; it is now "
         f"provided by {len(matches)} plugins ({providers}) and the checkpoint cannot tell which "
-        f"to use: disable all but one with LMCORE_DISABLE_PLUGINS"
+        "to use: disable all but one with LMCORE_DISABLE_PLUGINS"
     )
 
 
@@ -742,8 +748,9 @@ def _torch_load(p: Path) -> Any:
 
 def is_checkpoint_path(text: str) -> bool:
     """Whether a command-line argument names a checkpoint rather than spelling a spec: it ends in
-    `.safetensors` or contains a path separator (neither can appear in a spec)."""
-    return text.endswith(SUFFIX) or "/" in text or os.sep in text
+    `.safetensors`, or it holds a path separator and no `=` (a spec holds a `/` only inside a
+    quoted value, which needs a `key=`)."""
+    return text.endswith(SUFFIX) or (("/" in text or os.sep in text) and "=" not in text)
 
 
 def spec_or_checkpoint(

@@ -6,18 +6,20 @@ lmcore run SPEC             forward+backward steps on random tokens: tokens/s an
 lmcore plugins              list components, presets and plugins with provenance and status
 lmcore convert              Hugging Face Llama directory <-> lmcore checkpoint
 
-Wherever a SPEC is taken, a checkpoint path is too (a name ending in .safetensors, or any path
-with a directory separator): its embedded spec is used, resolved against the plugins that saved it.
+Wherever a SPEC is taken, a checkpoint path is too (a name ending in .safetensors, or a path with
+a directory separator and no '='): its embedded spec is used, resolved against the plugins that
+saved it.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import sys
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from lmcore.components import KINDS
@@ -162,15 +164,27 @@ _DTYPE_HELP = "default: float32, or a checkpoint's own dtype"
 
 def _source(args: argparse.Namespace) -> tuple[Blueprint, CheckpointInfo | None]:
     """The blueprint of a command's SPEC argument, a spec string or a checkpoint path (with the
-    checkpoint's info). Provenance warnings go to stderr, as `lmcore CMD: warning: ...`."""
+    checkpoint's info)."""
     from lmcore.checkpoint import spec_or_checkpoint
 
+    with _checkpoint_warnings(args.command):
+        return spec_or_checkpoint(args.spec)
+
+
+@contextlib.contextmanager
+def _checkpoint_warnings(command: str) -> Iterator[None]:
+    """Print a checkpoint's provenance warnings as `lmcore CMD: warning: ...`; other warnings
+    pass through as before."""
+    from lmcore.errors import CheckpointWarning
+
     with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", LmcoreWarning)
-        found = spec_or_checkpoint(args.spec)
+        warnings.simplefilter("always", CheckpointWarning)
+        yield
     for w in caught:
-        print(f"lmcore {args.command}: warning: {w.message}", file=sys.stderr)
-    return found
+        if issubclass(w.category, CheckpointWarning):
+            print(f"lmcore {command}: warning: {w.message}", file=sys.stderr)
+        else:
+            warnings.showwarning(w.message, w.category, w.filename, w.lineno, w.file, w.line)
 
 
 def _dtype(args: argparse.Namespace, info: CheckpointInfo | None) -> Any:
@@ -590,8 +604,7 @@ def _cmd_convert(args: argparse.Namespace) -> int:
     from lmcore import hf
     from lmcore.checkpoint import read_info
 
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", LmcoreWarning)
+    with _checkpoint_warnings(args.command):
         if args.from_hf is not None:
             directory, out = args.from_hf
             dtype = None if args.dtype is None else getattr(torch, args.dtype)
@@ -612,8 +625,6 @@ def _cmd_convert(args: argparse.Namespace) -> int:
                 f"wrote: {written / 'config.json'} and {written / hf.WEIGHTS} "
                 f"({hf.ARCHITECTURE}; transformers.{hf.ARCHITECTURE}.from_pretrained loads it)"
             )
-    for w in caught:
-        print(f"lmcore convert: warning: {w.message}", file=sys.stderr)
     return 0
 
 

@@ -8,7 +8,7 @@
 
 A Llama is lmcore's default architecture under other names: pre-norm blocks of RMSNorm, causal
 (grouped-query) attention with rotary embeddings, SwiGLU, a final RMSNorm and an output matrix,
-tied or not. The spec `CONFIG_FIELDS` maps config.json to, and the key table `KEYS` the tensor
+tied or not. The table `FIELDS` maps config.json to the spec and back, `KEYS` the tensor
 names. The one real difference is the rotary layout: Hugging Face rotates dimension i with
 i + head_dim/2 (the "half-split" layout of `rotate_half`), lmcore (and CS336) rotate interleaved
 pairs (2k, 2k+1), both at frequency theta^(-2i/head_dim). Permuting the rows of each head of the
@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
@@ -48,6 +49,7 @@ from lmcore.checkpoint import (
     save,
     unwrap,
 )
+from lmcore.components import REQUIRED, format_scalar
 from lmcore.errors import ConversionError
 from lmcore.model import TransformerLM
 from lmcore.registry import Registry, normalize_dist
@@ -91,19 +93,31 @@ KEYS: Final[tuple[tuple[str, str, str | None], ...]] = (
 # Derived buffers some older checkpoints carry; recomputed from rope_theta, so skipped.
 _DERIVED_SUFFIX: Final = ".self_attn.rotary_emb.inv_freq"
 
-# config.json field -> (spec key, default when absent: Llama's own, None = required).
-CONFIG_FIELDS: Final[dict[str, tuple[str, Any]]] = {
-    "vocab_size": ("vocab_size", None),
-    "max_position_embeddings": ("context_length", 2048),
-    "hidden_size": ("d_model", None),
-    "num_hidden_layers": ("num_layers", None),
-    "num_attention_heads": ("num_heads", None),
-    "num_key_value_heads": ("num_kv_heads", None),  # default: num_attention_heads
-    "intermediate_size": ("d_ff", None),
-    "tie_word_embeddings": ("tie_embeddings", False),
-    "rms_norm_eps": ("norm=rmsnorm(eps)", 1e-6),
-    "rope_theta": ("pos=rope(theta)", 10000.0),
-}
+
+@dataclass(frozen=True)
+class Field:
+    """A config.json field that maps to the spec: a model key, or a component's argument."""
+
+    name: str
+    spec: str  # "d_model", or "norm.eps": argument eps of the norm
+    type: type  # int and float must be positive
+    default: Any = REQUIRED  # Llama's value when the field is absent
+
+
+# The config.json fields that carry over, both ways. num_key_value_heads defaults to
+# num_attention_heads; rope_theta may sit in transformers 5's rope_parameters.
+FIELDS: Final[tuple[Field, ...]] = (
+    Field("vocab_size", "vocab_size", int),
+    Field("max_position_embeddings", "context_length", int, 2048),
+    Field("hidden_size", "d_model", int),
+    Field("num_hidden_layers", "num_layers", int),
+    Field("num_attention_heads", "num_heads", int),
+    Field("num_key_value_heads", "num_kv_heads", int, None),
+    Field("intermediate_size", "d_ff", int),
+    Field("tie_word_embeddings", "tie_embeddings", bool, False),
+    Field("rms_norm_eps", "norm.eps", float, 1e-6),
+    Field("rope_theta", "pos.theta", float, 10000.0),
+)
 # Fields checked to hold the one value lmcore can express (absent is fine).
 _FIXED: Final[dict[str, tuple[Any, ...]]] = {
     "hidden_act": ("silu", "swish"),
@@ -146,32 +160,24 @@ def config_to_spec(
             problems.append(
                 f"{name}={json.dumps(config[name])} (lmcore can express {_or(allowed)})"
             )
-    theta = _rope_theta(config, problems)
-    values: dict[str, Any] = {}
-    for name, (_, default) in CONFIG_FIELDS.items():
-        if name == "rope_theta":
-            continue
-        if name in config and config[name] is not None:
-            values[name] = config[name]
-        elif default is not None:
-            values[name] = default
-        elif name == "num_key_value_heads":
-            values[name] = config.get("num_attention_heads")
+    given = {**config, "rope_theta": _rope_theta(config, problems)}
+    values: dict[str, Any] = {}  # by spec key
+    for f in FIELDS:
+        value = given.get(f.name)
+        if value is None:
+            value = given.get("num_attention_heads") if f.default is None else f.default
+        if value is REQUIRED or value is None:
+            problems.append(f"{f.name} is missing")
+        elif f.type is bool and type(value) is not bool:
+            problems.append(f"{f.name}={json.dumps(value)} is not true or false")
+        elif f.type is not bool and (
+            type(value) not in (f.type, int) or isinstance(value, bool) or value <= 0
+        ):
+            problems.append(f"{f.name}={json.dumps(value)} is not a positive {f.type.__name__}")
         else:
-            problems.append(f"{name} is missing")
-    for name in ("vocab_size", "max_position_embeddings", "hidden_size", "num_hidden_layers",
-                 "num_attention_heads", "num_key_value_heads", "intermediate_size"):  # fmt: skip
-        if name in values and (type(values[name]) is not int or values[name] < 1):
-            problems.append(f"{name}={json.dumps(values[name])} is not a positive integer")
-    if type(values.get("tie_word_embeddings")) is not bool:
-        problems.append(f"tie_word_embeddings={json.dumps(values.get('tie_word_embeddings'))}")
-    eps = values.get("rms_norm_eps")
-    if isinstance(eps, bool) or not isinstance(eps, int | float) or eps <= 0:
-        problems.append(f"rms_norm_eps={json.dumps(eps)} is not a positive number")
-        eps = 1.0
-    d, heads = values.get("hidden_size"), values.get("num_attention_heads")
-    head_dim = config.get("head_dim")
-    if isinstance(d, int) and isinstance(heads, int) and heads > 0:
+            values[f.spec] = value
+    d, heads, head_dim = values.get("d_model"), values.get("num_heads"), config.get("head_dim")
+    if d is not None and heads is not None:
         if d % heads:
             problems.append(f"hidden_size={d} is not divisible by num_attention_heads={heads}")
         elif head_dim is not None and head_dim != d // heads:
@@ -180,7 +186,7 @@ def config_to_spec(
                 f"{d // heads} wide"
             )
     unknown = sorted(
-        set(config) - set(CONFIG_FIELDS) - set(_FIXED) - _CHECKED - _PASSIVE - set(ignore)
+        set(config) - {f.name for f in FIELDS} - set(_FIXED) - _CHECKED - _PASSIVE - set(ignore)
     )
     if unknown:
         problems.append(
@@ -193,13 +199,16 @@ def config_to_spec(
             f"{where}: cannot convert this Hugging Face config to lmcore without losing "
             "something: " + "; ".join(problems)
         )
-    return (
-        f"vocab_size={values['vocab_size']}, context_length={values['max_position_embeddings']}, "
-        f"d_model={d}, num_layers={values['num_hidden_layers']}, num_heads={heads}, "
-        f"num_kv_heads={values['num_key_value_heads']}, d_ff={values['intermediate_size']}, "
-        f"block=prenorm, tie_embeddings={str(values['tie_word_embeddings']).lower()}, "
-        f"norm=rmsnorm(eps={float(eps)!r}), ffn=swiglu, pos=rope(theta={float(theta)!r}), "
-        "attn=sdpa"
+    model_keys = [f"{k}={format_scalar(v)}" for k, v in values.items() if "." not in k]
+    return ", ".join(
+        [
+            *model_keys,
+            "block=prenorm",
+            f"norm=rmsnorm(eps={format_scalar(float(values['norm.eps']))})",
+            "ffn=swiglu",
+            f"pos=rope(theta={format_scalar(float(values['pos.theta']))})",
+            "attn=sdpa",
+        ]
     )
 
 
@@ -213,8 +222,9 @@ def _default_rope(name: str, value: Any) -> bool:
     )
 
 
-def _rope_theta(config: Mapping[str, Any], problems: list[str]) -> float:
-    """rope_theta from transformers 4's top-level field or transformers 5's rope_parameters."""
+def _rope_theta(config: Mapping[str, Any], problems: list[str]) -> Any:
+    """rope_theta from transformers 4's top-level field or transformers 5's rope_parameters
+    (None when neither gives it); problems with rope_parameters go to `problems`."""
     theta = config.get("rope_theta")
     params = config.get("rope_parameters")
     if params is not None:
@@ -237,12 +247,7 @@ def _rope_theta(config: Mapping[str, Any], problems: list[str]) -> float:
                     "disagree"
                 )
             theta = params["rope_theta"]
-    if theta is None:
-        theta = CONFIG_FIELDS["rope_theta"][1]
-    if isinstance(theta, bool) or not isinstance(theta, int | float) or theta <= 0:
-        problems.append(f"rope_theta={json.dumps(theta)} is not a positive number")
-        return 1.0
-    return float(theta)
+    return theta
 
 
 def _or(values: tuple[Any, ...]) -> str:
@@ -289,26 +294,22 @@ def spec_to_config(
     passive = {k: v for k, v in (base or {}).items() if k in _PASSIVE}
     for written_here in ("dtype", "transformers_version"):  # torch_dtype is written below
         passive.pop(written_here, None)
+
+    def value(f: Field) -> Any:
+        kind, _, arg = f.spec.partition(".")
+        return spec.component(kind).kwargs[arg] if arg else getattr(spec, kind)
+
     return {
         **passive,
         "architectures": [ARCHITECTURE],
         "model_type": "llama",
-        "vocab_size": spec.vocab_size,
-        "max_position_embeddings": spec.context_length,
-        "hidden_size": spec.d_model,
-        "num_hidden_layers": spec.num_layers,
-        "num_attention_heads": spec.num_heads,
-        "num_key_value_heads": spec.num_kv_heads,
+        **{f.name: value(f) for f in FIELDS},
         "head_dim": spec.head_dim,
-        "intermediate_size": spec.d_ff,
         "hidden_act": "silu",
-        "rms_norm_eps": spec.norm.kwargs["eps"],
-        "rope_theta": spec.pos.kwargs["theta"],
         "rope_scaling": None,
         "attention_bias": False,
         "mlp_bias": False,
         "attention_dropout": 0.0,
-        "tie_word_embeddings": spec.tie_embeddings,
         "torch_dtype": str(dtype).removeprefix("torch."),
     }
 

@@ -213,6 +213,7 @@ def test_read_info_reads_no_tensor_data(tmp_path: Path, monkeypatch: pytest.Monk
 def test_checkpoint_paths_are_told_from_specs() -> None:
     assert is_checkpoint_path("m.safetensors") and is_checkpoint_path("runs/step-100")
     assert not is_checkpoint_path("tinystories, pos=nope") and not is_checkpoint_path("gpt2-xl")
+    assert not is_checkpoint_path('cs336-tiny, norm=mine(table="data/gains.txt")')
 
 
 # ------------------------------------------------------------------ save's own errors
@@ -389,6 +390,25 @@ def test_missing_unexpected_and_misshapen_tensors_are_all_listed(saved: Path) ->
         lmcore.load(saved)
 
 
+def test_an_lmcore_upgrade_is_one_sentence_for_all_its_components(saved: Path) -> None:
+    def older(meta: dict[str, str]) -> dict[str, str]:
+        table = json.loads(meta["lmcore.components"])
+        for row in table.values():
+            row["version"] = "0.0.9"
+        return {**meta, "lmcore.components": json.dumps(table)}
+
+    rewrite(saved, metadata=older)
+    with pytest.warns(CheckpointWarning) as caught:
+        lmcore.load(saved)
+    [warning] = caught
+    assert str(warning.message) == (
+        f"{saved}: norm 'rmsnorm', ffn 'swiglu', pos 'rope' and attn 'sdpa' were saved with "
+        f"lmcore-registry 0.0.9, and lmcore-registry {lmcore.__version__} is installed. Loading "
+        "it anyway; if its tensors no longer fit, or to reproduce it exactly, pip install "
+        "lmcore-registry==0.0.9"
+    )
+
+
 def test_a_spec_that_no_longer_resolves(saved: Path) -> None:
     rewrite(
         saved, metadata=lambda m: {**m, "lmcore.spec": m["lmcore.spec"].replace("1e-05", "-1.0")}
@@ -509,8 +529,9 @@ def test_another_distribution_providing_the_name_warns(
     with pytest.warns(
         CheckpointWarning,
         match=r"norm 'scale' was saved with lmcore-scale 1.2 \(entry point 'scale', module "
-        r"scale_norm\), and is now provided by other-scale 3.0 \(plugin 'scale', module "
-        r"scale_norm2\)",
+        r"scale_norm\), and other-scale 3.0 \(plugin 'scale', module scale_norm2\) is "
+        r"installed. Loading it anyway; if its tensors no longer fit, or to reproduce it "
+        r"exactly, pip install lmcore-scale==1.2",
     ):
         lmcore.load(path, registry=Registry())
 

@@ -236,6 +236,9 @@ def test_a_transformers_4_config_maps_to_a_spec() -> None:
          r"sliding_window \(if you know that one does not, e.g. because transformers' "
          r"LlamaForCausalLM never reads it, pass --ignore-field NAME / ignore=\[NAME\]\)"),
         ({"vocab_size": None}, r"vocab_size is missing"),
+        ({"hidden_size": 0}, r"hidden_size=0 is not a positive int"),
+        ({"rms_norm_eps": "1e-5"}, r'rms_norm_eps="1e-5" is not a positive float'),
+        ({"tie_word_embeddings": 1}, r"tie_word_embeddings=1 is not true or false"),
         ({"hidden_size": 30}, r"hidden_size=30 is not divisible by num_attention_heads=4"),
     ],
 )  # fmt: skip
