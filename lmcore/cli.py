@@ -4,17 +4,23 @@ lmcore build SPEC           build a model; print its canonical spec and paramete
 lmcore describe SPEC        parameters, FLOPs and memory by component, before any weight exists
 lmcore run SPEC             forward+backward steps on random tokens: tokens/s and peak memory
 lmcore plugins              list components, presets and plugins with provenance and status
+lmcore convert              Hugging Face Llama directory <-> lmcore checkpoint
 lmcore data prepare SRC...  train a BPE tokenizer and write token ids for training
+
+Wherever a SPEC is taken, a checkpoint path is too (a name ending in .safetensors, or a path with
+a directory separator and no '='): its embedded spec is used, resolved against the plugins that
+saved it.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import sys
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from lmcore.components import KINDS
@@ -22,6 +28,8 @@ from lmcore.errors import LmcoreError, LmcoreWarning
 
 if TYPE_CHECKING:
     from lmcore.accounting import Description, TrainingMemory
+    from lmcore.blueprint import Blueprint
+    from lmcore.checkpoint import CheckpointInfo
     from lmcore.train import RunResult
 
 
@@ -52,10 +60,19 @@ def _parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("build", help="build a model and print its canonical spec and size")
-    p.add_argument("spec", help='spec string, e.g. "tinystories, pos=nope"')
-    p.add_argument("--dtype", choices=DTYPES, default="float32")
+    p = sub.add_parser(
+        "build",
+        help="build a model and print its canonical spec and size",
+        description="Build a model from a spec (seeded weights) or a checkpoint (its weights), "
+        "print its canonical spec and parameter count, and optionally save it.",
+    )
+    p.add_argument("spec", help=f'spec string, e.g. "tinystories, pos=nope"; {_OR_CHECKPOINT}')
+    p.add_argument("--dtype", choices=DTYPES, help=_DTYPE_HELP)
     p.add_argument("--device", default="cpu", help="torch device (meta: no allocation)")
+    p.add_argument("--seed", type=int, default=0, help="seeds a spec's weights (default: 0)")
+    p.add_argument(
+        "--save", metavar="PATH", help="save the model to PATH (.safetensors) with its spec"
+    )
     p.set_defaults(func=_cmd_build)
 
     p = sub.add_parser(
@@ -64,10 +81,14 @@ def _parser() -> argparse.ArgumentParser:
         description="Account a spec before any weight exists: parameters and forward FLOPs by "
         "component with their shares, weight memory and a training-memory estimate (AdamW).",
     )
-    p.add_argument("spec", help='spec string, e.g. "gpt2-xl" or "tinystories, ffn=gelu"')
+    p.add_argument(
+        "spec",
+        help=f'spec string, e.g. "gpt2-xl" or "tinystories, ffn=gelu"; {_OR_CHECKPOINT}, whose '
+        "spec and provenance are shown",
+    )
     p.add_argument("--seq", type=_positive, help="tokens per sequence (default: context_length)")
     p.add_argument("--batch", type=_positive, default=1, help="sequences per batch (default: 1)")
-    p.add_argument("--dtype", choices=DTYPES, default="float32")
+    p.add_argument("--dtype", choices=DTYPES, help=_DTYPE_HELP)
     p.add_argument(
         "--measure",
         action="store_true",
@@ -84,7 +105,11 @@ def _parser() -> argparse.ArgumentParser:
         "random token ids (next-token cross-entropy, no weight update) and report throughput, "
         "peak memory and whether the gradient reached every parameter.",
     )
-    p.add_argument("spec", help='spec string, e.g. "tinystories"')
+    p.add_argument(
+        "spec",
+        help=f'spec string, e.g. "tinystories"; {_OR_CHECKPOINT}, whose weights the steps '
+        "start from",
+    )
     p.add_argument(
         "--steps", type=_positive, default=10, help="forward+backward steps (default: 10)"
     )
@@ -95,7 +120,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda:N"
     )
-    p.add_argument("--dtype", choices=DTYPES, default="float32")
+    p.add_argument("--dtype", choices=DTYPES, help=_DTYPE_HELP)
     p.add_argument("--seed", type=int, default=0, help="seeds the weights and the tokens")
     p.set_defaults(func=_cmd_run)
 
@@ -104,11 +129,74 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=_cmd_plugins)
 
+    p = sub.add_parser(
+        "convert",
+        help="convert a Hugging Face Llama directory to an lmcore checkpoint, or back",
+        description="Convert between Hugging Face Llama model directories (config.json and "
+        "safetensors weights, sharded or not) and lmcore checkpoints. Anything the target "
+        "cannot express is refused, naming the field or component.",
+    )
+    way = p.add_mutually_exclusive_group(required=True)
+    way.add_argument(
+        "--from-hf", nargs=2, metavar=("DIR", "OUT.safetensors"), help="Llama directory -> lmcore"
+    )
+    way.add_argument("--to-hf", nargs=2, metavar=("CKPT", "DIR"), help="lmcore -> Llama directory")
+    p.add_argument(
+        "--dtype",
+        choices=DTYPES,
+        help="--from-hf: store the weights in this dtype (default: as is)",
+    )
+    p.add_argument(
+        "--ignore-field",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="--from-hf: a config.json field lmcore does not know that you know does not change "
+        "the model (repeatable); unknown fields are refused otherwise",
+    )
+    p.set_defaults(func=_cmd_convert)
+
     _add_data_parser(sub)
     return parser
 
 
 DTYPES = ("bfloat16", "float16", "float32")
+_OR_CHECKPOINT = "or a checkpoint path (.safetensors)"
+_DTYPE_HELP = "default: float32, or a checkpoint's own dtype"
+
+
+def _source(args: argparse.Namespace) -> tuple[Blueprint, CheckpointInfo | None]:
+    """The blueprint of a command's SPEC argument, a spec string or a checkpoint path (with the
+    checkpoint's info)."""
+    from lmcore.checkpoint import spec_or_checkpoint
+
+    with _checkpoint_warnings(args.command):
+        return spec_or_checkpoint(args.spec)
+
+
+@contextlib.contextmanager
+def _checkpoint_warnings(command: str) -> Iterator[None]:
+    """Print a checkpoint's provenance warnings as `lmcore CMD: warning: ...`; other warnings
+    pass through as before."""
+    from lmcore.errors import CheckpointWarning
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", CheckpointWarning)
+        yield
+    for w in caught:
+        if issubclass(w.category, CheckpointWarning):
+            print(f"lmcore {command}: warning: {w.message}", file=sys.stderr)
+        else:
+            warnings.showwarning(w.message, w.category, w.filename, w.lineno, w.file, w.line)
+
+
+def _dtype(args: argparse.Namespace, info: CheckpointInfo | None) -> Any:
+    """`--dtype` as a torch dtype; by default a checkpoint's own, else float32."""
+    import torch
+
+    if args.dtype is not None:
+        return getattr(torch, args.dtype)
+    return info.torch_dtype if info is not None else torch.float32
 
 
 def _positive(text: str) -> int:
@@ -124,13 +212,22 @@ def _positive(text: str) -> int:
 def _cmd_build(args: argparse.Namespace) -> int:
     import torch
 
-    from lmcore.blueprint import resolve
+    from lmcore.checkpoint import build_from_checkpoint, save
     from lmcore.model import build_model
 
-    model = build_model(resolve(args.spec), device=args.device, dtype=getattr(torch, args.dtype))
+    bp, info = _source(args)
+    dtype = _dtype(args, info)
+    if info is not None and torch.device(args.device).type != "meta":
+        model = build_from_checkpoint(info, bp, device=args.device, dtype=dtype)
+    else:
+        torch.manual_seed(args.seed)
+        model = build_model(bp, device=args.device, dtype=dtype)
     n = sum(p.numel() for p in model.parameters())
     print(model.spec)
     print(f"parameters: {n:,}")
+    if args.save is not None:
+        path = save(model, args.save)
+        print(f"saved: {path} ({_bytes(path.stat().st_size)}, {str(dtype).removeprefix('torch.')})")
     return 0
 
 
@@ -144,24 +241,29 @@ def _check_seq(args: argparse.Namespace, context_length: int) -> None:
 
 
 def _cmd_describe(args: argparse.Namespace) -> int:
-    import torch
 
     from lmcore.accounting import describe
-    from lmcore.blueprint import resolve
 
-    bp = resolve(args.spec)
+    bp, info = _source(args)
     _check_seq(args, bp.spec.context_length)
     found = describe(
         bp,
         batch=args.batch,
         seq_len=args.seq,
-        dtype=getattr(torch, args.dtype),
+        dtype=_dtype(args, info),
         measure=args.measure,
     )
     if args.json:
-        print(json.dumps(describe_json(found), indent=2))
+        data = describe_json(found)
+        print(
+            json.dumps(
+                data if info is None else {"checkpoint": checkpoint_json(info), **data}, indent=2
+            )
+        )
     else:
-        print("\n".join(describe_lines(found)))
+        print(
+            "\n".join([*([] if info is None else checkpoint_lines(info)), *describe_lines(found)])
+        )
     if found.mismatches:
         print(
             "lmcore describe: error: declared activations differ from the measurement:\n  "
@@ -170,6 +272,51 @@ def _cmd_describe(args: argparse.Namespace) -> int:
         )
         return 1
     return 0
+
+
+def checkpoint_lines(info: CheckpointInfo) -> list[str]:
+    """What a checkpoint says about itself: file, format, versions, and per component the
+    distribution, version and entry point that provided it when it was saved."""
+    lines = [
+        f"checkpoint: {info.path} ({_bytes(info.size)}, {len(info.tensors)} tensors, {info.dtype}; "
+        f"lmcore checkpoint format {info.format_version}, written by lmcore "
+        f"{info.lmcore_version} with torch {info.torch_version})",
+    ]
+    width = max(len(c.name) for c in info.components.values())
+    for kind, saved in info.components.items():
+        lines.append(f"  {kind:<4}  {saved.name:<{width}}  {saved}")
+    for alias, stored in info.tied.items():
+        lines.append(f"  tied: {alias} is stored once, as {stored}")
+    for key, value in info.metadata.items():
+        shown = value if len(value) <= 60 else value[:57] + "..."
+        lines.append(f"  metadata: {key} = {shown}")
+    return [*lines, ""]
+
+
+def checkpoint_json(info: CheckpointInfo) -> dict[str, Any]:
+    """`lmcore describe CKPT --json`'s "checkpoint" entry."""
+    return {
+        "path": str(info.path),
+        "format_version": info.format_version,
+        "spec": info.spec,
+        "bytes": info.size,
+        "tensors": len(info.tensors),
+        "dtype": info.dtype,
+        "lmcore_version": info.lmcore_version,
+        "torch_version": info.torch_version,
+        "components": {
+            kind: {
+                "name": c.name,
+                "dist": c.dist,
+                "version": c.version,
+                "plugin": c.plugin,
+                "module": c.module,
+            }
+            for kind, c in info.components.items()
+        },
+        "tied": dict(info.tied),
+        "metadata": dict(info.metadata),
+    }
 
 
 def describe_json(found: Description) -> dict[str, Any]:
@@ -308,12 +455,10 @@ def _bytes(n: int) -> str:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    import torch
 
-    from lmcore.blueprint import resolve
     from lmcore.train import ProgressBar, run_steps
 
-    bp = resolve(args.spec)
+    bp, info = _source(args)
     _check_seq(args, bp.spec.context_length)
     result = run_steps(
         bp,
@@ -321,9 +466,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
         batch=args.batch,
         seq_len=args.seq,
         device=args.device,
-        dtype=getattr(torch, args.dtype),
+        dtype=_dtype(args, info),
         seed=args.seed,
         progress=ProgressBar(sys.stderr),
+        weights=info,
     )
     print("\n".join(run_lines(result)))
     bad_loss = [i + 1 for i, x in enumerate(result.losses) if not math.isfinite(x)]
@@ -452,6 +598,36 @@ def _cmd_plugins(args: argparse.Namespace) -> int:
         print("  ".join([*cells, row[5]]).rstrip())
     for problem in problems:
         print(f"warning: {problem}", file=sys.stderr)
+    return 0
+
+
+def _cmd_convert(args: argparse.Namespace) -> int:
+    import torch
+
+    from lmcore import hf
+    from lmcore.checkpoint import read_info
+
+    with _checkpoint_warnings(args.command):
+        if args.from_hf is not None:
+            directory, out = args.from_hf
+            dtype = None if args.dtype is None else getattr(torch, args.dtype)
+            written = hf.convert_from_hf(directory, out, dtype=dtype, ignore=args.ignore_field)
+            info = read_info(written)
+            print(f"spec: {info.spec}")
+            print(f"wrote: {info.path} ({_bytes(info.size)}, {info.dtype}, lmcore checkpoint)")
+        else:
+            if args.dtype is not None or args.ignore_field:
+                raise UsageError(
+                    "--dtype and --ignore-field apply to --from-hf only; --to-hf writes the "
+                    "checkpoint's dtype and a config of its own"
+                )
+            checkpoint, directory = args.to_hf
+            written = hf.convert_to_hf(checkpoint, directory)
+            print(f"spec: {read_info(checkpoint).spec}")
+            print(
+                f"wrote: {written / 'config.json'} and {written / hf.WEIGHTS} "
+                f"({hf.ARCHITECTURE}; transformers.{hf.ARCHITECTURE}.from_pretrained loads it)"
+            )
     return 0
 
 

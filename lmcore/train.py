@@ -9,11 +9,12 @@ did not reach: a smoke test for any spec, including one made of third-party comp
 from __future__ import annotations
 
 import math
+import os
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 import torch
 from jaxtyping import Float, Int
@@ -24,6 +25,9 @@ from lmcore.errors import LmcoreError, ModelInputError
 from lmcore.model import build_model
 from lmcore.registry import Registry
 from lmcore.spec import ModelSpec
+
+if TYPE_CHECKING:
+    from lmcore.checkpoint import CheckpointInfo
 
 
 class RunError(LmcoreError, ValueError):
@@ -137,10 +141,12 @@ def run_steps(
     seed: int = 0,
     progress: Progress | None = None,
     registry: Registry | None = None,
+    weights: CheckpointInfo | str | os.PathLike[str] | None = None,
 ) -> RunResult:
     """Build the model and run `steps` forward+backward passes on random tokens.
 
-    `seq_len` defaults to the shorter of 128 and the context length.
+    `seq_len` defaults to the shorter of 128 and the context length. `weights`: start from this
+    lmcore checkpoint's weights (`lmcore.checkpoint.load_weights`) instead of random ones.
     """
     if steps < 1 or batch < 1:
         raise RunError(f"steps and batch must be at least 1, got steps={steps}, batch={batch}")
@@ -155,6 +161,10 @@ def run_steps(
         )
     torch.manual_seed(seed)  # the weights come from the global generator
     model = build_model(bp, device=dev, dtype=dtype)
+    if weights is not None:
+        from lmcore.checkpoint import load_weights
+
+        load_weights(model, weights)
     tokens = torch.Generator().manual_seed(seed)
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
