@@ -226,7 +226,7 @@ def test_files_and_metadata(corpus: Path, tmp_path: Path) -> None:
     val = raw["splits"]["val"]["tokens"]
     assert abs(val - 0.25 * (len(train) + val)) <= 32  # within a block of the share
     assert result.tokens_per_second > 0 and result.tokenizer_seconds > 0
-    assert not list(tmp_path.rglob("*.partial"))
+    assert not list(tmp_path.rglob(".*.tmp"))
 
 
 def test_progress_bars_go_to_stderr(
@@ -341,7 +341,7 @@ def test_a_failure_leaves_nothing_half_written(
     with pytest.raises(OSError, match="disk full"):
         small([corpus], out, force=True, val_fraction=0.3)
     monkeypatch.undo()
-    assert not (out / "meta.json").exists() and not list(out.glob("*.partial"))
+    assert not (out / "meta.json").exists() and not list(out.glob(".*.tmp"))
     with pytest.raises(DataError, match=re.escape(
         f"{str(out)!r} is not a prepared data directory: it holds train.bin, val.bin but no "
         "meta.json: an interrupted prepare, or files not written by lmcore; run: lmcore data "

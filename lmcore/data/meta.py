@@ -112,7 +112,11 @@ class DataMeta:
         return {"format": FORMAT, "version": VERSION, **asdict(self)}
 
     def write(self, path: Path) -> None:
-        path.write_text(json.dumps(self.to_json(), indent=2, ensure_ascii=False) + "\n", "utf-8")
+        """Write `meta.json` atomically."""
+        from lmcore.atomic import atomic_write
+
+        with atomic_write(path, "w") as f:
+            f.write(json.dumps(self.to_json(), indent=2, ensure_ascii=False) + "\n")
 
     @classmethod
     def read(cls, path: Path) -> DataMeta:

@@ -11,25 +11,26 @@ Two streaming passes over the sources, each holding one chunk of text at a time:
    the id stream into blocks and append each block to `train.bin` or `val.bin` (meta.py states
    the document and split rules).
 
-Everything is written under temporary names in the output directory and renamed into place at
-the end, `meta.json` last: an interrupted run leaves no `meta.json`, which `TokenData.open`
-reports, and never a shorter `train.bin` that looks complete.
+Everything is written under temporary names in the output directory (`lmcore.atomic`) and renamed
+into place at the end, `meta.json` last: an interrupted run leaves the old files, or no
+`meta.json`, which `TokenData.open` reports; never a shorter `train.bin` that looks complete.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
-import tempfile
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 import numpy as np
 
+from lmcore.atomic import atomic_path
 from lmcore.data.meta import (
     DATA_FILES,
     DEFAULT_SPLIT_BLOCK,
@@ -167,34 +168,47 @@ def prepare(
     created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    writers = {name: _SplitWriter(out, name, dtype, eot_id) for name in SPLITS}
     done = False
     try:
-        splitter = _Splitter(val_fraction, split_block, eot_id, writers["train"], writers["val"])
-        bar = _bar("encode", total_bytes, progress)
-        _encode(files, tok, eot_id, splitter, chunk_bytes, batch_bytes, bar)
-        bar.close()
-        encode_seconds = time.perf_counter() - t0
-        _check_windows(writers, context_length, val_fraction, split_block)
-        meta = DataMeta(
-            vocab_size=vocab,
-            dtype=dtype,
-            eot_id=eot_id,
-            splits={n: SplitInfo(f"{n}.bin", w.tokens, w.documents) for n, w in writers.items()},
-            val_fraction=val_fraction,
-            split_block=split_block,
-            sources=_source_info(source_paths, files),
-            extensions=exts,
-            exclude=tuple(exclude),
-            skipped=tuple(skipped),
-            tokenizer_from=None if tokenizer is None else os.path.abspath(tokenizer),
-            versions=_versions(),
-        )
-        _commit(out, writers, tok, meta)
+        with contextlib.ExitStack() as stack:
+            # Each .bin file grows under a temporary name (lmcore.atomic); leaving this block
+            # renames both into place, or, on an error, removes them and leaves the old files.
+            writers: dict[str, _SplitWriter] = {}
+            for name in SPLITS:
+                tmp = stack.enter_context(atomic_path(out / f"{name}.bin"))
+                writers[name] = stack.enter_context(_SplitWriter(tmp, name, dtype, eot_id))
+            splitter = _Splitter(
+                val_fraction, split_block, eot_id, writers["train"], writers["val"]
+            )
+            bar = _bar("encode", total_bytes, progress)
+            _encode(files, tok, eot_id, splitter, chunk_bytes, batch_bytes, bar)
+            bar.close()
+            encode_seconds = time.perf_counter() - t0
+            _check_windows(writers, context_length, val_fraction, split_block)
+            meta = DataMeta(
+                vocab_size=vocab,
+                dtype=dtype,
+                eot_id=eot_id,
+                splits={
+                    n: SplitInfo(f"{n}.bin", w.tokens, w.documents) for n, w in writers.items()
+                },
+                val_fraction=val_fraction,
+                split_block=split_block,
+                sources=_source_info(source_paths, files),
+                extensions=exts,
+                exclude=tuple(exclude),
+                skipped=tuple(skipped),
+                tokenizer_from=None if tokenizer is None else os.path.abspath(tokenizer),
+                versions=_versions(),
+            )
+            # From here until the new meta.json lands the directory holds none, so a crash in
+            # between leaves data `TokenData.open` refuses, never old metadata over new files.
+            (out / META_FILE).unlink(missing_ok=True)
+        with atomic_path(out / TOKENIZER_FILE) as tmp:
+            tok.save(str(tmp))
+        meta.write(out / META_FILE)  # last: its presence marks a complete directory
         done = True
     finally:
-        for w in writers.values():
-            w.discard()  # a no-op for files already renamed into place
         if created and not done and not any(out.iterdir()):
             out.rmdir()  # leave no empty directory behind
     return PrepareResult(
@@ -404,35 +418,24 @@ def load_tokenizer(path: Path) -> Tokenizer:
 
 
 class _SplitWriter:
-    """Token ids appended to a temporary file in the output directory, renamed at commit."""
+    """Token ids appended to one split's (temporary) file, counted as they go."""
 
-    def __init__(self, out: Path, name: str, dtype: str, eot_id: int):
+    def __init__(self, path: Path, name: str, dtype: str, eot_id: int):
         self.name, self.dtype, self.eot_id = name, file_dtype(dtype), eot_id
-        self.final = out / f"{name}.bin"
-        fd, tmp = tempfile.mkstemp(dir=out, prefix=f".{name}.bin.", suffix=".partial")
-        self.tmp = Path(tmp)
-        self.file: IO[bytes] | None = os.fdopen(fd, "wb")
+        self.file: IO[bytes] = path.open("wb")
         self.tokens = 0
         self.documents = 0  # end-of-text tokens written
 
     def write(self, ids: np.ndarray) -> None:
-        assert self.file is not None
         self.file.write(np.ascontiguousarray(ids, dtype=self.dtype).data)
         self.tokens += len(ids)
         self.documents += int(np.count_nonzero(ids == self.eot_id))
 
-    def finish(self) -> None:
-        assert self.file is not None
-        self.file.flush()
-        os.fsync(self.file.fileno())
-        self.file.close()
-        self.file = None
+    def __enter__(self) -> _SplitWriter:
+        return self
 
-    def discard(self) -> None:
-        if self.file is not None:
-            self.file.close()
-            self.file = None
-        self.tmp.unlink(missing_ok=True)
+    def __exit__(self, *exc: object) -> None:
+        self.file.close()
 
 
 class _Splitter:
@@ -529,45 +532,3 @@ def _bar(what: str, total: int, progress: bool | None) -> Any:
         disable=None if progress is None else not progress,
         leave=True,
     )
-
-
-# --- writing -------------------------------------------------------------------------------
-
-
-def _commit(out: Path, writers: dict[str, _SplitWriter], tok: Tokenizer, meta: DataMeta) -> None:
-    """Rename the token files into place, then write tokenizer.json and, last, meta.json.
-
-    The old meta.json goes first: from then until the new one lands the directory holds no
-    metadata, so a crash in between leaves data `TokenData.open` refuses, never a mix.
-    """
-    for w in writers.values():
-        w.finish()
-    (out / META_FILE).unlink(missing_ok=True)
-    for w in writers.values():
-        os.replace(w.tmp, w.final)
-    _atomic_write(out / TOKENIZER_FILE, lambda p: tok.save(str(p)))
-    _atomic_write(out / META_FILE, meta.write)
-    _fsync_dir(out)
-
-
-def _atomic_write(path: Path, write: Callable[[Path], None]) -> None:
-    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
-    os.close(fd)
-    tmp = Path(name)
-    try:
-        write(tmp)
-        with tmp.open("rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def _fsync_dir(path: Path) -> None:
-    if os.name != "posix":  # pragma: no cover - directories cannot be opened on Windows
-        return
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
