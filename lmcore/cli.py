@@ -5,6 +5,7 @@ lmcore describe SPEC        parameters, FLOPs and memory by component, before an
 lmcore run SPEC             forward+backward steps on random tokens: tokens/s and peak memory
 lmcore plugins              list components, presets and plugins with provenance and status
 lmcore convert              Hugging Face Llama directory <-> lmcore checkpoint
+lmcore data prepare SRC...  train a BPE tokenizer and write token ids for training
 
 Wherever a SPEC is taken, a checkpoint path is too (a name ending in .safetensors, or a path with
 a directory separator and no '='): its embedded spec is used, resolved against the plugins that
@@ -154,6 +155,8 @@ def _parser() -> argparse.ArgumentParser:
         "the model (repeatable); unknown fields are refused otherwise",
     )
     p.set_defaults(func=_cmd_convert)
+
+    _add_data_parser(sub)
     return parser
 
 
@@ -626,6 +629,128 @@ def _cmd_convert(args: argparse.Namespace) -> int:
                 f"({hf.ARCHITECTURE}; transformers.{hf.ARCHITECTURE}.from_pretrained loads it)"
             )
     return 0
+
+
+def _add_data_parser(sub: Any) -> None:
+    from lmcore.data.meta import DEFAULT_SPLIT_BLOCK, DEFAULT_VAL_FRACTION, DEFAULT_VOCAB_SIZE
+    from lmcore.data.sources import DEFAULT_EXTENSIONS
+
+    data = sub.add_parser("data", help="prepare token data for training")
+    data_sub = data.add_subparsers(dest="data_command", required=True, metavar="COMMAND")
+    p = data_sub.add_parser(
+        "prepare",
+        help="train a byte-level BPE tokenizer and write train.bin, val.bin",
+        description="Train a byte-level BPE tokenizer (Hugging Face tokenizers) on text files "
+        "and write DIR/train.bin and DIR/val.bin (flat uint16 token ids, uint32 for a "
+        "vocabulary over 65,536), DIR/tokenizer.json and DIR/meta.json. Each file is a "
+        "document followed by <|endoftext|>; the literal text <|endoftext|> inside a file is "
+        "that token too.",
+    )
+    p.add_argument("sources", nargs="+", metavar="SOURCE", help="text files or directories")
+    p.add_argument("--out", required=True, metavar="DIR", help="output directory")
+    p.add_argument(
+        "--vocab-size",
+        type=int,
+        metavar="N",
+        help=f"tokens of the trained BPE, at least 257 (default: {DEFAULT_VOCAB_SIZE})",
+    )
+    p.add_argument(
+        "--val-fraction",
+        type=float,
+        default=DEFAULT_VAL_FRACTION,
+        metavar="F",
+        help=f"share of the tokens for val.bin, in (0, 1) (default: {DEFAULT_VAL_FRACTION})",
+    )
+    p.add_argument(
+        "--tokenizer", metavar="FILE", help="reuse this tokenizer.json instead of training one"
+    )
+    p.add_argument("--force", action="store_true", help="replace data already in DIR")
+    p.add_argument(
+        "--ext",
+        action="append",
+        metavar="EXT",
+        help="read files with this extension from directories; repeatable "
+        f"(default: {' '.join(DEFAULT_EXTENSIONS)})",
+    )
+    p.add_argument(
+        "--exclude",
+        action="append",
+        default=[],
+        metavar="GLOB",
+        help="skip paths under a directory whose relative path or any part matches; "
+        "repeatable (e.g. --exclude test --exclude '*.min.js')",
+    )
+    p.add_argument(
+        "--skip-undecodable",
+        action="store_true",
+        help="leave out files that are not UTF-8 (listed in meta.json) instead of failing",
+    )
+    p.add_argument(
+        "--split-block",
+        type=int,
+        default=DEFAULT_SPLIT_BLOCK,
+        metavar="N",
+        help="longest run of tokens assigned to one split; longer documents are cut "
+        f"(default: {DEFAULT_SPLIT_BLOCK})",
+    )
+    p.add_argument(
+        "--context-length",
+        type=int,
+        default=1,
+        metavar="N",
+        help="fail unless each split holds a window of N+1 tokens (default: 1)",
+    )
+    p.set_defaults(func=_cmd_data_prepare, command="data prepare")
+
+
+def _cmd_data_prepare(args: argparse.Namespace) -> int:
+    from lmcore.data.prepare import prepare
+    from lmcore.data.sources import DEFAULT_EXTENSIONS
+
+    result = prepare(
+        args.sources,
+        args.out,
+        vocab_size=args.vocab_size,
+        val_fraction=args.val_fraction,
+        tokenizer=args.tokenizer,
+        force=args.force,
+        extensions=args.ext or DEFAULT_EXTENSIONS,
+        exclude=args.exclude,
+        split_block=args.split_block,
+        context_length=args.context_length,
+        skip_undecodable=args.skip_undecodable,
+    )
+    print("\n".join(prepare_lines(result)))
+    return 0
+
+
+def prepare_lines(r: Any) -> list[str]:
+    """`lmcore data prepare`'s summary of a `PrepareResult`."""
+    m = r.meta
+    total = m.tokens
+    sources = f"{len(m.sources)} source{'s' if len(m.sources) != 1 else ''}"
+    skipped = (
+        f"; skipped {len(m.skipped)} not UTF-8 (meta.json lists them), e.g. {m.skipped[0]}"
+        if m.skipped
+        else ""
+    )
+    made = (
+        f"trained in {r.tokenizer_seconds:.1f} s"
+        if m.tokenizer_from is None
+        else f"reused from {m.tokenizer_from}"
+    )
+    splits = ", ".join(
+        f"{name} {s.tokens:,} ({100 * s.tokens / total:.1f}%, {s.documents:,} documents)"
+        for name, s in m.splits.items()
+    )
+    return [
+        f"data: {r.out_dir}: train.bin, val.bin ({m.dtype}), tokenizer.json, meta.json",
+        f"text: {m.files:,} files, {m.bytes:,} bytes of UTF-8 from {sources}{skipped}",
+        f"tokenizer: byte-level BPE, {m.vocab_size:,} tokens ({m.eot_token} = {m.eot_id}), {made}",
+        f"tokens: {splits}",
+        f"time: {r.seconds:.1f} s in all; encoding {total:,} tokens took "
+        f"{r.encode_seconds:.1f} s, {r.tokens_per_second:,.0f} tokens/s",
+    ]
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -109,6 +109,11 @@ class ConversionError(CheckpointError):
     the message names every field or component that does not carry over."""
 
 
+class DataError(LmcoreError, ValueError):
+    """Token data cannot be prepared or read: missing or undecodable text, a bad option, an
+    output directory that already holds data, files that do not match their metadata, ..."""
+
+
 class LmcoreWarning(UserWarning):
     """Something is off but nothing failed, e.g. LMCORE_DISABLE_PLUGINS names no plugin."""
 
