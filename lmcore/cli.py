@@ -4,6 +4,12 @@ lmcore build SPEC           build a model; print its canonical spec and paramete
 lmcore describe SPEC        parameters, FLOPs and memory by component, before any weight exists
 lmcore run SPEC             forward+backward steps on random tokens: tokens/s and peak memory
 lmcore plugins              list components, presets and plugins with provenance and status
+lmcore convert              Hugging Face Llama directory <-> lmcore checkpoint
+lmcore data prepare SRC...  train a BPE tokenizer and write token ids for training
+
+Wherever a SPEC is taken, a checkpoint path is too (a name ending in .safetensors, or a path with
+a directory separator and no '='): its embedded spec is used, resolved against the plugins that
+saved it.
 
 Exit status: 0 done; 2 the input is wrong (spec, options, environment variables, plugins), with
 a one-line message on stderr (plus the caret display for spec errors); 1 lmcore failed: a bug
@@ -33,6 +39,8 @@ from lmcore.errors import LmcoreError, LmcoreWarning, SlowPluginWarning, SpecErr
 
 if TYPE_CHECKING:
     from lmcore.accounting import Description, TrainingMemory
+    from lmcore.blueprint import Blueprint
+    from lmcore.checkpoint import CheckpointInfo
     from lmcore.train import RunResult
 
 
@@ -157,10 +165,21 @@ def _parser() -> argparse.ArgumentParser:
         dest="command", required=True, metavar="COMMAND", parser_class=_Parser
     )
 
-    p = sub.add_parser("build", help="build a model and print its canonical spec and size")
-    p.add_argument("spec", help='spec string, e.g. "tinystories, pos=nope"')
-    p.add_argument("--dtype", choices=DTYPES, default="float32")
+    p = sub.add_parser(
+        "build",
+        help="build a model and print its canonical spec and size",
+        description="Build a model from a spec (seeded weights) or a checkpoint (its weights), "
+        "print its canonical spec and parameter count, and optionally save it.",
+    )
+    p.add_argument("spec", help=f'spec string, e.g. "tinystories, pos=nope"; {_OR_CHECKPOINT}')
+    p.add_argument("--dtype", choices=DTYPES, help=_DTYPE_HELP)
     p.add_argument("--device", default="cpu", help="torch device (meta: no allocation)")
+    p.add_argument(
+        "--seed", type=_seed, default=0, help="seeds a spec's weights (0 .. 2**64-1; default: 0)"
+    )
+    p.add_argument(
+        "--save", metavar="PATH", help="save the model to PATH (.safetensors) with its spec"
+    )
     p.add_argument("--max-bytes", type=_byte_count, help=MAX_BYTES_HELP)
     p.set_defaults(func=_cmd_build)
 
@@ -170,10 +189,14 @@ def _parser() -> argparse.ArgumentParser:
         description="Account a spec before any weight exists: parameters and forward FLOPs by "
         "component with their shares, weight memory and a training-memory estimate (AdamW).",
     )
-    p.add_argument("spec", help='spec string, e.g. "gpt2-xl" or "tinystories, ffn=gelu"')
+    p.add_argument(
+        "spec",
+        help=f'spec string, e.g. "gpt2-xl" or "tinystories, ffn=gelu"; {_OR_CHECKPOINT}, whose '
+        "spec and provenance are shown",
+    )
     p.add_argument("--seq", type=_positive, help="tokens per sequence (default: context_length)")
     p.add_argument("--batch", type=_positive, default=1, help="sequences per batch (default: 1)")
-    p.add_argument("--dtype", choices=DTYPES, default="float32")
+    p.add_argument("--dtype", choices=DTYPES, help=_DTYPE_HELP)
     p.add_argument(
         "--measure",
         action="store_true",
@@ -190,7 +213,11 @@ def _parser() -> argparse.ArgumentParser:
         "random token ids (next-token cross-entropy, no weight update) and report throughput, "
         "peak memory and whether the gradient reached every parameter.",
     )
-    p.add_argument("spec", help='spec string, e.g. "tinystories"')
+    p.add_argument(
+        "spec",
+        help=f'spec string, e.g. "tinystories"; {_OR_CHECKPOINT}, whose weights the steps '
+        "start from",
+    )
     p.add_argument(
         "--steps", type=_positive, default=10, help="forward+backward steps (default: 10)"
     )
@@ -201,7 +228,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda:N"
     )
-    p.add_argument("--dtype", choices=DTYPES, default="float32")
+    p.add_argument("--dtype", choices=DTYPES, help=_DTYPE_HELP)
     p.add_argument(
         "--seed", type=_seed, default=0, help="seeds the weights and the tokens (0 .. 2**64-1)"
     )
@@ -212,6 +239,35 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--kind", choices=[*KINDS, "preset"])
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=_cmd_plugins)
+
+    p = sub.add_parser(
+        "convert",
+        help="convert a Hugging Face Llama directory to an lmcore checkpoint, or back",
+        description="Convert between Hugging Face Llama model directories (config.json and "
+        "safetensors weights, sharded or not) and lmcore checkpoints. Anything the target "
+        "cannot express is refused, naming the field or component.",
+    )
+    way = p.add_mutually_exclusive_group(required=True)
+    way.add_argument(
+        "--from-hf", nargs=2, metavar=("DIR", "OUT.safetensors"), help="Llama directory -> lmcore"
+    )
+    way.add_argument("--to-hf", nargs=2, metavar=("CKPT", "DIR"), help="lmcore -> Llama directory")
+    p.add_argument(
+        "--dtype",
+        choices=DTYPES,
+        help="--from-hf: store the weights in this dtype (default: as is)",
+    )
+    p.add_argument(
+        "--ignore-field",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="--from-hf: a config.json field lmcore does not know that you know does not change "
+        "the model (repeatable); unknown fields are refused otherwise",
+    )
+    p.set_defaults(func=_cmd_convert)
+
+    _add_data_parser(sub)
     return parser
 
 
@@ -222,6 +278,42 @@ MAX_BYTES_HELP = (
 )
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "PB": 10**15,
           "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40, "PIB": 2**50}  # fmt: skip
+_OR_CHECKPOINT = "or a checkpoint path (.safetensors)"
+_DTYPE_HELP = "default: float32, or a checkpoint's own dtype"
+
+
+def _source(args: argparse.Namespace) -> tuple[Blueprint, CheckpointInfo | None]:
+    """The blueprint of a command's SPEC argument, a spec string or a checkpoint path (with the
+    checkpoint's info)."""
+    from lmcore.checkpoint import spec_or_checkpoint
+
+    with _checkpoint_warnings(args.command):
+        return spec_or_checkpoint(args.spec)
+
+
+@contextlib.contextmanager
+def _checkpoint_warnings(command: str) -> Iterator[None]:
+    """Print a checkpoint's provenance warnings as `lmcore CMD: warning: ...`; other warnings
+    pass through as before."""
+    from lmcore.errors import CheckpointWarning
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", CheckpointWarning)
+        yield
+    for w in caught:
+        if issubclass(w.category, CheckpointWarning):
+            print(f"lmcore {command}: warning: {w.message}", file=sys.stderr)
+        else:
+            warnings.showwarning(w.message, w.category, w.filename, w.lineno, w.file, w.line)
+
+
+def _dtype(args: argparse.Namespace, info: CheckpointInfo | None) -> Any:
+    """`--dtype` as a torch dtype; by default a checkpoint's own, else float32."""
+    import torch
+
+    if args.dtype is not None:
+        return getattr(torch, args.dtype)
+    return info.torch_dtype if info is not None else torch.float32
 
 
 def _positive(text: str) -> int:
@@ -251,18 +343,26 @@ def _byte_count(text: str) -> int:
 def _cmd_build(args: argparse.Namespace) -> int:
     import torch
 
-    from lmcore.blueprint import resolve
+    from lmcore.checkpoint import build_from_checkpoint, save
+    from lmcore.inputs import check_device
     from lmcore.model import build_model
 
-    model = build_model(
-        resolve(args.spec),
-        device=args.device,
-        dtype=getattr(torch, args.dtype),
-        max_bytes=args.max_bytes,
-    )
+    bp, info = _source(args)
+    dtype = _dtype(args, info)
+    device = check_device(args.device)
+    if info is not None and device.type != "meta":
+        model = build_from_checkpoint(
+            info, bp, device=device, dtype=dtype, max_bytes=args.max_bytes
+        )
+    else:
+        torch.manual_seed(args.seed)
+        model = build_model(bp, device=device, dtype=dtype, max_bytes=args.max_bytes)
     n = sum(p.numel() for p in model.parameters())
     print(model.spec)
     print(f"parameters: {n:,}")
+    if args.save is not None:
+        path = save(model, args.save)
+        print(f"saved: {path} ({_bytes(path.stat().st_size)}, {str(dtype).removeprefix('torch.')})")
     return 0
 
 
@@ -276,24 +376,29 @@ def _check_seq(args: argparse.Namespace, context_length: int) -> None:
 
 
 def _cmd_describe(args: argparse.Namespace) -> int:
-    import torch
 
     from lmcore.accounting import describe
-    from lmcore.blueprint import resolve
 
-    bp = resolve(args.spec)
+    bp, info = _source(args)
     _check_seq(args, bp.spec.context_length)
     found = describe(
         bp,
         batch=args.batch,
         seq_len=args.seq,
-        dtype=getattr(torch, args.dtype),
+        dtype=_dtype(args, info),
         measure=args.measure,
     )
     if args.json:
-        print(json.dumps(describe_json(found), indent=2))
+        data = describe_json(found)
+        print(
+            json.dumps(
+                data if info is None else {"checkpoint": checkpoint_json(info), **data}, indent=2
+            )
+        )
     else:
-        print("\n".join(describe_lines(found)))
+        print(
+            "\n".join([*([] if info is None else checkpoint_lines(info)), *describe_lines(found)])
+        )
     if found.mismatches:
         print(
             "lmcore describe: error: declared activations differ from the measurement:\n  "
@@ -302,6 +407,51 @@ def _cmd_describe(args: argparse.Namespace) -> int:
         )
         return 1
     return 0
+
+
+def checkpoint_lines(info: CheckpointInfo) -> list[str]:
+    """What a checkpoint says about itself: file, format, versions, and per component the
+    distribution, version and entry point that provided it when it was saved."""
+    lines = [
+        f"checkpoint: {info.path} ({_bytes(info.size)}, {len(info.tensors)} tensors, {info.dtype}; "
+        f"lmcore checkpoint format {info.format_version}, written by lmcore "
+        f"{info.lmcore_version} with torch {info.torch_version})",
+    ]
+    width = max(len(c.name) for c in info.components.values())
+    for kind, saved in info.components.items():
+        lines.append(f"  {kind:<4}  {saved.name:<{width}}  {saved}")
+    for alias, stored in info.tied.items():
+        lines.append(f"  tied: {alias} is stored once, as {stored}")
+    for key, value in info.metadata.items():
+        shown = value if len(value) <= 60 else value[:57] + "..."
+        lines.append(f"  metadata: {key} = {shown}")
+    return [*lines, ""]
+
+
+def checkpoint_json(info: CheckpointInfo) -> dict[str, Any]:
+    """`lmcore describe CKPT --json`'s "checkpoint" entry."""
+    return {
+        "path": str(info.path),
+        "format_version": info.format_version,
+        "spec": info.spec,
+        "bytes": info.size,
+        "tensors": len(info.tensors),
+        "dtype": info.dtype,
+        "lmcore_version": info.lmcore_version,
+        "torch_version": info.torch_version,
+        "components": {
+            kind: {
+                "name": c.name,
+                "dist": c.dist,
+                "version": c.version,
+                "plugin": c.plugin,
+                "module": c.module,
+            }
+            for kind, c in info.components.items()
+        },
+        "tied": dict(info.tied),
+        "metadata": dict(info.metadata),
+    }
 
 
 def describe_json(found: Description) -> dict[str, Any]:
@@ -351,7 +501,6 @@ def describe_json(found: Description) -> dict[str, Any]:
 
 def describe_lines(found: Description) -> list[str]:
     """`lmcore describe` as text: the spec, one row per module, the FLOPs by part, memory."""
-    from lmcore.accounting import format_bytes
 
     acc, mem = found.accounting, found.memory
     table = [("row", "module", "count", "parameters", "share", "forward FLOPs", "share")]
@@ -386,8 +535,7 @@ def describe_lines(found: Description) -> list[str]:
     size = mem.weights // acc.params if acc.params else 0
     lines += [
         "",
-        f"weights: {format_bytes(mem.weights)} "
-        f"({acc.params:,} parameters × {size} bytes, {mem.dtype})",
+        f"weights: {_bytes(mem.weights)} ({acc.params:,} parameters × {size} bytes, {mem.dtype})",
         "",
         f"training memory estimate (AdamW, {mem.dtype}, batch {acc.batch} × seq {acc.seq_len}):",
     ]
@@ -400,14 +548,14 @@ def describe_lines(found: Description) -> list[str]:
         ("total", mem.total, "" if mem.activations is not None else "without activations"),
     ]
     for label, amount, why in items:
-        shown = "?" if amount is None else format_bytes(amount)
+        shown = "?" if amount is None else _bytes(amount)
         lines.append(f"  {label:<13}  {shown:>10}  {why}".rstrip())
     if mem.activations:
-        lines += ["", f"activations by part (total {format_bytes(mem.activations)}):"]
+        lines += ["", f"activations by part (total {_bytes(mem.activations)}):"]
         width = max(len(part) for part in mem.activations_by_part)
         for part, n in mem.activations_by_part.items():
             share = _pct(n / mem.activations)
-            lines.append(f"  {part:<{width}}  {format_bytes(n):>10}  {share:>6}")
+            lines.append(f"  {part:<{width}}  {_bytes(n):>10}  {share:>6}")
     return lines
 
 
@@ -419,6 +567,13 @@ def _activations_note(mem: TrainingMemory) -> str:
     if mem.activations_source == "measured":
         return f"{what}, measured on the meta device{why}"
     return f"unknown: {mem.note}"
+
+
+def _bytes(n: int) -> str:
+    """Binary prefixes, as memory is sized: 7.92 GiB (`lmcore.accounting.format_bytes`)."""
+    from lmcore.accounting import format_bytes
+
+    return format_bytes(n)
 
 
 def _pct(share: float) -> str:
@@ -435,12 +590,10 @@ def _flops(n: int) -> str:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    import torch
 
-    from lmcore.blueprint import resolve
     from lmcore.train import ProgressBar, run_steps
 
-    bp = resolve(args.spec)
+    bp, info = _source(args)
     _check_seq(args, bp.spec.context_length)
     result = run_steps(
         bp,
@@ -448,9 +601,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
         batch=args.batch,
         seq_len=args.seq,
         device=args.device,
-        dtype=getattr(torch, args.dtype),
+        dtype=_dtype(args, info),
         seed=args.seed,
         progress=ProgressBar(sys.stderr),
+        weights=info,
         max_bytes=args.max_bytes,
     )
     print("\n".join(run_lines(result)))
@@ -474,11 +628,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 def run_lines(r: RunResult) -> list[str]:
     """`lmcore run`'s report."""
-    from lmcore.accounting import format_bytes
 
     tokens = r.steps * r.batch * r.seq_len
     timed = "the one step" if r.steps == 1 else f"steps 2-{r.steps}; step 1 warms up"
-    peak = "unknown" if r.peak_memory is None else format_bytes(r.peak_memory)
+    peak = "unknown" if r.peak_memory is None else _bytes(r.peak_memory)
     if r.gradient_problems:
         grads = f"{len(r.gradient_problems)} parameter(s) without a usable gradient: " + "; ".join(
             r.gradient_problems
@@ -587,6 +740,158 @@ def _cmd_plugins(args: argparse.Namespace) -> int:
     for problem in problems:
         print(f"warning: {problem}", file=sys.stderr)
     return 0
+
+
+def _cmd_convert(args: argparse.Namespace) -> int:
+    import torch
+
+    from lmcore import hf
+    from lmcore.checkpoint import read_info
+
+    with _checkpoint_warnings(args.command):
+        if args.from_hf is not None:
+            directory, out = args.from_hf
+            dtype = None if args.dtype is None else getattr(torch, args.dtype)
+            written = hf.convert_from_hf(directory, out, dtype=dtype, ignore=args.ignore_field)
+            info = read_info(written)
+            print(f"spec: {info.spec}")
+            print(f"wrote: {info.path} ({_bytes(info.size)}, {info.dtype}, lmcore checkpoint)")
+        else:
+            if args.dtype is not None or args.ignore_field:
+                raise UsageError(
+                    "--dtype and --ignore-field apply to --from-hf only; --to-hf writes the "
+                    "checkpoint's dtype and a config of its own"
+                )
+            checkpoint, directory = args.to_hf
+            written = hf.convert_to_hf(checkpoint, directory)
+            print(f"spec: {read_info(checkpoint).spec}")
+            print(
+                f"wrote: {written / 'config.json'} and {written / hf.WEIGHTS} "
+                f"({hf.ARCHITECTURE}; transformers.{hf.ARCHITECTURE}.from_pretrained loads it)"
+            )
+    return 0
+
+
+def _add_data_parser(sub: Any) -> None:
+    from lmcore.data.meta import DEFAULT_SPLIT_BLOCK, DEFAULT_VAL_FRACTION, DEFAULT_VOCAB_SIZE
+    from lmcore.data.sources import DEFAULT_EXTENSIONS
+
+    data = sub.add_parser("data", help="prepare token data for training")
+    data_sub = data.add_subparsers(dest="data_command", required=True, metavar="COMMAND")
+    p = data_sub.add_parser(
+        "prepare",
+        help="train a byte-level BPE tokenizer and write train.bin, val.bin",
+        description="Train a byte-level BPE tokenizer (Hugging Face tokenizers) on text files "
+        "and write DIR/train.bin and DIR/val.bin (flat uint16 token ids, uint32 for a "
+        "vocabulary over 65,536), DIR/tokenizer.json and DIR/meta.json. Each file is a "
+        "document followed by <|endoftext|>; the literal text <|endoftext|> inside a file is "
+        "that token too.",
+    )
+    p.add_argument("sources", nargs="+", metavar="SOURCE", help="text files or directories")
+    p.add_argument("--out", required=True, metavar="DIR", help="output directory")
+    p.add_argument(
+        "--vocab-size",
+        type=int,
+        metavar="N",
+        help=f"tokens of the trained BPE, at least 257 (default: {DEFAULT_VOCAB_SIZE})",
+    )
+    p.add_argument(
+        "--val-fraction",
+        type=float,
+        default=DEFAULT_VAL_FRACTION,
+        metavar="F",
+        help=f"share of the tokens for val.bin, in (0, 1) (default: {DEFAULT_VAL_FRACTION})",
+    )
+    p.add_argument(
+        "--tokenizer", metavar="FILE", help="reuse this tokenizer.json instead of training one"
+    )
+    p.add_argument("--force", action="store_true", help="replace data already in DIR")
+    p.add_argument(
+        "--ext",
+        action="append",
+        metavar="EXT",
+        help="read files with this extension from directories; repeatable "
+        f"(default: {' '.join(DEFAULT_EXTENSIONS)})",
+    )
+    p.add_argument(
+        "--exclude",
+        action="append",
+        default=[],
+        metavar="GLOB",
+        help="skip paths under a directory whose relative path or any part matches; "
+        "repeatable (e.g. --exclude test --exclude '*.min.js')",
+    )
+    p.add_argument(
+        "--skip-undecodable",
+        action="store_true",
+        help="leave out files that are not UTF-8 (listed in meta.json) instead of failing",
+    )
+    p.add_argument(
+        "--split-block",
+        type=int,
+        default=DEFAULT_SPLIT_BLOCK,
+        metavar="N",
+        help="longest run of tokens assigned to one split; longer documents are cut "
+        f"(default: {DEFAULT_SPLIT_BLOCK})",
+    )
+    p.add_argument(
+        "--context-length",
+        type=int,
+        default=1,
+        metavar="N",
+        help="fail unless each split holds a window of N+1 tokens (default: 1)",
+    )
+    p.set_defaults(func=_cmd_data_prepare, command="data prepare")
+
+
+def _cmd_data_prepare(args: argparse.Namespace) -> int:
+    from lmcore.data.prepare import prepare
+    from lmcore.data.sources import DEFAULT_EXTENSIONS
+
+    result = prepare(
+        args.sources,
+        args.out,
+        vocab_size=args.vocab_size,
+        val_fraction=args.val_fraction,
+        tokenizer=args.tokenizer,
+        force=args.force,
+        extensions=args.ext or DEFAULT_EXTENSIONS,
+        exclude=args.exclude,
+        split_block=args.split_block,
+        context_length=args.context_length,
+        skip_undecodable=args.skip_undecodable,
+    )
+    print("\n".join(prepare_lines(result)))
+    return 0
+
+
+def prepare_lines(r: Any) -> list[str]:
+    """`lmcore data prepare`'s summary of a `PrepareResult`."""
+    m = r.meta
+    total = m.tokens
+    sources = f"{len(m.sources)} source{'s' if len(m.sources) != 1 else ''}"
+    skipped = (
+        f"; skipped {len(m.skipped)} not UTF-8 (meta.json lists them), e.g. {m.skipped[0]}"
+        if m.skipped
+        else ""
+    )
+    made = (
+        f"trained in {r.tokenizer_seconds:.1f} s"
+        if m.tokenizer_from is None
+        else f"reused from {m.tokenizer_from}"
+    )
+    splits = ", ".join(
+        f"{name} {s.tokens:,} ({100 * s.tokens / total:.1f}%, {s.documents:,} documents)"
+        for name, s in m.splits.items()
+    )
+    return [
+        f"data: {r.out_dir}: train.bin, val.bin ({m.dtype}), tokenizer.json, meta.json",
+        f"text: {m.files:,} files, {m.bytes:,} bytes of UTF-8 from {sources}{skipped}",
+        f"tokenizer: byte-level BPE, {m.vocab_size:,} tokens ({m.eot_token} = {m.eot_id}), {made}",
+        f"tokens: {splits}",
+        f"time: {r.seconds:.1f} s in all; encoding {total:,} tokens took "
+        f"{r.encode_seconds:.1f} s, {r.tokens_per_second:,.0f} tokens/s",
+    ]
 
 
 if __name__ == "__main__":  # pragma: no cover

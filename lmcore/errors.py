@@ -128,12 +128,32 @@ class StateDictError(LmcoreError, RuntimeError):
     one that tied embeddings share)."""
 
 
+class CheckpointError(LmcoreError, ValueError):
+    """A checkpoint cannot be read, or does not fit the model it describes. The message names the
+    file, what is wrong with it and what to do."""
+
+
+class ConversionError(CheckpointError):
+    """A model cannot be converted to or from another library's format without losing something;
+    the message names every field or component that does not carry over."""
+
+
+class DataError(LmcoreError, ValueError):
+    """Token data cannot be prepared or read: missing or undecodable text, a bad option, an
+    output directory that already holds data, files that do not match their metadata, ..."""
+
+
 class LmcoreWarning(UserWarning):
     """Something is off but nothing failed, e.g. LMCORE_DISABLE_PLUGINS names no plugin."""
 
 
 class SlowPluginWarning(LmcoreWarning):
     """A plugin is taking long to import; the message names it."""
+
+
+class CheckpointWarning(LmcoreWarning):
+    """A checkpoint loaded, but a component now comes from another version (or distribution) than
+    the one that saved it. `LMCORE_STRICT_PLUGINS=1` makes this a `CheckpointError`."""
 
 
 def clip(text: str, limit: int = 60, *, quote: bool = True) -> str:

@@ -7,6 +7,9 @@ component; `TransformerBlock` wires norm, attention and feed-forward in pre- or 
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -161,6 +164,14 @@ class TransformerLM(nn.Module):
             # logits sqrt(d_model) times too large.
             self.token_embeddings.weight = self.lm_head.weight
             self.register_load_state_dict_pre_hook(refuse_untied_state_dict)  # type: ignore[no-untyped-call]
+
+    def save(
+        self, path: str | os.PathLike[str], *, metadata: Mapping[str, str] | None = None
+    ) -> Path:
+        """Save to one safetensors file with the spec and plugin provenance: `lmcore.save`."""
+        from lmcore.checkpoint import save
+
+        return save(self, path, metadata=metadata)
 
     @property
     def components(self) -> dict[str, Component]:

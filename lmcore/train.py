@@ -9,11 +9,12 @@ did not reach: a smoke test for any spec, including one made of third-party comp
 from __future__ import annotations
 
 import math
+import os
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 import torch
 from jaxtyping import Float, Int
@@ -25,6 +26,9 @@ from lmcore.inputs import check_device
 from lmcore.model import build_model
 from lmcore.registry import Registry
 from lmcore.spec import ModelSpec
+
+if TYPE_CHECKING:
+    from lmcore.checkpoint import CheckpointInfo
 
 
 class RunError(LmcoreError, ValueError):
@@ -122,14 +126,16 @@ def run_steps(
     seed: int = 0,
     progress: Progress | None = None,
     registry: Registry | None = None,
+    weights: CheckpointInfo | str | os.PathLike[str] | None = None,
     max_bytes: int | None = None,
 ) -> RunResult:
     """Build the model and run `steps` forward+backward passes on random tokens.
 
-    `seq_len` defaults to the shorter of 128 and the context length. Before anything is
-    allocated, the memory of the model and of one step (weights, buffers, gradients, declared
-    activations, token ids) is checked against `max_bytes` (default: what the device has
-    available), as `build_model` checks the model's.
+    `seq_len` defaults to the shorter of 128 and the context length. `weights`: start from this
+    lmcore checkpoint's weights (`lmcore.checkpoint.load_weights`) instead of random ones.
+    Before anything is allocated, the memory of the model and of one step (weights, buffers,
+    gradients, declared activations, token ids) is checked against `max_bytes` (default: what
+    the device has available), as `build_model` checks the model's.
     """
     if steps < 1 or batch < 1:
         raise RunError(f"steps and batch must be at least 1, got steps={steps}, batch={batch}")
@@ -147,6 +153,10 @@ def run_steps(
     check_step_size(bp, batch=batch, seq_len=seq, device=dev, dtype=dtype, max_bytes=max_bytes)
     torch.manual_seed(seed)  # the weights come from the global generator
     model = build_model(bp, device=dev, dtype=dtype, max_bytes=max_bytes)
+    if weights is not None:
+        from lmcore.checkpoint import load_weights
+
+        load_weights(model, weights)
     tokens = torch.Generator().manual_seed(seed)
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
