@@ -76,6 +76,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             _silence_stdout()
             return 0
         except OSError as e:
+            if e.filename is not None:  # a path the command was given (--save, --out, ...)
+                _say(f"{prog}: error: {e.filename}: {e.strerror or e}")
+                return 2
             if not _is_stdout_error(e):
                 raise
             _silence_stdout()
@@ -96,9 +99,9 @@ def _say(line: str) -> None:
 
 
 def _is_stdout_error(e: OSError) -> bool:
-    """Whether `e` is what writing stdout raises (a full disk, an I/O error, a closed file),
-    not an error about a file lmcore opened."""
-    return e.filename is None and e.errno in _WRITE_ERRORS
+    """Whether `e` (about no file) is what writing stdout raises: a full disk, an I/O error, a
+    closed file."""
+    return e.errno in _WRITE_ERRORS
 
 
 _WRITE_ERRORS = {errno.ENOSPC, errno.EIO, errno.EBADF, errno.EFBIG, errno.EPIPE}

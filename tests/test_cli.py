@@ -149,3 +149,13 @@ def test_output_that_cannot_be_written_is_one_line_and_exit_1() -> None:
     assert out.stderr.decode() == (
         "lmcore plugins: error: cannot write the output: [Errno 28] No space left on device\n"
     )
+
+
+def test_a_path_that_cannot_be_written_exits_2_with_one_line(capsys, tmp_path) -> None:
+    target = tmp_path / "missing-dir" / "m.safetensors"
+    assert main(["build", "cs336-tiny", "--save", str(target)]) == 2
+    err = capsys.readouterr().err
+    assert (
+        err.startswith(f"lmcore build: error: {tmp_path / 'missing-dir'}") and err.count("\n") == 1
+    )
+    assert err.rstrip().endswith("No such file or directory")
