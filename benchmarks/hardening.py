@@ -374,7 +374,8 @@ def run(
     env["PYTHONPATH"] = os.pathsep.join([*paths, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     out_file = open(case.stdout, "w") if case.stdout else subprocess.PIPE  # noqa: SIM115
     start = time.perf_counter()
-    proc = _Popen(command, env=env, stdout=out_file, stderr=subprocess.PIPE)
+    # From a directory of its own: `python -c` would otherwise import ./lmcore of the checkout.
+    proc = _Popen(command, env=env, stdout=out_file, stderr=subprocess.PIPE, cwd=root)
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
