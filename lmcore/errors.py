@@ -143,6 +143,11 @@ class DataError(LmcoreError, ValueError):
     output directory that already holds data, files that do not match their metadata, ..."""
 
 
+class GenerationError(LmcoreError, ValueError):
+    """Generation cannot run as asked: a sampling option out of range, a component that cannot
+    work with a KV cache, prompts that need a mask the kernel lacks, or no room in the context."""
+
+
 class LmcoreWarning(UserWarning):
     """Something is off but nothing failed, e.g. LMCORE_DISABLE_PLUGINS names no plugin."""
 

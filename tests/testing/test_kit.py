@@ -5,6 +5,7 @@ and a registry holding only the planted components.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import Any
 
@@ -407,9 +408,13 @@ def test_each_planted_bug_fails_its_check_and_names_it(
 @pytest.mark.parametrize("component", ["good-norm", "good-attn", "good-rotary"])
 def test_correct_components_pass_every_check(pytester: pytest.Pytester, component: str) -> None:
     outcomes = run_kit(pytester, "--lmcore-component", component)
-    # The activations check needs a declaration, which these components leave out (optional).
+    # The activations check needs a declaration, which these components leave out (optional);
+    # the cache check a model around them, which the planted-only registry cannot build.
     skipped = {k for k, v in outcomes.items() if v == "skipped"}
-    assert [k.split("[")[0] for k in skipped] == [NODE + "test_activations"]
+    assert sorted(k.split("[")[0] for k in skipped) == [
+        NODE + "test_activations",
+        NODE + "test_cache",
+    ]
     assert outcomes and {v for k, v in outcomes.items() if k not in skipped} == {"passed"}, (
         failures(outcomes)
     )
@@ -452,6 +457,65 @@ def test_a_wrong_activations_declaration_fails_and_names_it(pytester: pytest.Pyt
     )
 
 
+class StartPositions(PositionalEncodingBase):
+    """Planted: embeds at 0..T-1 whatever positions it is given (right for a full forward, wrong
+    for the tokens after a KV cache)."""
+
+    def __init__(self, d_model: int, context_length: int, device: Any = None):
+        super().__init__()
+        self.table = torch.randn(context_length, d_model, device=device)
+
+    def embed(self, x: Tensor, token_positions: Tensor) -> Tensor:
+        return x + self.table[: x.shape[1]].to(x.dtype)
+
+
+@pytest.mark.parametrize(
+    ("component", "pattern"),
+    [
+        (
+            Component(kind="pos", name="start-positions", build=StartPositions,
+                      features=frozenset({"absolute"})),
+            r"with a KV cache, 2 new token\(s\) after 5 cached ones \(attn gets Sq=2, Sk=7\) do "
+            r"not give the logits of a full forward: .* the pos hooks use the positions they are "
+            r"given",
+        ),
+        (
+            attn("start-aligned", StartAlignedAttention),  # its other checks fail too
+            r"2 new token\(s\) after 5 cached ones \(attn gets Sq=2, Sk=7\) .*The kernel must "
+            r"align causal queries to the end of the keys",
+        ),
+    ],
+    ids=["pos", "attn"],
+)  # fmt: skip
+def test_a_component_that_breaks_the_cache_fails_and_names_it(
+    component: Component, pattern: str
+) -> None:
+    from lmcore.testing import ConformanceError, cases
+
+    registry = WithBuiltins(component).registry
+    [case] = [c for c in cases(registry, components=[component.name]) if c.check.name == "cache"]
+    assert case.skip_reason is None
+    with pytest.raises(ConformanceError, match=pattern):
+        case.run()
+    # Declared, the check has nothing to hold it to (generation refuses it instead).
+    declared = dataclasses.replace(component, features=component.features | {"nocache"})
+    registry = WithBuiltins(declared).registry
+    [case] = [c for c in cases(registry, components=[component.name]) if c.check.name == "cache"]
+    case.run()
+
+
+def test_the_cache_check_skips_where_no_model_can_be_built_around_the_component() -> None:
+    from lmcore.testing import cases
+
+    [case] = [
+        c for c in cases(PlantedRegistry(PLANTED[0]).registry) if c.check.name == "cache"
+    ]
+    assert case.skip_reason == (
+        "the check builds a model around norm:good-norm, but the registry lacks the default ffn "
+        "'swiglu', pos 'rope', attn 'sdpa' for the other slots (lmcore's built-ins are not loaded)"
+    )
+
+
 def test_a_component_that_counts_a_tensor_the_next_layer_saves_fails() -> None:
     """Rows agree one by one, yet the total does not: the norm saves its own output, which the
     attention projections save too, and declares it."""
@@ -482,6 +546,7 @@ def test_every_check_is_shown_failing_by_some_planted_bug() -> None:
     }
     caught.add("build")  # test_a_module_that_is_not_a_positional_encoding_fails_build
     caught.add("activations")  # test_a_wrong_activations_declaration_fails_and_names_it
+    caught.add("cache")  # test_a_component_that_breaks_the_cache_fails_and_names_it
     assert caught == {c.name for c in CHECKS}
 
 
