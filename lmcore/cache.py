@@ -16,12 +16,16 @@ positions count its real tokens only, so a padded prompt is encoded as it would 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from lmcore.errors import ModelInputError
+
+if TYPE_CHECKING:
+    from lmcore.model import TransformerLM
 
 
 @dataclass
@@ -72,11 +76,10 @@ class KVCache:
         self.length = 0
 
     @classmethod
-    def for_model(cls, model: torch.nn.Module, batch: int) -> KVCache:
-        """An empty cache for `batch` sequences of `model` (a `TransformerLM`), on its device
-        and in its dtype, for its whole context_length."""
-        spec = model.spec  # type: ignore[union-attr]
-        weight = model.lm_head.weight  # type: ignore[union-attr]
+    def for_model(cls, model: TransformerLM, batch: int) -> KVCache:
+        """An empty cache for `batch` sequences of `model`, on its device and in its dtype,
+        for its whole context_length."""
+        spec, weight = model.spec, model.lm_head.weight
         return cls(
             num_layers=spec.num_layers,
             batch=batch,

@@ -14,7 +14,7 @@ import itertools
 import math
 import warnings
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
@@ -22,6 +22,10 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from lmcore.components import KINDS, accepted_kwargs, format_scalar
 from lmcore.interfaces import PROTOCOLS, PositionalEncoding
+
+if TYPE_CHECKING:
+    from lmcore.model import TransformerLM
+
 from lmcore.testing.core import (
     BATCH,
     DTYPES,
@@ -462,7 +466,7 @@ def cache(target: Target, variant: str, settings: Settings) -> None:
                 _padded_cache(model, spec, ids, full)
 
 
-def _padded_cache(model: nn.Module, spec: str, ids: Tensor, full: Tensor) -> None:
+def _padded_cache(model: TransformerLM, spec: str, ids: Tensor, full: Tensor) -> None:
     """Row 0 left-padded by CACHE_PADS, row 1 not: both give their unpadded logits."""
     from lmcore.cache import KVCache
 
