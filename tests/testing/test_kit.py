@@ -507,9 +507,7 @@ def test_a_component_that_breaks_the_cache_fails_and_names_it(
 def test_the_cache_check_skips_where_no_model_can_be_built_around_the_component() -> None:
     from lmcore.testing import cases
 
-    [case] = [
-        c for c in cases(PlantedRegistry(PLANTED[0]).registry) if c.check.name == "cache"
-    ]
+    [case] = [c for c in cases(PlantedRegistry(PLANTED[0]).registry) if c.check.name == "cache"]
     assert case.skip_reason == (
         "the check builds a model around norm:good-norm, but the registry lacks the default ffn "
         "'swiglu', pos 'rope', attn 'sdpa' for the other slots (lmcore's built-ins are not loaded)"
