@@ -32,6 +32,7 @@ from lmcore.cache import KVCache
 from lmcore.components import KINDS
 from lmcore.errors import GenerationError, ModelInputError, one_of
 from lmcore.inputs import check_ids
+from lmcore.nn import softmax
 
 if TYPE_CHECKING:
     from lmcore.model import TransformerLM
@@ -87,7 +88,7 @@ def sample(
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
     if sampling.greedy:
         return logits.argmax(dim=-1)  # the first maximum: the lowest id
-    probs = torch.softmax(logits / sampling.temperature, dim=-1)
+    probs = softmax(logits / sampling.temperature, dim=-1)
     if sampling.top_k is not None or sampling.top_p < 1:
         # One stable sort ranks tokens by probability, ties by id; both cuts are by rank.
         ranked, order = probs.sort(dim=-1, descending=True, stable=True)

@@ -566,7 +566,8 @@ def test_ids_name_the_check_the_component_and_the_variant(pytester: pytest.Pytes
     assert sorted(outcomes) == [
         NODE + f"test_{t}[norm:good-norm{v}]"
         for t, v in sorted([
-            ("activations", ""), ("build", ""), ("compile", ""), ("flops", ""), ("forward", "-bfloat16"),
+            ("activations", ""), ("build", ""), ("cache", ""), ("compile", ""), ("flops", ""),
+            ("forward", "-bfloat16"),
             ("forward", "-float32"), ("gradients", ""), ("meta", ""), ("params", ""),
             ("per_token", ""), ("state_dict", ""),
         ])
@@ -589,7 +590,7 @@ def test_a_required_argument_without_default_skips_with_the_reason(
         *QUIET, "--lmcore-conformance", "--lmcore-component", "needs-arg", "-rs",
         plugins=[PlantedRegistry()],
     )  # fmt: skip
-    result.assert_outcomes(skipped=11)
+    result.assert_outcomes(skipped=12)
     result.stdout.fnmatch_lines(
         [
             "*norm:needs-arg has required argument(s) unused with no default; the conformance kit builds components from their declared defaults*"
@@ -726,7 +727,7 @@ def test_failure_report_leads_with_the_broken_contract(pytester: pytest.Pytester
         *QUIET, "--lmcore-conformance", "--lmcore-compile-backend", "eager", "--lmcore-component", "wrong-dtype",
         plugins=[PlantedRegistry()],
     )  # fmt: skip
-    result.assert_outcomes(failed=1, passed=9, skipped=1)
+    result.assert_outcomes(failed=1, passed=9, skipped=2)  # activations, cache: see above
     result.stdout.fnmatch_lines([
         "*_ lmcore-conformance::test_forward[[]norm:wrong-dtype-bfloat16[]] _*",
         "the output is shape (2, 3, 8, 64) float32 for bfloat16 input; return the input's dtype*",
