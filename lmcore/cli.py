@@ -961,6 +961,11 @@ def _add_generate_parser(sub: Any) -> None:
         action="store_true",
         help="recompute the whole sequence at every step instead of using a KV cache",
     )
+    p.add_argument(
+        "--compile",
+        action="store_true",
+        help="compile the decoding step with torch.compile (slow to start: for long outputs)",
+    )
     p.set_defaults(func=_cmd_generate)
 
 
@@ -1103,6 +1108,10 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     if stop is None and tok is not None:
         stop = tok.token_to_id("<|endoftext|>")
     n = args.max_new_tokens or max(1, min(256, model.spec.context_length - len(ids) + 1))
+    if args.compile:
+        from lmcore.generate import compile_decoding
+
+        compile_decoding(model)
     start = time.perf_counter()
     steps = model.stream(
         torch.tensor(ids),
@@ -1133,6 +1142,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     seconds = time.perf_counter() - start
     ended = " (stop token)" if stop is not None and out and out[-1] == stop else ""
     mode = "KV cache" if not args.no_cache else "recomputed each step"
+    mode += ", compiled: the first step compiles" if args.compile else ""
     _say(
         f"lmcore generate: {len(out)} tokens{ended} in {seconds:.2f} s, "
         f"{len(out) / seconds:,.0f} tokens/s ({mode}, prompt {len(ids)} tokens, "

@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from jaxtyping import Bool, Float, Int
@@ -240,6 +240,16 @@ def _check_options(
 # ------------------------------------------------------------------------------ generation
 
 
+def compile_decoding(model: TransformerLM, **options: Any) -> TransformerLM:
+    """Compile `model`'s decoding step in place with `torch.compile` (`options` are passed on,
+    e.g. ``backend="inductor"``) and return the model. The cache's fill level is a dynamic size,
+    so the prompt and the one-token steps compile once each (the first `generate` pays for it);
+    the KV cache's storage is written in place, never reallocated."""
+    step = torch.compile(model.forward_unchecked, dynamic=True, **options)
+    model.forward_unchecked = step  # type: ignore[method-assign]
+    return model
+
+
 def stream(
     model: TransformerLM,
     prompt_ids: Prompt,
@@ -292,7 +302,7 @@ def _steps(
             )
             tokens[:, :prompt_len] = ids
         finished = torch.zeros(batch, dtype=torch.bool, device=ids.device)
-        new: Tensor = ids
+        new: Tensor = ids.clone()  # an inference tensor like every later step's (one compile)
     for step in range(max_new_tokens):
         with torch.inference_mode():
             if use_cache:  # the prompt first, then one token at a time
