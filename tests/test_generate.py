@@ -325,3 +325,26 @@ def test_forward_with_a_cache_refuses_what_does_not_fit() -> None:
         ModelInputError, match=r"pad\(\) marks the slots of a prompt before its forward"
     ):
         kv.pad(torch.ones(2, 3, dtype=torch.bool))
+
+
+def test_compiled_decoding_gives_the_same_tokens_and_compiles_prompt_and_steps_once() -> None:
+    from torch._dynamo.utils import counters
+
+    from lmcore.generate import compile_decoding
+
+    torch.manual_seed(0)
+    model = build_model(
+        "vocab_size=97, context_length=16, d_model=16, num_layers=1, num_heads=2, num_kv_heads=1, d_ff=32"
+    )
+    prompt = torch.randint(0, 97, (2, 5))
+    eager = model.generate(prompt, 4, temperature=0)
+    shorter = recompute(model, prompt[:, 1:], 4)  # before compiling: forward runs the step too
+    torch.compiler.reset()
+    counters.clear()
+    try:
+        compile_decoding(model, backend="eager")
+        assert torch.equal(model.generate(prompt, 4, temperature=0), eager)
+        assert torch.equal(model.generate(prompt[:, 1:], 4, temperature=0), shorter)
+        assert counters["stats"]["unique_graphs"] <= 2  # the prompt, and every later step
+    finally:
+        torch.compiler.reset()
