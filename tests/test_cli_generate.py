@@ -123,3 +123,24 @@ def test_bad_input_exits_2_with_one_line(
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("lmcore generate: error: ")
     assert re.search(message, err), err
+
+
+def test_an_explicit_tokenizer_serves_a_lone_checkpoint_and_stops_at_its_eot(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = saved_model(tmp_path / "m.safetensors")
+    tok = make_tokenizer(tmp_path / "elsewhere" / "tok.json")
+    eot = tok.token_to_id(EOT)
+    prompt = tok.encode("The dog").ids
+    new = model.generate(torch.tensor(prompt), 10, temperature=0.9, seed=3, stop_token=eot)
+    code = main(["generate", str(tmp_path / "m.safetensors"), "--prompt", "The dog",
+                 "--tokenizer", str(tmp_path / "elsewhere" / "tok.json"), "--max-new-tokens", "10",
+                 "--temperature", "0.9", "--seed", "3"])  # fmt: skip
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert out == tok.decode(new.tolist()) + "\n"
+    # With ids, the new ids are printed when there is no tokenizer to decode them.
+    assert main(["generate", str(tmp_path / "m.safetensors"), "--prompt-ids", "5,6",
+                 "--max-new-tokens", "3", "--temperature", "0"]) == 0  # fmt: skip
+    expected = model.generate(torch.tensor([5, 6]), 3, temperature=0).tolist()
+    assert capsys.readouterr().out == " ".join(map(str, expected)) + "\n"
