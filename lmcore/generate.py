@@ -155,19 +155,16 @@ def prompt_batch(
             items = list(prompt_ids)
         rows = []
         for n, item in enumerate(items):
-            row = item if isinstance(item, Tensor) else _as_ids(item, n)
+            # Lists of ints are made on the model's device; a tensor must already be there.
+            row = item if isinstance(item, Tensor) else _as_ids(item, n).to(device)
             if row.ndim != 1:
                 raise ModelInputError(
                     f"prompt {n} has shape {tuple(row.shape)}; each prompt in a list is 1-d"
                 )
-            rows.append(
-                check_ids(
-                    row.to(device) if row.device.type != device.type else row,
-                    vocab_size=spec.vocab_size,
-                    context_length=spec.context_length,
-                    device=device,
-                )
+            check = check_ids(
+                row, vocab_size=spec.vocab_size, context_length=spec.context_length, device=device
             )
+            rows.append(check)
         longest = max(len(r) for r in rows)
         if all(len(r) == longest for r in rows):
             return torch.stack([r.long() for r in rows]), None, single
