@@ -31,6 +31,7 @@ if TYPE_CHECKING:
         PluginLoadError,
         RegistryError,
         SpecError,
+        TrainError,
     )
     from lmcore.hookspecs import hookimpl
     from lmcore.model import TransformerLM, build_model
@@ -64,6 +65,7 @@ _WHERE = {
     "PluginLoadError": "errors",
     "RegistryError": "errors",
     "SpecError": "errors",
+    "TrainError": "errors",
     "hookimpl": "hookspecs",
     "TransformerLM": "model",
     "build_model": "model",
@@ -97,6 +99,7 @@ __all__ = [
     "Registry",
     "RegistryError",
     "SpecError",
+    "TrainError",
     "TransformerLM",
     "build_model",
     "get_registry",
