@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from lmcore.model import TransformerLM, build_model
     from lmcore.registry import Registry, get_registry, scoped_registry, use_registry
     from lmcore.spec import ComponentSpec, ModelSpec
+    from lmcore.train_config import TrainConfig
 
 __version__ = "0.1.0"
 
@@ -75,6 +76,7 @@ _WHERE = {
     "use_registry": "registry",
     "ComponentSpec": "spec",
     "ModelSpec": "spec",
+    "TrainConfig": "train_config",
 }
 
 __all__ = [
@@ -99,6 +101,7 @@ __all__ = [
     "Registry",
     "RegistryError",
     "SpecError",
+    "TrainConfig",
     "TrainError",
     "TransformerLM",
     "build_model",

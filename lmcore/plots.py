@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
 
 Record = Mapping[str, Any]
+_STYLES = ("o-", "s--", "^-.", "D:", "v-", "P--", "X-.", "*:")
 
 
 @dataclass(frozen=True)
@@ -82,21 +83,20 @@ def plot_run(records: Sequence[Record], path: str | os.PathLike[str], title: str
 
 def plot_compare(curves: Sequence[Curve], path: str | os.PathLike[str], title: str) -> None:
     """Every run's validation loss against tokens, one line each; a run that diverged ends in
-    an x at its last evaluation. The y axis spans the finite losses of all runs, the lowest
-    80% of the range shown in full below the starting values."""
+    an x at its last evaluation. The y axis leaves out each run's highest loss (the untrained
+    model's, at step 0), so that the differences between the runs show."""
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(7.5, 4.5), dpi=100)
     ax = fig.add_subplot()
     lows, highs = [], []
-    for curve in curves:
+    for n, curve in enumerate(curves):
         x, y = _points(curve.records, "eval", "val_loss")
-        label = (
-            curve.label
-            if curve.diverged_at is None
-            else f"{curve.label} (diverged at {curve.diverged_at})"
-        )
-        (line,) = ax.plot(x, y, "o-", ms=2.5, lw=1.5, label=label)
+        label = curve.label
+        if curve.diverged_at is not None:
+            label = f"{label} (diverged at step {curve.diverged_at})"
+        style = _STYLES[n % len(_STYLES)]  # curves that coincide stay visible
+        (line,) = ax.plot(x, y, style, ms=3, lw=1.5, label=label)
         if curve.diverged_at is not None and x:
             ax.plot(x[-1:], y[-1:], "x", ms=9, mew=2, color=line.get_color())
         if len(y) > 1:

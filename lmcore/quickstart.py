@@ -23,12 +23,12 @@ QUICKSTART_SPEC: Final = (
     "vocab_size=2048, context_length=128, d_model=128, num_layers=4, num_heads=4"
 )
 QUICKSTART_VOCAB: Final = 2048
-QUICKSTART_STEPS: Final = 300
+QUICKSTART_STEPS: Final = 200
 QUICKSTART_DATA: Final = Path("data/stdlib-2k")
 QUICKSTART_RUN: Final = Path("runs/quickstart")
 EXCLUDE: Final = ("site-packages", "test")
 # Options of the run: a short warmup and a high peak for a short run of a small model.
-OPTIONS: Final = {"batch_size": 16, "lr": 3e-3, "eval_every": 30, "eval_batches": 8,
+OPTIONS: Final = {"batch_size": 16, "lr": 3e-3, "eval_every": 20, "eval_batches": 4,
                   "save_every": 0}  # fmt: skip
 
 
@@ -67,9 +67,10 @@ def _usable(data: Path) -> bool:
         return False
     meta = TokenData.open(data).meta
     if (
-        meta.vocab_size == QUICKSTART_VOCAB
-        and [s.path for s in meta.sources] == [os.path.abspath(stdlib())]
-        and tuple(meta.exclude) == EXCLUDE
+        [s.path for s in meta.sources] == [os.path.abspath(stdlib())]
+        and meta.extensions == (".py",)
+        and meta.exclude == EXCLUDE
+        and meta.tokenizer_from is None
     ):
         return True
     raise DataError(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -351,3 +352,13 @@ def test_the_data_position_is_the_step(tiny_data: Path, tmp_path: Path) -> None:
     sampler = TokenData.open(tiny_data).sampler("train", batch_size=8, context_length=16, seed=3)
     assert torch.equal(sampler.batch(4)[0], sampler.batch(4)[0])
     assert os.path.isfile(latest_checkpoint(run).tokenizer)  # type: ignore[union-attr]
+
+
+def test_a_progress_bar_on_request(
+    tiny_data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    train(TINY_SPEC, tiny_data, tmp_path / "run", config(steps=12, log_every=4), echo=None,
+          progress=True)  # fmt: skip
+    captured = capsys.readouterr()
+    assert captured.out == ""  # echo=None: no report
+    assert "12/12" in captured.err and re.search(r"loss \d\.\d{4}, [\d,]+ tok/s", captured.err)
