@@ -278,8 +278,11 @@ def test_under_autocast_the_autocast_dtype_is_a_right_output_dtype() -> None:
     with scoped_registry() as reg:
         reg.add(Component(kind="norm", name="halve", build=Halve), name="faulty")
         halving = build_model("cs336-tiny, norm=halve")
-        with torch.autocast("cpu", dtype=torch.bfloat16), pytest.raises(
-            PluginError, match=r"norm 'halve' from .* returned shape \(2, 8, 64\) torch.float16"
+        with (
+            torch.autocast("cpu", dtype=torch.bfloat16),
+            pytest.raises(
+                PluginError, match=r"norm 'halve' from .* returned shape \(2, 8, 64\) torch.float16"
+            ),
         ):
             halving(torch.zeros(2, 8, dtype=torch.long))
 
