@@ -138,6 +138,10 @@ def test_a_signal_saves_a_checkpoint_and_resume_goes_on(
          "--lr -1.0: must be a number > 0, e.g. 1e-3"),
         (["train", "cs336-tiny", "--data", "DATA", "--out", "r", "--betas", "0.9", "1"],
          "--betas 0.9 1.0: must be two numbers in [0, 1), e.g. 0.9 0.95"),
+        (["train", "cs336-tiny", "--data", "DATA", "--out", "r", "--seed", "18446744073709551616"],
+         "argument --seed: expected an integer in 0 .. 2**64-1, got '18446744073709551616'"),
+        (["train", "cs336-tiny", "--data", "DATA", "--out", "r", "--warmup", "-3"],
+         "--warmup -3: must be an integer ≥ 0"),
         (["train", "cs336-tiny, vocab_size=256", "--data", "DATA", "--out", "r"], "the model's "
          "vocab_size=256 is smaller than the data's 277 tokens"),
         (["train", "--resume", "r", "--out", "x"], "--resume r continues that run in its own "
