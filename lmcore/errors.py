@@ -143,6 +143,11 @@ class DataError(LmcoreError, ValueError):
     output directory that already holds data, files that do not match their metadata, ..."""
 
 
+class TrainError(LmcoreError, ValueError):
+    """Training cannot start or continue: a bad option, a run directory that already holds a
+    run (or holds none), a resumed run whose options or data changed, ..."""
+
+
 class LmcoreWarning(UserWarning):
     """Something is off but nothing failed, e.g. LMCORE_DISABLE_PLUGINS names no plugin."""
 
