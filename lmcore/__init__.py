@@ -32,11 +32,13 @@ if TYPE_CHECKING:
         PluginLoadError,
         RegistryError,
         SpecError,
+        TrainError,
     )
     from lmcore.hookspecs import hookimpl
     from lmcore.model import TransformerLM, build_model
     from lmcore.registry import Registry, get_registry, scoped_registry, use_registry
     from lmcore.spec import ComponentSpec, ModelSpec
+    from lmcore.train_config import TrainConfig
 
 __version__ = "0.1.0"
 
@@ -65,6 +67,7 @@ _WHERE = {
     "PluginLoadError": "errors",
     "RegistryError": "errors",
     "SpecError": "errors",
+    "TrainError": "errors",
     "hookimpl": "hookspecs",
     "TransformerLM": "model",
     "build_model": "model",
@@ -74,6 +77,7 @@ _WHERE = {
     "use_registry": "registry",
     "ComponentSpec": "spec",
     "ModelSpec": "spec",
+    "TrainConfig": "train_config",
 }
 
 __all__ = [
@@ -98,6 +102,8 @@ __all__ = [
     "Registry",
     "RegistryError",
     "SpecError",
+    "TrainConfig",
+    "TrainError",
     "TransformerLM",
     "build_model",
     "get_registry",

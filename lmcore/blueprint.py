@@ -438,17 +438,23 @@ def checked_module(entry: Entry, module: Any) -> Any:
 
 @dataclass(frozen=True)
 class _OutputCheck:
-    """A forward hook: the output has the shape and dtype of the first input (x, or q)."""
+    """A forward hook: the output has the shape and dtype of the first input (x, or q); under
+    `torch.autocast` the autocast dtype is right too (a matmul of float32 input gives it)."""
 
     where: str
     kind: str
 
     def __call__(self, module: Any, args: tuple[Any, ...], out: Any) -> None:
+        import torch
         from torch import Tensor
 
         x = args[0]
-        if isinstance(out, Tensor) and out.shape == x.shape and out.dtype == x.dtype:
-            return
+        if isinstance(out, Tensor) and out.shape == x.shape:
+            if out.dtype == x.dtype:
+                return
+            device = x.device.type
+            if torch.is_autocast_enabled(device) and out.dtype == torch.get_autocast_dtype(device):
+                return
         what = "q's" if self.kind == "attn" else "its input's"
         got = f"shape {tuple(out.shape)} {out.dtype}" if isinstance(out, Tensor) else type(out)
         raise PluginError(

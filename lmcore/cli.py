@@ -6,6 +6,10 @@ lmcore run SPEC             forward+backward steps on random tokens: tokens/s an
 lmcore plugins              list components, presets and plugins with provenance and status
 lmcore convert              Hugging Face Llama directory <-> lmcore checkpoint
 lmcore data prepare SRC...  train a BPE tokenizer and write token ids for training
+lmcore train SPEC           train a model on prepared data: checkpoints, metrics, loss curve
+lmcore sweep BASE --vary    train a baseline and its variants alike; compare them
+lmcore compare RUN...       the comparison table and plot of existing runs
+lmcore quickstart           train a small model on this Python's standard library (a minute)
 lmcore generate SPEC|CKPT   write text (or token ids) from a prompt, streaming, with a KV cache
 
 Wherever a SPEC is taken, a checkpoint path is too (a name ending in .safetensors, or a path with
@@ -272,6 +276,7 @@ def _parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_convert)
 
     _add_data_parser(sub)
+    _add_train_parsers(sub)
     _add_generate_parser(sub)
     return parser
 
@@ -899,6 +904,260 @@ def prepare_lines(r: Any) -> list[str]:
     ]
 
 
+# ------------------------------------------------------------------------------ training
+
+
+def _add_train_parsers(sub: Any) -> None:
+    p = sub.add_parser(
+        "train",
+        help="train a model on prepared data (checkpoints, metrics, loss curve)",
+        description="Train SPEC (or a checkpoint's model, from its weights) on the token data "
+        "of `lmcore data prepare` into the run directory RUN: AdamW with a cosine schedule "
+        "and warmup, gradient clipping, evaluation on val.bin, checkpoints (resumable bit for "
+        "bit), metrics.jsonl and loss.png. Ctrl-C saves a checkpoint and stops; "
+        "`lmcore train --resume RUN` continues.",
+    )
+    p.add_argument(
+        "spec",
+        nargs="?",
+        help=f'spec string, e.g. "tinystories, vocab_size=2048"; {_OR_CHECKPOINT}',
+    )
+    p.add_argument("--data", metavar="DIR", help="prepared data (lmcore data prepare)")
+    p.add_argument("--out", metavar="RUN", help="the new run directory")
+    p.add_argument(
+        "--resume",
+        metavar="RUN",
+        help="continue the run in RUN from its newest checkpoint (no SPEC; --steps/--tokens "
+        "may extend it)",
+    )
+    _add_budget_options(p)
+    p.set_defaults(func=_cmd_train)
+
+    p = sub.add_parser(
+        "sweep",
+        help="train a baseline and its variants with the same budget; compare them",
+        description="Train BASE and, for each --vary, BASE with those key=value items "
+        "replaced, one after another with the same options, seed and data order, into "
+        "SWEEP/<name>-<hash>; write SWEEP/compare.md, compare.json and val_loss.png. A run "
+        "that diverges is reported and the sweep goes on; running the same command again "
+        "continues an interrupted sweep.",
+    )
+    p.add_argument("base", metavar="BASE", help='the baseline spec, e.g. "tinystories"')
+    p.add_argument(
+        "--vary",
+        action="append",
+        required=True,
+        metavar="ITEMS",
+        help='a variant: key=value items replacing the base\'s, e.g. "norm=none" or '
+        '"pos=nope, num_layers=6"; repeatable',
+    )
+    p.add_argument("--data", required=True, metavar="DIR", help="prepared data")
+    p.add_argument("--out", required=True, metavar="SWEEP", help="the sweep's directory")
+    _add_budget_options(p)
+    p.set_defaults(func=_cmd_sweep)
+
+    p = sub.add_parser(
+        "compare",
+        help="compare runs: final losses, throughput, validation curves",
+        description="Print a Markdown table of existing runs (parameters, final train and "
+        "validation loss, the difference to the first run, tokens/s, wall time, status); "
+        "with --out also write compare.md, compare.json and val_loss.png there.",
+    )
+    p.add_argument("runs", nargs="+", metavar="RUN", help="run directories")
+    p.add_argument("--out", metavar="DIR", help="write the table, its JSON and the plot here")
+    p.set_defaults(func=_cmd_compare)
+
+    from lmcore.quickstart import QUICKSTART_DATA, QUICKSTART_RUN, QUICKSTART_STEPS
+
+    p = sub.add_parser(
+        "quickstart",
+        help="train a small model on this Python's standard library, in about a minute",
+        description="Tokenise the running Python's standard library (once) and train a small "
+        "model on it, printing the validation loss as it falls; it prints the two ordinary "
+        "commands (data prepare, train) that do the same.",
+    )
+    p.add_argument(
+        "--steps", type=_positive, default=QUICKSTART_STEPS, help=f"default: {QUICKSTART_STEPS}"
+    )
+    p.add_argument(
+        "--data", default=str(QUICKSTART_DATA), metavar="DIR", help="default: %(default)s"
+    )
+    p.add_argument(
+        "--out",
+        metavar="RUN",
+        help=f"default: {QUICKSTART_RUN}, or the next free {QUICKSTART_RUN}-N",
+    )
+    p.add_argument("--device", default="auto", help="default: auto (cuda if available, else cpu)")
+    p.set_defaults(func=_cmd_quickstart)
+
+
+def _add_budget_options(p: argparse.ArgumentParser) -> None:
+    """The training options of `train` and `sweep`; each defaults to TrainConfig's."""
+    from lmcore.train_config import AUTOCAST, DTYPES, TrainConfig
+
+    d = TrainConfig()
+    budget = p.add_mutually_exclusive_group()
+    budget.add_argument(
+        "--steps", type=_positive, metavar="N", help=f"optimizer steps (default: {d.steps})"
+    )
+    budget.add_argument(
+        "--tokens",
+        type=_positive,
+        metavar="N",
+        help="train on N tokens instead: steps = ceil(N / (batch size × context length))",
+    )
+    options: list[tuple[str, Any, str, str]] = [
+        ("--batch-size", _positive, "B", f"sequences per step (default: {d.batch_size})"),
+        ("--lr", float, "LR", f"peak learning rate (default: {d.lr:g})"),
+        ("--min-lr", float, "LR", "the cosine schedule's floor (default: lr / 10)"),
+        ("--warmup", int, "N", "linear warmup steps (default: 10%% of the steps)"),
+        ("--weight-decay", float, "WD", f"AdamW's, on matrices only (default: {d.weight_decay:g})"),
+        ("--grad-clip", float, "NORM", f"global gradient norm; 0: off (default: {d.grad_clip:g})"),
+        ("--eval-every", int, "N", f"steps between evaluations; 0: only first and last "
+                                   f"(default: {d.eval_every})"),
+        ("--eval-batches", _positive, "N", f"fixed validation batches (default: {d.eval_batches})"),
+        ("--log-every", _positive, "N", f"steps per metrics record (default: {d.log_every})"),
+        ("--save-every", int, "N", f"steps between checkpoints; 0: only at the end "
+                                   f"(default: {d.save_every})"),
+        ("--keep", int, "N", f"newest checkpoints kept; 0: all (default: {d.keep})"),
+        ("--seed", _seed, "N", f"initial weights and batch order (default: {d.seed})"),
+        ("--device", str, "DEVICE", f"auto (cuda if available, else cpu), cpu, cuda:N "
+                                    f"(default: {d.device})"),
+    ]  # fmt: skip
+    for flag, kind, metavar, text in options:
+        p.add_argument(flag, type=kind, metavar=metavar, help=text)
+    p.add_argument(
+        "--betas",
+        type=float,
+        nargs=2,
+        metavar=("B1", "B2"),
+        help=f"AdamW's betas (default: {d.betas[0]} {d.betas[1]})",
+    )
+    p.add_argument(
+        "--dtype", choices=DTYPES, help="parameter dtype (default: float32, or a checkpoint's)"
+    )
+    p.add_argument(
+        "--bf16",
+        action="store_const",
+        const=AUTOCAST[0],
+        dest="autocast",
+        help="run the forward under bfloat16 autocast (parameters stay in --dtype)",
+    )
+    p.add_argument("--compile", action="store_true", default=None, help="torch.compile the model")
+
+
+_CONFIG_KEYS = (
+    "steps", "tokens", "batch_size", "lr", "min_lr", "warmup", "weight_decay", "grad_clip",
+    "eval_every", "eval_batches", "log_every", "save_every", "keep", "seed", "device", "betas",
+    "dtype", "autocast", "compile",
+)  # fmt: skip
+
+
+def _given(args: argparse.Namespace) -> dict[str, Any]:
+    """The training options given on the command line, as TrainConfig fields."""
+    given = {k: getattr(args, k) for k in _CONFIG_KEYS if getattr(args, k, None) is not None}
+    if "betas" in given:
+        given["betas"] = tuple(given["betas"])
+    return given
+
+
+def _config(args: argparse.Namespace) -> Any:
+    from lmcore.train_config import TrainConfig
+
+    given = _given(args)
+    if given.get("grad_clip") == 0:
+        given["grad_clip"] = None
+    return TrainConfig(**given)
+
+
+def _exit_code(status: str, reason: str | None) -> int:
+    """0 done; 1 diverged; 128 + the signal when stopped by one (130 Ctrl-C, 143 SIGTERM)."""
+    if status == "done":
+        return 0
+    if status == "interrupted" and reason in ("SIGINT", "SIGTERM"):
+        import signal
+
+        return 128 + int(signal.Signals[reason])
+    return 1
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from lmcore.trainer import resume, train
+
+    if args.resume is not None:
+        if args.spec is not None or args.out is not None:
+            raise UsageError(
+                f"--resume {args.resume} continues that run in its own directory: give neither "
+                "SPEC nor --out with it"
+            )
+        changes = _given(args)
+        result = resume(args.resume, data=args.data, **changes)
+        return _exit_code(result.status, result.reason)
+    if args.spec is None:
+        raise UsageError(
+            "give a SPEC (or checkpoint) to train, e.g. lmcore train cs336-tiny --data DIR "
+            "--out RUN, or --resume RUN to continue a run"
+        )
+    missing = [flag for flag, value in (("--data DIR", args.data), ("--out RUN", args.out))
+               if value is None]  # fmt: skip
+    if missing:
+        raise UsageError(
+            f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} needed to train "
+            f"{args.spec!r}: --data names prepared data (lmcore data prepare), --out the new "
+            "run directory"
+        )
+    bp, info = _source(args)
+    result = train(bp, args.data, args.out, _config(args), init=info)
+    return _exit_code(result.status, result.reason)
+
+
+def _cmd_sweep(args: argparse.Namespace) -> int:
+    from lmcore.checkpoint import is_checkpoint_path
+    from lmcore.sweep import sweep, table_markdown
+
+    if is_checkpoint_path(args.base):
+        raise UsageError(
+            f"BASE {args.base!r} looks like a checkpoint path; a sweep trains every model from "
+            "the start: give a spec (`lmcore describe CKPT` shows a checkpoint's spec)"
+        )
+    result = sweep(args.base, args.vary, args.data, args.out, _config(args))
+    md, js, png = result.files
+    print()
+    print(table_markdown(result.rows), end="")
+    print(f"\ntable: {md} (and {js.name}), validation curves: {png}")
+    if result.interrupted is not None:
+        print("interrupted; run the same command again to continue the sweep")
+        return _exit_code("interrupted", result.interrupted)
+    for row in result.failed:
+        print(f"lmcore sweep: error: {row.label}: {row.error}", file=sys.stderr)
+    return 1 if result.failed else 0
+
+
+def _cmd_compare(args: argparse.Namespace) -> int:
+    from lmcore.sweep import compare_runs, table_markdown, write_comparison
+
+    rows = compare_runs(args.runs)
+    print(table_markdown(rows), end="")
+    if args.out is not None:
+        md, js, png = write_comparison(rows, args.out, f"{len(rows)} runs")
+        print(f"\ntable: {md} (and {js.name}), validation curves: {png}")
+    return 0
+
+
+def _cmd_quickstart(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from lmcore.quickstart import quickstart
+
+    result = quickstart(
+        data=Path(args.data),
+        out=None if args.out is None else Path(args.out),
+        steps=args.steps,
+        device=args.device,
+    )
+    return _exit_code(result.status, result.reason)
+
+
 # ------------------------------------------------------------------------------ generate
 
 
@@ -978,31 +1237,19 @@ def _ids(text: str) -> list[int]:
     return [int(t) for t in parts]
 
 
-MODEL_FILE = "model.safetensors"
-TOKENIZER_FILE = "tokenizer.json"
-RUN_FILE = "run.json"
-
-
-def model_file(text: str) -> Any:
-    """The checkpoint a SPEC|CHECKPOINT argument names, as a Path, or None for a spec: a
-    model file, a checkpoint directory (its model.safetensors) or a run directory (the
-    model.safetensors of its latest checkpoint, by name)."""
+def model_file(text: str) -> tuple[Any, Any]:
+    """`(checkpoint, tokenizer.json or None)` for a SPEC|CHECKPOINT argument, as Paths, or
+    `(None, None)` for a spec: a model file, a checkpoint directory or a run directory (its
+    newest checkpoint), with the tokenizer its metadata names (`lmcore.runs.find_model`)."""
     from pathlib import Path
 
     from lmcore.checkpoint import is_checkpoint_path
+    from lmcore.runs import find_model
 
     p = Path(text)
-    if not p.is_dir():
-        return p if is_checkpoint_path(text) else None
-    if (p / MODEL_FILE).is_file():
-        return p / MODEL_FILE
-    found = sorted((p / "checkpoints").glob(f"*/{MODEL_FILE}"))
-    if (p / RUN_FILE).is_file() and found:
-        return found[-1]
-    raise UsageError(
-        f"{text!r} is a directory holding neither {MODEL_FILE} nor a run's checkpoints "
-        f"({RUN_FILE} and checkpoints/*/{MODEL_FILE}); give a checkpoint file"
-    )
+    if p.is_dir() or (p.is_file() and is_checkpoint_path(text)):
+        return find_model(p)
+    return (p, None) if is_checkpoint_path(text) else (None, None)
 
 
 def tokenizer_places(model: Any) -> list[Any]:
@@ -1011,6 +1258,8 @@ def tokenizer_places(model: Any) -> list[Any]:
     names."""
     import json
     from pathlib import Path
+
+    from lmcore.runs import RUN_FILE, TOKENIZER_FILE
 
     places, run = [], None
     for d in model.resolve().parents:
@@ -1025,32 +1274,29 @@ def tokenizer_places(model: Any) -> list[Any]:
             info = json.loads((run / RUN_FILE).read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, ValueError):
             info = None
-        data = info.get("data") if isinstance(info, dict) else None
-        config = info.get("config") if isinstance(info, dict) else None
-        for where in (data, config):
-            path = (
-                where.get("path" if where is data else "data") if isinstance(where, dict) else None
-            )
-            if isinstance(path, str):
-                from pathlib import Path
-
-                places.append(Path(path) / TOKENIZER_FILE)
+        data = info.get("data") if isinstance(info, dict) else None  # {"path": ...}
+        path = data.get("path") if isinstance(data, dict) else None
+        if isinstance(path, str):
+            places.append(Path(path) / TOKENIZER_FILE)
     return places
 
 
-def _tokenizer(args: argparse.Namespace, model: Any) -> Any:
-    """The tokenizer to use: --tokenizer, else the one found for the checkpoint; None when
-    the prompt is ids and none is found (ids are then printed)."""
+def _tokenizer(args: argparse.Namespace, model: Any, named: Any) -> Any:
+    """The tokenizer to use: --tokenizer, else the one the checkpoint's metadata names, else
+    the first found for it (`tokenizer_places`); None when the prompt is ids and none is found
+    (ids are then printed)."""
     from pathlib import Path
 
     from tokenizers import Tokenizer
+
+    from lmcore.runs import TOKENIZER_FILE
 
     if args.tokenizer is not None:
         places = [Path(args.tokenizer)]
         if not places[0].is_file():
             raise UsageError(f"--tokenizer {args.tokenizer!r} does not exist")
     else:
-        places = [] if model is None else tokenizer_places(model)
+        places = ([named] if named else []) + ([] if model is None else tokenizer_places(model))
     found = next((p for p in places if p.is_file()), None)
     if found is None:
         if args.prompt is None:
@@ -1080,7 +1326,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     from lmcore.model import build_model
     from lmcore.train import resolve_device
 
-    path = model_file(args.spec)
+    path, named = model_file(args.spec)
     device = resolve_device(args.device)
     if path is not None:
         with _checkpoint_warnings(args.command):
@@ -1091,7 +1337,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         bp, _ = _source(args)
         torch.manual_seed(args.seed or 0)
         model = build_model(bp, device=device, dtype=_dtype(args, None))
-    tok = _tokenizer(args, path)
+    tok = _tokenizer(args, path, named)
     vocab = model.spec.vocab_size
     if args.prompt is not None:
         ids = tok.encode(args.prompt).ids

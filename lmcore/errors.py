@@ -143,6 +143,11 @@ class DataError(LmcoreError, ValueError):
     output directory that already holds data, files that do not match their metadata, ..."""
 
 
+class TrainError(LmcoreError, ValueError):
+    """Training cannot start or continue: a bad option, a run directory that already holds a
+    run (or holds none), a resumed run whose options or data changed, ..."""
+
+
 class GenerationError(LmcoreError, ValueError):
     """Generation cannot run as asked: a sampling option out of range, a component that cannot
     work with a KV cache, prompts that need a mask the kernel lacks, or no room in the context."""

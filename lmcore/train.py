@@ -1,9 +1,11 @@
 """Forward+backward smoke runs on random tokens, as `lmcore run` does them.
 
 `run_steps` builds the model from a spec, feeds it random token ids, computes the next-token
-cross-entropy (written here from scratch) and back-propagates; it applies no update, since lmcore
-ships no optimizer. It reports throughput, peak memory and which parameters, if any, the gradient
-did not reach: a smoke test for any spec, including one made of third-party components.
+cross-entropy (written here from scratch) and back-propagates; it applies no update. It reports
+throughput, peak memory and which parameters, if any, the gradient did not reach: a smoke test
+for any spec, including one made of third-party components. Training on real data, with an
+optimizer, is `lmcore.trainer` (`lmcore train`), which uses `cross_entropy` and `resolve_device`
+from here.
 """
 
 from __future__ import annotations

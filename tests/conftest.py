@@ -70,3 +70,43 @@ def registry() -> Iterator[Registry]:
     reg = Registry()
     with use_registry(reg):
         yield reg
+
+
+# A small text with structure a tiny model learns in a few hundred steps: a few "functions"
+# repeated with small variations, one per document.
+TINY_SPEC = "vocab_size=300, context_length=16, d_model=32, num_layers=2, num_heads=2"
+
+
+def tiny_corpus(root: Path) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    for i in range(24):
+        lines = [
+            f"def f{(i + k) % 5}(x):\n    return x * {k % 3} + {(i * k) % 4}\n" for k in range(12)
+        ]
+        (root / f"doc{i:02d}.py").write_text("".join(lines), encoding="utf-8")
+    return root
+
+
+@pytest.fixture(scope="session")
+def tiny_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Prepared token data of `tiny_corpus` (vocabulary 300), shared by the training tests."""
+    from lmcore.data import prepare
+
+    root = tmp_path_factory.mktemp("tiny-data")
+    prepare([tiny_corpus(root / "text")], root / "data", vocab_size=300, val_fraction=0.2,
+            split_block=64, context_length=16, progress=False)  # fmt: skip
+    return root / "data"
+
+
+@pytest.fixture
+def single_thread() -> Iterator[None]:
+    """One intra-op thread for tiny training runs: on a shared 2-core machine, two OpenMP threads
+    spin-waiting for each other make a step of a tiny model several times slower."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)

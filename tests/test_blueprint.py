@@ -270,6 +270,23 @@ def test_every_plugin_fault_names_the_component_and_its_plugin(
                 build_model(spec)(torch.zeros(2, 8, dtype=torch.long))
 
 
+def test_under_autocast_the_autocast_dtype_is_a_right_output_dtype() -> None:
+    """bf16 autocast makes an FFN's matmuls return bfloat16 for float32 input: not a fault."""
+    model = build_model("cs336-tiny")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert model(torch.zeros(2, 8, dtype=torch.long)).shape == (2, 8, 10000)
+    with scoped_registry() as reg:
+        reg.add(Component(kind="norm", name="halve", build=Halve), name="faulty")
+        halving = build_model("cs336-tiny, norm=halve")
+        with (
+            torch.autocast("cpu", dtype=torch.bfloat16),
+            pytest.raises(
+                PluginError, match=r"norm 'halve' from .* returned shape \(2, 8, 64\) torch.float16"
+            ),
+        ):
+            halving(torch.zeros(2, 8, dtype=torch.long))
+
+
 def test_a_distributions_faulty_factory_names_the_distribution(make_dist) -> None:
     """The reproduction with an installed plugin: its name and version are in the message."""
     make_dist(

@@ -13,6 +13,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 import lmcore
 from lmcore.cli import main
+from lmcore.runs import CHECKPOINT_FILES, MODEL_FILE, TOKENIZER_FILE
 
 SPEC = "vocab_size=300, context_length=32, d_model=32, num_layers=2, num_heads=4, d_ff=64"
 EOT = "<|endoftext|>"
@@ -40,16 +41,21 @@ def saved_model(path: Path) -> lmcore.TransformerLM:
     torch.manual_seed(0)
     model = lmcore.build_model(SPEC)
     path.parent.mkdir(parents=True, exist_ok=True)
+    path.unlink(missing_ok=True)
     lmcore.save(model, path)
     return model
 
 
 def run_dir(root: Path, data: Path | None = None) -> Path:
-    """A run directory laid out as `lmcore train` writes it, with one checkpoint."""
-    root.mkdir(parents=True)
+    """A run directory laid out as `lmcore train` writes it, with one checkpoint (its trainer
+    files empty: generation reads only the model; the tokenizer is up to the test)."""
+    step = root / "checkpoints" / "step-000010"
+    step.mkdir(parents=True)
     info = {"format": "lmcore-run", "data": {"path": str(data)} if data else {}}
     (root / "run.json").write_text(json.dumps(info), encoding="utf-8")
-    return root / "checkpoints" / "step-000010" / "model.safetensors"
+    for name in set(CHECKPOINT_FILES) - {MODEL_FILE, TOKENIZER_FILE}:
+        (step / name).touch()
+    return step / MODEL_FILE
 
 
 def test_token_ids_from_a_spec_are_greedy_and_the_rate_goes_to_stderr(
@@ -79,7 +85,8 @@ def test_text_from_a_checkpoint_with_the_tokenizer_it_was_trained_with(
     new = model.generate(
         torch.tensor(prompt), 8, temperature=0, stop_token=tok.token_to_id(EOT)
     ).tolist()
-    for target in (ckpt, tmp_path / "run"):  # the model file, or the run's latest checkpoint
+    # The model file; or the run, whose newest complete checkpoint holds the tokenizer.
+    for target in (ckpt, tmp_path / "run") if where == "beside" else (ckpt,):
         code = main(["generate", str(target), "--prompt", "Once upon a", "--max-new-tokens", "8",
                      "--temperature", "0"])  # fmt: skip
         out, err = capsys.readouterr()

@@ -1,0 +1,111 @@
+"""Loss curves as PNG files, drawn with matplotlib's object API (`Figure`, the Agg canvas): no
+pyplot, no display, no global backend switch. Files are written atomically.
+
+    plot_run(read_metrics(run), run / "loss.png", title)          # one run: train and val loss
+    plot_compare([Curve("baseline", records), ...], "val.png")    # validation curves of runs
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from lmcore.atomic import atomic_path
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+
+Record = Mapping[str, Any]
+_STYLES = ("o-", "s--", "^-.", "D:", "v-", "P--", "X-.", "*:")
+
+
+@dataclass(frozen=True)
+class Curve:
+    """One run's metrics records under a label; `diverged_at` marks where it ended, if so."""
+
+    label: str
+    records: Sequence[Record]
+    diverged_at: int | None = None
+
+
+def _points(records: Sequence[Record], kind: str, key: str) -> tuple[list[float], list[float]]:
+    xs, ys = [], []
+    for r in records:
+        if r.get("kind") == kind and r.get(key) is not None and math.isfinite(r[key]):
+            xs.append(float(r["tokens"]))
+            ys.append(float(r[key]))
+    return xs, ys
+
+
+def _tokens(x: float, _pos: object = None) -> str:
+    for unit, scale in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(x) >= scale:
+            return f"{x / scale:g}{unit}"
+    return f"{x:g}"
+
+
+def _style(ax: Axes, title: str) -> None:
+    from matplotlib.ticker import FuncFormatter
+
+    ax.set_title(title, fontsize=10)
+    ax.set_xlabel("tokens")
+    ax.set_ylabel("loss (nats per token)")
+    ax.xaxis.set_major_formatter(FuncFormatter(_tokens))
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+
+
+def _save(fig: Any, path: str | os.PathLike[str]) -> None:
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png")
+
+
+def plot_run(records: Sequence[Record], path: str | os.PathLike[str], title: str) -> None:
+    """Train loss (each train record) and validation loss (each evaluation) against tokens."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(7, 4.2), dpi=100)
+    ax = fig.add_subplot()
+    x, y = _points(records, "train", "loss")
+    ax.plot(x, y, lw=1, alpha=0.7, label="train")
+    x, y = _points(records, "eval", "val_loss")
+    ax.plot(x, y, "o-", ms=3, lw=1.5, label="validation")
+    for r in records:
+        if r.get("kind") == "event" and r.get("event") == "diverged":
+            ax.axvline(r["tokens"], color="red", ls="--", lw=1, label=f"diverged at {r['step']}")
+    _style(ax, title)
+    _save(fig, path)
+
+
+def plot_compare(curves: Sequence[Curve], path: str | os.PathLike[str], title: str) -> None:
+    """Every run's validation loss against tokens, one line each; a run that diverged ends in
+    an x at its last evaluation. The y axis leaves out each run's highest loss (the untrained
+    model's, at step 0), so that the differences between the runs show."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(7.5, 4.5), dpi=100)
+    ax = fig.add_subplot()
+    lows, highs = [], []
+    for n, curve in enumerate(curves):
+        x, y = _points(curve.records, "eval", "val_loss")
+        label = curve.label
+        if curve.diverged_at is not None:
+            label = f"{label} (diverged at step {curve.diverged_at})"
+        style = _STYLES[n % len(_STYLES)]  # curves that coincide stay visible
+        (line,) = ax.plot(x, y, style, ms=3, lw=1.5, label=label)
+        if curve.diverged_at is not None and x:
+            ax.plot(x[-1:], y[-1:], "x", ms=9, mew=2, color=line.get_color())
+        if len(y) > 1:
+            lows.append(min(y))
+            highs.append(sorted(y)[-2] if len(y) > 2 else max(y))  # skip the untrained start
+    if lows:
+        low, high = min(lows), max(highs)
+        pad = 0.05 * (high - low or 1.0)
+        ax.set_ylim(low - pad, high + pad)
+    _style(ax, title)
+    ax.set_ylabel("validation loss (nats per token)")
+    _save(fig, path)

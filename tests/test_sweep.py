@@ -1,0 +1,184 @@
+"""`lmcore sweep` and `lmcore compare`: variants, the table, the plot, divergence, continuing."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from conftest import TINY_SPEC
+from torch import nn
+
+import lmcore
+from lmcore import Component, scoped_registry
+from lmcore.cli import main
+from lmcore.errors import SpecError, TrainError
+from lmcore.runs import read_metrics, read_run, spec_hash
+from lmcore.sweep import compare_runs, plan, sweep, table_markdown, variant_spec
+from lmcore.train_config import TrainConfig
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+CONFIG = TrainConfig(steps=20, batch_size=8, eval_every=10, eval_batches=2, device="cpu", lr=3e-3)
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+class NanNorm(nn.Module):
+    """A norm whose output is NaN: a variant that diverges at its first step."""
+
+    def __init__(self, d_model: int, device: Any = None, dtype: Any = None):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(d_model, device=device, dtype=dtype))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.weight * float("nan")
+
+
+@pytest.fixture
+def nan_norm() -> Iterator[None]:
+    with scoped_registry() as registry:
+        registry.add(
+            Component(kind="norm", name="nan", build=NanNorm, params=lambda d_model: d_model)
+        )
+        yield
+
+
+def test_a_variant_replaces_or_adds_items() -> None:
+    assert variant_spec("tinystories", "norm=none") == "tinystories, norm=none"
+    assert variant_spec("tinystories, norm=layernorm, pos=nope", "norm=none") == (
+        "tinystories, pos=nope, norm=none"
+    )
+    assert variant_spec("cs336-tiny,d_model=32", "d_model=64, num_layers=2") == (
+        "cs336-tiny, d_model=64, num_layers=2"
+    )
+    with pytest.raises(
+        SpecError, match=r"--vary 'gpt2-small': 'gpt2-small' is not a key=value item"
+    ):
+        variant_spec("tinystories", "gpt2-small")
+    with pytest.raises(SpecError, match=r"--vary 'norm=': "):
+        variant_spec("tinystories", "norm=")
+
+
+def test_the_plan_names_runs_by_change_and_model() -> None:
+    runs = plan("cs336-tiny", ["norm=none", "pos=nope, num_layers=2"])
+    assert [r.label for r in runs] == ["baseline", "norm=none", "pos=nope, num_layers=2"]
+    spec = runs[2].blueprint.spec
+    assert runs[2].name == f"pos-nope-num_layers-2-{spec_hash(spec)}"
+    assert spec.num_layers == 2 and spec.pos.name == "nope"
+    with pytest.raises(
+        TrainError, match=r"--vary 'norm=rmsnorm' builds the same model as the baseline"
+    ):
+        plan("cs336-tiny", ["norm=rmsnorm"])
+    with pytest.raises(
+        TrainError, match=r"--vary 'pos = nope' builds the same model as --vary 'pos=nope'"
+    ):
+        plan("cs336-tiny", ["pos=nope", "pos = nope"])
+    with pytest.raises(SpecError, match=r"no installed plugin provides norm 'nonorm'"):
+        plan("cs336-tiny", ["pos=nope", "norm=nonorm"])  # before anything trains
+
+
+def test_sweep_writes_table_json_and_plot_and_survives_divergence(
+    tiny_data: Path, tmp_path: Path, nan_norm: None
+) -> None:
+    out = tmp_path / "sweep"
+    lines: list[str] = []
+    result = sweep(TINY_SPEC, ["pos=nope", "norm=nan"], tiny_data, out, CONFIG, echo=lines.append)
+    assert result.interrupted is None and result.failed == []
+    base, nope, nan = result.rows
+    assert (base.label, base.state, base.delta_val) == ("baseline", "done", 0.0)
+    assert nope.state == "done" and nope.delta_val == pytest.approx(nope.val_loss - base.val_loss)  # type: ignore[operator]
+    assert nan.state == "diverged" and nan.diverged_at == 1 and nan.status == "diverged at step 1"
+    assert (
+        base.parameters
+        == nope.parameters
+        == sum(p.numel() for p in lmcore.build_model(TINY_SPEC).parameters())
+    )
+    assert base.tokens == nope.tokens == 20 * 8 * 16 and base.tokens_per_s > 0  # type: ignore[operator]
+    # every run saw the same batches: the same seed and budget
+    for row in (base, nope):
+        assert (
+            read_run(row.run)["config"]["seed"] == 0 and read_run(row.run)["config"]["steps"] == 20
+        )
+    md = (out / "compare.md").read_text()
+    table = md.splitlines()
+    assert (
+        table[2]
+        == "| run | parameters | train loss | val loss | Δ val | tokens/s | wall time | status |"
+    )
+    assert table[5].startswith("| `pos=nope` | ") and table[5].endswith(" | done |")
+    assert table[6].startswith("| `norm=nan` | ") and table[6].endswith(" | diverged at step 1 |")
+    assert md == f"{TINY_SPEC} (2 variants)\n\n{table_markdown(result.rows)}"
+    data = json.loads((out / "compare.json").read_text())
+    assert [r["label"] for r in data["runs"]] == ["baseline", "pos=nope", "norm=nan"]
+    assert data["runs"][2]["diverged_at"] == 1 and data["sweep"]["variants"] == [
+        "pos=nope",
+        "norm=nan",
+    ]
+    assert (out / "val_loss.png").read_bytes()[:8] == PNG
+    assert "[3/3] norm=nan: " in "\n".join(lines)
+
+    # the same command again keeps what is done
+    lines.clear()
+    again = sweep(TINY_SPEC, ["pos=nope", "norm=nan"], tiny_data, out, CONFIG, echo=lines.append)
+    assert [r.status for r in again.rows] == ["done", "done", "diverged at step 1"]
+    assert sum("before, kept" in line for line in lines) == 3
+    with pytest.raises(TrainError, match=r"holds another sweep \(its variants differ\)"):
+        sweep(TINY_SPEC, ["pos=nope"], tiny_data, out, CONFIG, echo=None)
+
+
+def test_an_interrupted_sweep_continues(
+    tiny_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from lmcore import trainer
+
+    real = trainer.train
+
+    def stopped(*args: Any, **kw: Any) -> Any:  # as if Ctrl-C came at step 7 of the first run
+        return real(*args, **{**kw, "stop_after": 7})
+
+    monkeypatch.setattr(trainer, "train", stopped)
+    out = tmp_path / "sweep"
+    first = sweep(TINY_SPEC, ["pos=nope"], tiny_data, out, CONFIG, echo=None)
+    assert first.interrupted == "stop_after" and len(first.rows) == 1
+    assert first.rows[0].status == "interrupted at step 7/20"
+    monkeypatch.setattr(trainer, "train", real)
+    second = sweep(TINY_SPEC, ["pos=nope"], tiny_data, out, CONFIG, echo=None)
+    assert [r.status for r in second.rows] == ["done", "done"]
+    steps = [r["step"] for r in read_metrics(second.rows[0].run) if r["kind"] == "train"]
+    assert steps == [7, 10, 20]  # one record at the stop, then the usual every log_every=10
+
+
+def test_compare_existing_runs(
+    tiny_data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from lmcore.trainer import train
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    train(TINY_SPEC, tiny_data, a, CONFIG, echo=None)
+    train(TINY_SPEC + ", ffn=silu", tiny_data, b, CONFIG, echo=None)
+    rows = compare_runs([a, b])
+    assert [r.label for r in rows] == ["a", "b"] and rows[1].spec.endswith(
+        "ffn=silu,pos=rope(theta=10000.0),attn=sdpa"
+    )
+    assert main(["compare", str(a), str(b), "--out", str(tmp_path / "cmp")]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(table_markdown(rows))
+    assert (
+        f"table: {tmp_path / 'cmp' / 'compare.md'} (and compare.json), validation curves: " in out
+    )
+    assert (tmp_path / "cmp" / "val_loss.png").read_bytes()[:8] == PNG
+
+
+def test_sweep_on_the_command_line(
+    tiny_data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "s"
+    argv = ["sweep", TINY_SPEC, "--vary", "ffn=silu", "--data", str(tiny_data), "--out", str(out),
+            "--steps", "10", "--batch-size", "8", "--eval-batches", "2", "--device", "cpu"]  # fmt: skip
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "| `baseline` |" in printed and "| `ffn=silu` |" in printed
+    assert f"validation curves: {out / 'val_loss.png'}" in printed

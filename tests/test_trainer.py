@@ -1,0 +1,376 @@
+"""The training runner: schedule, clipping, learning, exact resumption, faults, divergence, runs."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import TINY_SPEC
+from safetensors.torch import load_file
+
+import lmcore
+from lmcore import train_state
+from lmcore.data import TokenData
+from lmcore.errors import DataError, TrainError
+from lmcore.runs import (
+    CHECKPOINTS,
+    PLOT_FILE,
+    RUN_FILE,
+    checkpoints,
+    find_model,
+    latest_checkpoint,
+    read_metrics,
+    read_run,
+    spec_hash,
+    spec_tag,
+)
+from lmcore.train_config import TrainConfig, cosine_lr
+from lmcore.trainer import clip_gradients, param_groups, resume, train
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+FAST = {"batch_size": 8, "eval_batches": 2, "eval_every": 10, "log_every": 1, "device": "cpu"}
+
+
+def config(**kw: object) -> TrainConfig:
+    return TrainConfig(**{**FAST, **kw})  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------------------------ the schedule
+
+
+def reference_lr(t: float, a_max: float, a_min: float, tw: int, tc: int) -> float:
+    """CS336 §4.4's cosine schedule with warmup, as the handout writes it."""
+    if t < tw:
+        return t / tw * a_max
+    if t > tc:
+        return a_min
+    return a_min + 0.5 * (1 + np.cos((t - tw) / (tc - tw) * np.pi)) * (a_max - a_min)
+
+
+@pytest.mark.parametrize(
+    ("t", "expected"),
+    [
+        (0, 0.0),  # warmup starts at zero
+        (5, 0.5e-3),  # half way up
+        (10, 1e-3),  # the peak
+        (55, 0.55e-3),  # half way down the cosine: the mean of peak and floor
+        (100, 1e-4),  # the floor at decay_steps
+        (150, 1e-4),  # and after it
+    ],
+)
+def test_cosine_schedule_at_warmup_peak_decay_and_floor(t: int, expected: float) -> None:
+    got = cosine_lr(t, lr=1e-3, min_lr=1e-4, warmup=10, decay_steps=100)
+    assert got == pytest.approx(expected, rel=1e-12, abs=1e-15)
+    assert got == pytest.approx(reference_lr(t, 1e-3, 1e-4, 10, 100), rel=1e-12, abs=1e-15)
+
+
+def test_cosine_schedule_follows_the_formula_everywhere() -> None:
+    for t in range(0, 300, 7):
+        assert cosine_lr(t, lr=3e-3, min_lr=0.0, warmup=20, decay_steps=250) == pytest.approx(
+            reference_lr(t, 3e-3, 0.0, 20, 250), rel=1e-12, abs=1e-15
+        )
+    assert cosine_lr(0, lr=1e-3, min_lr=1e-4, warmup=0, decay_steps=10) == 1e-3  # no warmup
+
+
+def test_resolved_defaults() -> None:
+    c = TrainConfig(steps=300, lr=2e-3).resolved(context_length=128)
+    assert (c.min_lr, c.warmup, c.decay_steps) == (2e-4, 30, 300)
+    by_tokens = TrainConfig(tokens=1_000_000, batch_size=16).resolved(context_length=128)
+    assert by_tokens.steps == math.ceil(1_000_000 / (16 * 128)) == 489
+
+
+# ------------------------------------------------------------------------------ the pieces
+
+
+def test_clipping_scales_to_the_global_norm() -> None:
+    a = torch.nn.Parameter(torch.zeros(2))
+    b = torch.nn.Parameter(torch.zeros(1, 1))
+    a.grad = torch.tensor([3.0, 4.0])
+    b.grad = torch.tensor([[12.0]])  # global norm sqrt(9 + 16 + 144) = 13
+    norm = clip_gradients([a, b], max_norm=1.0)
+    assert norm.item() == pytest.approx(13.0)
+    scale = 1.0 / (13.0 + 1e-6)
+    torch.testing.assert_close(a.grad, torch.tensor([3.0, 4.0]) * scale)
+    torch.testing.assert_close(b.grad, torch.tensor([[12.0]]) * scale)
+    # below the threshold nothing changes; without clipping the norm is still reported
+    assert clip_gradients([a, b], max_norm=5.0).item() == pytest.approx(1.0, rel=1e-5)
+    torch.testing.assert_close(a.grad, torch.tensor([3.0, 4.0]) * scale)
+    assert clip_gradients([a, b], max_norm=None).item() == pytest.approx(1.0, rel=1e-5)
+
+
+def test_weight_decay_applies_to_matrices_only() -> None:
+    model = lmcore.build_model("cs336-tiny, tie_embeddings=true")
+    decay, no_decay = param_groups(model, 0.1)
+    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
+    assert all(p.ndim == 2 for p in decay["params"])
+    assert all(
+        n.endswith(("ln1.weight", "ln2.weight", "ln_final.weight")) for n in no_decay["names"]
+    )
+    names = decay["names"] + no_decay["names"]
+    assert len(names) == len(set(names)) == len(list(model.parameters()))  # tied: once
+
+
+def test_options_are_checked_with_their_flags() -> None:
+    for bad, message in [
+        ({"lr": -1.0}, r"--lr -1.0: must be a number > 0"),
+        ({"min_lr": 1.0}, r"--min-lr 1.0: must be in \[0, lr=0.001\]"),
+        ({"betas": (0.9, 1.5)}, r"--betas 0.9 1.5: must be two numbers in \[0, 1\)"),
+        ({"batch_size": 0}, r"--batch-size 0: must be a positive integer"),
+        ({"warmup": 50, "steps": 10}, r"--warmup 50: must be at most decay_steps=10"),
+        ({"autocast": "float16"}, r"--autocast float16: must be bfloat16"),
+        ({"seed": 2**64}, r"--seed 18446744073709551616: must be below 2\*\*64"),
+    ]:
+        with pytest.raises(TrainError, match=message):
+            TrainConfig(**bad).resolved(context_length=16)  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------------------------ training
+
+
+def test_loss_falls_on_a_learnable_corpus(tiny_data: Path, tmp_path: Path) -> None:
+    result = train(TINY_SPEC, tiny_data, tmp_path / "run", config(steps=200, lr=3e-3, eval_every=50),
+                   echo=None)  # fmt: skip
+    assert result.status == "done" and result.step == 200
+    evals = [r["val_loss"] for r in result.records if r["kind"] == "eval"]
+    assert evals[0] == pytest.approx(math.log(300), abs=0.3)  # a fresh model guesses uniformly
+    assert evals[-1] < 2.0 < evals[0] - 3  # it learnt the corpus's structure
+    assert evals == sorted(evals, reverse=True)  # and validation fell at every evaluation
+    assert result.val_loss == evals[-1] and result.first_val_loss == evals[0]
+
+
+def test_bf16_autocast_trains_float32_parameters(tiny_data: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    result = train(TINY_SPEC, tiny_data, run, config(steps=30, lr=3e-3, autocast="bfloat16"),
+                   echo=None)  # fmt: skip
+    assert result.status == "done" and result.val_loss is not None
+    assert result.first_val_loss is not None and result.val_loss < result.first_val_loss - 0.5
+    assert read_run(run)["config"]["autocast"] == "bfloat16"
+    weights = parameters(latest_checkpoint(run).model)  # type: ignore[union-attr]
+    assert {t.dtype for t in weights.values()} == {torch.float32}  # autocast casts, not stores
+
+
+def test_a_run_directory_holds_what_the_readme_says(tiny_data: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    result = train(TINY_SPEC, tiny_data, run, config(steps=20, save_every=10, keep=0), echo=None)
+    info = read_run(run)
+    spec = lmcore.parse_spec(TINY_SPEC)
+    assert info["spec"] == str(spec) and info["tag"] == spec_tag(spec) == result.tag
+    assert info["tag"].endswith(spec_hash(spec)) and info["tag"].startswith("L2-d32-rmsnorm")
+    assert info["status"]["state"] == "done" and info["status"]["step"] == 20
+    assert info["config"]["warmup"] == 2 and info["config"]["min_lr"] == pytest.approx(1e-4)
+    assert info["data"]["path"] == str(tiny_data.resolve()) and info["parameters"] > 0
+    assert [c.step for c in checkpoints(run)] == [10, 20]
+    assert (run / PLOT_FILE).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    records = read_metrics(run)
+    kinds = [r["kind"] for r in records]
+    assert kinds.count("train") == 20 and kinds.count("eval") == 3  # steps 0, 10, 20
+    train_keys = {"step", "tokens", "loss", "lr", "grad_norm", "tokens_per_s", "elapsed_s"}
+    assert train_keys <= set(records[2]) and records[2]["tokens"] == 8 * 16
+    assert [r["event"] for r in records if r["kind"] == "event"] == ["start", "done"]
+    # the model file is an ordinary checkpoint that names its tokenizer
+    model_file, tokenizer = find_model(run)
+    assert model_file == latest_checkpoint(run).model  # type: ignore[union-attr]
+    assert tokenizer is not None
+    assert tokenizer.read_bytes() == (tiny_data / "tokenizer.json").read_bytes()
+    assert find_model(model_file) == (model_file, tokenizer)
+    assert find_model(model_file.parent) == (model_file, tokenizer)
+    meta = lmcore.read_info(model_file).metadata
+    assert meta["train.step"] == "20" and meta["train.tag"] == result.tag
+    assert lmcore.load(model_file).spec == spec
+
+
+def test_equal_models_share_a_tag_and_others_do_not() -> None:
+    a = lmcore.parse_spec("cs336-tiny")
+    b = lmcore.parse_spec(str(a))  # the same model, written out in full
+    c = lmcore.parse_spec("cs336-tiny, pos=nope")
+    assert spec_tag(a) == spec_tag(b) and spec_tag(a) != spec_tag(c)
+    assert spec_tag(lmcore.parse_spec("cs336-tiny, block=postnorm")).startswith(
+        "L3-d64-rmsnorm-swiglu-rope-postnorm-"
+    )
+    assert "=" not in spec_tag(c) and "/" not in spec_tag(c)
+
+
+def parameters(path: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(path))
+
+
+def test_resume_continues_bit_for_bit(tiny_data: Path, tmp_path: Path) -> None:
+    """2×N steps in one go equal N steps, a stop, and N more after resuming."""
+    n = 15
+    cfg = config(steps=2 * n, eval_every=5, lr=3e-3)
+    whole = train(TINY_SPEC, tiny_data, tmp_path / "whole", cfg, echo=None)
+    first = train(TINY_SPEC, tiny_data, tmp_path / "split", cfg, echo=None, stop_after=n)
+    assert first.status == "interrupted" and first.step == n and first.reason == "stop_after"
+    assert latest_checkpoint(tmp_path / "split").step == n  # type: ignore[union-attr]
+    second = resume(tmp_path / "split", echo=None)
+    assert second.status == "done" and second.step == 2 * n
+
+    a = latest_checkpoint(tmp_path / "whole")
+    b = latest_checkpoint(tmp_path / "split")
+    assert a is not None and b is not None and a.step == b.step == 2 * n
+    for name in ("model.safetensors", "trainer.safetensors"):
+        ta, tb = parameters(a.path / name), parameters(b.path / name)
+        assert ta.keys() == tb.keys()
+        for key in ta:
+            if not key.startswith("rng."):
+                assert torch.equal(ta[key], tb[key]), key
+
+    def losses(run: str) -> list[tuple[str, int, float]]:
+        return [(r["kind"], r["step"], r.get("loss", r.get("val_loss")))
+                for r in read_metrics(tmp_path / run) if r["kind"] in ("train", "eval")]  # fmt: skip
+
+    assert losses("whole") == losses("split")  # every step's loss, every evaluation, exactly
+    assert len(losses("split")) == 2 * n + 7
+    assert second.val_loss == whole.val_loss and second.first_val_loss == whole.first_val_loss
+    events = [r["event"] for r in read_metrics(tmp_path / "split") if r["kind"] == "event"]
+    assert events == ["start", "interrupted", "resume", "done"]
+
+
+def test_a_failed_save_leaves_the_previous_checkpoint(
+    tiny_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run = tmp_path / "run"
+    calls = {"n": 0}
+    real = train_state.save_file
+
+    def failing(tensors: dict[str, torch.Tensor], path: str, **kw: object) -> None:
+        calls["n"] += 1
+        if calls["n"] == 2:  # the second checkpoint: its model file is written, then this fails
+            real(tensors, path, **kw)
+            with open(path, "r+b") as f:
+                f.truncate(100)
+            raise OSError(28, "No space left on device")
+        real(tensors, path, **kw)
+
+    monkeypatch.setattr(train_state, "save_file", failing)
+    with pytest.raises(OSError, match="No space left"):
+        train(TINY_SPEC, tiny_data, run, config(steps=20, save_every=5), echo=None)
+    assert [c.step for c in checkpoints(run)] == [5]
+    assert sorted(p.name for p in (run / CHECKPOINTS).iterdir()) == ["step-000005"]  # no debris
+    assert lmcore.load(latest_checkpoint(run).model).spec == lmcore.parse_spec(TINY_SPEC)  # type: ignore[union-attr]
+    monkeypatch.setattr(train_state, "save_file", real)
+    result = resume(run, echo=None)  # and the run goes on from it
+    assert result.status == "done" and result.step == 20
+    assert [r["step"] for r in read_metrics(run) if r["kind"] == "train"] == list(range(1, 21))
+
+
+def test_divergence_is_recorded_and_ends_the_run(
+    tiny_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from lmcore import trainer
+
+    calls = {"n": 0}
+    real = trainer.cross_entropy
+
+    def nan_at_step_7(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        calls["n"] += 1  # evaluation calls it too: 2 batches before the first step
+        loss = real(logits, targets)
+        return loss * math.nan if calls["n"] == 2 + 7 else loss
+
+    monkeypatch.setattr(trainer, "cross_entropy", nan_at_step_7)
+    lines: list[str] = []
+    run = tmp_path / "run"
+    result = train(TINY_SPEC, tiny_data, run, config(steps=30, log_every=5, save_every=5),
+                   echo=lines.append)  # fmt: skip
+    assert result.status == "diverged" and result.diverged_at == 7 and result.step == 7
+    assert lines[-3].startswith("diverged at step 7: the loss is not finite")
+    status = read_run(run)["status"]
+    assert status["state"] == "diverged" and status["diverged_at"] == 7
+    events = [r for r in read_metrics(run) if r["kind"] == "event"]
+    assert events[-2]["event"] == "diverged" and events[-2]["step"] == 7
+    assert math.isnan(events[-2]["loss"])
+    assert [c.step for c in checkpoints(run)] == [5]  # nothing saved after it
+    with pytest.raises(TrainError, match=r"diverged at step 7; resuming would repeat the same"):
+        resume(run, echo=None)
+
+
+def test_training_from_a_checkpoint_starts_from_its_weights(
+    tiny_data: Path, tmp_path: Path
+) -> None:
+    first = train(TINY_SPEC, tiny_data, tmp_path / "a", config(steps=30, lr=3e-3), echo=None)
+    assert first.checkpoint is not None
+    info = lmcore.read_info(first.checkpoint.model)
+    again = train(info, tiny_data, tmp_path / "b", config(steps=5, eval_every=0), echo=None)
+    assert read_run(tmp_path / "b")["init"] == str(first.checkpoint.model.resolve())
+    assert again.first_val_loss == pytest.approx(first.val_loss, rel=1e-6)
+
+
+# ------------------------------------------------------------------------------ mistakes
+
+
+def test_a_run_directory_is_never_overwritten(tiny_data: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    train(TINY_SPEC, tiny_data, run, config(steps=2), echo=None)
+    with pytest.raises(TrainError, match=rf"--out {run} already holds a run \(L2-d32-.*, done at "
+                       rf"step 2\); continue it with `lmcore train --resume {run}`"):  # fmt: skip
+        train(TINY_SPEC, tiny_data, run, config(steps=2), echo=None)
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("mine")
+    with pytest.raises(TrainError, match=r"is not an empty directory and holds no run"):
+        train(TINY_SPEC, tiny_data, tmp_path / "other", config(steps=2), echo=None)
+    with pytest.raises(TrainError, match=r"is not a run directory: it has no run.json"):
+        resume(tmp_path / "other", echo=None)
+
+
+def test_data_that_does_not_fit_the_model(tiny_data: Path, tmp_path: Path) -> None:
+    with pytest.raises(
+        DataError, match=r"the model's vocab_size=256 is smaller than the data's 277"
+    ):
+        train("cs336-tiny, vocab_size=256", tiny_data, tmp_path / "r", config(steps=2), echo=None)
+    assert not (tmp_path / "r").exists()  # nothing was written
+
+
+def test_resume_refuses_changes_that_alter_the_run(tiny_data: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    train(TINY_SPEC, tiny_data, run, config(steps=4), echo=None, stop_after=2)
+    with pytest.raises(TrainError, match=r"--lr 0.1 \(the run has 0.001\): cannot change when "
+                       r"resuming .*; options a resumed run takes: --steps, --tokens, --device"):  # fmt: skip
+        resume(run, lr=0.1, echo=None)
+    with pytest.raises(TrainError, match=r"--steps 1 is below the 2 steps .* has done"):
+        resume(run, steps=1, echo=None)
+    info = json.loads((run / RUN_FILE).read_text())
+    info["data"]["train_tokens"] += 1
+    (run / RUN_FILE).write_text(json.dumps(info))
+    with pytest.raises(TrainError, match=r"is not what .* was trained on \(train_tokens 3253 then, "
+                       r"3252 now\)"):  # fmt: skip
+        resume(run, echo=None)
+
+
+def test_a_finished_run_trains_on_at_the_floor(tiny_data: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    train(TINY_SPEC, tiny_data, run, config(steps=10), echo=None)
+    with pytest.raises(TrainError, match=r"has done all its 10 steps; to train on, give the new "
+                       r"total: lmcore train --resume .* --steps N"):  # fmt: skip
+        resume(run, echo=None)
+    more = resume(run, steps=14, echo=None)
+    assert more.status == "done" and more.step == 14
+    lrs = [r["lr"] for r in read_metrics(run) if r["kind"] == "train"]
+    assert lrs[-4:] == [pytest.approx(1e-4)] * 4  # past decay_steps the schedule stays at min_lr
+
+
+def test_the_data_position_is_the_step(tiny_data: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    train(TINY_SPEC, tiny_data, run, config(steps=6, seed=3), echo=None, stop_after=4)
+    state = json.loads((latest_checkpoint(run).path / "trainer.json").read_text())  # type: ignore[union-attr]
+    assert state["step"] == 4 and state["data"] == {"seed": 3, "next_batch": 4}
+    assert state["optimizer"]["param_names"][1][0] == "layers.0.ln1.weight"
+    sampler = TokenData.open(tiny_data).sampler("train", batch_size=8, context_length=16, seed=3)
+    assert torch.equal(sampler.batch(4)[0], sampler.batch(4)[0])
+    assert os.path.isfile(latest_checkpoint(run).tokenizer)  # type: ignore[union-attr]
+
+
+def test_a_progress_bar_on_request(
+    tiny_data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    train(TINY_SPEC, tiny_data, tmp_path / "run", config(steps=12, log_every=4), echo=None,
+          progress=True)  # fmt: skip
+    captured = capsys.readouterr()
+    assert captured.out == ""  # echo=None: no report
+    assert "12/12" in captured.err and re.search(r"loss \d\.\d{4}, [\d,]+ tok/s", captured.err)
