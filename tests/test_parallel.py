@@ -210,13 +210,21 @@ def test_tensor_parallel_matches_one_process(two_ranks: Path) -> None:
 # ------------------------------------------------------------------------------ failure
 
 
+@pytest.fixture(scope="module")
+def failed(tiny_data: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """A ddp run whose rank 1 raised in its third step: the run and torchrun's stderr."""
+    out = tmp_path_factory.mktemp("failed")
+    done = torchrun(WORKER, "fail", tiny_data, out, cwd=out)
+    assert done.returncode != 0, done.stderr[-4000:]
+    return out / "fail", done.stderr
+
+
 def test_a_rank_failing_mid_step_fails_the_job_and_leaves_no_partial_checkpoint(
-    tiny_data: Path, tmp_path: Path
+    failed: tuple[Path, str],
 ) -> None:
-    done = torchrun(WORKER, "fail", tiny_data, tmp_path, cwd=tmp_path)
-    assert done.returncode != 0
-    assert "injected failure on rank 1 in step 3" in done.stderr
-    run = tmp_path / "fail"
+    run, stderr = failed
+    assert "RuntimeError: injected failure on rank 1 in step 3" in stderr
+    assert "rank      : 1" in stderr  # torchrun's summary names the failing rank
     assert sorted(p.name for p in (run / CHECKPOINTS).iterdir()) == ["step-000002"]
     ckpt = latest_checkpoint(run)
     assert ckpt is not None and ckpt.step == 2
@@ -224,20 +232,23 @@ def test_a_rank_failing_mid_step_fails_the_job_and_leaves_no_partial_checkpoint(
     assert [r["step"] for r in read_metrics(run) if r["kind"] == "train"] == [1, 2]
 
 
-# ------------------------------------------------------------------------------ one process
-
-
-def test_the_command_line_trains_on_two_processes(tiny_data: Path, tmp_path: Path) -> None:
-    run = tmp_path / "run"
-    done = torchrun("-m", "lmcore", "train", SPEC, "--data", tiny_data, "--out", run,
-                    "--parallel", "fsdp", "--steps", "3", "--batch-size", "8",
-                    "--eval-batches", "2", "--device", "cpu", cwd=tmp_path)  # fmt: skip
+def test_the_command_line_resumes_it_on_two_processes(failed: tuple[Path, str]) -> None:
+    # `torchrun -m lmcore train --resume`: the ddp run's checkpoint continues under fsdp
+    run, _ = failed
+    done = torchrun("-m", "lmcore", "train", "--resume", run, "--parallel", "fsdp",
+                    "--steps", "5", cwd=run.parent)  # fmt: skip
     assert done.returncode == 0, done.stderr[-4000:]
-    assert done.stdout.count("run: ") == 1  # rank 0 reports
+    assert done.stdout.count("resumed: from") == 1  # rank 0 reports, once
     assert "parallel: fsdp, rank 0 of 2, gloo backend" in done.stdout
+    assert [r["step"] for r in read_metrics(run) if r["kind"] == "train"] == [1, 2, 3, 4, 5]
+    assert [c.step for c in checkpoints(run)] == [2, 4, 5]
     ckpt = latest_checkpoint(run)
-    assert ckpt is not None and ckpt.step == 3
+    assert ckpt is not None
     assert lmcore.load(ckpt.model).spec == lmcore.parse_spec(SPEC)
+    assert read_run(run)["status"]["state"] == "done"
+
+
+# ------------------------------------------------------------------------------ one process
 
 
 def test_ranks_draw_disjoint_rows_of_the_one_process_batch(tiny_data: Path) -> None:
