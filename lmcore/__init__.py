@@ -12,6 +12,7 @@ so lmcore's pytest plugin costs nothing in test runs that never ask for it.
 from __future__ import annotations
 
 import importlib
+import sys
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -121,6 +122,10 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     if name not in _WHERE:
         raise AttributeError(f"module 'lmcore' has no attribute {name!r}")
+    if "torch" not in sys.modules:  # torch's import fails on malformed metadata: see there
+        from lmcore.registry import guard_torch_import
+
+        guard_torch_import()
     value = getattr(importlib.import_module(f"lmcore.{_WHERE[name]}"), name)
     globals()[name] = value  # later lookups skip this function
     return value

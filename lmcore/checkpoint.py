@@ -603,10 +603,14 @@ def build_from_checkpoint(
     blueprint: Blueprint,
     device: torch.device | str | None = None,
     dtype: torch.dtype | None = None,
+    max_bytes: int | None = None,
 ) -> TransformerLM:
     """`load`'s second half, for a caller that has resolved the checkpoint already
-    (`resolve_checkpoint`): build `blueprint` and load the checkpoint's weights into it."""
-    model = TransformerLM(blueprint, device=device, dtype=dtype or info.torch_dtype)
+    (`resolve_checkpoint`): build `blueprint` and load the checkpoint's weights into it.
+    `max_bytes`: as `build_model`'s size check."""
+    model = TransformerLM(
+        blueprint, device=device, dtype=dtype or info.torch_dtype, max_bytes=max_bytes
+    )
     load_weights(model, info)
     return model
 

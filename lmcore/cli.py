@@ -14,21 +14,32 @@ lmcore quickstart           train a small model on this Python's standard librar
 Wherever a SPEC is taken, a checkpoint path is too (a name ending in .safetensors, or a path with
 a directory separator and no '='): its embedded spec is used, resolved against the plugins that
 saved it.
+
+Exit status: 0 done; 2 the input is wrong (spec, options, environment variables, plugins), with
+a one-line message on stderr (plus the caret display for spec errors); 1 lmcore failed: a bug
+(with a traceback), a check that `describe --measure` or `run` reports, or output that could
+not be written; 130 interrupted (Ctrl-C). Output that the terminal's encoding cannot show
+(e.g. `×` under PYTHONIOENCODING=ascii) is written with ASCII stand-ins.
 """
 
 from __future__ import annotations
 
 import argparse
+import codecs
 import contextlib
+import errno
+import io
 import json
 import math
+import os
+import re
 import sys
 import warnings
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from lmcore.components import KINDS
-from lmcore.errors import LmcoreError, LmcoreWarning
+from lmcore.errors import LmcoreError, LmcoreWarning, SlowPluginWarning, SpecError
 
 if TYPE_CHECKING:
     from lmcore.accounting import Description, TrainingMemory
@@ -42,27 +53,124 @@ class UsageError(LmcoreError, ValueError):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = _parser()
-    args = parser.parse_args(argv)
-    warnings.simplefilter("ignore", LmcoreWarning)  # `lmcore plugins` prints them itself
+    with _ascii_fallback(), warnings.catch_warnings():
+        parser = _parser()
+        try:
+            args = parser.parse_args(argv)
+        except SystemExit as e:  # --help, or a usage error already reported in one line
+            return int(e.code or 0)
+        prog = f"lmcore {args.command}"
+        warnings.simplefilter("ignore", LmcoreWarning)  # `lmcore plugins` prints them itself
+        warnings.simplefilter("always", SlowPluginWarning)  # ... but not a plugin still loading
+        warnings.showwarning = lambda message, *_: _say(f"{prog}: warning: {message}")
+        try:
+            from lmcore.registry import guard_torch_import  # before any command imports torch
+
+            for problem in guard_torch_import():
+                _say(f"{prog}: warning: {problem}")
+            code: int = args.func(args)
+            sys.stdout.flush()  # a full disk or closed pipe shows here, not at exit
+        except LmcoreError as e:
+            _say(f"{prog}: error: {_one_line(e)}")
+            return 2
+        except KeyboardInterrupt:
+            _say(f"{prog}: interrupted")
+            return 130  # as a shell reports a process ended by SIGINT
+        except BrokenPipeError:  # `lmcore plugins | head`
+            _silence_stdout()
+            return 0
+        except OSError as e:
+            if e.filename is not None:  # a path the command was given (--save, --out, ...)
+                _say(f"{prog}: error: {e.filename}: {e.strerror or e}")
+                return 2
+            if not _is_stdout_error(e):
+                raise
+            _silence_stdout()
+            _say(f"{prog}: error: cannot write the output: {e}")
+            return 1
+        return code
+
+
+def _one_line(e: LmcoreError) -> str:
+    """The message on one line; a spec error keeps its caret display below it."""
+    if isinstance(e, SpecError):
+        return str(e)
+    return "; ".join(line.strip() for line in str(e).splitlines() if line.strip())
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr)
+
+
+def _is_stdout_error(e: OSError) -> bool:
+    """Whether `e` (about no file) is what writing stdout raises: a full disk, an I/O error, a
+    closed file."""
+    return e.errno in _WRITE_ERRORS
+
+
+_WRITE_ERRORS = {errno.ENOSPC, errno.EIO, errno.EBADF, errno.EFBIG, errno.EPIPE}
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so the interpreter's last flush at exit cannot fail again."""
+    with contextlib.suppress(OSError, ValueError, io.UnsupportedOperation):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+
+
+# ASCII stand-ins for the non-ASCII characters lmcore prints, for terminals that cannot show them.
+_ASCII = {
+    "×": "x", "·": "*", "→": "->", "≤": "<=", "≥": ">=", "²": "^2", "³": "^3", "…": "...",
+    "—": "-", "–": "-", "−": "-", "σ": "sigma", "√": "sqrt", "≈": "~", "ᵀ": "^T", "θ": "theta",
+    "‘": "'", "’": "'", "“": '"', "”": '"', "±": "+-",
+}  # fmt: skip
+
+
+def _ascii_stand_in(e: UnicodeError) -> tuple[str, int]:
+    if not isinstance(e, UnicodeEncodeError):
+        raise e
+    text = e.object[e.start : e.end]
+    return "".join(_ASCII.get(c, "?") for c in text), e.end
+
+
+codecs.register_error("lmcore-ascii", _ascii_stand_in)
+
+
+@contextlib.contextmanager
+def _ascii_fallback() -> Iterator[None]:
+    """While a command runs, characters stdout/stderr cannot encode get ASCII stand-ins."""
+    changed = []
+    for stream in (sys.stdout, sys.stderr):
+        if isinstance(stream, io.TextIOWrapper):
+            with contextlib.suppress(OSError, ValueError):
+                changed.append((stream, stream.errors))
+                stream.reconfigure(errors="lmcore-ascii")
     try:
-        code: int = args.func(args)
-    except LmcoreError as e:
-        print(f"lmcore {args.command}: error: {e}", file=sys.stderr)
-        return 2
-    except BrokenPipeError:  # `lmcore plugins | head`
-        return 0
-    return code
+        yield
+    finally:
+        for stream, errors in changed:
+            with contextlib.suppress(OSError, ValueError):
+                stream.reconfigure(errors=errors)
+
+
+class _Parser(argparse.ArgumentParser):
+    """Usage errors in one line, exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        _say(f"{self.prog}: error: {message} (see {self.prog} --help)")
+        raise SystemExit(2)
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="lmcore",
         description="Build decoder-only transformer LMs from spec strings and plugin components.",
         epilog='Spec example: "tinystories, pos=nope, norm=rmsnorm(eps=1e-6)". '
         "See the README for the grammar.",
     )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = parser.add_subparsers(
+        dest="command", required=True, metavar="COMMAND", parser_class=_Parser
+    )
 
     p = sub.add_parser(
         "build",
@@ -73,10 +181,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("spec", help=f'spec string, e.g. "tinystories, pos=nope"; {_OR_CHECKPOINT}')
     p.add_argument("--dtype", choices=DTYPES, help=_DTYPE_HELP)
     p.add_argument("--device", default="cpu", help="torch device (meta: no allocation)")
-    p.add_argument("--seed", type=int, default=0, help="seeds a spec's weights (default: 0)")
+    p.add_argument(
+        "--seed", type=_seed, default=0, help="seeds a spec's weights (0 .. 2**64-1; default: 0)"
+    )
     p.add_argument(
         "--save", metavar="PATH", help="save the model to PATH (.safetensors) with its spec"
     )
+    p.add_argument("--max-bytes", type=_byte_count, help=MAX_BYTES_HELP)
     p.set_defaults(func=_cmd_build)
 
     p = sub.add_parser(
@@ -125,7 +236,10 @@ def _parser() -> argparse.ArgumentParser:
         "--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda:N"
     )
     p.add_argument("--dtype", choices=DTYPES, help=_DTYPE_HELP)
-    p.add_argument("--seed", type=int, default=0, help="seeds the weights and the tokens")
+    p.add_argument(
+        "--seed", type=_seed, default=0, help="seeds the weights and the tokens (0 .. 2**64-1)"
+    )
+    p.add_argument("--max-bytes", type=_byte_count, help=MAX_BYTES_HELP + " (weights and a step)")
     p.set_defaults(func=_cmd_run)
 
     p = sub.add_parser("plugins", help="list components and presets with provenance and status")
@@ -166,6 +280,12 @@ def _parser() -> argparse.ArgumentParser:
 
 
 DTYPES = ("bfloat16", "float16", "float32")
+MAX_BYTES_HELP = (
+    "refuse a model (and step) needing more memory than this, e.g. 8GiB or 500MB "
+    "(default: the memory available on the device)"
+)
+_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "PB": 10**15,
+          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40, "PIB": 2**50}  # fmt: skip
 _OR_CHECKPOINT = "or a checkpoint path (.safetensors)"
 _DTYPE_HELP = "default: float32, or a checkpoint's own dtype"
 
@@ -205,28 +325,46 @@ def _dtype(args: argparse.Namespace, info: CheckpointInfo | None) -> Any:
 
 
 def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
+    value = int(text) if re.fullmatch(r"\s*\+?\d{1,19}\s*", text) else 0
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
     return value
+
+
+def _seed(text: str) -> int:
+    value = int(text) if re.fullmatch(r"\s*\+?\d{1,20}\s*", text) else -1
+    if not 0 <= value < 2**64:
+        raise argparse.ArgumentTypeError(f"expected an integer in 0 .. 2**64-1, got {text!r}")
+    return value
+
+
+def _byte_count(text: str) -> int:
+    m = re.fullmatch(r"\s*(\d{1,20}(?:\.\d{1,10})?)\s*([A-Za-z]*)\s*", text)
+    unit = m[2].upper() if m else ""
+    if m is None or unit not in _UNITS or float(m[1]) * _UNITS[unit] < 1:
+        raise argparse.ArgumentTypeError(
+            f"expected a number of bytes such as 8GiB, 500MB or 1000000, got {text!r}"
+        )
+    return int(float(m[1]) * _UNITS[unit]) if "." in m[1] else int(m[1]) * _UNITS[unit]
 
 
 def _cmd_build(args: argparse.Namespace) -> int:
     import torch
 
     from lmcore.checkpoint import build_from_checkpoint, save
+    from lmcore.inputs import check_device
     from lmcore.model import build_model
 
     bp, info = _source(args)
     dtype = _dtype(args, info)
-    if info is not None and torch.device(args.device).type != "meta":
-        model = build_from_checkpoint(info, bp, device=args.device, dtype=dtype)
+    device = check_device(args.device)
+    if info is not None and device.type != "meta":
+        model = build_from_checkpoint(
+            info, bp, device=device, dtype=dtype, max_bytes=args.max_bytes
+        )
     else:
         torch.manual_seed(args.seed)
-        model = build_model(bp, device=args.device, dtype=dtype)
+        model = build_model(bp, device=device, dtype=dtype, max_bytes=args.max_bytes)
     n = sum(p.numel() for p in model.parameters())
     print(model.spec)
     print(f"parameters: {n:,}")
@@ -371,6 +509,7 @@ def describe_json(found: Description) -> dict[str, Any]:
 
 def describe_lines(found: Description) -> list[str]:
     """`lmcore describe` as text: the spec, one row per module, the FLOPs by part, memory."""
+
     acc, mem = found.accounting, found.memory
     table = [("row", "module", "count", "parameters", "share", "forward FLOPs", "share")]
     for r in acc.rows:
@@ -438,6 +577,13 @@ def _activations_note(mem: TrainingMemory) -> str:
     return f"unknown: {mem.note}"
 
 
+def _bytes(n: int) -> str:
+    """Binary prefixes, as memory is sized: 7.92 GiB (`lmcore.accounting.format_bytes`)."""
+    from lmcore.accounting import format_bytes
+
+    return format_bytes(n)
+
+
 def _pct(share: float) -> str:
     return f"{100 * share:.1f}%"
 
@@ -449,14 +595,6 @@ def _flops(n: int) -> str:
         if n >= scale:
             return f"{n / scale:.3g} {unit}"
     return f"{n:,} FLOPs"
-
-
-def _bytes(n: int) -> str:
-    """Binary prefixes, as memory is sized: 7.92 GiB."""
-    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= scale:
-            return f"{n / scale:.2f} {unit}"
-    return f"{n} B"
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -475,6 +613,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         seed=args.seed,
         progress=ProgressBar(sys.stderr),
         weights=info,
+        max_bytes=args.max_bytes,
     )
     print("\n".join(run_lines(result)))
     bad_loss = [i + 1 for i, x in enumerate(result.losses) if not math.isfinite(x)]
@@ -497,6 +636,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 def run_lines(r: RunResult) -> list[str]:
     """`lmcore run`'s report."""
+
     tokens = r.steps * r.batch * r.seq_len
     timed = "the one step" if r.steps == 1 else f"steps 2-{r.steps}; step 1 warms up"
     peak = "unknown" if r.peak_memory is None else _bytes(r.peak_memory)
@@ -539,6 +679,9 @@ def plugin_rows(kind: str | None = None) -> list[dict[str, Any]]:
     for r in registry.plugins():
         if r.status != "ok":  # its kinds are unknown, so it shows under every filter
             rows.append(_row("-", r.name, r.provenance, r.status, r.reason) | {"args": []})
+        elif not r.components and not r.presets:  # loaded, yet nothing to show for it
+            note = "loaded, but declares no components or presets"
+            rows.append(_row("-", r.name, r.provenance, "empty", note) | {"args": []})
     order = {kind: n for n, kind in enumerate((*KINDS, "preset", "-"))}
     rows.sort(key=lambda r: (order[r["kind"]], r["name"], r["dist"] or ""))
     return rows
@@ -568,7 +711,7 @@ def _arg_json(a: Any) -> dict[str, Any]:
 
 
 def _cmd_plugins(args: argparse.Namespace) -> int:
-    from lmcore.components import format_scalar
+    from lmcore.components import format_qualified, format_scalar
     from lmcore.registry import get_registry
 
     rows = plugin_rows(args.kind)
@@ -583,10 +726,11 @@ def _cmd_plugins(args: argparse.Namespace) -> int:
             + ("required" if a["required"] else format_scalar(a["default"]))
             for a in r["args"]
         )
-        if r["status"] in ("failed", "disabled"):
+        if r["status"] in ("failed", "disabled", "empty"):
             detail = r["note"]
         elif r["status"] == "shadowed":
-            detail = f"{detail}  (ambiguous: write {r['dist'] or r['plugin']}:{r['name']})".strip()
+            typed = format_qualified(r["dist"] or r["plugin"], r["name"])
+            detail = f"{detail}  (ambiguous: write {typed})".strip()
         table.append(
             (
                 r["kind"],

@@ -790,7 +790,8 @@ class _Loop:
                     val_ppl=ppl, eval_s=time.perf_counter() - t0,
                     elapsed_s=self.elapsed())  # fmt: skip
         width = len(str(self.cfg.steps))
-        line = f"step {step:>{width}}  val {loss:.4f}  ppl {ppl:,.1f}"
+        shown = f"{ppl:,.1f}" if ppl < 1e6 else f"{ppl:.3g}"  # an untrained model's can be huge
+        line = f"step {step:>{width}}  val {loss:.4f}  ppl {shown}"
         if step:
             line += f"  train {self.last_train:.4f}" if self.last_train is not None else ""
             line += f"  {self.tps:,.0f} tok/s  {self.elapsed():.1f} s"

@@ -21,6 +21,9 @@ ALLOWED_NN = {
     "init",
 }
 ALLOWED_OPTIM = {"Optimizer"}
+# The training runner works around the model with the maintained library, as DESIGN.md asks:
+# torch.optim's AdamW and torch.nn.utils' gradient clipping. Layers and fused ops stay banned.
+AROUND_THE_MODEL = {"lmcore/trainer.py": ("torch.optim.", "torch.nn.utils.")}
 # Fused ops that would replace what the assignment asks us to write ourselves.
 FUSED = {
     "softmax", "log_softmax", "layer_norm", "rms_norm", "group_norm", "batch_norm", "embedding",
@@ -33,12 +36,15 @@ def violations(source: str, filename: str = "<src>") -> list[str]:
     tree = ast.parse(source, filename)
     alias: dict[str, str] = {}
     found: list[str] = []
+    allowed = AROUND_THE_MODEL.get(filename, ())
 
     def flag(node: ast.AST, what: str) -> None:
         found.append(f"{filename}:{getattr(node, 'lineno', 0)}: {what}")
 
     def check_dotted(node: ast.AST, dotted: str) -> None:
         parts = dotted.split(".")
+        if (f"{dotted}.".startswith(allowed) if allowed else False) and parts[-1] not in FUSED:
+            return
         if (
             dotted.startswith("torch.nn.functional")
             or dotted.startswith("torch.nn.modules")
@@ -107,6 +113,14 @@ def test_no_ready_made_torch_layers(path: Path) -> None:
 )
 def test_the_scan_catches_each_kind_of_violation(source: str) -> None:
     assert violations(source), source
+
+
+def test_the_runner_may_use_the_optimizer_but_no_layer() -> None:
+    runner = "lmcore/trainer.py"
+    assert violations("import torch\nopt = torch.optim.AdamW([])\n", runner) == []
+    assert violations("import torch\nn = torch.nn.utils.clip_grad_norm_([], 1.0)\n", runner) == []
+    assert violations("from torch import nn\nlayer = nn.Linear(2, 3)\n", runner)
+    assert violations("import torch\nopt = torch.optim.AdamW([])\n", "lmcore/model.py")
 
 
 def test_the_scan_allows_the_permitted_pieces() -> None:

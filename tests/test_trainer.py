@@ -144,6 +144,17 @@ def test_loss_falls_on_a_learnable_corpus(tiny_data: Path, tmp_path: Path) -> No
     assert result.val_loss == evals[-1] and result.first_val_loss == evals[0]
 
 
+def test_bf16_autocast_trains_float32_parameters(tiny_data: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    result = train(TINY_SPEC, tiny_data, run, config(steps=30, lr=3e-3, autocast="bfloat16"),
+                   echo=None)  # fmt: skip
+    assert result.status == "done" and result.val_loss is not None
+    assert result.first_val_loss is not None and result.val_loss < result.first_val_loss - 0.5
+    assert read_run(run)["config"]["autocast"] == "bfloat16"
+    weights = parameters(latest_checkpoint(run).model)  # type: ignore[union-attr]
+    assert {t.dtype for t in weights.values()} == {torch.float32}  # autocast casts, not stores
+
+
 def test_a_run_directory_holds_what_the_readme_says(tiny_data: Path, tmp_path: Path) -> None:
     run = tmp_path / "run"
     result = train(TINY_SPEC, tiny_data, run, config(steps=20, save_every=10, keep=0), echo=None)
