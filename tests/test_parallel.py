@@ -277,19 +277,27 @@ def test_launch_environment() -> None:
 def test_modes_need_torchrun_and_torchrun_needs_a_mode() -> None:
     with distributed(None, env={}) as par:
         assert type(par) is Parallel and par.world_size == 1
-    with pytest.raises(ParallelError, match=r"--parallel fsdp needs the process group torchrun"):
-        with distributed("fsdp", env={}):
-            pass
+    with (
+        pytest.raises(ParallelError, match=r"--parallel fsdp needs the process group torchrun"),
+        distributed("fsdp", env={}),
+    ):
+        pass
     two = {"RANK": "0", "WORLD_SIZE": "2"}
-    with pytest.raises(ParallelError, match=r"no --parallel was given.*--parallel ddp or"):
-        with distributed(None, env=two):
-            pass
-    with pytest.raises(ParallelError, match=r"--parallel 'zero': unknown mode; use one of"):
-        with distributed("zero", env=two):
-            pass
-    with pytest.raises(ParallelError, match=r"--fsdp-bf16 .* needs --parallel fsdp"):
-        with distributed("ddp", mixed_precision="bfloat16", env=two):
-            pass
+    with (
+        pytest.raises(ParallelError, match=r"no --parallel was given.*--parallel ddp or"),
+        distributed(None, env=two),
+    ):
+        pass
+    with (
+        pytest.raises(ParallelError, match=r"--parallel 'zero': unknown mode; use one of"),
+        distributed("zero", env=two),
+    ):
+        pass
+    with (
+        pytest.raises(ParallelError, match=r"--fsdp-bf16 .* needs --parallel fsdp"),
+        distributed("ddp", mixed_precision="bfloat16", env=two),
+    ):
+        pass
 
 
 def test_the_command_line_names_the_fix(
