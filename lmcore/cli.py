@@ -1038,7 +1038,7 @@ def _add_budget_options(p: argparse.ArgumentParser) -> None:
         ("--save-every", int, "N", f"steps between checkpoints; 0: only at the end "
                                    f"(default: {d.save_every})"),
         ("--keep", int, "N", f"newest checkpoints kept; 0: all (default: {d.keep})"),
-        ("--seed", int, "N", f"initial weights and batch order (default: {d.seed})"),
+        ("--seed", _seed, "N", f"initial weights and batch order (default: {d.seed})"),
         ("--device", str, "DEVICE", f"auto (cuda if available, else cpu), cpu, cuda:N "
                                     f"(default: {d.device})"),
     ]  # fmt: skip

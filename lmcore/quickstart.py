@@ -80,6 +80,32 @@ def _usable(data: Path) -> bool:
     )
 
 
+def one_thread_if_busy(device: str, echo: Callable[[str], None]) -> bool:
+    """Train on one torch thread when the CPU is already busy: when the load average reaches the
+    core count, torch's OpenMP threads spin-wait on each other for cores that other processes
+    hold, and one thread trains the quickstart model several times faster (with the same
+    losses). `OMP_NUM_THREADS`, when set, decides instead. Whether it switched."""
+    from lmcore.train import resolve_device
+
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):  # no load average (Windows)
+        return False
+    cores = os.cpu_count() or 1
+    if "OMP_NUM_THREADS" in os.environ or load < cores or resolve_device(device).type != "cpu":
+        return False
+    import torch
+
+    if torch.get_num_threads() == 1:
+        return False
+    torch.set_num_threads(1)
+    echo(
+        f"threads: 1, as the machine is busy (load average {load:.1f} on {cores} cores); "
+        "OMP_NUM_THREADS=N chooses instead"
+    )
+    return True
+
+
 def quickstart(
     *,
     data: Path = QUICKSTART_DATA,
@@ -118,5 +144,6 @@ def quickstart(
         for line in prepare_lines(result):
             echo(line)
     echo("")
+    one_thread_if_busy(device, echo)
     config = TrainConfig(steps=steps, device=device, **OPTIONS)  # type: ignore[arg-type]
     return train(QUICKSTART_SPEC, data, run, config, echo=echo, progress=progress)

@@ -79,6 +79,7 @@ class TrainConfig:
         for name, value in {"eval_every": self.eval_every, "save_every": self.save_every,
                             "keep": self.keep, "seed": self.seed}.items():  # fmt: skip
             _require(isinstance(value, int) and value >= 0, name, value, "an integer ≥ 0")
+        _require(self.seed < 2**64, "seed", self.seed, "below 2**64 (torch's seeds are 64-bit)")
         _require(math.isfinite(self.lr) and self.lr > 0, "lr", self.lr, "a number > 0, e.g. 1e-3")
         if self.min_lr is not None:
             _require(0 <= self.min_lr <= self.lr, "min_lr", self.min_lr, f"in [0, lr={self.lr}]")

@@ -563,7 +563,7 @@ class _Loop:
         """Model, optimizer and data streams; returns the step to start from."""
         cfg = self.cfg
         torch.manual_seed(cfg.seed)  # the initial weights; also numpy's and Python's RNGs,
-        np.random.seed(cfg.seed)  # for components that draw from them
+        np.random.seed(cfg.seed % 2**32)  # for components that draw from them (numpy: 32 bits)
         random.seed(cfg.seed)
         self.model = TransformerLM(self.bp, device=self.device, dtype=self.dtype)
         if self.init is not None and self.start is None:

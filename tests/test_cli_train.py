@@ -138,6 +138,10 @@ def test_a_signal_saves_a_checkpoint_and_resume_goes_on(
          "--lr -1.0: must be a number > 0, e.g. 1e-3"),
         (["train", "cs336-tiny", "--data", "DATA", "--out", "r", "--betas", "0.9", "1"],
          "--betas 0.9 1.0: must be two numbers in [0, 1), e.g. 0.9 0.95"),
+        (["train", "cs336-tiny", "--data", "DATA", "--out", "r", "--seed", "18446744073709551616"],
+         "argument --seed: expected an integer in 0 .. 2**64-1, got '18446744073709551616'"),
+        (["train", "cs336-tiny", "--data", "DATA", "--out", "r", "--warmup", "-3"],
+         "--warmup -3: must be an integer ≥ 0"),
         (["train", "cs336-tiny, vocab_size=256", "--data", "DATA", "--out", "r"], "the model's "
          "vocab_size=256 is smaller than the data's 277 tokens"),
         (["train", "--resume", "r", "--out", "x"], "--resume r continues that run in its own "
@@ -206,3 +210,28 @@ def test_quickstart_prepares_once_and_prints_the_falling_loss(
     assert "run: runs/quickstart-2  (tag L4-d128-rmsnorm-swiglu-rope-" in out
     meta = json.loads((tmp_path / "data/stdlib-2k/meta.json").read_text())
     assert meta["sources"][0]["path"] == str(fake)
+
+
+def test_quickstart_trains_on_one_thread_on_a_busy_machine(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    lines: list[str] = []
+    threads = torch.get_num_threads()
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    try:
+        torch.set_num_threads(2)
+        monkeypatch.setattr(os, "getloadavg", lambda: (1.5, 1.0, 1.0))  # not busy: unchanged
+        assert not qs.one_thread_if_busy("cpu", lines.append) and torch.get_num_threads() == 2
+        monkeypatch.setenv("OMP_NUM_THREADS", "2")  # busy, but the user chose
+        monkeypatch.setattr(os, "getloadavg", lambda: (5.2, 4.0, 3.0))
+        assert not qs.one_thread_if_busy("cpu", lines.append) and torch.get_num_threads() == 2
+        assert lines == []
+        monkeypatch.delenv("OMP_NUM_THREADS")
+        assert qs.one_thread_if_busy("cpu", lines.append) and torch.get_num_threads() == 1
+        assert lines == [
+            "threads: 1, as the machine is busy (load average 5.2 on 2 cores); OMP_NUM_THREADS=N "
+            "chooses instead"
+        ]
+    finally:
+        torch.set_num_threads(threads)

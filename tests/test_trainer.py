@@ -125,6 +125,7 @@ def test_options_are_checked_with_their_flags() -> None:
         ({"batch_size": 0}, r"--batch-size 0: must be a positive integer"),
         ({"warmup": 50, "steps": 10}, r"--warmup 50: must be at most decay_steps=10"),
         ({"autocast": "float16"}, r"--autocast float16: must be bfloat16"),
+        ({"seed": 2**64}, r"--seed 18446744073709551616: must be below 2\*\*64"),
     ]:
         with pytest.raises(TrainError, match=message):
             TrainConfig(**bad).resolved(context_length=16)  # type: ignore[arg-type]
