@@ -243,6 +243,11 @@ class Distributed(Parallel):
         mesh = init_device_mesh(self.device.type, (self.world_size,))
         kwargs: dict[str, Any] = {"mesh": mesh}
         if self.mixed_precision is not None:
+            if self.device.type == "cuda" and not torch.cuda.is_bf16_supported():
+                raise ParallelError(
+                    f"--fsdp-bf16: {torch.cuda.get_device_name(self.device)} has no bfloat16 "
+                    "arithmetic; train in float32 (leave out --fsdp-bf16)"
+                )
             kwargs["mp_policy"] = MixedPrecisionPolicy(
                 param_dtype=getattr(torch, self.mixed_precision), reduce_dtype=torch.float32
             )
