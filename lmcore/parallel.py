@@ -60,6 +60,8 @@ __all__ = [
     "Launch",
     "ParallelError",
     "apply_tensor_parallel",
+    "by_index",
+    "by_name",
     "distributed",
     "launch_env",
     "memory_per_rank",
