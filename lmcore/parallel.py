@@ -136,6 +136,11 @@ def distributed(
     unknown mode."""
     launch = launch_env(env)
     if mode is None:
+        if mixed_precision is not None:
+            raise ParallelError(
+                "--fsdp-bf16 is FSDP's mixed precision policy; it needs --parallel fsdp under "
+                f"torchrun ({_TORCHRUN} --parallel fsdp --fsdp-bf16); in one process use --bf16"
+            )
         if launch is not None and launch.world_size > 1:
             raise ParallelError(
                 f"this is rank {launch.rank} of {launch.world_size} processes (torchrun) but no "
