@@ -794,7 +794,8 @@ class _Loop:
         line = f"step {step:>{width}}  val {loss:.4f}  ppl {shown}"
         if step:
             line += f"  train {self.last_train:.4f}" if self.last_train is not None else ""
-            line += f"  {self.tps:,.0f} tok/s  {self.elapsed():.1f} s"
+            line += f"  {self.tps:,.0f} tok/s" if self.tps else ""  # none before a record
+            line += f"  {self.elapsed():.1f} s"
         self.say(line)
         self.go()
 
