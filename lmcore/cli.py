@@ -931,6 +931,7 @@ def _add_train_parsers(sub: Any) -> None:
         "may extend it)",
     )
     _add_budget_options(p)
+    _add_parallel_options(p)  # issue 15
     p.set_defaults(func=_cmd_train)
 
     p = sub.add_parser(
@@ -989,6 +990,25 @@ def _add_train_parsers(sub: Any) -> None:
     )
     p.add_argument("--device", default="auto", help="default: auto (cuda if available, else cpu)")
     p.set_defaults(func=_cmd_quickstart)
+
+
+def _add_parallel_options(p: argparse.ArgumentParser) -> None:
+    """issue 15: `--parallel ddp|fsdp` under torchrun (lmcore.parallel)."""
+    p.add_argument(
+        "--parallel",
+        choices=("ddp", "fsdp"),
+        help="under torchrun (torchrun --nproc-per-node N -m lmcore train ...): ddp replicates "
+        "the model on every process, fsdp shards weights, gradients and AdamW state over them; "
+        "each process trains on its own rows of every batch",
+    )
+    p.add_argument(
+        "--fsdp-bf16",
+        action="store_const",
+        const="bfloat16",
+        dest="mixed_precision",
+        help="with --parallel fsdp: compute with bfloat16 copies of the weights and reduce "
+        "gradients in float32 (the shards and AdamW state keep --dtype)",
+    )
 
 
 def _add_budget_options(p: argparse.ArgumentParser) -> None:
@@ -1082,6 +1102,15 @@ def _exit_code(status: str, reason: str | None) -> int:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
+    from lmcore.parallel import distributed  # issue 15: one process, or torchrun's group
+
+    with distributed(args.parallel, mixed_precision=args.mixed_precision) as parallel:
+        if parallel.world_size > 1 and parallel.is_writer:
+            print(f"parallel: {parallel!r}")
+        return _train(args, parallel)
+
+
+def _train(args: argparse.Namespace, parallel: Any) -> int:
     from lmcore.trainer import resume, train
 
     if args.resume is not None:
@@ -1091,7 +1120,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
                 "SPEC nor --out with it"
             )
         changes = _given(args)
-        result = resume(args.resume, data=args.data, **changes)
+        result = resume(args.resume, data=args.data, parallel=parallel, **changes)
         return _exit_code(result.status, result.reason)
     if args.spec is None:
         raise UsageError(
@@ -1107,7 +1136,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
             "run directory"
         )
     bp, info = _source(args)
-    result = train(bp, args.data, args.out, _config(args), init=info)
+    result = train(bp, args.data, args.out, _config(args), init=info, parallel=parallel)
     return _exit_code(result.status, result.reason)
 
 

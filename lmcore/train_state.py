@@ -62,7 +62,7 @@ def save_checkpoint(
     *,
     step: int,
     model: nn.Module,
-    optimizer: torch.optim.Optimizer,
+    optimizer: torch.optim.Optimizer | Mapping[str, Any],
     param_names: Sequence[Sequence[str]],
     state: Mapping[str, Any],
     tag: str,
@@ -72,7 +72,9 @@ def save_checkpoint(
     """Write checkpoint `step` of `run` (model, optimizer, RNG states, `state`), whole or not at
     all, then keep the newest `keep` checkpoints (0: all). `param_names` are the parameter
     names of each optimizer group, in order; `state` is the loop's JSON-able bookkeeping."""
-    opt_tensors, opt_json = flatten_optimizer(optimizer.state_dict(), param_names)
+    # issue 15: or the optimizer's state_dict() itself, gathered from FSDP shards
+    opt_state = optimizer if isinstance(optimizer, Mapping) else optimizer.state_dict()
+    opt_tensors, opt_json = flatten_optimizer(opt_state, param_names)
     rng_tensors, rng_json = rng_state()
     with new_checkpoint_dir(run, step) as tmp:
         save(

@@ -44,7 +44,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -130,17 +130,25 @@ def clip_gradients(parameters: Iterable[Tensor], max_norm: float | None) -> Tens
     `max_norm` (`torch.nn.utils.clip_grad_norm_`); return the norm before clipping."""
     params = [p for p in parameters if p.grad is not None]
     if max_norm is None:
-        return torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
-    return torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True)
+        norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
+    else:
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True)
+    full = getattr(norm, "full_tensor", None)  # issue 15: FSDP's sharded gradients: a DTensor
+    return full() if full is not None else norm
+
+
+Opt = TypeVar("Opt", bound=torch.optim.Optimizer)  # issue 15
 
 
 class Parallel:
     """How the loop runs across processes; this base is one process.
 
-    A distributed runner (torchrun) subclasses it: `rank` and `world_size` from the process
-    group, `wrap` returns DDP(model) or the FSDP-sharded model, `mean` all-reduces (average),
-    `any` all-reduces a flag (max), `barrier` waits for every rank. Only the `is_writer`
-    process writes metrics, plots and checkpoints.
+    A distributed runner (torchrun; `lmcore.parallel.Distributed`) subclasses it: `rank` and
+    `world_size` from the process group, `place` picks the rank's device, `wrap` returns
+    DDP(model) or the FSDP-sharded model with an optimizer over its shards, `full_state` what
+    a checkpoint writes (gathered to the writer), `mean` all-reduces (average), `any`
+    all-reduces a flag (max), `barrier` waits for every rank. Only the `is_writer` process
+    writes metrics, plots and checkpoints.
     """
 
     rank: int = 0
@@ -150,8 +158,19 @@ class Parallel:
     def is_writer(self) -> bool:
         return self.rank == 0
 
-    def wrap(self, model: nn.Module) -> nn.Module:
-        return model
+    # issue 15 hooks: place, wrap(model, optimizer, names), full_state
+    def place(self, device: torch.device) -> torch.device:
+        return device
+
+    def wrap(
+        self, model: nn.Module, optimizer: Opt, names: list[list[str]]
+    ) -> tuple[nn.Module, Opt]:
+        return model, optimizer
+
+    def full_state(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer, names: list[list[str]]
+    ) -> tuple[nn.Module, torch.optim.Optimizer | dict[str, Any]]:
+        return model, optimizer
 
     def mean(self, value: Tensor) -> Tensor:
         return value
@@ -270,6 +289,7 @@ def train(
     tokens.check(context_length=bp.spec.context_length, vocab_size=bp.spec.vocab_size)
     run = Path(out)
     _check_new_run(run)
+    par.barrier()  # issue 15: every rank checks before the writer creates the run
     dtype = cfg.dtype or (init.dtype if init is not None else "float32")
     info = {
         "format": RUN_FORMAT,
@@ -495,7 +515,7 @@ class _Loop:
         self.spec = bp.spec
         self.tag: str = info["tag"]
         self.tokens_per_step = cfg.batch_size * bp.spec.context_length
-        self.device = resolve_device(cfg.device)
+        self.device = parallel.place(resolve_device(cfg.device))  # issue 15: the rank's
         assert cfg.dtype is not None and cfg.min_lr is not None  # resolved
         self.dtype: torch.dtype = getattr(torch, cfg.dtype)
         self.stop = _Stop(self.say)
@@ -559,7 +579,8 @@ class _Loop:
             self.last_val = state.get("val_loss")
             self.last_train = state.get("train_loss")
         # One place for what runs the steps: the distributed wrapper, then the compiler.
-        self.forward: nn.Module = self.par.wrap(self.model)
+        # issue 15: DDP, or FSDP shards with an optimizer over them (holding its state)
+        self.forward, self.optimizer = self.par.wrap(self.model, self.optimizer, self.names)
         if cfg.compile:
             self.forward = torch.compile(self.forward)  # type: ignore[assignment]
         rank, world, T = self.par.rank, self.par.world_size, self.spec.context_length
@@ -792,12 +813,14 @@ class _Loop:
     def save(self, step: int) -> None:
         """Checkpoint `step` (the writer saves; every rank waits), then the plot and run.json."""
         self.pause()
+        # issue 15: under FSDP every rank helps gather the full state to the writer
+        model, optimizer = self.par.full_state(self.model, self.optimizer, self.names)
         if self.par.is_writer:
             self.last_checkpoint = save_checkpoint(
                 self.run_dir,
                 step=step,
-                model=self.model,
-                optimizer=self.optimizer,
+                model=model,
+                optimizer=optimizer,
                 param_names=self.names,
                 state=self.state(step),
                 tag=self.tag,
