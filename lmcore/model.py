@@ -66,7 +66,11 @@ class CausalSelfAttention(nn.Module):
             group = self.num_heads // self.num_kv_heads
             k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
         out = self.kernel(q, k, v, causal=True, bias=bias)  # (B, H, T, D)
-        y: Tensor = self.output_proj(rearrange(out, "b h t d -> b t (h d)"))
+        # Always a copy, never a view of `out`: a kernel may keep `out` for its backward, and
+        # output_proj keeps its input; with a view (one token, or one head) both would hold
+        # the same storage and the activations declared for each would count it twice.
+        heads = out.transpose(1, 2).clone(memory_format=torch.contiguous_format)  # (B,T,H,D)
+        y: Tensor = self.output_proj(heads.flatten(2))
         return y
 
 
@@ -187,10 +191,17 @@ def build_model(
     dtype: torch.dtype | None = None,
     *,
     registry: Registry | None = None,
+    compile: bool = False,
 ) -> TransformerLM:
     """Build a `TransformerLM` from a spec string (e.g. ``"tinystories, pos=nope"``), a
     `ModelSpec` or a resolved `Blueprint`.
 
-    `device="meta"` builds the structure without allocating weights.
+    `device="meta"` builds the structure without allocating weights. `compile=True` compiles
+    the model in place (`nn.Module.compile`, torch.compile's default inductor backend): the
+    result is still a `TransformerLM` with the same state-dict keys; the first forward (and
+    the first backward) of each input shape pays for compiling.
     """
-    return TransformerLM(spec, device=device, dtype=dtype, registry=registry)
+    model = TransformerLM(spec, device=device, dtype=dtype, registry=registry)
+    if compile:
+        model.compile()
+    return model
