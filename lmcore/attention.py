@@ -127,15 +127,38 @@ def accumulator(dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32)
 
 
+# Shifted scores below this are raised to it before exp: exp(-87) is still a normal float32
+# (the smallest is about exp(-87.3)), and exp on a CPU runs tens of times slower on inputs
+# whose result would be subnormal, and several times slower on -inf. The weights it changes
+# are below 1e-38 of the row's largest, under float32's resolution; masked keys are set to
+# exactly 0 afterwards.
+EXP_FLOOR = -87.0
+
+
 @lru_cache(maxsize=64)
 def _ahead(rows: int, cols: int, first: int, dtype: torch.dtype, device: torch.device) -> Tensor:
-    """`(rows, 1, cols)`: -inf where key `first + c` lies ahead of query row r (positions
-    relative to the tile's first query), else 0; cached, as every layer and step asks for the
-    same. Added rather than masked in: a broadcast add is several times faster on a CPU."""
+    """`(rows, 1, cols)`: 1 where key `first + c` lies ahead of query row r (positions relative
+    to the tile's first query), else 0; cached, as every layer and step asks for the same.
+    Multiplied and added rather than masked in: broadcast arithmetic is several times faster
+    than a broadcast masked_fill on a CPU."""
     r = torch.arange(rows, device=device)[:, None, None]
     c = torch.arange(cols, device=device)[None, None, :]
-    zeros = torch.zeros((), dtype=dtype, device=device)
-    return torch.where(c + first > r, -math.inf, zeros)
+    return (c + first > r).to(dtype)
+
+
+@lru_cache(maxsize=64)
+def _ahead_inf(
+    rows: int, cols: int, first: int, dtype: torch.dtype, device: torch.device
+) -> Tensor:
+    """`_ahead` as -inf where ahead, else 0: added to the scores before the row max."""
+    ahead = _ahead(rows, cols, first, dtype, device)
+    return ahead.mul(-math.inf).nan_to_num_(nan=0.0, neginf=-math.inf)
+
+
+@lru_cache(maxsize=64)
+def _behind(rows: int, cols: int, first: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """`1 - _ahead`: multiplied into the weights, it zeroes the keys ahead."""
+    return 1 - _ahead(rows, cols, first, dtype, device)
 
 
 def _as_4d(t: Tensor | None) -> Tensor | None:
@@ -160,6 +183,18 @@ def _tile(t: Tensor, b: tuple[int, int], i: tuple[int, int], j: tuple[int, int],
     return t.view(t.shape[0], kv, -1, *t.shape[2:]).transpose(2, 3)  # (bb, Hkv, n, G, kb)
 
 
+def _diagonal(plan: Plan, i: tuple[int, int], j: tuple[int, int]) -> tuple[int, int] | None:
+    """For a causal tile, `(column, first)`: the tile's columns from `column` on hold keys ahead
+    of some of its queries, the first of them `first` positions after the tile's first query;
+    None when every key of the tile lies behind every query."""
+    if not plan.causal:
+        return None
+    first = max(j[0], i[0] + plan.offset + 1)
+    if first >= j[1]:
+        return None
+    return first - j[0], first - i[0] - plan.offset
+
+
 def _scores(
     qt: Tensor,
     kt: Tensor,
@@ -170,7 +205,7 @@ def _scores(
     i: tuple[int, int],
     j: tuple[int, int],
 ) -> Tensor:
-    """One tile's scores `(q / sqrt(D)) kᵀ + bias`, masked, in float32 (or wider):
+    """One tile's scores `(q / sqrt(D)) kᵀ + bias` in float32 (or wider), -inf where masked:
     `(bb·Hkv, n·G, kb)`."""
     s = torch.bmm(qt, kt.transpose(1, 2))
     if s.dtype != (acc := accumulator(s.dtype)):
@@ -182,14 +217,31 @@ def _scores(
             s5.add_(_tile(bias, b, i, j, plan.kv_heads))
         if mask is not None:
             s5.masked_fill_(~_tile(mask, b, i, j, plan.kv_heads), -math.inf)
-    if plan.causal:
+    if (diagonal := _diagonal(plan, i, j)) is not None:
         # Only the columns ahead of the tile's first query hold masked scores; they get a
         # cached (n, 1, width) pattern, broadcast over the G heads of each row.
-        first = max(j[0], i[0] + plan.offset + 1)
-        if first < j[1]:
-            ahead = _ahead(n, j[1] - first, first - i[0] - plan.offset, s.dtype, s.device)
-            s.view(-1, n, G, kb)[..., first - j[0] :].add_(ahead)
+        column, first = diagonal
+        ahead = _ahead_inf(n, kb - column, first, s.dtype, s.device)
+        s.view(-1, n, G, kb)[..., column:].add_(ahead)
     return s
+
+
+def _weights(
+    s: Tensor, shift: Tensor, plan: Plan, i: tuple[int, int], j: tuple[int, int], guard: bool
+) -> Tensor:
+    """`exp(s - shift)` in place, at least `exp(EXP_FLOOR)`, and exactly 0 where `s` is -inf
+    (a masked key)."""
+    dead = torch.isneginf(s) if guard else None  # a mask or a bias may put -inf anywhere
+    p = s.sub_(shift).clamp_(min=EXP_FLOOR).exp_()
+    if dead is not None:
+        return p.masked_fill_(dead, 0.0)
+    if (diagonal := _diagonal(plan, i, j)) is not None:
+        column, first = diagonal
+        n, kb = i[1] - i[0], j[1] - j[0]
+        p.view(-1, n, plan.group, kb)[..., column:].mul_(
+            _behind(n, kb - column, first, p.dtype, p.device)
+        )
+    return p
 
 
 # ----------------------------------------------------------------------------- forward
@@ -206,32 +258,33 @@ def _forward(
     key_block: int,
 ) -> list[Tensor]:
     """`[out (B, H, Sq, D), stat (B, Hkv, Sq, G, 1), *kept weights]` for q5 `(B, Hkv, Sq, G,
-    D)` and contiguous k, v `(B, Hkv, Sk, D)`. `stat` is each row's softmax denominator when
-    the weights are kept, else its log-sum-exp."""
+    D)` and k, v `(B, Hkv, Sk, D)`, in any strides. `stat` is each row's softmax denominator
+    when the weights are kept, else its log-sum-exp."""
     plan = Plan.of(q5, k, causal, key_block)
     B, Hkv, Sq, G, D = q5.shape
     Sk, acc = plan.k_len, accumulator(q5.dtype)
     guard = mask is not None or bias is not None  # rows may have every key masked
     scale = 1.0 / math.sqrt(D)
-    kf, vf = k.view(B * Hkv, Sk, D), v.view(B * Hkv, Sk, D)
     out = q5.new_empty(B, Hkv * G, Sq, D)
     out5 = out.view(B, Hkv, G, Sq, D).transpose(2, 3)  # (B, Hkv, Sq, G, D), a view
     stat = q5.new_empty(B, Hkv, Sq, G, 1, dtype=acc)
     kept: list[Tensor] = []
     for b0, b1 in plan.batch_blocks():
-        rows = slice(b0 * Hkv, b1 * Hkv)
+        # (bb·Hkv, Sk, D) views when the strides allow, as for a batch row of the (B, T, H·D)
+        # projections: the matmuls read them in place.
+        kf, vf = k[b0:b1].reshape(-1, Sk, D), v[b0:b1].reshape(-1, Sk, D)
         for i0, i1, kend in plan.query_blocks():
             n = i1 - i0
             qt = q5[b0:b1, :, i0:i1].reshape(-1, n * G, D) * scale  # (bb·Hkv, n·G, D)
             m = total = o = None
             for j0, j1 in plan.key_blocks(kend):
-                s = _scores(qt, kf[rows, j0:j1], bias, mask, plan, (b0, b1), (i0, i1), (j0, j1))
+                s = _scores(qt, kf[:, j0:j1], bias, mask, plan, (b0, b1), (i0, i1), (j0, j1))
                 block_max = s.amax(dim=-1, keepdim=True)  # (bb·Hkv, n·G, 1)
                 new_max = block_max if m is None else torch.maximum(m, block_max)
                 # A row with no key seen yet keeps max -inf: shift it by 0, so exp gives 0.
                 shift = torch.where(new_max == -math.inf, 0.0, new_max) if guard else new_max
-                p = s.sub_(shift).exp_()  # (bb·Hkv, n·G, kb), unnormalised weights
-                pv = torch.bmm(p.to(v.dtype), vf[rows, j0:j1])
+                p = _weights(s, shift, plan, (i0, i1), (j0, j1), guard)  # unnormalised
+                pv = torch.bmm(p.to(v.dtype), vf[:, j0:j1])
                 if m is None or total is None or o is None:
                     total, o = p.sum(dim=-1, keepdim=True), pv.to(acc)
                 else:
@@ -300,9 +353,10 @@ def _backward(
     plan = Plan.of(q5, k, causal, key_block)
     B, Hkv, Sq, G, D = q5.shape
     H, Sk, acc, low = plan.heads, plan.k_len, stat.dtype, q5.dtype
+    guard = mask is not None or bias is not None
     scale = 1.0 / math.sqrt(D)
     # Lower-precision q, k, v are widened once: the backward runs in float32 throughout.
-    q5, kf, vf = q5.to(acc), k.to(acc).view(B * Hkv, Sk, D), v.to(acc).view(B * Hkv, Sk, D)
+    q5, k, v = q5.to(acc), k.to(acc), v.to(acc)
     # dO and delta = rowsum(dO ∘ O) in the tiles' (B, Hkv, Sq, G, ·) row order. With kept
     # weights both are divided by the softmax denominator, so that e / total never exists.
     dout5 = dout.view(B, Hkv, G, Sq, D).transpose(2, 3)
@@ -326,6 +380,7 @@ def _backward(
     weights = iter(kept)
     for b0, b1 in plan.batch_blocks():
         rows = slice(b0 * Hkv, b1 * Hkv)
+        kf, vf = k[b0:b1].reshape(-1, Sk, D), v[b0:b1].reshape(-1, Sk, D)
         for i0, i1, kend in plan.query_blocks():
             n = i1 - i0
             qt = q5[b0:b1, :, i0:i1].reshape(-1, n * G, D)  # unscaled: scale goes on dk, dq
@@ -337,17 +392,18 @@ def _backward(
                     p = next(weights)  # exp(s - max); do and dl carry the 1 / total
                 else:
                     s = _scores(
-                        qt * scale, kf[rows, j0:j1], bias, mask, plan, (b0, b1), (i0, i1), (j0, j1)
+                        qt * scale, kf[:, j0:j1], bias, mask, plan, (b0, b1), (i0, i1), (j0, j1)
                     )
-                    p = s.sub_(stat[b0:b1, :, i0:i1].reshape(-1, n * G, 1)).exp_()
+                    lse = stat[b0:b1, :, i0:i1].reshape(-1, n * G, 1)
+                    p = _weights(s, lse, plan, (i0, i1), (j0, j1), guard)
                 dv[rows, j0:j1].baddbmm_(p.transpose(1, 2), do)
-                ds = torch.bmm(do, vf[rows, j0:j1].transpose(1, 2)).sub_(dl).mul_(p)
+                ds = torch.bmm(do, vf[:, j0:j1].transpose(1, 2)).sub_(dl).mul_(p)
                 if dbias5 is not None:  # ds is the gradient of the (scaled, biased) scores
                     dbias5[b0:b1, :, i0:i1, :, j0:j1] = ds.view(-1, Hkv, n, G, j1 - j0)
                 if dq is None:
-                    dq = torch.bmm(ds, kf[rows, j0:j1])
+                    dq = torch.bmm(ds, kf[:, j0:j1])
                 else:
-                    dq.baddbmm_(ds, kf[rows, j0:j1])
+                    dq.baddbmm_(ds, kf[:, j0:j1])
                 dk[rows, j0:j1].baddbmm_(ds.transpose(1, 2), qt, alpha=scale)
             assert dq is not None
             dq5[b0:b1, :, i0:i1] = dq.mul_(scale).view(-1, Hkv, n, G, D)
@@ -432,8 +488,7 @@ def tiled_attention(
     attend; `key_block=None` keeps each tile's weights for backward, an int recomputes them."""
     B, H, Sq, D = q.shape
     Hkv = k.shape[1]
-    q5 = q.view(B, Hkv, H // Hkv, Sq, D).transpose(2, 3).contiguous()  # (B, Hkv, Sq, G, D)
-    got = _forward(q5, k.contiguous(), v.contiguous(), _as_4d(bias), _as_4d(mask), causal,
-                   key_block or 0)  # fmt: skip
+    q5 = q.view(B, Hkv, H // Hkv, Sq, D).transpose(2, 3)  # (B, Hkv, Sq, G, D), a view
+    got = _forward(q5, k, v, _as_4d(bias), _as_4d(mask), causal, key_block or 0)
     out: Tensor = got[0]
     return out
