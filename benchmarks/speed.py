@@ -390,7 +390,7 @@ def long_child(args: argparse.Namespace, kernel: str, seq: int, what: str) -> di
         model = build_model(f"{spec_text}, attn={kernel}", device=device)
     impl = Impl(kernel, model, model)
     vocab = parse_spec(spec_text).vocab_size
-    warm = torch.randint(0, vocab, (1, 65), device=device)
+    warm = torch.randint(0, vocab, (1, min(seq, 64) + 1), device=device)
     impl.train_step(warm[:, :-1], warm[:, 1:])  # AdamW's state, lazy initialisation
     tokens = torch.randint(0, vocab, (1, seq + 1), device=device)
     impl.optimizer.zero_grad(set_to_none=True)

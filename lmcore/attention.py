@@ -43,6 +43,7 @@ from torch.utils.flop_counter import register_flop_formula
 # L2 cache across the passes over a tile, large enough that the matmuls stay efficient.
 TILE_ELEMENTS = 1 << 18
 QUERY_BLOCK = 64  # queries per tile, unless more fit in TILE_ELEMENTS
+STREAM_BLOCK = 512  # keys per block of the online softmax when no weights need keeping
 
 
 @dataclass(frozen=True)
@@ -84,10 +85,14 @@ class Plan:
 
     @property
     def batch_block(self) -> int:
-        """Batch rows per tile: as many as `TILE_ELEMENTS` holds (short sequences, decoding)."""
+        """Batch rows per tile: as many as `TILE_ELEMENTS` per torch thread holds (each thread
+        works on its share of a tile's heads in its own cache; fewer, larger operations keep
+        the threads from waiting on each other). Only how batch rows are grouped depends on
+        the thread count, not what is computed or kept."""
         cols = self.key_block or self.k_len
         per_row = self.heads * min(self.query_block, self.q_len) * cols
-        return max(1, min(self.batch, TILE_ELEMENTS // max(1, per_row)))
+        budget = TILE_ELEMENTS * torch.get_num_threads()
+        return max(1, min(self.batch, budget // max(1, per_row)))
 
     def batch_blocks(self) -> list[tuple[int, int]]:
         n = self.batch_block
@@ -429,10 +434,11 @@ def _(
     key_block: int,
     bias_grad: bool,
 ) -> list[Tensor]:
-    grads = [torch.empty_like(q5), torch.empty_like(k), torch.empty_like(v)]
+    # Contiguous, as the real gradients are (empty_like would copy the inputs' strides).
+    grads = [q5.new_empty(q5.shape), k.new_empty(k.shape), v.new_empty(v.shape)]
     if bias_grad:
         assert bias is not None
-        grads.append(torch.empty_like(bias))
+        grads.append(bias.new_empty(bias.shape))
     return grads
 
 
@@ -474,6 +480,10 @@ torch.library.register_autograd(
 )
 
 
+def _wants_grad(*tensors: Tensor | None) -> bool:
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
 def tiled_attention(
     q: Float[Tensor, "B H Sq D"],
     k: Float[Tensor, "B Hkv Sk D"],
@@ -485,7 +495,11 @@ def tiled_attention(
     key_block: int | None = None,
 ) -> Float[Tensor, "B H Sq D"]:
     """`softmax(q kᵀ / sqrt(D) + bias) v` in tiles (module docstring); `mask` True = may
-    attend; `key_block=None` keeps each tile's weights for backward, an int recomputes them."""
+    attend; `key_block=None` keeps each tile's weights for backward, an int recomputes them.
+    When no gradient is wanted (inference), nothing needs keeping: keys are streamed in blocks
+    of `STREAM_BLOCK` whatever `key_block` says, and memory stays linear in the sequence."""
+    if key_block is None and not _wants_grad(q, k, v, bias):
+        key_block = STREAM_BLOCK
     B, H, Sq, D = q.shape
     Hkv = k.shape[1]
     q5 = q.view(B, Hkv, H // Hkv, Sq, D).transpose(2, 3)  # (B, Hkv, Sq, G, D), a view

@@ -7,6 +7,7 @@ component; `TransformerBlock` wires norm, attention and feed-forward in pre- or 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -191,17 +192,17 @@ def build_model(
     dtype: torch.dtype | None = None,
     *,
     registry: Registry | None = None,
-    compile: bool = False,
+    compile: bool | Mapping[str, Any] = False,
 ) -> TransformerLM:
     """Build a `TransformerLM` from a spec string (e.g. ``"tinystories, pos=nope"``), a
     `ModelSpec` or a resolved `Blueprint`.
 
     `device="meta"` builds the structure without allocating weights. `compile=True` compiles
-    the model in place (`nn.Module.compile`, torch.compile's default inductor backend): the
-    result is still a `TransformerLM` with the same state-dict keys; the first forward (and
-    the first backward) of each input shape pays for compiling.
+    the model in place with `torch.compile` (`nn.Module.compile`; a mapping is passed on as its
+    options, e.g. ``{"backend": "aot_eager"}``): the result is still a `TransformerLM` with the
+    same state-dict keys; the first forward (and backward) of each input shape compiles.
     """
     model = TransformerLM(spec, device=device, dtype=dtype, registry=registry)
     if compile:
-        model.compile()
+        model.compile(**(compile if isinstance(compile, Mapping) else {}))
     return model

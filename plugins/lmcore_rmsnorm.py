@@ -21,7 +21,7 @@ class _RMSNorm(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, x: Tensor, weight: Tensor, eps: float) -> Tensor:
-        xf = x.float()  # bf16 squares lose too much precision
+        xf = x.to(torch.promote_types(x.dtype, torch.float32))  # bf16 squares lose too much
         rms = xf.square().mean(dim=-1, keepdim=True).add_(eps).sqrt_()  # (..., 1)
         ctx.save_for_backward(x, weight, rms)
         # Divided, not multiplied by rsqrt: a correctly rounded quotient keeps the float32
@@ -32,8 +32,8 @@ class _RMSNorm(torch.autograd.Function):
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
         x, weight, rms = ctx.saved_tensors
         rstd = rms.reciprocal()
-        x_hat = x.float() * rstd
-        g = grad.float()
+        x_hat = x.to(rms.dtype) * rstd
+        g = grad.to(rms.dtype)
         dweight = None
         if ctx.needs_input_grad[1]:
             dweight = (g * x_hat).reshape(-1, x.shape[-1]).sum(dim=0).to(weight.dtype)

@@ -134,8 +134,8 @@ class _FusedRMSNorm(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
         x, weight, rstd = ctx.saved_tensors
-        x_hat = x.float() * rstd
-        g = grad.float()
+        x_hat = x.to(rstd.dtype) * rstd
+        g = grad.to(rstd.dtype)
         dweight = None
         if ctx.needs_input_grad[1]:
             dweight = (g * x_hat).reshape(-1, x.shape[-1]).sum(dim=0).to(weight.dtype)
