@@ -1,6 +1,7 @@
 """lmcore's speed against torch's fused ops and Hugging Face Llama: one command, one process.
 
     python benchmarks/speed.py [--spec tinystories] [--batch 8] [--rounds 7] [--compile] [--quick]
+                               [--threads N] [--clock wall|cpu] [--long 4096 16384 | --no-long]
     python benchmarks/speed.py --profile        # where a training step's time goes, by operator
 
 Throughput: the spec's architecture is built as
@@ -13,21 +14,29 @@ Throughput: the spec's architecture is built as
 all holding the same weights (lmcore's state dict; for Llama the q/k rows are permuted to its
 half-split rotary layout). The script checks that every model's logits agree, then times an
 inference forward (`torch.no_grad`) and a training step (forward, cross-entropy, backward,
-AdamW step) of each, interleaved: every round runs each model once in a rotating order, so all
-see the same machine load. It prints tokens/s (median of the rounds) and the ratio to the fused
-reference (median of the per-round ratios; above 1 means faster than the reference).
-`--compile` adds every model again under torch.compile (lmcore through
-`build_model(..., compile=True)`, the others through `module.compile()`).
+AdamW step) of each, interleaved: every round runs each model's forward back to back in a
+rotating order, then each model's training step, so all see the same machine load. It prints
+tokens/s (median of the rounds) and the ratio to the eager fused reference (median of the
+per-round ratios, with their quartiles; above 1 means faster than the reference). `--compile`
+adds every model again under torch.compile (lmcore through `build_model(..., compile=True)`, the
+others through `module.compile()`); compiling happens in the warm-up, before any timing.
+
+On a machine shared with other work, `--threads 1 --clock cpu` gives the steadiest ratios: torch's
+threads wait for each other at every operator, and a thread descheduled by another process stalls
+them all (lmcore's attention runs many small operators per layer, a fused kernel one), while the
+CPU time of a single thread hardly depends on what else runs.
 
 Long context: peak memory and time of one training step at batch 1 x `--long` tokens (4,096,
 and 16,384 without --quick), the spec's context length raised to fit, for each attention kernel
 (`sdpa`, `chunked`, `lmcore-torch`'s `torch_sdpa` when installed) and the fused reference. Each
-runs in a fresh subprocess: after a short warm-up step (which allocates AdamW's state), the peak
-resident set size is reset (/proc/self/clear_refs) and one step runs; the table shows how far the
-peak rose above the resident size before the step (activations, gradients, temporaries) and the
-step's wall time. The subprocesses run with MALLOC_MMAP_THRESHOLD_=64 KiB so freed tensors leave
-the resident set at once; on CUDA (--device cuda) torch's peak-allocated counter is used. `sdpa`
-is skipped above 8,192 tokens, where its score matrices alone outgrow a 24 GiB machine.
+is measured in two fresh subprocesses. Memory: after a short warm-up step (which allocates
+AdamW's state), the peak resident set size is reset (/proc/self/clear_refs) and one step runs;
+the table shows how far the peak rose above the resident size before the step (activations,
+gradients, temporaries), with MALLOC_MMAP_THRESHOLD_=64 KiB so that freed tensors leave the
+resident set at once (on CUDA, --device cuda, torch's peak-allocated counter). Time: the same
+step with the default allocator, the kernels taking turns for `--long-rounds` rounds (3; 1 with
+--quick and above 8,192 tokens), median time and median per-round ratio. `sdpa` is skipped above
+8,192 tokens, where its kept softmax weights alone outgrow a 24 GiB machine.
 
 Never run by the test suite; never asserts a timing.
 """
@@ -57,18 +66,24 @@ TORCH_COMPONENTS = "norm=torch_rmsnorm, ffn=torch_swiglu, attn=torch_sdpa"  # lm
 # ----------------------------------------------------------------------------- the peers
 
 
-def rope_tables(spec: ModelSpec, device: torch.device) -> Tensor:
-    """`exp(i · pos · theta^(-2k/D))` for every position and pair k: (context, D/2) complex."""
+def rope_tables(spec: ModelSpec, device: torch.device) -> tuple[Tensor, Tensor]:
+    """cos and sin of `pos · theta^(-2k/D)` for every position and pair k: (context, D/2)."""
     hd, theta = spec.head_dim, float(spec.pos.kwargs["theta"])
     inv_freq = theta ** (-torch.arange(0, hd, 2, dtype=torch.float32) / hd)
     angles = torch.arange(spec.context_length, dtype=torch.float32)[:, None] * inv_freq
-    return torch.polar(torch.ones_like(angles), angles).to(device)
+    return angles.cos().to(device), angles.sin().to(device)
 
 
-def rotate(x: Tensor, freqs: Tensor) -> Tensor:
-    """RoPE on interleaved pairs `(x[2k], x[2k+1])` as complex products (Meta's Llama code)."""
+def rotate(x: Tensor, freqs: tuple[Tensor, Tensor]) -> Tensor:
+    """RoPE on interleaved pairs `(x[2k], x[2k+1])` as complex products (Meta's Llama code);
+    in real arithmetic under torch.compile, which generates no code for complex operators."""
+    cos, sin = freqs
+    if torch.compiler.is_compiling():
+        even, odd = x[..., 0::2].float(), x[..., 1::2].float()
+        rotated = torch.stack((even * cos - odd * sin, even * sin + odd * cos), -1)
+        return rotated.flatten(-2).type_as(x)
     pairs = torch.view_as_complex(x.float().unflatten(-1, (-1, 2)))  # (B, H, T, D/2)
-    return torch.view_as_real(pairs * freqs).flatten(-2).type_as(x)
+    return torch.view_as_real(pairs * torch.complex(cos, sin)).flatten(-2).type_as(x)
 
 
 class ReferenceBlock(nn.Module):
@@ -93,7 +108,7 @@ class ReferenceBlock(nn.Module):
             }
         )
 
-    def forward(self, x: Tensor, freqs: Tensor) -> Tensor:
+    def forward(self, x: Tensor, freqs: tuple[Tensor, Tensor]) -> Tensor:
         a, f = self.attn, self.ffn
         h = self.ln1(x)
         q = a["q_proj"](h).unflatten(-1, (self.heads, self.head_dim)).transpose(1, 2)
@@ -120,11 +135,14 @@ class FusedReference(nn.Module):
         self.lm_head = nn.Linear(spec.d_model, spec.vocab_size, bias=False)
         if spec.tie_embeddings:
             self.token_embeddings.weight = self.lm_head.weight
-        self.register_buffer("freqs", rope_tables(spec, device), persistent=False)
+        cos, sin = rope_tables(spec, device)
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
         self.to(device)
 
     def forward(self, ids: Tensor) -> Tensor:
-        freqs = self.freqs[: ids.shape[-1]]
+        t = ids.shape[-1]
+        freqs = (self.cos[:t], self.sin[:t])
         x = self.token_embeddings(ids)
         for layer in self.layers:
             x = layer(x, freqs)
@@ -260,7 +278,9 @@ def make_impls(args: argparse.Namespace, device: torch.device) -> tuple[list[Imp
     notes: list[str] = []
 
     def copy_of(spec_text: str, compile: bool) -> nn.Module:
-        model = build_model(spec_text, device=device, compile=compile)
+        # compile= only when compiling: the script also times lmcore versions without it.
+        kwargs = {"compile": True} if compile else {}
+        model = build_model(spec_text, device=device, **kwargs)
         model.load_state_dict(state, strict=True)
         return model
 
@@ -420,30 +440,42 @@ def long_context(args: argparse.Namespace) -> None:
     print(
         f"\nOne training step (forward, cross-entropy, backward, AdamW) at batch 1, `{args.spec}` "
         f"with context_length raised to fit, {args.device}, float32, "
-        f"{torch.get_num_threads()} threads; each in a fresh process; load average "
+        f"{torch.get_num_threads()} threads, {args.clock} clock; each in a fresh process; "
+        f"time: median of up to {args.long_rounds} interleaved round(s); load average "
         f"{os.getloadavg()[0]:.1f}\n"
     )
     print("| tokens | attention | step peak MiB | × fused | step s | × fused |")
     print("| ---: | --- | ---: | ---: | ---: | ---: |")
     for seq in args.long:
-        ref: dict[str, float] | None = None
-        for kernel in kernels:
-            if kernel == "sdpa" and seq > 8192:
-                continue
-            name = "fused reference (`F.sdpa`)" if kernel == "fused reference" else f"`{kernel}`"
-            print(f"{kernel} at {seq} tokens ...", file=sys.stderr)
+        # sdpa keeps its softmax weights: past 8,192 tokens they alone outgrow 24 GiB.
+        here = [k for k in kernels if not (k == "sdpa" and seq > 8192)]
+        mib: dict[str, float] = {}
+        seconds: dict[str, list[float]] = {k: [] for k in here}
+        failed: dict[str, str] = {}
+        for kernel in here:
+            print(f"{kernel} at {seq} tokens: memory ...", file=sys.stderr)
             try:
-                got = {
-                    **child_run(args, kernel, seq, "memory"),
-                    **child_run(args, kernel, seq, "time"),
-                }
+                mib[kernel] = child_run(args, kernel, seq, "memory")["mib"]
             except RuntimeError as e:
-                print(f"| {seq:,} | {name} | failed: {e} | | | |")
+                failed[kernel] = str(e)
+        alive = [k for k in here if k not in failed]
+        rounds = args.long_rounds if seq <= 8192 else 1  # a longer step takes minutes
+        for r in range(rounds):  # the kernels take turns, so they share the load
+            for kernel in alive[r % len(alive) :] + alive[: r % len(alive)]:
+                print(f"{kernel} at {seq} tokens: time, round {r + 1} ...", file=sys.stderr)
+                seconds[kernel].append(child_run(args, kernel, seq, "time")["s"])
+        ref = "fused reference"
+        for kernel in here:
+            name = "fused reference (`F.sdpa`)" if kernel == ref else f"`{kernel}`"
+            if kernel in failed:
+                print(f"| {seq:,} | {name} | failed: {failed[kernel]} | | | |")
                 continue
-            ref = ref or got
+            ratio = statistics.median(
+                a / b for a, b in zip(seconds[kernel], seconds[ref], strict=True)
+            )
             print(
-                f"| {seq:,} | {name} | {got['mib']:,.0f} | {got['mib'] / ref['mib']:.2f} "
-                f"| {got['s']:.2f} | {got['s'] / ref['s']:.2f} |"
+                f"| {seq:,} | {name} | {mib[kernel]:,.0f} | {mib[kernel] / mib[ref]:.2f} "
+                f"| {statistics.median(seconds[kernel]):.2f} | {ratio:.2f} |"
             )
 
 
@@ -502,6 +534,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="3 rounds, 4,096 tokens only")
     parser.add_argument("--long", type=int, nargs="*", default=None, help="long-context lengths")
     parser.add_argument("--no-long", action="store_true", help="skip the long-context table")
+    parser.add_argument(
+        "--long-rounds", type=int, default=0, help="timed steps per kernel (default 3, quick 1)"
+    )
     parser.add_argument("--no-throughput", action="store_true", help="only the long context")
     parser.add_argument("--profile", action="store_true", help="profile a training step instead")
     parser.add_argument("--top", type=int, default=20, help="operators shown by --profile")
@@ -529,6 +564,8 @@ def main() -> None:
         args.warmup = 1
     if args.long is None:
         args.long = [4096] if args.quick else [4096, 16384]
+    if not args.long_rounds:
+        args.long_rounds = 1 if args.quick else 3
     device = torch.device(args.device)
     if args.profile:
         profile(args, device)

@@ -79,8 +79,10 @@ class Plan:
     @property
     def query_block(self) -> int:
         """`QUERY_BLOCK` queries, or more (a power of two) while a tile of one batch row stays
-        within `TILE_ELEMENTS`, e.g. against a narrow key block."""
-        fit = TILE_ELEMENTS // max(1, self.heads * (self.key_block or self.k_len))
+        within `TILE_ELEMENTS`, e.g. against a narrow key block. Recomputing, within that many
+        per torch thread: the query blocks then decide nothing that is kept for backward."""
+        budget = TILE_ELEMENTS * (1 if self.keep else torch.get_num_threads())
+        fit = budget // max(1, self.heads * (self.key_block or self.k_len))
         return max(QUERY_BLOCK, 1 << max(0, fit.bit_length() - 1))
 
     @property
