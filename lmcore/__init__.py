@@ -3,6 +3,7 @@
     >>> import lmcore
     >>> model = lmcore.build_model("cs336-tiny, pos=nope")
     >>> str(model.spec)  # the canonical spec
+    >>> lmcore.save(model, "m.safetensors"); same = lmcore.load("m.safetensors")
 
 Names are imported on first use (PEP 562): `import lmcore` loads neither torch nor any plugin,
 so lmcore's pytest plugin costs nothing in test runs that never ask for it.
@@ -11,14 +12,20 @@ so lmcore's pytest plugin costs nothing in test runs that never ask for it.
 from __future__ import annotations
 
 import importlib
+import sys
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from lmcore.blueprint import Blueprint, parse_spec, resolve
+    from lmcore.checkpoint import load, load_state_dict_file, read_info, save
     from lmcore.components import KINDS, REQUIRED, Arg, Component, Preset
     from lmcore.errors import (
         AmbiguousComponentError,
+        CheckpointError,
+        CheckpointWarning,
         ComponentNotFoundError,
+        ConversionError,
+        DataError,
         LmcoreError,
         ModelInputError,
         PluginFailedError,
@@ -37,13 +44,21 @@ _WHERE = {
     "Blueprint": "blueprint",
     "parse_spec": "blueprint",
     "resolve": "blueprint",
+    "load": "checkpoint",
+    "load_state_dict_file": "checkpoint",
+    "read_info": "checkpoint",
+    "save": "checkpoint",
     "KINDS": "components",
     "REQUIRED": "components",
     "Arg": "components",
     "Component": "components",
     "Preset": "components",
     "AmbiguousComponentError": "errors",
+    "CheckpointError": "errors",
+    "CheckpointWarning": "errors",
     "ComponentNotFoundError": "errors",
+    "ConversionError": "errors",
+    "DataError": "errors",
     "LmcoreError": "errors",
     "ModelInputError": "errors",
     "PluginFailedError": "errors",
@@ -67,9 +82,13 @@ __all__ = [
     "AmbiguousComponentError",
     "Arg",
     "Blueprint",
+    "CheckpointError",
+    "CheckpointWarning",
     "Component",
     "ComponentNotFoundError",
     "ComponentSpec",
+    "ConversionError",
+    "DataError",
     "LmcoreError",
     "ModelInputError",
     "ModelSpec",
@@ -83,8 +102,12 @@ __all__ = [
     "build_model",
     "get_registry",
     "hookimpl",
+    "load",
+    "load_state_dict_file",
     "parse_spec",
+    "read_info",
     "resolve",
+    "save",
     "scoped_registry",
     "use_registry",
 ]
@@ -93,6 +116,10 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     if name not in _WHERE:
         raise AttributeError(f"module 'lmcore' has no attribute {name!r}")
+    if "torch" not in sys.modules:  # torch's import fails on malformed metadata: see there
+        from lmcore.registry import guard_torch_import
+
+        guard_torch_import()
     value = getattr(importlib.import_module(f"lmcore.{_WHERE[name]}"), name)
     globals()[name] = value  # later lookups skip this function
     return value

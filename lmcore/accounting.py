@@ -20,6 +20,8 @@ compiler stack, about a second, several times what the rest of `describe` costs.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
@@ -29,7 +31,7 @@ import torch
 from torch import Tensor, nn
 
 from lmcore.blueprint import Blueprint, resolve
-from lmcore.errors import LmcoreError, LmcoreKeyError, ModelInputError
+from lmcore.errors import LmcoreError, LmcoreKeyError, ModelInputError, ModelTooLargeError
 from lmcore.model import TransformerLM, build_model
 from lmcore.registry import Entry, Registry
 from lmcore.spec import ModelSpec
@@ -71,6 +73,8 @@ class Row:
     entry: Entry | None = None  # the plugin component, or None for lmcore's own pieces
     # Bytes one instance saves for backward for the whole batch; None: the component declares none.
     activations_each: int | None = 0
+    # Bytes of the buffers one instance holds; None: the component declares none.
+    buffers_each: int | None = 0
 
     @property
     def params(self) -> int:
@@ -85,8 +89,16 @@ class Row:
         return None if self.activations_each is None else self.activations_each * self.count
 
     @property
+    def buffers(self) -> int | None:
+        return None if self.buffers_each is None else self.buffers_each * self.count
+
+    @property
     def per_layer(self) -> bool:
         return self.name.startswith("layers.*.")
+
+    def instances(self, num_layers: int) -> int:
+        """How many modules this row stands for in a model of `num_layers` layers."""
+        return num_layers if self.per_layer else 1
 
     def paths(self, num_layers: int) -> Iterator[str]:
         """The module paths this row stands for in a built `TransformerLM`."""
@@ -197,24 +209,20 @@ def account(
 
     def declared(kind: str, name: str, part: str, count: int) -> Row:
         entry, kwargs = bp.entries[kind], bp.kwargs(kind)
-        saved = entry.component.count_activations(
-            **activation_kwargs(bp, kind, batch=batch, seq_len=seq, dtype=dtype)
-        )
-        if saved is not None and saved < 0:
-            raise AccountingError(
-                f"{kind} {entry.name!r} from {entry.provenance} declares {saved:,} bytes of "
-                "activations, a negative number; fix its activations= declaration"
-            )
+        # Components declare FLOPs for one sequence; a plain forward has kv_len = seq_len.
+        flops = entry.count("flops", {**kwargs, "seq_len": seq, "kv_len": seq})
         return Row(
             name=name,
             part=part,
             module=f"{kind}={entry.name}",
             count=count,
-            params_each=entry.component.count_params(**kwargs),
-            # Components declare FLOPs for one sequence; a plain forward has kv_len = seq_len.
-            flops_each=batch * entry.component.count_flops(**kwargs, seq_len=seq, kv_len=seq),
+            params_each=entry.count("params", kwargs) or 0,
+            flops_each=batch * (flops or 0),
             entry=entry,
-            activations_each=saved,
+            activations_each=entry.count(
+                "activations", activation_kwargs(bp, kind, batch=batch, seq_len=seq, dtype=dtype)
+            ),
+            buffers_each=entry.count("buffers", {**kwargs, "dtype": dtype}),
         )
 
     def linear(name: str, d_in: int, d_out: int, count: int, saves_input: bool) -> Row:
@@ -270,34 +278,45 @@ def _check_shape(spec: ModelSpec, batch: int, seq: int) -> None:
 
 
 def measured_params(acc: Accounting, model: TransformerLM) -> dict[str, int]:
-    """Parameters each row's modules actually hold, each shared tensor counted once, at its
-    first row (so tied embeddings count under `token_embeddings`)."""
+    """Parameters each row's modules actually hold in `model`, each shared tensor counted once,
+    at its first row (so tied embeddings count under `token_embeddings`)."""
     return _claim(acc, model)[0]
 
 
-def _claim(acc: Accounting, model: TransformerLM) -> tuple[dict[str, int], set[int]]:
-    """Per-row parameter counts, and the ids of the parameters the rows claimed."""
+def measured_buffers(acc: Accounting, model: TransformerLM) -> dict[str, int]:
+    """Bytes of the buffers each row's modules hold in `model` (each tensor counted once)."""
+    return _claim(acc, model, buffers=True)[0]
+
+
+def _claim(
+    acc: Accounting, model: TransformerLM, *, buffers: bool = False
+) -> tuple[dict[str, int], set[int]]:
+    """Per-row parameter counts (or buffer bytes), and the ids of the tensors the rows claimed.
+    `model` may have fewer layers than the spec (`describe` builds at most two)."""
     seen: set[int] = set()
     out: dict[str, int] = {}
     for row in acc.rows:
         total = 0
-        for path in row.paths(acc.spec.num_layers):
-            for p in model.get_submodule(path).parameters():
-                if id(p) not in seen:
-                    seen.add(id(p))
-                    total += p.numel()
+        for path in row.paths(len(model.layers)):
+            module = model.get_submodule(path)
+            for t in module.buffers() if buffers else module.parameters():
+                if id(t) not in seen:
+                    seen.add(id(t))
+                    total += t.numel() * t.element_size() if buffers else t.numel()
         out[row.name] = total
     return out, seen
 
 
 def check_params(acc: Accounting, model: TransformerLM) -> None:
     """Raise `AccountingError`, naming the component, where a declared count differs from the
-    built module's, or where the model holds parameters no row accounts for."""
+    built module's, or where the model holds parameters no row accounts for. `model` may have
+    fewer layers than the spec: each of its modules is compared with its row."""
     actual, claimed = _claim(acc, model)
     for row in acc.rows:
-        if actual[row.name] == row.params:
+        instances = row.instances(len(model.layers))
+        if actual[row.name] == row.params_each * instances:
             continue
-        each = actual[row.name] // row.count
+        each = actual[row.name] // instances
         if row.entry is None:
             raise AccountingError(
                 f"{row.name}: lmcore counts {row.params_each:,} parameters for its {row.module} "
@@ -317,6 +336,159 @@ def check_params(acc: Accounting, model: TransformerLM) -> None:
             f"the built model holds parameters outside the accounted modules ({', '.join(stray)}); "
             "this is a bug in lmcore's accounting, please report it"
         )
+
+
+def check_buffers(acc: Accounting, model: TransformerLM) -> None:
+    """Raise `AccountingError`, naming the component, where its declared buffer bytes differ
+    from what the module it builds holds (components that declare none are skipped)."""
+    actual = measured_buffers(acc, model)
+    for row in acc.rows:
+        instances = row.instances(len(model.layers))
+        if row.buffers_each is None or actual[row.name] == row.buffers_each * instances:
+            continue
+        each = actual[row.name] // instances
+        if row.entry is None:
+            raise AccountingError(
+                f"{row.name}: its {row.module} holds {each:,} bytes of buffers where lmcore "
+                "counts none; this is a bug in lmcore, please report it"
+            )
+        kind, name = row.entry.kind, row.entry.name
+        raise AccountingError(
+            f"{row.name}: {kind} {name!r} from {row.entry.provenance} declares "
+            f"{row.buffers_each:,} bytes of buffers in {acc.dtype}, but the module it builds "
+            f"holds {each:,}; fix the buffers= declaration of {kind} {name!r}"
+        )
+
+
+# ---------------------------------------------------------------------- the size check
+
+# torch indexes a tensor's bytes with a signed 64-bit integer.
+MAX_TENSOR_BYTES: Final = 2**63 - 1
+# Host memory the module objects of one layer take, whatever the device (measured for the
+# built-in components at about 30-45 KiB): a meta build of a million layers still needs ~30 GiB.
+LAYER_OBJECT_BYTES: Final = 32 * 2**10
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """What building a blueprint allocates, from the declarations alone: per row, the weights
+    (parameters × the dtype's size) and the declared buffers of all its modules."""
+
+    accounting: Accounting
+
+    @property
+    def parts(self) -> dict[str, int]:
+        size = self.accounting.dtype.itemsize
+        return {r.name: r.params * size + (r.buffers or 0) for r in self.accounting.rows}
+
+    @property
+    def total(self) -> int:
+        return sum(self.parts.values())
+
+    @property
+    def largest(self) -> tuple[str, int]:
+        return max(self.parts.items(), key=lambda item: item[1])
+
+
+def footprint(bp: Blueprint, dtype: torch.dtype) -> Footprint:
+    """The bytes a build of `bp` in `dtype` allocates, by row; see `Footprint`."""
+    return Footprint(account(bp, batch=1, seq_len=1, dtype=dtype))
+
+
+def check_size(
+    bp: Blueprint, *, device: torch.device, dtype: torch.dtype, max_bytes: int | None = None
+) -> Footprint:
+    """Refuse (`ModelTooLargeError`, naming the total and the largest part) a build whose
+    weights and buffers exceed `max_bytes` (default: the memory available on `device`, none on
+    meta), a module torch could not index, or more layers than the host can hold the module
+    objects of. Nothing is allocated."""
+    found = footprint(bp, dtype)
+    dtype_name = str(dtype).removeprefix("torch.")
+    size = dtype.itemsize
+    for row in found.accounting.rows:
+        each = max(row.params_each * size, row.buffers_each or 0)
+        if each > MAX_TENSOR_BYTES:
+            raise ModelTooLargeError(
+                f"{row.name} ({row.module}) would hold {format_bytes(each)} ({each:,} bytes) in "
+                f"one {dtype_name} module, beyond the 2**63 - 1 bytes torch can index; shrink "
+                f"the dimensions it is built for ({_dims_of(bp, row)})"
+            )
+    total, (name, largest) = found.total, found.largest
+    limit, what = memory_limit(device, max_bytes)
+    if limit is not None and total > limit:
+        raise ModelTooLargeError(
+            f"the model needs {format_bytes(total)} ({total:,} bytes) for its {dtype_name} "
+            f"weights and buffers, more than {what}; the largest part is {name} "
+            f"({format_bytes(largest)}). Shrink the spec, or raise the limit with "
+            "max_bytes= (--max-bytes on the command line)"
+        )
+    layers = bp.spec.num_layers
+    host = available_memory(torch.device("cpu"))
+    if host is not None and layers * LAYER_OBJECT_BYTES > host:
+        raise ModelTooLargeError(
+            f"num_layers={layers:,}: the module objects alone need about "
+            f"{format_bytes(layers * LAYER_OBJECT_BYTES)} of host memory (about "
+            f"{format_bytes(LAYER_OBJECT_BYTES)} per layer, on any device, meta included), "
+            f"more than the {format_bytes(host)} available; lower num_layers"
+        )
+    return found
+
+
+def _dims_of(bp: Blueprint, row: Row) -> str:
+    if row.entry is not None:
+        return ", ".join(f"{k}={v:,}" for k, v in bp.kwargs(row.entry.kind).items())
+    s = bp.spec
+    return f"vocab_size={s.vocab_size:,}, d_model={s.d_model:,}"
+
+
+def memory_limit(device: torch.device, max_bytes: int | None) -> tuple[int | None, str]:
+    """The byte limit of a build and how to name it in a message."""
+    if max_bytes is not None:
+        return max_bytes, f"the limit max_bytes={max_bytes:,} ({format_bytes(max_bytes)})"
+    available = None if device.type == "meta" else available_memory(device)
+    if available is None:
+        return None, ""
+    return available, f"the {format_bytes(available)} of memory available on {device}"
+
+
+def available_memory(device: torch.device) -> int | None:
+    """Bytes that can still be allocated on `device`: for the CPU the kernel's MemAvailable
+    (capped by a cgroup v2 limit), for CUDA the driver's free memory; None when unknown."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0]) if torch.cuda.is_available() else None
+    if device.type != "cpu":
+        return None
+    found = []
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    found.append(int(line.split()[1]) * 1024)
+                    break
+    except (OSError, ValueError):
+        pass
+    try:  # a container's own limit
+        with open("/sys/fs/cgroup/memory.max", encoding="ascii") as f:
+            cap = f.read().strip()
+        with open("/sys/fs/cgroup/memory.current", encoding="ascii") as f:
+            used = int(f.read().strip())
+        if cap != "max":
+            found.append(max(0, int(cap) - used))
+    except (OSError, ValueError):
+        pass
+    if not found and hasattr(os, "sysconf"):
+        with contextlib.suppress(OSError, ValueError):
+            found.append(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    return min(found) if found else None
+
+
+def format_bytes(n: int) -> str:
+    """Binary prefixes, as memory is sized: 7.92 GiB."""
+    for unit, scale in (("EiB", 2**60), ("PiB", 2**50), ("TiB", 2**40), ("GiB", 2**30),
+                        ("MiB", 2**20), ("KiB", 2**10)):  # fmt: skip
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n} B"
 
 
 class _Saved:
@@ -509,8 +681,21 @@ def describe(
     component declares none, from a forward on the meta device instead.
     """
     acc = account(spec, batch=batch, seq_len=seq_len, dtype=dtype, registry=registry)
-    model = build_model(acc.blueprint, device="meta", dtype=dtype)
+    bp = acc.blueprint
+    # Layers are identical, so at most two are built to check the declarations against: the
+    # cost does not grow with num_layers (measuring activations builds them all).
+    probe = replace(bp, spec=replace(bp.spec, num_layers=min(bp.spec.num_layers, 2)))
+    model = build_model(probe, device="meta", dtype=dtype)
     check_params(acc, model)
+    check_buffers(acc, model)
+    built = measured_buffers(acc, model)  # for components that declare none
+
+    def row_buffers(r: Row) -> int:
+        if r.buffers is not None:
+            return r.buffers
+        return built[r.name] // r.instances(len(model.layers)) * r.count
+
+    buffers = sum(row_buffers(r) for r in acc.rows)
     size = dtype.itemsize
     activations = acc.activations
     by_row = acc.declared_activations() if activations is not None else {}
@@ -520,8 +705,11 @@ def describe(
         if activations is None:
             missing = acc.undeclared_components()
             note = f"{' and '.join(missing)} declare{'s' if len(missing) == 1 else ''} none"
+        full = build_model(bp, device="meta", dtype=dtype) if probe.spec != bp.spec else model
         try:
-            measured = measure_activations(acc, model)
+            measured = measure_activations(acc, full)
+        except LmcoreError:
+            raise  # a plugin's fault (e.g. an output of the wrong shape), named: not a note
         except (RuntimeError, NotImplementedError, TypeError, ValueError) as e:
             why = f"the forward does not run on the meta device ({type(e).__name__}: {e})"
             if activations is None:
@@ -541,7 +729,7 @@ def describe(
         weights=acc.params * size,
         gradients=acc.params * size,
         optimizer=acc.params * ADAMW_STATE_BYTES,
-        buffers=sum(b.numel() * b.element_size() for b in model.buffers()),
+        buffers=buffers,
         activations=activations if source else None,
         activations_by_part=by_part(acc, by_row) if by_row else {},
         activations_source=source,

@@ -125,8 +125,18 @@ class Plan:
 
 
 def kept_elements(plan: Plan) -> int:
-    """Score elements the kept-weights mode saves for backward (0 when it recomputes)."""
-    return sum(a * b * c for a, b, c in plan.kept_shapes())
+    """Score elements the kept-weights mode saves for backward (0 when it recomputes): the
+    sum over `kept_shapes`, in closed form, so that a declaration for any batch or sequence
+    (`describe`, the size check) costs no loop over the tiles."""
+    if not plan.keep:
+        return 0
+    if not plan.causal:
+        per_head = plan.q_len * plan.k_len
+    else:  # full query blocks t = 0.. see keys up to (t + 1)·n + offset; a last partial one all
+        n = plan.query_block
+        full, rest = divmod(plan.q_len, n)
+        per_head = n * n * full * (full + 1) // 2 + n * plan.offset * full + rest * plan.k_len
+    return plan.batch * plan.heads * per_head
 
 
 def accumulator(dtype: torch.dtype) -> torch.dtype:

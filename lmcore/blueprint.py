@@ -18,11 +18,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lmcore.components import KINDS, Arg, Component, Scalar, format_scalar
-from lmcore.errors import RegistryError, SpecError, SpecTypeError, did_you_mean, one_of
+from lmcore.errors import (
+    PluginError,
+    RegistryError,
+    SpecError,
+    SpecTypeError,
+    clip,
+    did_you_mean,
+    one_of,
+)
 from lmcore.registry import Entry, Provenance, Registry, get_registry
 from lmcore.spec import (
     ALL_KEYS,
     KEY_ARGS,
+    MAX_INT,
     MODEL_KEYS,
     SLOTS,
     ComponentSpec,
@@ -67,8 +76,12 @@ class Blueprint:
         return kwargs
 
     def create(self, kind: str, *, device: Any = None, dtype: Any = None) -> Any:
-        """Build one module of `kind` for this model."""
-        return self.component(kind).create(**self.kwargs(kind), device=device, dtype=dtype)
+        """Build one module of `kind` for this model: a `torch.nn.Module` implementing the
+        kind's protocol, else a `PluginError` naming the component and its distribution. The
+        module's outputs are checked (shape, dtype) on every call; see `checked_module`."""
+        entry = self.entries[kind]
+        module = entry.invoke("build", {**self.kwargs(kind), "device": device, "dtype": dtype})
+        return checked_module(entry, module)
 
     def __str__(self) -> str:
         return str(self.spec)
@@ -162,8 +175,8 @@ class _Resolver:
             if item.key is None:
                 if n > 0:
                     raise SpecError(
-                        f"a bare name ({item.value.name!r}) is a preset and can only come first; "
-                        "everything after it is key=value",
+                        f"a bare name ({clip(item.value.name or '')}) is a preset and can only "
+                        "come first; everything after it is key=value",
                         self.text,
                         item.start,
                         item.end,
@@ -171,7 +184,7 @@ class _Resolver:
                 self.preset_item = item
             elif item.key not in ALL_KEYS:
                 raise SpecError(
-                    f"unknown key {item.key!r}{did_you_mean(item.key, ALL_KEYS)}; "
+                    f"unknown key {clip(item.key)}{did_you_mean(item.key, ALL_KEYS)}; "
                     f"keys are {', '.join(ALL_KEYS)}",
                     self.text,
                     item.start,
@@ -252,7 +265,7 @@ class _Resolver:
             shown = format_scalar(value.scalar) if value.scalar is not None else ""
             raise self.fail(
                 f"{kind} takes a component, e.g. {kind}={SLOTS[kind]} or "
-                f"{kind}=name(arg=value); got {shown!r}; "
+                f"{kind}=name(arg=value); got {clip(shown)}; "
                 f"available {kind}: {one_of(self.registry.names(kind))}",
                 origin,
             )
@@ -269,8 +282,8 @@ class _Resolver:
         for name, (_, start, end) in given.items():
             if name not in accepted:
                 raise self.fail(
-                    f"{kind} {comp.name!r} has no argument {name!r}{did_you_mean(name, accepted)}; "
-                    f"it takes: {one_of(accepted)}",
+                    f"{kind} {comp.name!r} has no argument {clip(name)}"
+                    f"{did_you_mean(name, accepted)}; it takes: {one_of(accepted)}",
                     self.values[kind],
                     start,
                     end,
@@ -339,24 +352,40 @@ class _Resolver:
         if "d_ff" in self.values and (self.by_user("d_ff") or ffn[1].name == preset_ffn):
             value: int = self.model_key(arg)
             return value
-        default = ffn[0].component.default_d_ff
-        return int(default(d_model)) if default is not None else 4 * d_model
+        try:
+            width = ffn[0].count("default_d_ff", {"d_model": d_model})
+        except PluginError as e:
+            raise self.at_slot("ffn", str(e)) from e
+        source = f"default_d_ff of ffn {ffn[1].name!r} from {ffn[0].provenance}"
+        if width is None:
+            width, source = 4 * d_model, "the default d_ff = 4·d_model"
+        try:
+            value = int(arg.check(width))
+        except (TypeError, ValueError) as e:
+            raise self.at_slot("ffn", f"{source} gave d_ff {e}") from None
+        if value > MAX_INT:  # the canonical form must parse back
+            raise self.at_slot(
+                "ffn",
+                f"{source} gives d_ff={value:,}, beyond the largest integer a spec can hold "
+                f"(2**63 - 1); give d_ff=... explicitly",
+            )
+        return value
 
     def check_shape(self, bp: Blueprint) -> None:
         spec = bp.spec
         d_model, heads = spec.d_model, spec.num_heads
         if d_model % heads:
-            near = [h for h in range(1, d_model + 1) if d_model % h == 0]
-            near.sort(key=lambda h: abs(h - heads))
             raise self.at_slot(
                 "num_heads" if "num_heads" in self.values else "d_model",
                 f"d_model={d_model} is not divisible by num_heads={heads}; "
-                f"num_heads that divide it: {', '.join(map(str, sorted(near[:4])))}",
+                f"num_heads that divide it: {', '.join(map(str, divisors_near(d_model, heads)))}",
             )
         for kind in KINDS:
             comp = bp.component(kind)
             try:
-                comp.check_shape(**bp.kwargs(kind))
+                bp.entries[kind].invoke("validate", bp.kwargs(kind), allow=(ValueError,))
+            except PluginError as e:
+                raise self.at_slot(kind, str(e)) from e
             except ValueError as e:
                 # Blame what the user wrote: the slot itself, else the dimensions it is built for.
                 dims = spec.dims(kind)
@@ -372,3 +401,57 @@ class _Resolver:
                 f"attn {attn.name!r} cannot take the additive attention bias that pos "
                 f"{pos.name!r} produces; kernels that can: {one_of(able)}",
             )
+
+
+def divisors_near(n: int, target: int, count: int = 4) -> list[int]:
+    """Up to `count` divisors of `n` closest to `target`, ascending. Looks only at 1, `n`, the
+    powers of two and a window around `target` of at most 4,097 numbers, so the work never grows
+    with `n` (a spec's integers reach 2**63)."""
+    half = min(max(256, target), 2048)
+    window = range(max(1, target - half), min(n, target + half) + 1)
+    powers = (2**k for k in range(min(n.bit_length(), 64)))
+    found = {d for d in (1, n, *window, *powers) if 1 <= d <= n and n % d == 0}
+    return sorted(sorted(found, key=lambda d: (abs(d - target), d))[:count])
+
+
+def checked_module(entry: Entry, module: Any) -> Any:
+    """`module` once it is a `torch.nn.Module` implementing its kind's protocol, with a forward
+    hook that checks its output (norm, ffn: the input's shape and dtype; attn: q's), so a
+    plugin that gets them wrong is named at its first call instead of failing somewhere later.
+    """
+    from torch import nn
+
+    from lmcore.interfaces import PROTOCOLS
+
+    where = f"{entry.kind} {entry.name!r} from {entry.provenance}"
+    protocol = PROTOCOLS[entry.kind]
+    if not isinstance(module, nn.Module) or not isinstance(module, protocol):
+        got = "None" if module is None else f"a {type(module).__name__}"
+        raise PluginError(
+            f"{where}: its factory returned {got}, not a torch.nn.Module implementing "
+            f"lmcore.interfaces.{protocol.__name__}"
+        )
+    if entry.kind != "pos":
+        module.register_forward_hook(_OutputCheck(where, entry.kind))
+    return module
+
+
+@dataclass(frozen=True)
+class _OutputCheck:
+    """A forward hook: the output has the shape and dtype of the first input (x, or q)."""
+
+    where: str
+    kind: str
+
+    def __call__(self, module: Any, args: tuple[Any, ...], out: Any) -> None:
+        from torch import Tensor
+
+        x = args[0]
+        if isinstance(out, Tensor) and out.shape == x.shape and out.dtype == x.dtype:
+            return
+        what = "q's" if self.kind == "attn" else "its input's"
+        got = f"shape {tuple(out.shape)} {out.dtype}" if isinstance(out, Tensor) else type(out)
+        raise PluginError(
+            f"{self.where} returned {got} for {'q' if self.kind == 'attn' else 'an input'} of "
+            f"shape {tuple(x.shape)} {x.dtype}; a {self.kind} must return {what} shape and dtype"
+        )

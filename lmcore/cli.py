@@ -4,23 +4,43 @@ lmcore build SPEC           build a model; print its canonical spec and paramete
 lmcore describe SPEC        parameters, FLOPs and memory by component, before any weight exists
 lmcore run SPEC             forward+backward steps on random tokens: tokens/s and peak memory
 lmcore plugins              list components, presets and plugins with provenance and status
+lmcore convert              Hugging Face Llama directory <-> lmcore checkpoint
+lmcore data prepare SRC...  train a BPE tokenizer and write token ids for training
+
+Wherever a SPEC is taken, a checkpoint path is too (a name ending in .safetensors, or a path with
+a directory separator and no '='): its embedded spec is used, resolved against the plugins that
+saved it.
+
+Exit status: 0 done; 2 the input is wrong (spec, options, environment variables, plugins), with
+a one-line message on stderr (plus the caret display for spec errors); 1 lmcore failed: a bug
+(with a traceback), a check that `describe --measure` or `run` reports, or output that could
+not be written; 130 interrupted (Ctrl-C). Output that the terminal's encoding cannot show
+(e.g. `×` under PYTHONIOENCODING=ascii) is written with ASCII stand-ins.
 """
 
 from __future__ import annotations
 
 import argparse
+import codecs
+import contextlib
+import errno
+import io
 import json
 import math
+import os
+import re
 import sys
 import warnings
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from lmcore.components import KINDS
-from lmcore.errors import LmcoreError, LmcoreWarning
+from lmcore.errors import LmcoreError, LmcoreWarning, SlowPluginWarning, SpecError
 
 if TYPE_CHECKING:
     from lmcore.accounting import Description, TrainingMemory
+    from lmcore.blueprint import Blueprint
+    from lmcore.checkpoint import CheckpointInfo
     from lmcore.train import RunResult
 
 
@@ -29,32 +49,141 @@ class UsageError(LmcoreError, ValueError):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = _parser()
-    args = parser.parse_args(argv)
-    warnings.simplefilter("ignore", LmcoreWarning)  # `lmcore plugins` prints them itself
+    with _ascii_fallback(), warnings.catch_warnings():
+        parser = _parser()
+        try:
+            args = parser.parse_args(argv)
+        except SystemExit as e:  # --help, or a usage error already reported in one line
+            return int(e.code or 0)
+        prog = f"lmcore {args.command}"
+        warnings.simplefilter("ignore", LmcoreWarning)  # `lmcore plugins` prints them itself
+        warnings.simplefilter("always", SlowPluginWarning)  # ... but not a plugin still loading
+        warnings.showwarning = lambda message, *_: _say(f"{prog}: warning: {message}")
+        try:
+            from lmcore.registry import guard_torch_import  # before any command imports torch
+
+            for problem in guard_torch_import():
+                _say(f"{prog}: warning: {problem}")
+            code: int = args.func(args)
+            sys.stdout.flush()  # a full disk or closed pipe shows here, not at exit
+        except LmcoreError as e:
+            _say(f"{prog}: error: {_one_line(e)}")
+            return 2
+        except KeyboardInterrupt:
+            _say(f"{prog}: interrupted")
+            return 130  # as a shell reports a process ended by SIGINT
+        except BrokenPipeError:  # `lmcore plugins | head`
+            _silence_stdout()
+            return 0
+        except OSError as e:
+            if e.filename is not None:  # a path the command was given (--save, --out, ...)
+                _say(f"{prog}: error: {e.filename}: {e.strerror or e}")
+                return 2
+            if not _is_stdout_error(e):
+                raise
+            _silence_stdout()
+            _say(f"{prog}: error: cannot write the output: {e}")
+            return 1
+        return code
+
+
+def _one_line(e: LmcoreError) -> str:
+    """The message on one line; a spec error keeps its caret display below it."""
+    if isinstance(e, SpecError):
+        return str(e)
+    return "; ".join(line.strip() for line in str(e).splitlines() if line.strip())
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr)
+
+
+def _is_stdout_error(e: OSError) -> bool:
+    """Whether `e` (about no file) is what writing stdout raises: a full disk, an I/O error, a
+    closed file."""
+    return e.errno in _WRITE_ERRORS
+
+
+_WRITE_ERRORS = {errno.ENOSPC, errno.EIO, errno.EBADF, errno.EFBIG, errno.EPIPE}
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so the interpreter's last flush at exit cannot fail again."""
+    with contextlib.suppress(OSError, ValueError, io.UnsupportedOperation):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+
+
+# ASCII stand-ins for the non-ASCII characters lmcore prints, for terminals that cannot show them.
+_ASCII = {
+    "×": "x", "·": "*", "→": "->", "≤": "<=", "≥": ">=", "²": "^2", "³": "^3", "…": "...",
+    "—": "-", "–": "-", "−": "-", "σ": "sigma", "√": "sqrt", "≈": "~", "ᵀ": "^T", "θ": "theta",
+    "‘": "'", "’": "'", "“": '"', "”": '"', "±": "+-",
+}  # fmt: skip
+
+
+def _ascii_stand_in(e: UnicodeError) -> tuple[str, int]:
+    if not isinstance(e, UnicodeEncodeError):
+        raise e
+    text = e.object[e.start : e.end]
+    return "".join(_ASCII.get(c, "?") for c in text), e.end
+
+
+codecs.register_error("lmcore-ascii", _ascii_stand_in)
+
+
+@contextlib.contextmanager
+def _ascii_fallback() -> Iterator[None]:
+    """While a command runs, characters stdout/stderr cannot encode get ASCII stand-ins."""
+    changed = []
+    for stream in (sys.stdout, sys.stderr):
+        if isinstance(stream, io.TextIOWrapper):
+            with contextlib.suppress(OSError, ValueError):
+                changed.append((stream, stream.errors))
+                stream.reconfigure(errors="lmcore-ascii")
     try:
-        code: int = args.func(args)
-    except LmcoreError as e:
-        print(f"lmcore {args.command}: error: {e}", file=sys.stderr)
-        return 2
-    except BrokenPipeError:  # `lmcore plugins | head`
-        return 0
-    return code
+        yield
+    finally:
+        for stream, errors in changed:
+            with contextlib.suppress(OSError, ValueError):
+                stream.reconfigure(errors=errors)
+
+
+class _Parser(argparse.ArgumentParser):
+    """Usage errors in one line, exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        _say(f"{self.prog}: error: {message} (see {self.prog} --help)")
+        raise SystemExit(2)
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="lmcore",
         description="Build decoder-only transformer LMs from spec strings and plugin components.",
         epilog='Spec example: "tinystories, pos=nope, norm=rmsnorm(eps=1e-6)". '
         "See the README for the grammar.",
     )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = parser.add_subparsers(
+        dest="command", required=True, metavar="COMMAND", parser_class=_Parser
+    )
 
-    p = sub.add_parser("build", help="build a model and print its canonical spec and size")
-    p.add_argument("spec", help='spec string, e.g. "tinystories, pos=nope"')
-    p.add_argument("--dtype", choices=DTYPES, default="float32")
+    p = sub.add_parser(
+        "build",
+        help="build a model and print its canonical spec and size",
+        description="Build a model from a spec (seeded weights) or a checkpoint (its weights), "
+        "print its canonical spec and parameter count, and optionally save it.",
+    )
+    p.add_argument("spec", help=f'spec string, e.g. "tinystories, pos=nope"; {_OR_CHECKPOINT}')
+    p.add_argument("--dtype", choices=DTYPES, help=_DTYPE_HELP)
     p.add_argument("--device", default="cpu", help="torch device (meta: no allocation)")
+    p.add_argument(
+        "--seed", type=_seed, default=0, help="seeds a spec's weights (0 .. 2**64-1; default: 0)"
+    )
+    p.add_argument(
+        "--save", metavar="PATH", help="save the model to PATH (.safetensors) with its spec"
+    )
+    p.add_argument("--max-bytes", type=_byte_count, help=MAX_BYTES_HELP)
     p.set_defaults(func=_cmd_build)
 
     p = sub.add_parser(
@@ -63,10 +192,14 @@ def _parser() -> argparse.ArgumentParser:
         description="Account a spec before any weight exists: parameters and forward FLOPs by "
         "component with their shares, weight memory and a training-memory estimate (AdamW).",
     )
-    p.add_argument("spec", help='spec string, e.g. "gpt2-xl" or "tinystories, ffn=gelu"')
+    p.add_argument(
+        "spec",
+        help=f'spec string, e.g. "gpt2-xl" or "tinystories, ffn=gelu"; {_OR_CHECKPOINT}, whose '
+        "spec and provenance are shown",
+    )
     p.add_argument("--seq", type=_positive, help="tokens per sequence (default: context_length)")
     p.add_argument("--batch", type=_positive, default=1, help="sequences per batch (default: 1)")
-    p.add_argument("--dtype", choices=DTYPES, default="float32")
+    p.add_argument("--dtype", choices=DTYPES, help=_DTYPE_HELP)
     p.add_argument(
         "--measure",
         action="store_true",
@@ -83,7 +216,11 @@ def _parser() -> argparse.ArgumentParser:
         "random token ids (next-token cross-entropy, no weight update) and report throughput, "
         "peak memory and whether the gradient reached every parameter.",
     )
-    p.add_argument("spec", help='spec string, e.g. "tinystories"')
+    p.add_argument(
+        "spec",
+        help=f'spec string, e.g. "tinystories"; {_OR_CHECKPOINT}, whose weights the steps '
+        "start from",
+    )
     p.add_argument(
         "--steps", type=_positive, default=10, help="forward+backward steps (default: 10)"
     )
@@ -94,40 +231,141 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda:N"
     )
-    p.add_argument("--dtype", choices=DTYPES, default="float32")
-    p.add_argument("--seed", type=int, default=0, help="seeds the weights and the tokens")
+    p.add_argument("--dtype", choices=DTYPES, help=_DTYPE_HELP)
+    p.add_argument(
+        "--seed", type=_seed, default=0, help="seeds the weights and the tokens (0 .. 2**64-1)"
+    )
+    p.add_argument("--max-bytes", type=_byte_count, help=MAX_BYTES_HELP + " (weights and a step)")
     p.set_defaults(func=_cmd_run)
 
     p = sub.add_parser("plugins", help="list components and presets with provenance and status")
     p.add_argument("--kind", choices=[*KINDS, "preset"])
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=_cmd_plugins)
+
+    p = sub.add_parser(
+        "convert",
+        help="convert a Hugging Face Llama directory to an lmcore checkpoint, or back",
+        description="Convert between Hugging Face Llama model directories (config.json and "
+        "safetensors weights, sharded or not) and lmcore checkpoints. Anything the target "
+        "cannot express is refused, naming the field or component.",
+    )
+    way = p.add_mutually_exclusive_group(required=True)
+    way.add_argument(
+        "--from-hf", nargs=2, metavar=("DIR", "OUT.safetensors"), help="Llama directory -> lmcore"
+    )
+    way.add_argument("--to-hf", nargs=2, metavar=("CKPT", "DIR"), help="lmcore -> Llama directory")
+    p.add_argument(
+        "--dtype",
+        choices=DTYPES,
+        help="--from-hf: store the weights in this dtype (default: as is)",
+    )
+    p.add_argument(
+        "--ignore-field",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="--from-hf: a config.json field lmcore does not know that you know does not change "
+        "the model (repeatable); unknown fields are refused otherwise",
+    )
+    p.set_defaults(func=_cmd_convert)
+
+    _add_data_parser(sub)
     return parser
 
 
 DTYPES = ("bfloat16", "float16", "float32")
+MAX_BYTES_HELP = (
+    "refuse a model (and step) needing more memory than this, e.g. 8GiB or 500MB "
+    "(default: the memory available on the device)"
+)
+_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "PB": 10**15,
+          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40, "PIB": 2**50}  # fmt: skip
+_OR_CHECKPOINT = "or a checkpoint path (.safetensors)"
+_DTYPE_HELP = "default: float32, or a checkpoint's own dtype"
+
+
+def _source(args: argparse.Namespace) -> tuple[Blueprint, CheckpointInfo | None]:
+    """The blueprint of a command's SPEC argument, a spec string or a checkpoint path (with the
+    checkpoint's info)."""
+    from lmcore.checkpoint import spec_or_checkpoint
+
+    with _checkpoint_warnings(args.command):
+        return spec_or_checkpoint(args.spec)
+
+
+@contextlib.contextmanager
+def _checkpoint_warnings(command: str) -> Iterator[None]:
+    """Print a checkpoint's provenance warnings as `lmcore CMD: warning: ...`; other warnings
+    pass through as before."""
+    from lmcore.errors import CheckpointWarning
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", CheckpointWarning)
+        yield
+    for w in caught:
+        if issubclass(w.category, CheckpointWarning):
+            print(f"lmcore {command}: warning: {w.message}", file=sys.stderr)
+        else:
+            warnings.showwarning(w.message, w.category, w.filename, w.lineno, w.file, w.line)
+
+
+def _dtype(args: argparse.Namespace, info: CheckpointInfo | None) -> Any:
+    """`--dtype` as a torch dtype; by default a checkpoint's own, else float32."""
+    import torch
+
+    if args.dtype is not None:
+        return getattr(torch, args.dtype)
+    return info.torch_dtype if info is not None else torch.float32
 
 
 def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
+    value = int(text) if re.fullmatch(r"\s*\+?\d{1,19}\s*", text) else 0
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
     return value
 
 
+def _seed(text: str) -> int:
+    value = int(text) if re.fullmatch(r"\s*\+?\d{1,20}\s*", text) else -1
+    if not 0 <= value < 2**64:
+        raise argparse.ArgumentTypeError(f"expected an integer in 0 .. 2**64-1, got {text!r}")
+    return value
+
+
+def _byte_count(text: str) -> int:
+    m = re.fullmatch(r"\s*(\d{1,20}(?:\.\d{1,10})?)\s*([A-Za-z]*)\s*", text)
+    unit = m[2].upper() if m else ""
+    if m is None or unit not in _UNITS or float(m[1]) * _UNITS[unit] < 1:
+        raise argparse.ArgumentTypeError(
+            f"expected a number of bytes such as 8GiB, 500MB or 1000000, got {text!r}"
+        )
+    return int(float(m[1]) * _UNITS[unit]) if "." in m[1] else int(m[1]) * _UNITS[unit]
+
+
 def _cmd_build(args: argparse.Namespace) -> int:
     import torch
 
-    from lmcore.blueprint import resolve
+    from lmcore.checkpoint import build_from_checkpoint, save
+    from lmcore.inputs import check_device
     from lmcore.model import build_model
 
-    model = build_model(resolve(args.spec), device=args.device, dtype=getattr(torch, args.dtype))
+    bp, info = _source(args)
+    dtype = _dtype(args, info)
+    device = check_device(args.device)
+    if info is not None and device.type != "meta":
+        model = build_from_checkpoint(
+            info, bp, device=device, dtype=dtype, max_bytes=args.max_bytes
+        )
+    else:
+        torch.manual_seed(args.seed)
+        model = build_model(bp, device=device, dtype=dtype, max_bytes=args.max_bytes)
     n = sum(p.numel() for p in model.parameters())
     print(model.spec)
     print(f"parameters: {n:,}")
+    if args.save is not None:
+        path = save(model, args.save)
+        print(f"saved: {path} ({_bytes(path.stat().st_size)}, {str(dtype).removeprefix('torch.')})")
     return 0
 
 
@@ -141,24 +379,29 @@ def _check_seq(args: argparse.Namespace, context_length: int) -> None:
 
 
 def _cmd_describe(args: argparse.Namespace) -> int:
-    import torch
 
     from lmcore.accounting import describe
-    from lmcore.blueprint import resolve
 
-    bp = resolve(args.spec)
+    bp, info = _source(args)
     _check_seq(args, bp.spec.context_length)
     found = describe(
         bp,
         batch=args.batch,
         seq_len=args.seq,
-        dtype=getattr(torch, args.dtype),
+        dtype=_dtype(args, info),
         measure=args.measure,
     )
     if args.json:
-        print(json.dumps(describe_json(found), indent=2))
+        data = describe_json(found)
+        print(
+            json.dumps(
+                data if info is None else {"checkpoint": checkpoint_json(info), **data}, indent=2
+            )
+        )
     else:
-        print("\n".join(describe_lines(found)))
+        print(
+            "\n".join([*([] if info is None else checkpoint_lines(info)), *describe_lines(found)])
+        )
     if found.mismatches:
         print(
             "lmcore describe: error: declared activations differ from the measurement:\n  "
@@ -167,6 +410,51 @@ def _cmd_describe(args: argparse.Namespace) -> int:
         )
         return 1
     return 0
+
+
+def checkpoint_lines(info: CheckpointInfo) -> list[str]:
+    """What a checkpoint says about itself: file, format, versions, and per component the
+    distribution, version and entry point that provided it when it was saved."""
+    lines = [
+        f"checkpoint: {info.path} ({_bytes(info.size)}, {len(info.tensors)} tensors, {info.dtype}; "
+        f"lmcore checkpoint format {info.format_version}, written by lmcore "
+        f"{info.lmcore_version} with torch {info.torch_version})",
+    ]
+    width = max(len(c.name) for c in info.components.values())
+    for kind, saved in info.components.items():
+        lines.append(f"  {kind:<4}  {saved.name:<{width}}  {saved}")
+    for alias, stored in info.tied.items():
+        lines.append(f"  tied: {alias} is stored once, as {stored}")
+    for key, value in info.metadata.items():
+        shown = value if len(value) <= 60 else value[:57] + "..."
+        lines.append(f"  metadata: {key} = {shown}")
+    return [*lines, ""]
+
+
+def checkpoint_json(info: CheckpointInfo) -> dict[str, Any]:
+    """`lmcore describe CKPT --json`'s "checkpoint" entry."""
+    return {
+        "path": str(info.path),
+        "format_version": info.format_version,
+        "spec": info.spec,
+        "bytes": info.size,
+        "tensors": len(info.tensors),
+        "dtype": info.dtype,
+        "lmcore_version": info.lmcore_version,
+        "torch_version": info.torch_version,
+        "components": {
+            kind: {
+                "name": c.name,
+                "dist": c.dist,
+                "version": c.version,
+                "plugin": c.plugin,
+                "module": c.module,
+            }
+            for kind, c in info.components.items()
+        },
+        "tied": dict(info.tied),
+        "metadata": dict(info.metadata),
+    }
 
 
 def describe_json(found: Description) -> dict[str, Any]:
@@ -216,6 +504,7 @@ def describe_json(found: Description) -> dict[str, Any]:
 
 def describe_lines(found: Description) -> list[str]:
     """`lmcore describe` as text: the spec, one row per module, the FLOPs by part, memory."""
+
     acc, mem = found.accounting, found.memory
     table = [("row", "module", "count", "parameters", "share", "forward FLOPs", "share")]
     for r in acc.rows:
@@ -283,6 +572,13 @@ def _activations_note(mem: TrainingMemory) -> str:
     return f"unknown: {mem.note}"
 
 
+def _bytes(n: int) -> str:
+    """Binary prefixes, as memory is sized: 7.92 GiB (`lmcore.accounting.format_bytes`)."""
+    from lmcore.accounting import format_bytes
+
+    return format_bytes(n)
+
+
 def _pct(share: float) -> str:
     return f"{100 * share:.1f}%"
 
@@ -296,21 +592,11 @@ def _flops(n: int) -> str:
     return f"{n:,} FLOPs"
 
 
-def _bytes(n: int) -> str:
-    """Binary prefixes, as memory is sized: 7.92 GiB."""
-    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= scale:
-            return f"{n / scale:.2f} {unit}"
-    return f"{n} B"
-
-
 def _cmd_run(args: argparse.Namespace) -> int:
-    import torch
 
-    from lmcore.blueprint import resolve
     from lmcore.train import ProgressBar, run_steps
 
-    bp = resolve(args.spec)
+    bp, info = _source(args)
     _check_seq(args, bp.spec.context_length)
     result = run_steps(
         bp,
@@ -318,9 +604,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
         batch=args.batch,
         seq_len=args.seq,
         device=args.device,
-        dtype=getattr(torch, args.dtype),
+        dtype=_dtype(args, info),
         seed=args.seed,
         progress=ProgressBar(sys.stderr),
+        weights=info,
+        max_bytes=args.max_bytes,
     )
     print("\n".join(run_lines(result)))
     bad_loss = [i + 1 for i, x in enumerate(result.losses) if not math.isfinite(x)]
@@ -343,6 +631,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 def run_lines(r: RunResult) -> list[str]:
     """`lmcore run`'s report."""
+
     tokens = r.steps * r.batch * r.seq_len
     timed = "the one step" if r.steps == 1 else f"steps 2-{r.steps}; step 1 warms up"
     peak = "unknown" if r.peak_memory is None else _bytes(r.peak_memory)
@@ -385,6 +674,9 @@ def plugin_rows(kind: str | None = None) -> list[dict[str, Any]]:
     for r in registry.plugins():
         if r.status != "ok":  # its kinds are unknown, so it shows under every filter
             rows.append(_row("-", r.name, r.provenance, r.status, r.reason) | {"args": []})
+        elif not r.components and not r.presets:  # loaded, yet nothing to show for it
+            note = "loaded, but declares no components or presets"
+            rows.append(_row("-", r.name, r.provenance, "empty", note) | {"args": []})
     order = {kind: n for n, kind in enumerate((*KINDS, "preset", "-"))}
     rows.sort(key=lambda r: (order[r["kind"]], r["name"], r["dist"] or ""))
     return rows
@@ -414,7 +706,7 @@ def _arg_json(a: Any) -> dict[str, Any]:
 
 
 def _cmd_plugins(args: argparse.Namespace) -> int:
-    from lmcore.components import format_scalar
+    from lmcore.components import format_qualified, format_scalar
     from lmcore.registry import get_registry
 
     rows = plugin_rows(args.kind)
@@ -429,10 +721,11 @@ def _cmd_plugins(args: argparse.Namespace) -> int:
             + ("required" if a["required"] else format_scalar(a["default"]))
             for a in r["args"]
         )
-        if r["status"] in ("failed", "disabled"):
+        if r["status"] in ("failed", "disabled", "empty"):
             detail = r["note"]
         elif r["status"] == "shadowed":
-            detail = f"{detail}  (ambiguous: write {r['dist'] or r['plugin']}:{r['name']})".strip()
+            typed = format_qualified(r["dist"] or r["plugin"], r["name"])
+            detail = f"{detail}  (ambiguous: write {typed})".strip()
         table.append(
             (
                 r["kind"],
@@ -450,6 +743,158 @@ def _cmd_plugins(args: argparse.Namespace) -> int:
     for problem in problems:
         print(f"warning: {problem}", file=sys.stderr)
     return 0
+
+
+def _cmd_convert(args: argparse.Namespace) -> int:
+    import torch
+
+    from lmcore import hf
+    from lmcore.checkpoint import read_info
+
+    with _checkpoint_warnings(args.command):
+        if args.from_hf is not None:
+            directory, out = args.from_hf
+            dtype = None if args.dtype is None else getattr(torch, args.dtype)
+            written = hf.convert_from_hf(directory, out, dtype=dtype, ignore=args.ignore_field)
+            info = read_info(written)
+            print(f"spec: {info.spec}")
+            print(f"wrote: {info.path} ({_bytes(info.size)}, {info.dtype}, lmcore checkpoint)")
+        else:
+            if args.dtype is not None or args.ignore_field:
+                raise UsageError(
+                    "--dtype and --ignore-field apply to --from-hf only; --to-hf writes the "
+                    "checkpoint's dtype and a config of its own"
+                )
+            checkpoint, directory = args.to_hf
+            written = hf.convert_to_hf(checkpoint, directory)
+            print(f"spec: {read_info(checkpoint).spec}")
+            print(
+                f"wrote: {written / 'config.json'} and {written / hf.WEIGHTS} "
+                f"({hf.ARCHITECTURE}; transformers.{hf.ARCHITECTURE}.from_pretrained loads it)"
+            )
+    return 0
+
+
+def _add_data_parser(sub: Any) -> None:
+    from lmcore.data.meta import DEFAULT_SPLIT_BLOCK, DEFAULT_VAL_FRACTION, DEFAULT_VOCAB_SIZE
+    from lmcore.data.sources import DEFAULT_EXTENSIONS
+
+    data = sub.add_parser("data", help="prepare token data for training")
+    data_sub = data.add_subparsers(dest="data_command", required=True, metavar="COMMAND")
+    p = data_sub.add_parser(
+        "prepare",
+        help="train a byte-level BPE tokenizer and write train.bin, val.bin",
+        description="Train a byte-level BPE tokenizer (Hugging Face tokenizers) on text files "
+        "and write DIR/train.bin and DIR/val.bin (flat uint16 token ids, uint32 for a "
+        "vocabulary over 65,536), DIR/tokenizer.json and DIR/meta.json. Each file is a "
+        "document followed by <|endoftext|>; the literal text <|endoftext|> inside a file is "
+        "that token too.",
+    )
+    p.add_argument("sources", nargs="+", metavar="SOURCE", help="text files or directories")
+    p.add_argument("--out", required=True, metavar="DIR", help="output directory")
+    p.add_argument(
+        "--vocab-size",
+        type=int,
+        metavar="N",
+        help=f"tokens of the trained BPE, at least 257 (default: {DEFAULT_VOCAB_SIZE})",
+    )
+    p.add_argument(
+        "--val-fraction",
+        type=float,
+        default=DEFAULT_VAL_FRACTION,
+        metavar="F",
+        help=f"share of the tokens for val.bin, in (0, 1) (default: {DEFAULT_VAL_FRACTION})",
+    )
+    p.add_argument(
+        "--tokenizer", metavar="FILE", help="reuse this tokenizer.json instead of training one"
+    )
+    p.add_argument("--force", action="store_true", help="replace data already in DIR")
+    p.add_argument(
+        "--ext",
+        action="append",
+        metavar="EXT",
+        help="read files with this extension from directories; repeatable "
+        f"(default: {' '.join(DEFAULT_EXTENSIONS)})",
+    )
+    p.add_argument(
+        "--exclude",
+        action="append",
+        default=[],
+        metavar="GLOB",
+        help="skip paths under a directory whose relative path or any part matches; "
+        "repeatable (e.g. --exclude test --exclude '*.min.js')",
+    )
+    p.add_argument(
+        "--skip-undecodable",
+        action="store_true",
+        help="leave out files that are not UTF-8 (listed in meta.json) instead of failing",
+    )
+    p.add_argument(
+        "--split-block",
+        type=int,
+        default=DEFAULT_SPLIT_BLOCK,
+        metavar="N",
+        help="longest run of tokens assigned to one split; longer documents are cut "
+        f"(default: {DEFAULT_SPLIT_BLOCK})",
+    )
+    p.add_argument(
+        "--context-length",
+        type=int,
+        default=1,
+        metavar="N",
+        help="fail unless each split holds a window of N+1 tokens (default: 1)",
+    )
+    p.set_defaults(func=_cmd_data_prepare, command="data prepare")
+
+
+def _cmd_data_prepare(args: argparse.Namespace) -> int:
+    from lmcore.data.prepare import prepare
+    from lmcore.data.sources import DEFAULT_EXTENSIONS
+
+    result = prepare(
+        args.sources,
+        args.out,
+        vocab_size=args.vocab_size,
+        val_fraction=args.val_fraction,
+        tokenizer=args.tokenizer,
+        force=args.force,
+        extensions=args.ext or DEFAULT_EXTENSIONS,
+        exclude=args.exclude,
+        split_block=args.split_block,
+        context_length=args.context_length,
+        skip_undecodable=args.skip_undecodable,
+    )
+    print("\n".join(prepare_lines(result)))
+    return 0
+
+
+def prepare_lines(r: Any) -> list[str]:
+    """`lmcore data prepare`'s summary of a `PrepareResult`."""
+    m = r.meta
+    total = m.tokens
+    sources = f"{len(m.sources)} source{'s' if len(m.sources) != 1 else ''}"
+    skipped = (
+        f"; skipped {len(m.skipped)} not UTF-8 (meta.json lists them), e.g. {m.skipped[0]}"
+        if m.skipped
+        else ""
+    )
+    made = (
+        f"trained in {r.tokenizer_seconds:.1f} s"
+        if m.tokenizer_from is None
+        else f"reused from {m.tokenizer_from}"
+    )
+    splits = ", ".join(
+        f"{name} {s.tokens:,} ({100 * s.tokens / total:.1f}%, {s.documents:,} documents)"
+        for name, s in m.splits.items()
+    )
+    return [
+        f"data: {r.out_dir}: train.bin, val.bin ({m.dtype}), tokenizer.json, meta.json",
+        f"text: {m.files:,} files, {m.bytes:,} bytes of UTF-8 from {sources}{skipped}",
+        f"tokenizer: byte-level BPE, {m.vocab_size:,} tokens ({m.eot_token} = {m.eot_id}), {made}",
+        f"tokens: {splits}",
+        f"time: {r.seconds:.1f} s in all; encoding {total:,} tokens took "
+        f"{r.encode_seconds:.1f} s, {r.tokens_per_second:,.0f} tokens/s",
+    ]
 
 
 if __name__ == "__main__":  # pragma: no cover

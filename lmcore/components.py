@@ -26,12 +26,20 @@ from __future__ import annotations
 
 import inspect
 import keyword
+import operator
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, cast
 
-from lmcore.errors import InvalidComponentError, did_you_mean, one_of
+from lmcore.errors import (
+    InvalidComponentError,
+    PluginError,
+    clip,
+    describe_exception,
+    did_you_mean,
+    one_of,
+)
 
 Scalar = int | float | bool | str
 
@@ -63,6 +71,8 @@ _RESERVED_ARGS: Final = frozenset(
     {"device", "dtype", "seq_len", "kv_len", "batch", "num_layers", "d_ff"}
 )
 _ARG_TYPES: Final = (int, float, bool, str)
+# Declarations a component may leave out (None).
+OPTIONAL_DECLARATIONS: Final = ("activations", "default_d_ff", "validate", "buffers")
 
 
 class _Required:
@@ -101,7 +111,9 @@ class Arg:
         if self.type is float and type(value) is int:
             value = float(value)  # 10000 is a fine theta; canonical form writes 10000.0
         if type(value) is not self.type:
-            shown = format_scalar(value) if isinstance(value, bool) else repr(value)
+            shown = (
+                format_scalar(value) if isinstance(value, bool) else clip(repr(value), quote=False)
+            )
             raise TypeError(f"expects {expected}, got {type(value).__name__} {shown}")
         if isinstance(value, int | float) and not isinstance(value, bool):
             if self.gt is not None and not value > self.gt:
@@ -110,7 +122,7 @@ class Arg:
                 raise ValueError(f"must be >= {self.ge}, got {value!r}")
         if self.choices is not None and value not in self.choices:
             raise ValueError(
-                f"must be one of {one_of(self.choices)}, got {value!r}"
+                f"must be one of {one_of(self.choices)}, got {clip(str(value))}"
                 + did_you_mean(str(value), self.choices)
             )
         return cast(Scalar, value)
@@ -140,6 +152,14 @@ class Component:
         declaration against that measurement.
     default_d_ff(d_model) -> int: for ffn components, the hidden width used when a spec gives none.
     validate(**dims, **args): raise ValueError with a sentence when the shape cannot work.
+    buffers(**dims, **args, dtype) -> int: bytes of the buffers one built module holds (e.g.
+        RoPE's cos/sin tables) in a model of `dtype`. lmcore's size check adds them to the
+        weights before anything is allocated. None (the default): unknown until built;
+        `lmcore describe` reads them off a meta-device build.
+
+    lmcore calls these through `invoke` / `count`: an exception, or a count that is not a whole
+    number, becomes a `PluginError` naming the component (and, from the registry, its
+    distribution).
     """
 
     kind: str
@@ -153,29 +173,33 @@ class Component:
     features: frozenset[str] = field(default_factory=frozenset)
     default_d_ff: Callable[[int], int] | None = None
     validate: Callable[..., None] | None = None
+    buffers: Callable[..., int] | None = None
 
     def arg(self, name: str) -> Arg | None:
         return next((a for a in self.args if a.name == name), None)
 
     def create(self, **kwargs: Any) -> Any:
         """Build the module from flat keyword arguments (extra ones are dropped by signature)."""
-        return call_with(self.build, kwargs)
+        return invoke(self, "build", kwargs)
 
     def count_params(self, **kwargs: Any) -> int:
-        return int(call_with(self.params, kwargs))
+        return count(self, "params", kwargs)
 
     def count_flops(self, **kwargs: Any) -> int:
-        return int(call_with(self.flops, kwargs))
+        return count(self, "flops", kwargs)
 
     def count_activations(self, **kwargs: Any) -> int | None:
         """Declared activation bytes, or None when the component declares none."""
-        if self.activations is None:
-            return None
-        return int(call_with(self.activations, kwargs))
+        return None if self.activations is None else count(self, "activations", kwargs)
+
+    def count_buffers(self, **kwargs: Any) -> int | None:
+        """Declared buffer bytes, or None when the component declares none."""
+        return None if self.buffers is None else count(self, "buffers", kwargs)
 
     def check_shape(self, **kwargs: Any) -> None:
+        """Raise ValueError (the component's own sentence) when the shape cannot work."""
         if self.validate is not None:
-            call_with(self.validate, kwargs)
+            invoke(self, "validate", kwargs, allow=(ValueError,))
 
 
 @dataclass(frozen=True)
@@ -185,6 +209,76 @@ class Preset:
     name: str
     spec: str
     help: str = ""
+
+
+_ROLES: Final[Mapping[str, str]] = {
+    "build": "factory",
+    "params": "params declaration",
+    "flops": "flops declaration",
+    "activations": "activations declaration",
+    "buffers": "buffers declaration",
+    "validate": "validate",
+    "default_d_ff": "default_d_ff",
+}
+
+
+def invoke(
+    c: Component,
+    what: str,
+    kwargs: Mapping[str, Any],
+    where: object = None,
+    *,
+    allow: tuple[type[Exception], ...] = (),
+) -> Any:
+    """Call the component's `what` (a field of `Component`) with the keyword arguments its
+    signature takes (None when it is an optional declaration left out). Any exception but
+    those in `allow` becomes a `PluginError` naming the component and `where` it comes from
+    (a `Provenance`), so a fault in plugin code is never a bare traceback."""
+    fn = getattr(c, what)
+    if fn is None:  # an optional declaration left out
+        return None
+    try:
+        return call_with(fn, kwargs)
+    except allow:
+        raise
+    except Exception as e:
+        raise PluginError(
+            f"{_who(c, where)}: its {_ROLES[what]} raised {describe_exception(e)}"
+        ) from e
+
+
+def count(c: Component, what: str, kwargs: Mapping[str, Any], where: object = None) -> int:
+    """A declared count (params, flops, activations, buffers, default_d_ff): a whole number,
+    at least 0 (at least 1 for default_d_ff); an integral float is taken as its integer."""
+    value = invoke(c, what, kwargs, where)
+    n = whole_number(value)
+    least = 1 if what == "default_d_ff" else 0
+    if n is None or n < least:
+        given = accepted_kwargs(getattr(c, what), kwargs)
+        call = f"{what}({', '.join(f'{k}={v!r}' for k, v in given.items())})"
+        shown = clip(repr(value), quote=False)
+        raise PluginError(
+            f"{_who(c, where)}: its {_ROLES[what]} gives {call} = {shown}; "
+            f"it must give a whole number >= {least}"
+        )
+    return n
+
+
+def whole_number(value: object) -> int | None:
+    """`value` as an int when it is one (a float only when integral), else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, float):
+        return int(value) if value.is_integer() else None
+    try:
+        return operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        return None
+
+
+def _who(c: Component, where: object) -> str:
+    name = f"{c.kind} {c.name!r}"
+    return f"{name} from {where}" if where is not None else name
 
 
 def call_with(fn: Callable[..., Any], available: Mapping[str, Any]) -> Any:
@@ -218,6 +312,12 @@ def format_scalar(value: Scalar) -> str:
     return f'"{escaped}"'
 
 
+def format_qualified(qualifier: str | None, name: str) -> str:
+    """``dist:name`` as a spec is typed: the qualifier quoted when it is not a plain name
+    (``"2norms":rmsnorm``, ``"my norms":rmsnorm``), so every name lmcore suggests parses."""
+    return name if qualifier is None else f"{format_scalar(qualifier)}:{name}"
+
+
 def validate_component(item: object) -> Component:
     """Check a declaration from a plugin; raise InvalidComponentError naming what is wrong."""
     if not isinstance(item, Component):
@@ -239,10 +339,23 @@ def validate_component(item: object) -> Component:
     for fn_name in ("build", "params", "flops"):
         if not callable(getattr(c, fn_name)):
             raise InvalidComponentError(f"{what}: {fn_name} must be callable")
-    for fn_name in ("activations", "default_d_ff", "validate"):
+    for fn_name in OPTIONAL_DECLARATIONS:
         fn = getattr(c, fn_name)
         if fn is not None and not callable(fn):
             raise InvalidComponentError(f"{what}: {fn_name} must be callable or None")
+    if not isinstance(c.help, str):
+        raise InvalidComponentError(f"{what}: help must be a string, got {type(c.help).__name__}")
+    if not isinstance(c.features, set | frozenset | tuple | list) or not all(
+        isinstance(f, str) for f in c.features
+    ):
+        raise InvalidComponentError(
+            f"{what}: features must be a set of strings, e.g. frozenset({{'compile'}}); "
+            f"got {clip(repr(c.features), quote=False)}"
+        )
+    if not isinstance(c.args, tuple | list):
+        raise InvalidComponentError(
+            f"{what}: args must be a tuple of lmcore.Arg objects, got {type(c.args).__name__}"
+        )
     unknown = set(c.features) - FEATURES[c.kind]
     if unknown:
         bad = sorted(unknown)[0]
@@ -254,6 +367,7 @@ def validate_component(item: object) -> Component:
     for a in c.args:
         if not isinstance(a, Arg):
             raise InvalidComponentError(f"{what}: args must be lmcore.Arg objects, got {a!r}")
+        _check_arg_fields(what, a)
         if not a.name.isidentifier() or keyword.iskeyword(a.name):
             raise InvalidComponentError(f"{what}: argument name {a.name!r} is not an identifier")
         if a.name in seen:
@@ -275,7 +389,7 @@ def validate_component(item: object) -> Component:
                     f"{what}: default of argument {a.name!r} is invalid: it {e}"
                 ) from None
         seen.add(a.name)
-    for fn_name in ("build", "params", "flops", "activations", "validate", "default_d_ff"):
+    for fn_name in ("build", "params", "flops", *OPTIONAL_DECLARATIONS):
         fn = getattr(c, fn_name)
         try:
             fn is None or inspect.signature(fn)
@@ -291,6 +405,29 @@ def validate_component(item: object) -> Component:
             f"declared argument(s) {', '.join(missing)}"
         )
     return c
+
+
+def _check_arg_fields(what: str, a: Arg) -> None:
+    """Each field of an `Arg` has the type its docstring promises."""
+    if not isinstance(a.name, str):
+        raise InvalidComponentError(
+            f"{what}: an argument's name must be a string, got {type(a.name).__name__} {a.name!r}"
+        )
+    if not isinstance(a.help, str):
+        raise InvalidComponentError(f"{what}: help of argument {a.name!r} must be a string")
+    for bound in ("gt", "ge"):
+        value = getattr(a, bound)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+            raise InvalidComponentError(
+                f"{what}: bound {bound} of argument {a.name!r} must be a number or None, "
+                f"got {value!r}"
+            )
+    if a.choices is not None and (
+        not isinstance(a.choices, tuple | list) or not all(isinstance(x, str) for x in a.choices)
+    ):
+        raise InvalidComponentError(
+            f"{what}: choices of argument {a.name!r} must be a tuple of strings, got {a.choices!r}"
+        )
 
 
 def validate_preset(item: object) -> Preset:

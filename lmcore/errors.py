@@ -6,7 +6,11 @@ Each one names the offending value, where it is, the valid choices and a fix.
 from __future__ import annotations
 
 import difflib
+import traceback
 from collections.abc import Iterable
+
+# Characters of a spec shown either side of the offending token (and carets at most).
+WINDOW = 60
 
 
 class LmcoreError(Exception):
@@ -36,9 +40,13 @@ class SpecError(LmcoreError, ValueError):
         line_start = self.spec.rfind("\n", 0, self.start) + 1
         line_end = self.spec.find("\n", self.start)
         line_end = len(self.spec) if line_end == -1 else line_end
-        line = self.spec[line_start:line_end]
-        col = self.start - line_start
         width = max(1, min(self.end, line_end) - self.start)
+        # A long line is shown as a window around the token, so the message stays short.
+        left = max(line_start, self.start - WINDOW)
+        right = min(line_end, self.start + min(width, WINDOW) + WINDOW)
+        before = "..." if left > line_start else ""
+        line = before + self.spec[left:right] + ("..." if right < line_end else "")
+        col, width = self.start - left + len(before), min(width, WINDOW)
         where = f"at position {self.start}"
         return f"{self.message} ({where})\n  {line}\n  {' ' * col}{'^' * width}"
 
@@ -99,8 +107,62 @@ class ModelInputTypeError(ModelInputError, TypeError):
     """Input to a model of the wrong type: not a tensor, float token ids, ..."""
 
 
+class PluginError(LmcoreError, RuntimeError):
+    """A plugin's code failed, or broke its contract, when lmcore called it: a factory that raised
+    or returned something other than a module, a declaration that raised or gave a count that is
+    not a whole number, a module whose output has the wrong shape. The message names the
+    component, its distribution and what went wrong."""
+
+
+class ModelTooLargeError(SpecError):
+    """A build would need more memory than the limit (or than torch can index); the message names
+    the total and the largest part."""
+
+
+class BuildOptionError(LmcoreError, ValueError):
+    """`build_model` (or a command) was given a device, dtype or limit it cannot use."""
+
+
+class StateDictError(LmcoreError, RuntimeError):
+    """A state dict cannot be loaded into the model as it is (e.g. two different matrices for the
+    one that tied embeddings share)."""
+
+
+class CheckpointError(LmcoreError, ValueError):
+    """A checkpoint cannot be read, or does not fit the model it describes. The message names the
+    file, what is wrong with it and what to do."""
+
+
+class ConversionError(CheckpointError):
+    """A model cannot be converted to or from another library's format without losing something;
+    the message names every field or component that does not carry over."""
+
+
+class DataError(LmcoreError, ValueError):
+    """Token data cannot be prepared or read: missing or undecodable text, a bad option, an
+    output directory that already holds data, files that do not match their metadata, ..."""
+
+
 class LmcoreWarning(UserWarning):
     """Something is off but nothing failed, e.g. LMCORE_DISABLE_PLUGINS names no plugin."""
+
+
+class SlowPluginWarning(LmcoreWarning):
+    """A plugin is taking long to import; the message names it."""
+
+
+class CheckpointWarning(LmcoreWarning):
+    """A checkpoint loaded, but a component now comes from another version (or distribution) than
+    the one that saved it. `LMCORE_STRICT_PLUGINS=1` makes this a `CheckpointError`."""
+
+
+def clip(text: str, limit: int = 60, *, quote: bool = True) -> str:
+    """`repr(text)` (`text` itself without `quote`), cut in the middle when longer than
+    `limit`: user input echoed in a message never makes the message long."""
+    shown = repr(text) if quote else text
+    if len(shown) <= limit:
+        return shown
+    return f"{shown[: limit // 2]}...{shown[-limit // 2 :]} ({len(text):,} characters)"
 
 
 def did_you_mean(word: str, choices: Iterable[str]) -> str:
@@ -113,3 +175,13 @@ def one_of(choices: Iterable[str]) -> str:
     """Comma-separated, sorted choices, or 'none' when there are none."""
     names = sorted(set(choices))
     return ", ".join(names) if names else "none"
+
+
+def describe_exception(e: BaseException) -> str:
+    """`Type: message` plus the innermost frame, so a failure can be traced to a line."""
+    frames = traceback.extract_tb(e.__traceback__)
+    where = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
+    message = "; ".join(line.strip() for line in str(e).splitlines() if line.strip())
+    if len(message) > 300:
+        message = f"{message[:150]}...{message[-150:]}"
+    return f"{type(e).__name__}: {message}{where}" if message else f"{type(e).__name__}{where}"

@@ -1,7 +1,13 @@
-"""Checks of what a model is given: token ids and positions, before they reach any index.
+"""Checks of what a model is given: build options, token ids and positions.
 
 Bad input raises `ModelInputError` (a `ValueError`) or `ModelInputTypeError` (a `TypeError`)
-naming the value, where it is and what is allowed, never an opaque index error deep inside.
+naming the value, where it is and what is allowed, never an opaque index error deep inside;
+a bad device or dtype for a build raises `BuildOptionError`.
+
+Under `torch.compile` the value checks run too: `checked` is a custom operator, opaque to the
+compiler, that runs the same eager check on the real tensors and hands them on, so a compiled
+model never wraps a negative id around nor reads past the table (which aborts the process with
+inductor on the CPU). Its output feeds the lookup, so no backend can reorder or drop it.
 """
 
 from __future__ import annotations
@@ -10,18 +16,26 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
-from lmcore.errors import ModelInputError, ModelInputTypeError
+from lmcore.errors import BuildOptionError, ModelInputError, ModelInputTypeError
+
+# Index dtypes torch's lookups take as they are; other integer dtypes are widened to int64
+# (uint8 would otherwise be read as a boolean mask).
+_INDEX_DTYPES = (torch.int32, torch.int64)
+# What weights can be built in (initialisation needs a float type with a normal sampler).
+_WEIGHT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
-def check_ids(ids: object, *, vocab_size: int, context_length: int) -> Int[Tensor, "... T"]:
-    """`ids` as given, once it is an integer tensor `(..., T)` with `1 <= T <= context_length`
-    and every value in `0..vocab_size-1`."""
-    if not isinstance(ids, Tensor):
-        raise ModelInputTypeError(f"token ids must be a torch.Tensor, got {type(ids).__name__}")
-    if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
-        raise ModelInputTypeError(
-            f"token ids must be an integer tensor, got dtype {ids.dtype}; convert with ids.long()"
-        )
+def check_ids(
+    ids: object,
+    *,
+    vocab_size: int,
+    context_length: int,
+    device: torch.device | None = None,
+) -> Int[Tensor, "... T"]:
+    """`ids` once it is a dense integer tensor `(..., T)` on `device` (the model's) with
+    `1 <= T <= context_length` and every value in `0..vocab_size-1`; int8/int16/uint8 ids are
+    widened to int64."""
+    ids = _integer_tensor(ids, "token ids", device)
     if ids.ndim == 0:
         raise ModelInputError("token ids need a sequence dimension: shape (..., seq)")
     seq = ids.shape[-1]
@@ -32,27 +46,19 @@ def check_ids(ids: object, *, vocab_size: int, context_length: int) -> Int[Tenso
         )
     if seq == 0:
         raise ModelInputError("token ids have an empty sequence dimension")
-    if values_checkable(ids):
-        bad = (ids < 0) | (ids >= vocab_size)
-        if bool(bad.any()):
-            where = tuple(int(i) for i in bad.nonzero()[0])
-            raise ModelInputError(
-                f"token id {int(ids[where])} at index {where} is out of range for "
-                f"vocab_size={vocab_size} (valid ids: 0..{vocab_size - 1})"
-            )
-    return ids
+    return _values_in_range(ids, vocab_size, "ids")
 
 
 def check_positions(
-    token_positions: Tensor | None, ids: Int[Tensor, "B T"], *, context_length: int
+    token_positions: object, ids: Int[Tensor, "B T"], *, context_length: int
 ) -> Int[Tensor, "B_or_1 T"]:
     """The `(B or 1, T)` positions of `ids`: `arange(T)` when none are given, else the given
     ones once they are integers in `0..context_length-1` with one row or one per sequence."""
     seq = ids.shape[-1]
     if token_positions is None:
         return torch.arange(seq, device=ids.device)[None, :]  # (1, T)
-    pos = token_positions
-    if pos.dtype.is_floating_point or pos.dtype == torch.bool or pos.shape[-1] != seq:
+    pos = _integer_tensor(token_positions, "token_positions", ids.device)
+    if pos.ndim == 0 or pos.shape[-1] != seq:
         raise ModelInputError(
             f"token_positions must be integers of shape (..., {seq}); "
             f"got dtype {pos.dtype}, shape {tuple(pos.shape)}"
@@ -62,16 +68,118 @@ def check_positions(
         raise ModelInputError(
             f"token_positions has {pos.shape[0]} rows for a batch of {ids.shape[0]}"
         )
-    ctx = context_length
-    if values_checkable(pos) and bool(((pos < 0) | (pos >= ctx)).any()):
-        raise ModelInputError(
-            f"token_positions must lie in 0..{ctx - 1} (context_length={ctx}); "
-            f"got min {int(pos.min())}, max {int(pos.max())}"
+    return _values_in_range(pos, context_length, "positions")
+
+
+def _integer_tensor(t: object, what: str, device: torch.device | None) -> Tensor:
+    """`t` as a dense integer tensor on `device` (int8/int16/uint8 widened to int64)."""
+    var = "ids" if what == "token ids" else what  # the name messages tell the user to fix
+    if not isinstance(t, Tensor):
+        raise ModelInputTypeError(
+            f"{what} must be a torch.Tensor, got {type(t).__name__}; use torch.tensor(...)"
         )
-    return pos
+    if t.layout != torch.strided:
+        raise ModelInputTypeError(
+            f"{what} must be a dense tensor, got layout {t.layout}; convert with {var}.to_dense()"
+        )
+    if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
+        raise ModelInputTypeError(
+            f"{what} must be an integer tensor, got dtype {t.dtype}; convert with {var}.long()"
+        )
+    if device is not None and t.device != device:
+        raise ModelInputError(
+            f"{what} are on {t.device} but the model is on {device}; "
+            f"move them with {var}.to({str(device)!r})"
+        )
+    return t if t.dtype in _INDEX_DTYPES else t.long()
 
 
-def values_checkable(t: Tensor) -> bool:
-    """Whether reading tensor values is possible and cheap: not on meta, not inside
-    torch.compile (a data-dependent branch would break the graph; eager runs still check)."""
-    return t.device.type != "meta" and not torch.compiler.is_compiling()
+def _values_in_range(t: Tensor, bound: int, kind: str) -> Tensor:
+    """`t` once every value is in `0..bound-1`: checked eagerly, or by the `checked` operator
+    inside torch.compile. Meta tensors hold no values to check."""
+    if t.device.type == "meta":
+        return t
+    if torch.compiler.is_compiling():
+        out: Tensor = torch.ops.lmcore.checked(t, bound, kind)
+        return out
+    _raise_out_of_range(t, bound, kind)
+    return t
+
+
+def _raise_out_of_range(t: Tensor, bound: int, kind: str) -> None:
+    bad = (t < 0) | (t >= bound)
+    if not bool(bad.any()):
+        return
+    if kind == "ids":
+        where = tuple(int(i) for i in bad.nonzero()[0])
+        raise ModelInputError(
+            f"token id {int(t[where])} at index {where} is out of range for "
+            f"vocab_size={bound} (valid ids: 0..{bound - 1})"
+        )
+    raise ModelInputError(
+        f"token_positions must lie in 0..{bound - 1} (context_length={bound}); "
+        f"got min {int(t.min())}, max {int(t.max())}"
+    )
+
+
+@torch.library.custom_op("lmcore::checked", mutates_args=())
+def checked(t: Tensor, bound: int, kind: str) -> Tensor:
+    """A copy of `t` once every value is in `0..bound-1` (`kind`: "ids" or "positions" picks
+    the message); the compiled counterpart of the eager check."""
+    _raise_out_of_range(t, bound, kind)
+    return t.clone()
+
+
+@checked.register_fake
+def _(t: Tensor, bound: int, kind: str) -> Tensor:
+    return torch.empty_like(t)
+
+
+# ------------------------------------------------------------------------------ build options
+
+
+def check_device(
+    device: torch.device | str | None, choices: str = "cpu, meta, cuda or cuda:N"
+) -> torch.device:
+    """`device` as a `torch.device` this torch build can allocate on (None: the CPU);
+    `choices` is what the message for an unknown one suggests."""
+    if device is None:
+        return torch.device("cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        raise BuildOptionError(
+            f"unknown device {device!r}; use {choices} (or another torch device)"
+        ) from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise BuildOptionError(
+                f"device {str(device)!r}: CUDA is not available in this torch build "
+                f"({torch.__version__}) or on this machine; use cpu (or meta to build without "
+                "allocating)"
+            )
+        visible = torch.cuda.device_count()
+        if dev.index is not None and dev.index >= visible:
+            raise BuildOptionError(
+                f"device {str(device)!r}: only {visible} CUDA device(s) are visible; "
+                f"use cuda:0 .. cuda:{visible - 1}"
+            )
+        return torch.device("cuda", torch.cuda.current_device() if dev.index is None else dev.index)
+    if dev.type not in ("cpu", "meta"):
+        backend = getattr(torch, dev.type, None)
+        available = getattr(backend, "is_available", None)
+        if callable(available) and not available():
+            raise BuildOptionError(f"device {str(device)!r} is not available on this machine")
+    return dev
+
+
+def check_dtype(dtype: object) -> torch.dtype:
+    """`dtype` once weights can be built in it (None: torch's default)."""
+    if dtype is None:
+        return torch.get_default_dtype()
+    if dtype not in _WEIGHT_DTYPES:
+        raise BuildOptionError(
+            f"dtype {dtype!r} cannot hold trainable weights; use a floating-point dtype: "
+            "torch.float32, torch.bfloat16, torch.float16 (or torch.float64)"
+        )
+    return dtype

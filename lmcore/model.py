@@ -7,7 +7,9 @@ component; `TransformerBlock` wires norm, attention and feed-forward in pre- or 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -17,7 +19,8 @@ from torch import Tensor, nn
 
 from lmcore.blueprint import Blueprint, resolve
 from lmcore.components import KINDS, Component
-from lmcore.inputs import check_ids, check_positions
+from lmcore.errors import ModelTooLargeError, StateDictError
+from lmcore.inputs import check_device, check_dtype, check_ids, check_positions
 from lmcore.interfaces import Rotation
 from lmcore.nn import Embedding, Linear
 from lmcore.registry import Registry
@@ -123,10 +126,15 @@ class TransformerLM(nn.Module):
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
         registry: Registry | None = None,
+        max_bytes: int | None = None,
     ):
         super().__init__()
         self.blueprint = bp = resolve(spec, registry)
         self.spec = spec = bp.spec
+        from lmcore.accounting import check_size  # accounting builds models: imported here
+
+        device, dtype = check_device(device), check_dtype(dtype)
+        check_size(bp, device=device, dtype=dtype, max_bytes=max_bytes)  # before any allocation
         factory: dict[str, Any] = {"device": device, "dtype": dtype}
 
         def make_attn() -> CausalSelfAttention:
@@ -159,6 +167,15 @@ class TransformerLM(nn.Module):
             # The shared matrix keeps lm_head's initialisation: σ=1 rows would make the initial
             # logits sqrt(d_model) times too large.
             self.token_embeddings.weight = self.lm_head.weight
+            self.register_load_state_dict_pre_hook(refuse_untied_state_dict)  # type: ignore[no-untyped-call]
+
+    def save(
+        self, path: str | os.PathLike[str], *, metadata: Mapping[str, str] | None = None
+    ) -> Path:
+        """Save to one safetensors file with the spec and plugin provenance: `lmcore.save`."""
+        from lmcore.checkpoint import save
+
+        return save(self, path, metadata=metadata)
 
     @property
     def components(self) -> dict[str, Component]:
@@ -171,7 +188,12 @@ class TransformerLM(nn.Module):
         token_positions: Int[Tensor, "... T"] | None = None,
     ) -> Float[Tensor, "... T vocab_size"]:
         spec = self.spec
-        ids = check_ids(in_indices, vocab_size=spec.vocab_size, context_length=spec.context_length)
+        ids = check_ids(
+            in_indices,
+            vocab_size=spec.vocab_size,
+            context_length=spec.context_length,
+            device=self.lm_head.weight.device,
+        )
         lead, seq = ids.shape[:-1], ids.shape[-1]
         ids = ids.reshape(-1, seq)  # (B, T)
         positions = check_positions(token_positions, ids, context_length=spec.context_length)
@@ -183,7 +205,33 @@ class TransformerLM(nn.Module):
         for layer in self.layers:
             x = layer(x, rotation, bias)
         logits: Tensor = self.lm_head(self.ln_final(x))  # (B, T, vocab_size)
-        return logits.reshape(*lead, seq, -1)
+        return logits.reshape(*lead, seq, spec.vocab_size)  # an empty batch has no -1 to infer
+
+
+def refuse_untied_state_dict(
+    module: nn.Module, state_dict: dict[str, Tensor], prefix: str, *_: Any
+) -> None:
+    """A tied model holds one matrix for `token_embeddings.weight` and `lm_head.weight`; a state
+    dict giving two different ones (an untied checkpoint) cannot be loaded into it, since one
+    would silently overwrite the other."""
+    emb, head = (
+        state_dict.get(f"{prefix}token_embeddings.weight"),
+        state_dict.get(f"{prefix}lm_head.weight"),
+    )
+    if emb is None or head is None or emb is head:
+        return
+    same = emb.shape == head.shape and (
+        emb.device.type == "meta"
+        or head.device.type == "meta"
+        or torch.equal(emb, head.to(emb.device))
+    )
+    if not same:
+        raise StateDictError(
+            f"this model ties its embeddings (tie_embeddings=true), but the state dict holds two "
+            f"different matrices for {prefix}token_embeddings.weight and {prefix}lm_head.weight "
+            "(an untied checkpoint, e.g. CS336's); loading it would keep only one of them. "
+            "Build the model with tie_embeddings=false to load it"
+        )
 
 
 def build_model(
@@ -192,17 +240,37 @@ def build_model(
     dtype: torch.dtype | None = None,
     *,
     registry: Registry | None = None,
+    max_bytes: int | None = None,
     compile: bool | Mapping[str, Any] = False,
 ) -> TransformerLM:
     """Build a `TransformerLM` from a spec string (e.g. ``"tinystories, pos=nope"``), a
     `ModelSpec` or a resolved `Blueprint`.
 
-    `device="meta"` builds the structure without allocating weights. `compile=True` compiles
-    the model in place with `torch.compile` (`nn.Module.compile`; a mapping is passed on as its
-    options, e.g. ``{"backend": "aot_eager"}``): the result is still a `TransformerLM` with the
-    same state-dict keys; the first forward (and backward) of each input shape compiles.
+    Before anything is allocated, the bytes of the weights and buffers are added up from the
+    components' declarations and the build is refused (`ModelTooLargeError`, naming the total
+    and the largest part) beyond `max_bytes` (default: the memory available on `device`; no
+    limit on meta) or where torch could not index a module. `device="meta"` builds the
+    structure without allocating weights. `compile=True` compiles the model in place with
+    `torch.compile` (`nn.Module.compile`; a mapping is passed on as its options, e.g.
+    ``{"backend": "aot_eager"}``): the result is still a `TransformerLM` with the same
+    state-dict keys; the first forward (and backward) of each input shape compiles.
     """
-    model = TransformerLM(spec, device=device, dtype=dtype, registry=registry)
+    try:
+        model = TransformerLM(
+            spec, device=device, dtype=dtype, registry=registry, max_bytes=max_bytes
+        )
+    except (MemoryError, RuntimeError) as e:
+        # What the declarations did not foresee (a component that declares no buffers, memory
+        # taken meanwhile) still ends in a one-line error, not the allocator's.
+        text = str(e)
+        if not isinstance(e, MemoryError) and not any(s in text for s in _ALLOCATOR_ERRORS):
+            raise
+        raise ModelTooLargeError(
+            f"allocating the model failed: {text.splitlines()[0] if text else type(e).__name__}"
+        ) from e
     if compile:
         model.compile(**(compile if isinstance(compile, Mapping) else {}))
     return model
+
+
+_ALLOCATOR_ERRORS = ("can't allocate memory", "out of memory", "Cannot allocate memory")

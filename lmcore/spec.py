@@ -5,8 +5,10 @@
     value     := scalar | qualname ["(" [arg ("," arg)*] ")"]
     arg       := name "=" scalar
     scalar    := integer | float | true | false | name | quoted string
-    qualname  := [dist ":"] name
+    qualname  := [dist ":"] name              dist: a name, or quoted ("2norms":rmsnorm)
 
+Integers lie within ±(2**63 - 1) and a number has at most 64 characters, so no value can
+overflow and no work grows with a value's size; parsing is linear in the text's length.
 This module knows the syntax only; `lmcore.blueprint.resolve` gives the items their meaning
 against the registry (presets, components, defaults). `str(spec)` is canonical: preset expanded,
 every key in a fixed order, every component argument written out, no spaces. Nothing in a spec is
@@ -19,10 +21,18 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
-from lmcore.components import DIMS, NAME_RE, REQUIRED, Arg, Scalar, format_scalar
-from lmcore.errors import SpecError
+from lmcore.components import (
+    DIMS,
+    NAME_RE,
+    REQUIRED,
+    Arg,
+    Scalar,
+    format_qualified,
+    format_scalar,
+)
+from lmcore.errors import SpecError, clip
 
 # ------------------------------------------------------------------------------ data
 
@@ -40,7 +50,7 @@ class ComponentSpec:
         return dict(self.args)
 
     def __str__(self) -> str:
-        qualified = f"{self.provider}:{self.name}" if self.provider else self.name
+        qualified = format_qualified(self.provider, self.name)
         if not self.args:
             return qualified
         inner = ",".join(f"{k}={format_scalar(v)}" for k, v in self.args)
@@ -114,15 +124,20 @@ ALL_KEYS: Final = (*KEY_ARGS, *SLOTS)
 
 # ------------------------------------------------------------------------------ tokens
 
-_WORD = re.compile(r"[A-Za-z0-9_.+\-]+")
+# Numbers are bounded, so no value overflows a float, torch's 64-bit sizes or Python's
+# int/str conversion limit, and no work depends on a value's magnitude.
+MAX_INT: Final = 2**63 - 1
+MAX_NUMBER_CHARS: Final = 64
+
 _NUMBER = re.compile(
     r"[+-]?(?:\d(?:_?\d)*(?:\.(?:\d(?:_?\d)*)?)?|\.\d(?:_?\d)*)(?:[eE][+-]?\d(?:_?\d)*)?\Z"
 )
-_PUNCT = ",=():"
+_STRING = {q: re.compile(rf"{q}((?:[^{q}\\]|\\.)*){q}", re.S) for q in "\"'"}
+_ESCAPE = re.compile(r"\\(.?)", re.S)
+_ESCAPES = {"n": "\n", "t": "\t", "\\": "\\", '"': '"', "'": "'"}
 
 
-@dataclass(frozen=True)
-class _Tok:
+class _Tok(NamedTuple):
     kind: str  # name | number | string | bool | punct | end
     text: str
     start: int
@@ -130,81 +145,107 @@ class _Tok:
     value: Any = None
 
 
+_TOKEN = re.compile(  # one match per token, with the whitespace before it
+    r"\s*(?:(?P<punct>[,=():])"
+    r"|(?P<name>[A-Za-z_][A-Za-z0-9_.\-]*)(?![A-Za-z0-9_.+\-])"  # names: the common case
+    r"|(?P<word>[A-Za-z0-9_.+\-]+)"  # numbers, and what is neither
+    r"|(?P<quote>[\"'])"
+    r"|(?P<other>.))",
+    re.S,
+)
+
+
 def _tokenize(src: str) -> list[_Tok]:
+    """Tokens in one pass of regular expressions, each linear in its length."""
     toks: list[_Tok] = []
     i, n = 0, len(src)
-    while i < n:
-        c = src[i]
-        if c.isspace():
-            i += 1
-        elif c in _PUNCT:
-            toks.append(_Tok("punct", c, i, i + 1))
-            i += 1
-        elif c in "\"'":
-            toks.append(_string(src, i))
+    while (m := _TOKEN.match(src, i)) is not None:  # None: only whitespace is left
+        kind = m.lastgroup or "other"
+        start, i, text = m.start(kind), m.end(), m.group(kind)
+        if kind == "punct":
+            toks.append(_Tok("punct", text, start, i))
+        elif kind == "name" and text not in ("true", "false"):
+            toks.append(_Tok("name", text, start, i, text))
+        elif kind in ("name", "word"):
+            toks.append(_word(src, text, start))
+        elif kind == "quote":
+            toks.append(_string(src, start))
             i = toks[-1].end
-        elif (m := _WORD.match(src, i)) is not None:
-            toks.append(_word(src, m.group(), i))
-            i = m.end()
         else:
             raise SpecError(
-                f"unexpected character {c!r}; "
+                f"unexpected character {text!r}; "
                 "specs use names, numbers, quoted strings and , = ( ) :",
                 src,
-                i,
+                start,
             )
     toks.append(_Tok("end", "", n, n))
     return toks
 
 
 def _string(src: str, start: int) -> _Tok:
-    quote, i = src[start], start + 1
-    out: list[str] = []
-    escapes = {"n": "\n", "t": "\t", "\\": "\\", '"': '"', "'": "'"}
-    while i < len(src):
-        c = src[i]
-        if c == quote:
-            return _Tok("string", src[start : i + 1], start, i + 1, "".join(out))
-        if c == "\\":
-            nxt = src[i + 1 : i + 2]
-            if nxt not in escapes:
-                raise SpecError(
-                    f"unknown escape '\\{nxt}' in a quoted string; use \\\\, \\{quote}, \\n or \\t",
-                    src,
-                    i,
-                    i + 2,
-                )
-            out.append(escapes[nxt])
-            i += 2
-            continue
-        out.append(c)
-        i += 1
-    raise SpecError(f"unterminated string: add the closing {quote}", src, start, len(src))
+    quote = src[start]
+    m = _STRING[quote].match(src, start)
+    if m is None:
+        raise SpecError(f"unterminated string: add the closing {quote}", src, start, len(src))
+
+    def unescape(e: re.Match[str]) -> str:
+        if e.group(1) not in _ESCAPES:
+            raise SpecError(
+                f"unknown escape '\\{e.group(1)}' in a quoted string; "
+                f"use \\\\, \\{quote}, \\n or \\t",
+                src,
+                start + 1 + e.start(),
+                start + 1 + e.end(),
+            )
+        return _ESCAPES[e.group(1)]
+
+    return _Tok("string", m.group(), start, m.end(), _ESCAPE.sub(unescape, m.group(1)))
 
 
 def _word(src: str, text: str, start: int) -> _Tok:
     end = start + len(text)
     if text[0].isdigit() or text[0] in "+-.":
         if not _NUMBER.match(text):
+            quote = f' (quote a distribution name that is not a plain name: "{_short(text)}":...)'
             raise SpecError(
-                f"malformed number {text!r}; names start with a letter or '_', numbers look like "
-                "10000, 10_000, 1e-5 or 0.5",
+                f"malformed number {clip(text)}; names start with a letter or '_', numbers look "
+                "like 10000, 10_000, 1e-5 or 0.5" + (quote if src[end : end + 1] == ":" else ""),
+                src,
+                start,
+                end,
+            )
+        if len(text) > MAX_NUMBER_CHARS:
+            raise SpecError(
+                f"number {clip(text)} is too long: a spec's numbers have at most "
+                f"{MAX_NUMBER_CHARS} characters",
                 src,
                 start,
                 end,
             )
         plain = text.replace("_", "")
-        if any(ch in plain for ch in ".eE"):
+        if "." in plain or "e" in plain or "E" in plain:
             value = float(plain)
             if not math.isfinite(value):
                 raise SpecError(f"number {text!r} is out of range", src, start, end)
             return _Tok("number", text, start, end, value)
-        return _Tok("number", text, start, end, int(plain))
+        if abs(number := int(plain)) > MAX_INT:
+            raise SpecError(
+                f"integer {text} is out of range: a spec's integers lie within "
+                f"±(2**63 - 1) = ±{MAX_INT:,}",
+                src,
+                start,
+                end,
+            )
+        return _Tok("number", text, start, end, number)
     if text in ("true", "false"):
         return _Tok("bool", text, start, end, text == "true")
     if not NAME_RE.match(text):
         raise SpecError(
-            f"invalid name {text!r}: names are letters, digits, '_', '-' and '.'", src, start, end
+            f"invalid name {clip(text)}: names are letters, digits, '_', '-' and '.', "
+            "starting with a letter or '_'",
+            src,
+            start,
+            end,
         )
     return _Tok("name", text, start, end, text)
 
@@ -212,8 +253,7 @@ def _word(src: str, text: str, start: int) -> _Tok:
 # ------------------------------------------------------------------------------ syntax
 
 
-@dataclass(frozen=True)
-class Value:
+class Value(NamedTuple):  # tuples: a spec of 100,000 items builds quickly
     """A parsed value: a scalar, or a (qualified) name with an optional argument list."""
 
     start: int
@@ -228,8 +268,7 @@ class Value:
         return self.name is not None and self.provider is None and self.args is None
 
 
-@dataclass(frozen=True)
-class Item:
+class Item(NamedTuple):
     """One `key=value` item, or the preset item (`key` None), with its position in the text."""
 
     key: str | None
@@ -247,10 +286,10 @@ class _Parser:
     def __init__(self, src: str):
         self.src = src
         self.toks = _tokenize(src)
-        self.i = 0
+        self.i, self.last = 0, len(self.toks) - 1
 
     def peek(self, ahead: int = 0) -> _Tok:
-        return self.toks[min(self.i + ahead, len(self.toks) - 1)]
+        return self.toks[min(self.i + ahead, self.last)]
 
     def take(self) -> _Tok:
         tok = self.peek()
@@ -289,12 +328,12 @@ class _Parser:
             self.take()
             self.take()
             return Item(tok.text, tok.start, tok.end, self.value())
-        if tok.kind == "name":
+        if tok.kind == "name" or self.qualifier_ahead():
             value = self.value()
             if value.args is not None:
                 raise SpecError(
-                    f"{tok.text!r} takes no arguments here: a bare name is a preset; "
-                    f"components go in slots, e.g. norm={tok.text}(...)",
+                    f"{clip(tok.text)} takes no arguments here: a bare name is a preset; "
+                    f"components go in slots, e.g. norm={_short(tok.text)}(...)",
                     self.src,
                     tok.start,
                     value.end,
@@ -302,11 +341,17 @@ class _Parser:
             return Item(None, value.start, value.end, value)
         raise self.error(f"expected key=value or a preset name, found {_show(tok)}", tok)
 
+    def qualifier_ahead(self) -> bool:
+        """A quoted distribution name before ':' (`"2norms":rmsnorm`) qualifies a name."""
+        ahead = self.peek(1)
+        return self.peek().kind == "string" and ahead.kind == "punct" and ahead.text == ":"
+
     def value(self) -> Value:
+        quoted = self.qualifier_ahead()
         tok = self.take()
-        if tok.kind in ("number", "string", "bool"):
+        if tok.kind in ("number", "string", "bool") and not quoted:
             return Value(tok.start, tok.end, scalar=tok.value)
-        if tok.kind != "name":
+        if tok.kind != "name" and not quoted:
             raise self.error(
                 f"expected a value (number, true/false, name or quoted string), found {_show(tok)}",
                 tok,
@@ -316,8 +361,10 @@ class _Parser:
             self.take()
             name = self.take()
             if name.kind != "name":
-                raise self.error(f"expected a name after '{tok.text}:', found {_show(name)}", name)
-            provider = tok.text
+                raise self.error(
+                    f"expected a name after {clip(tok.text + ':')}, found {_show(name)}", name
+                )
+            provider = tok.value
         if not self.at("("):
             return Value(tok.start, name.end, name=name.text, provider=provider)
         self.take()
@@ -330,12 +377,12 @@ class _Parser:
             if key.kind != "name":
                 raise self.error(f"expected an argument name, found {_show(key)}", key)
             if key.text in seen:
-                raise self.error(f"argument {key.text!r} is given twice", key)
+                raise self.error(f"argument {clip(key.text)} is given twice", key)
             seen.add(key.text)
-            self.expect("=", f"'=' after argument {key.text!r}")
+            self.expect("=", f"'=' after argument {clip(key.text)}")
             val = self.take()
             if val.kind not in ("number", "string", "bool", "name"):
-                raise self.error(f"expected a value for {key.text!r}, found {_show(val)}", val)
+                raise self.error(f"expected a value for {clip(key.text)}, found {_show(val)}", val)
             if self.at(":") or self.at("("):
                 raise self.error("argument values are plain values, not components", self.peek())
             args.append((key.text, val.value, key.start, val.end))
@@ -343,5 +390,10 @@ class _Parser:
         return Value(tok.start, close.end, name=name.text, provider=provider, args=tuple(args))
 
 
+def _short(text: str) -> str:
+    """`text` as it is when short, else `name`: for examples in messages."""
+    return text if len(text) <= 40 else "name"
+
+
 def _show(tok: _Tok) -> str:
-    return "end of spec" if tok.kind == "end" else repr(tok.text)
+    return "end of spec" if tok.kind == "end" else clip(tok.text)

@@ -9,21 +9,26 @@ did not reach: a smoke test for any spec, including one made of third-party comp
 from __future__ import annotations
 
 import math
+import os
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor, nn
 
 from lmcore.blueprint import Blueprint, resolve
-from lmcore.errors import LmcoreError, ModelInputError
+from lmcore.errors import LmcoreError, ModelInputError, ModelTooLargeError
+from lmcore.inputs import check_device
 from lmcore.model import build_model
 from lmcore.registry import Registry
 from lmcore.spec import ModelSpec
+
+if TYPE_CHECKING:
+    from lmcore.checkpoint import CheckpointInfo
 
 
 class RunError(LmcoreError, ValueError):
@@ -101,29 +106,13 @@ Progress = Callable[[int, int, float], None]  # (step done, steps, loss)
 
 
 def resolve_device(name: str) -> torch.device:
-    """`auto` is CUDA when available, else the CPU; anything else must be a usable device."""
+    """`auto` is CUDA when available, else the CPU; anything else must be a usable device
+    (`lmcore.inputs.check_device`), and not meta."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise RunError(
-            f"unknown device {name!r}; use auto, cpu, cuda or cuda:N (or another torch device)"
-        ) from None
-    if device.type == "meta":
+    if name == "meta" or (isinstance(name, torch.device) and name.type == "meta"):
         raise RunError("device 'meta' holds no numbers to train on; use cpu or cuda")
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise RunError(
-            f"device {name!r}: CUDA is not available in this torch build ({torch.__version__}); "
-            "use --device cpu"
-        )
-    visible = torch.cuda.device_count() if device.type == "cuda" else 0
-    if device.type == "cuda" and device.index is not None and device.index >= visible:
-        raise RunError(
-            f"device {name!r}: only {visible} CUDA device(s) are visible; "
-            f"use cuda:0 .. cuda:{visible - 1}"
-        )
-    return device
+    return check_device(name, choices="auto, cpu, cuda or cuda:N")
 
 
 def run_steps(
@@ -137,13 +126,21 @@ def run_steps(
     seed: int = 0,
     progress: Progress | None = None,
     registry: Registry | None = None,
+    weights: CheckpointInfo | str | os.PathLike[str] | None = None,
+    max_bytes: int | None = None,
 ) -> RunResult:
     """Build the model and run `steps` forward+backward passes on random tokens.
 
-    `seq_len` defaults to the shorter of 128 and the context length.
+    `seq_len` defaults to the shorter of 128 and the context length. `weights`: start from this
+    lmcore checkpoint's weights (`lmcore.checkpoint.load_weights`) instead of random ones.
+    Before anything is allocated, the memory of the model and of one step (weights, buffers,
+    gradients, declared activations, token ids) is checked against `max_bytes` (default: what
+    the device has available), as `build_model` checks the model's.
     """
     if steps < 1 or batch < 1:
         raise RunError(f"steps and batch must be at least 1, got steps={steps}, batch={batch}")
+    if not 0 <= seed < 2**64:
+        raise RunError(f"seed must lie in 0 .. 2**64-1, got {seed}")
     dev = resolve_device(device)
     bp = resolve(spec, registry)
     ctx = bp.spec.context_length
@@ -153,8 +150,13 @@ def run_steps(
             f"sequence length {seq} does not fit context_length={ctx}; use 1..{ctx} "
             f"or raise context_length in the spec (e.g. '..., context_length={seq}')"
         )
+    check_step_size(bp, batch=batch, seq_len=seq, device=dev, dtype=dtype, max_bytes=max_bytes)
     torch.manual_seed(seed)  # the weights come from the global generator
-    model = build_model(bp, device=dev, dtype=dtype)
+    model = build_model(bp, device=dev, dtype=dtype, max_bytes=max_bytes)
+    if weights is not None:
+        from lmcore.checkpoint import load_weights
+
+        load_weights(model, weights)
     tokens = torch.Generator().manual_seed(seed)
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
@@ -190,6 +192,44 @@ def run_steps(
         peak_memory_kind=kind,
         gradient_problems=tuple(gradient_problems(model)),
     )
+
+
+def check_step_size(
+    bp: Blueprint,
+    *,
+    batch: int,
+    seq_len: int,
+    device: torch.device,
+    dtype: torch.dtype,
+    max_bytes: int | None,
+) -> None:
+    """Refuse (`ModelTooLargeError`, naming the total and the largest part) a run whose model
+    and one forward+backward step need more than `max_bytes` (default: what `device` has
+    available; activations a component does not declare are left out)."""
+    from lmcore.accounting import (
+        account,
+        format_bytes,
+        memory_limit,
+    )  # accounting imports this module
+
+    acc = account(bp, batch=batch, seq_len=seq_len, dtype=dtype)
+    size = dtype.itemsize
+    parts = {
+        "weights and buffers": acc.params * size + sum(r.buffers or 0 for r in acc.rows),
+        "gradients": acc.params * size,
+        "activations": acc.activations or 0,
+        "token ids": 2 * batch * (seq_len + 1) * 8,  # inputs and targets, int64
+    }
+    total = sum(parts.values())
+    limit, what = memory_limit(device, max_bytes)
+    if limit is not None and total > limit:
+        name, largest = max(parts.items(), key=lambda item: item[1])
+        raise ModelTooLargeError(
+            f"a step of batch {batch:,} × seq {seq_len:,} needs {format_bytes(total)} "
+            f"({total:,} bytes), more than {what}; the largest part is {name} "
+            f"({format_bytes(largest)}). Lower --batch or --seq, shrink the spec, or raise "
+            "the limit with --max-bytes"
+        )
 
 
 def _sync(device: torch.device) -> None:

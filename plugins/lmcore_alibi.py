@@ -70,6 +70,7 @@ def lmcore_components() -> list[Component]:
             build=ALiBi,
             help="linear attention biases per head (Press 2022); needs an attn with 'bias'",
             activations=lambda: 0,  # the bias needs no gradient; the kernel adds it
+            buffers=lambda num_heads, dtype: num_heads * dtype.itemsize,  # the slopes
             features=frozenset({"bias", "relative", "compile"}),
         )
     ]

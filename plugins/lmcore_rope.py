@@ -29,14 +29,20 @@ class RotaryPositionalEmbedding(PositionalEncodingBase):
         if d_k % 2:
             raise ValueError(f"RoPE rotates pairs of dimensions; d_k={d_k} is odd")
         self.theta, self.d_k, self.max_seq_len = theta, d_k, max_seq_len
-        # Computed on the CPU and moved: the same numbers on every device, and a meta build
-        # runs no operator (torch's first meta operator costs about a second of imports).
-        k = torch.arange(0, d_k, 2, dtype=torch.float32)  # 2k
-        inv_freq = 1.0 / (theta ** (k / d_k))  # (d_k/2,)
-        pos = torch.arange(max_seq_len, dtype=torch.float32)
-        angles = pos[:, None] * inv_freq[None, :]  # (max_seq_len, d_k/2)
-        self.register_buffer("cos", torch.cos(angles).to(device), persistent=False)
-        self.register_buffer("sin", torch.sin(angles).to(device), persistent=False)
+        shape = (max_seq_len, d_k // 2)
+        if device is not None and torch.device(device).type == "meta":
+            # A meta build gets the tables' shapes only: nothing is computed or allocated, and
+            # no operator runs (torch's first meta operator costs about a second of imports).
+            cos, sin = (torch.empty(shape, dtype=torch.float32, device="meta") for _ in "cs")
+        else:
+            # Computed on the CPU and moved: the same numbers on every device.
+            k = torch.arange(0, d_k, 2, dtype=torch.float32)  # 2k
+            inv_freq = 1.0 / (theta ** (k / d_k))  # (d_k/2,)
+            pos = torch.arange(max_seq_len, dtype=torch.float32)
+            angles = pos[:, None] * inv_freq[None, :]  # (max_seq_len, d_k/2)
+            cos, sin = torch.cos(angles).to(device), torch.sin(angles).to(device)
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
 
     def forward(
         self, x: Float[Tensor, "... seq d_k"], token_positions: Int[Tensor, "... seq"]
@@ -98,6 +104,8 @@ def lmcore_components() -> list[Component]:
             # cos + i·sin gathered at the positions, (1, T, head_dim / 2) complex64, gathered
             # once per forward and kept by the rotation of q and k in every layer.
             activations=lambda seq_len, head_dim: 4 * seq_len * head_dim,
+            # cos and sin, (context_length, head_dim / 2) float32 each, whatever the dtype.
+            buffers=lambda context_length, head_dim: 8 * context_length * (head_dim // 2),
             features=frozenset({"rotary", "relative", "compile"}),
             validate=_check,
         )

@@ -33,15 +33,19 @@ class SinusoidalPositionalEncoding(PositionalEncodingBase):
         super().__init__()
         if d_model % 2:
             raise ValueError(f"sinusoidal encodings fill sin/cos pairs; d_model={d_model} is odd")
-        # Computed on the CPU and moved, as RoPE's tables are: a meta build runs no operator.
-        two_i = torch.arange(0, d_model, 2, dtype=torch.float32)  # 2i
-        inv_freq = 1.0 / (base ** (two_i / d_model))  # (d_model/2,)
-        pos = torch.arange(context_length, dtype=torch.float32)
-        angles = pos[:, None] * inv_freq[None, :]  # (context_length, d_model/2)
-        # Interleave: even columns sin, odd columns cos.
-        table = torch.stack((torch.sin(angles), torch.cos(angles)), dim=-1).flatten(-2)
-        # (context_length, d_model)
-        self.register_buffer("table", table.to(device), persistent=False)
+        if device is not None and torch.device(device).type == "meta":
+            # The table's shape only, as RoPE's: nothing computed or allocated, no operator run.
+            table = torch.empty(context_length, d_model, dtype=torch.float32, device="meta")
+        else:
+            # Computed on the CPU and moved, as RoPE's tables are.
+            two_i = torch.arange(0, d_model, 2, dtype=torch.float32)  # 2i
+            inv_freq = 1.0 / (base ** (two_i / d_model))  # (d_model/2,)
+            pos = torch.arange(context_length, dtype=torch.float32)
+            angles = pos[:, None] * inv_freq[None, :]  # (context_length, d_model/2)
+            # Interleave: even columns sin, odd columns cos.
+            table = torch.stack((torch.sin(angles), torch.cos(angles)), dim=-1).flatten(-2)
+            table = table.to(device)  # (context_length, d_model)
+        self.register_buffer("table", table, persistent=False)
 
     def embed(
         self, x: Float[Tensor, "B T d_model"], token_positions: Int[Tensor, "B T"]
@@ -67,6 +71,7 @@ def lmcore_components() -> list[Component]:
             args=(Arg("base", float, 10000.0, "base of the wavelengths", gt=0.0),),
             help="fixed sin/cos absolute positions added to the token embeddings (Vaswani 2017)",
             activations=lambda: 0,  # a fixed table: nothing that needs a gradient
+            buffers=lambda context_length, d_model: 4 * context_length * d_model,  # float32
             features=frozenset({"absolute", "compile"}),
             validate=_check,
         )

@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from lmcore import get_registry
 from lmcore.nn import (
     Embedding,
     Linear,
@@ -236,3 +237,39 @@ def test_gate_keeps_only_its_two_inputs_for_backward() -> None:
     ):
         gate(a, b, silu, silu_derivative)
     assert sorted(saved) == sorted([a.untyped_storage()._cdata, b.untyped_storage()._cdata])
+
+
+# ------------------------------------------------------------------ large logits (issue 11)
+
+
+@pytest.mark.parametrize("scale", [10.0, 30.0])
+def test_sdpa_stays_finite_and_exact_for_large_logits(scale: float) -> None:
+    """q and k scaled by 10 already push q·k/√d past exp's float32 range (~88): without the
+    max-subtraction the softmax is inf/inf = NaN, where torch's fused attention stays finite."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 16, 16) for _ in range(3))
+    q, k = scale * q, scale * k
+    keep = causal_mask(16, 16)
+    out = scaled_dot_product_attention(q, k, v, mask=keep)
+    expected = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=True)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out, expected.float(), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", [e.name for e in get_registry().entries("attn")])
+def test_every_attention_kernel_is_stable_for_large_logits(name: str) -> None:
+    torch.manual_seed(0)
+    entry = get_registry().get("attn", name)
+    grouped = "gqa" in entry.component.features
+    kernel = entry.component.create(num_heads=4, num_kv_heads=2 if grouped else 4, head_dim=16)
+    q = 30.0 * torch.randn(2, 4, 12, 16)
+    k, v = 30.0 * torch.randn(2, 2, 12, 16), torch.randn(2, 2, 12, 16)
+    if not grouped:
+        k, v = k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1)
+    with torch.no_grad():
+        out = kernel(q, k, v, causal=True)
+    expected = F.scaled_dot_product_attention(
+        q.double(), k.double(), v.double(), is_causal=True, enable_gqa=grouped
+    )
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out, expected.float(), rtol=1e-4, atol=1e-4)

@@ -9,9 +9,13 @@ from __future__ import annotations
 import importlib.metadata as md
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
+import threading
+import time
+import warnings
 
 import pytest
 import torch
@@ -32,7 +36,7 @@ from lmcore import (
     use_registry,
 )
 from lmcore.cli import main
-from lmcore.errors import LmcoreWarning
+from lmcore.errors import LmcoreWarning, SlowPluginWarning
 
 Module = torch.nn.Module
 
@@ -620,3 +624,359 @@ def test_a_plugin_calling_sys_exit_at_import_is_isolated(make_dist, registry: Re
         and "importing 'quitter_mod' raised SystemExit: 3" in record.reason
     )
     assert registry.get("pos", "rope").status == "ok"
+
+
+# ------------------------------------------------------------------ concurrency (issue 11)
+
+
+def test_concurrent_first_use_loads_exactly_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """8 threads ask a fresh registry at once, 25 registries in a row: every thread sees every
+    preset (one used to see a registry that had marked itself loaded before it finished), and
+    each registry scans its entry points once."""
+    scans: list[Registry] = []  # kept alive, so that no two registries share an id
+    real = Registry._load_entry_points
+
+    def counting(self: Registry, *args: object) -> None:
+        scans.append(self)
+        time.sleep(0.01)  # widen the window a racing thread would fall into
+        real(self, *args)
+
+    monkeypatch.setattr(Registry, "_load_entry_points", counting)
+    for _ in range(25):
+        registry = Registry()
+        barrier = threading.Barrier(8)
+        seen: list[object] = []
+
+        def ask(
+            registry: Registry = registry,
+            barrier: threading.Barrier = barrier,
+            seen: list[object] = seen,
+        ) -> None:
+            barrier.wait()
+            try:
+                seen.append(parse_spec("tinystories", registry).d_model)
+            except Exception as e:
+                seen.append(e)
+
+        threads = [threading.Thread(target=ask) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert seen == [512] * 8, seen
+        assert sum(scanned is registry for scanned in scans) == 1
+
+
+def test_eight_threads_in_a_fresh_interpreter_all_find_the_preset() -> None:
+    """The reproduction as written: the default registry, first used by 8 threads at once."""
+    code = textwrap.dedent("""
+        import threading, lmcore
+        errors, registries, barrier = [], set(), threading.Barrier(8)
+        def go():
+            barrier.wait()
+            try:
+                lmcore.parse_spec("tinystories")
+                registries.add(id(lmcore.get_registry()))
+            except Exception as e:
+                errors.append(e)
+        threads = [threading.Thread(target=go) for _ in range(8)]
+        [t.start() for t in threads]; [t.join() for t in threads]
+        print(len(errors), errors[:1], len(registries))
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "0 [] 1"  # no failure, and one default registry for all
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_fork_while_another_thread_loads_waits_and_the_child_sees_a_whole_registry(
+    make_dist,
+) -> None:
+    make_dist(
+        "lmcore-slow",
+        entry_points={"slow": "slow_norm_mod"},
+        modules={"slow_norm_mod": "import time\ntime.sleep(0.5)\n" + OTHER_RMSNORM},
+    )
+    registry = Registry()
+    loader = threading.Thread(target=registry.load)
+    loader.start()
+    while registry._loading is None and not registry._loaded:
+        time.sleep(0.005)
+    with warnings.catch_warnings():  # Python 3.12+ warns about fork() with threads
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pid = os.fork()
+    if pid == 0:  # the child: a whole registry, or exit status 1
+        ok = registry._loaded and {r.name for r in registry.plugins()} >= {"slow", "rmsnorm"}
+        os._exit(0 if ok else 1)
+    loader.join()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
+# ------------------------------------------------------------------ metadata and interrupts
+
+
+def test_another_tools_malformed_entry_points_never_reach_lmcore(tmp_path, monkeypatch) -> None:
+    info = tmp_path / "unrelated_tool-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: unrelated-tool\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[console_scripts]\nbroken-line-without-equals\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(TypeError):  # what importlib.metadata itself does with it
+        md.entry_points(group="lmcore")
+    registry = Registry()
+    assert registry.get("norm", "rmsnorm").status == "ok"
+    assert all(r.status == "ok" for r in registry.plugins())
+    from lmcore.registry import malformed_entry_points
+
+    assert malformed_entry_points() == [
+        "unrelated_tool-1.0.dist-info/entry_points.txt line 2, 'broken-line-without-equals', "
+        "has no '='"
+    ]
+
+
+def test_a_malformed_entry_points_file_does_not_break_the_cli_in_a_fresh_process(
+    tmp_path,
+) -> None:
+    """torch's own import reads every distribution's entry points and fails on this file; lmcore
+    switches torch's device-backend autoload off for the process, with a warning naming it."""
+    info = tmp_path / "unrelated_tool-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: unrelated-tool\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[console_scripts]\nbroken-line-without-equals\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    env.pop("TORCH_DEVICE_BACKEND_AUTOLOAD", None)
+    cli = [sys.executable, "-c", "import sys; from lmcore.cli import main; sys.exit(main())"]
+    out = subprocess.run(
+        [*cli, "build", "cs336-tiny", "--device", "meta"], capture_output=True, text=True, env=env
+    )
+    assert out.returncode == 0 and out.stdout.splitlines()[-1] == "parameters: 1,403,328"
+    assert (
+        out.stderr.startswith(
+            "lmcore build: warning: malformed distribution metadata: unrelated_tool-1.0.dist-info/"
+            "entry_points.txt line 2, 'broken-line-without-equals', has no '='. importing torch "
+            "would fail on it"
+        )
+        and out.stderr.count("\n") == 1
+    )
+
+
+def test_a_plugin_with_unreadable_metadata_is_failed_not_fatal(tmp_path, monkeypatch) -> None:
+    info = tmp_path / "lmcore_latin-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_bytes(
+        b"Metadata-Version: 2.1\nName: lmcore-latin\nSummary: caf\xe9\n"
+    )
+    (info / "entry_points.txt").write_text("[lmcore]\nlatin = latin_mod\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    registry = Registry()
+    [record] = [r for r in registry.plugins() if r.name == "latin"]
+    assert record.status == "failed" and record.provenance.dist == "lmcore_latin"
+    assert re.search(
+        r"the METADATA of lmcore_latin cannot be read \(UnicodeDecodeError: .*\); reinstall it",
+        record.reason,
+    )
+    assert registry.get("norm", "rmsnorm").status == "ok"
+
+
+def test_a_plugins_malformed_entry_points_are_its_failure(tmp_path, monkeypatch) -> None:
+    info = tmp_path / "lmcore_broken-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: lmcore-broken\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[lmcore]\nno-equals-here\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    registry = Registry()
+    [record] = [r for r in registry.plugins() if r.provenance.dist == "lmcore-broken"]
+    assert record.status == "failed" and "its entry_points.txt cannot be parsed" in record.reason
+    assert registry.get("pos", "rope").status == "ok"
+
+
+@pytest.mark.parametrize(
+    "module, reason",
+    [
+        ("raise KeyboardInterrupt\n", r"importing 'kbi_\w+' raised KeyboardInterrupt at "),
+        (
+            "from lmcore import hookimpl\n@hookimpl\ndef lmcore_components():\n"
+            "    raise KeyboardInterrupt\n",
+            r"hook lmcore_components\(\) raised KeyboardInterrupt at ",
+        ),
+    ],
+    ids=["at-import", "in-hook"],
+)
+def test_a_plugin_raising_keyboard_interrupt_is_isolated(
+    make_dist, module: str, reason: str, request
+) -> None:
+    name = "kbi_" + request.node.callspec.id.replace("-", "_")
+    make_dist("lmcore-kbi", entry_points={"kbi": name}, modules={name: module})
+    registry = Registry()
+    [record] = [r for r in registry.plugins() if r.name == "kbi"]
+    assert record.status == "failed" and re.search(reason, record.reason), record.reason
+    assert registry.get("norm", "rmsnorm").status == "ok"
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="sends SIGINT to itself")
+def test_a_real_ctrl_c_while_loading_still_interrupts(make_dist) -> None:
+    make_dist(
+        "lmcore-press",
+        entry_points={"press": "press_ctrl_c"},
+        modules={
+            "press_ctrl_c": "import os, signal, time\nos.kill(os.getpid(), signal.SIGINT)\n"
+            "time.sleep(1)\n"
+        },
+    )
+    registry = Registry()
+    with pytest.raises(KeyboardInterrupt):
+        registry.load()
+    assert not registry._loaded  # nothing half-loaded: the next use starts over
+
+
+# ------------------------------------------------------------------ plugin faults (issue 11)
+
+
+def test_an_argument_name_that_is_not_a_string_is_named(make_dist, registry: Registry) -> None:
+    body = """
+        @hookimpl
+        def lmcore_components():
+            return [Component(kind="norm", name="odd", build=Module, args=(Arg(name=5, type=int, default=1),))]
+    """
+    make_dist(
+        "lmcore-argname",
+        entry_points={"argname": "argname_mod"},
+        modules={"argname_mod": _plugin(body)},
+    )
+    [record] = [r for r in registry.plugins() if r.name == "argname"]
+    assert record.status == "failed"
+    assert record.reason == "norm 'odd': an argument's name must be a string, got int 5"
+
+
+def test_a_preset_declared_twice_by_one_plugin_fails_it(make_dist, registry: Registry) -> None:
+    body = """
+        @hookimpl
+        def lmcore_presets():
+            return [Preset("twice", "cs336-tiny"), Preset("once", "cs336-tiny"), Preset("twice", "tinystories")]
+    """
+    make_dist(
+        "lmcore-twice", entry_points={"twice": "twice_mod"}, modules={"twice_mod": _plugin(body)}
+    )
+    [record] = [r for r in registry.plugins() if r.name == "twice"]
+    assert (record.status, record.reason) == (
+        "failed",
+        "preset 'twice' is declared twice by this plugin",
+    )
+    assert "once" not in registry.preset_names()  # none of the plugin's presets is kept
+
+
+def test_a_preset_from_two_plugins_is_ambiguous(registry: Registry) -> None:
+    small = "vocab_size=8, context_length=4, d_model=8, num_layers=1, num_heads=2"
+    registry.add(Preset("tinystories", small), name="my-presets")
+    with pytest.raises(
+        SpecError,
+        match=r"preset 'tinystories' is provided by 2 plugins: .*write one of "
+        r"lmcore-registry:tinystories, my-presets:tinystories",
+    ):
+        parse_spec("tinystories", registry)
+    assert parse_spec("my-presets:tinystories", registry) == parse_spec(small, registry)
+
+
+@pytest.mark.parametrize("dist", ["2norms", "my norms"])
+def test_every_qualified_name_lmcore_suggests_can_be_typed(make_dist, dist: str) -> None:
+    module = "norms_" + dist.replace(" ", "_")
+    make_dist(dist, entry_points={"theirs": module}, modules={module: OTHER_RMSNORM})
+    registry = Registry()
+    with pytest.raises(SpecError, match=r"write one of (.*), or disable one") as info:
+        parse_spec("cs336-tiny", registry)
+    suggested = re.search(r"write one of (.*), or disable", str(info.value))[1].split(", ")
+    assert f'"{dist}":rmsnorm' in suggested and "lmcore-registry:rmsnorm" in suggested
+    for name in suggested:  # each one, pasted into a spec, resolves to its provider
+        spec = parse_spec(f"cs336-tiny, norm={name}", registry)
+        assert parse_spec(str(spec), registry) == spec
+    spec = parse_spec(f'cs336-tiny, norm="{dist}":rmsnorm', registry)
+    assert f',norm="{dist}":rmsnorm,ffn=swiglu,' in str(spec)  # quoted when canonical
+
+
+def test_disabling_dist_colon_name_skips_only_that_distributions_entry_point(
+    make_dist, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    make_dist(
+        "other-norms",
+        entry_points={"rmsnorm": "other_norms_d"},
+        modules={"other_norms_d": OTHER_RMSNORM},
+    )
+    monkeypatch.setenv("LMCORE_DISABLE_PLUGINS", "rmsnorm")  # the bare name: every provider's
+    with pytest.raises(SpecError, match=r"no installed plugin provides norm 'rmsnorm'"):
+        parse_spec("cs336-tiny", Registry())
+    monkeypatch.setenv("LMCORE_DISABLE_PLUGINS", "Other_Norms:rmsnorm")  # PEP 503 names match
+    registry = Registry()
+    assert registry.get("norm", "rmsnorm").provenance.dist == "lmcore-registry"
+    status = {(r.provenance.dist, r.name): r.status for r in registry.plugins()}
+    assert status["other-norms", "rmsnorm"] == "disabled"
+    assert status["lmcore-registry", "rmsnorm"] == "ok"
+    monkeypatch.setenv("LMCORE_DISABLE_PLUGINS", "other-norm:rmsnorm")
+    with pytest.warns(
+        LmcoreWarning,
+        match=r"LMCORE_DISABLE_PLUGINS names 'other-norm:rmsnorm', but no installed plugin has that entry-point name \(did you mean 'other-norms:rmsnorm'\?\)",
+    ):
+        Registry().load()
+
+
+@pytest.mark.parametrize(
+    "change, what",
+    [
+        (
+            "torch.set_default_dtype(torch.float64)",
+            r"default dtype from torch.float32 to torch.float64",
+        ),
+        (
+            "torch.set_grad_enabled(False)",
+            r"grad mode \(torch.is_grad_enabled\(\)\) from True to False",
+        ),
+    ],
+    ids=["dtype", "grad"],
+)
+def test_a_plugin_changing_torchs_defaults_is_failed_and_undone(
+    make_dist, change: str, what: str, request
+) -> None:
+    module = "quiet_" + request.node.callspec.id
+    source = f"import torch\n{change}\nfrom lmcore import hookimpl\n@hookimpl\ndef lmcore_components():\n    return []\n"
+    make_dist("lmcore-quiet", entry_points={"quiet": module}, modules={module: source})
+    registry = Registry()
+    [record] = [r for r in registry.plugins() if r.name == "quiet"]
+    assert record.status == "failed" and re.search(what, record.reason), record.reason
+    assert "The change was undone and the plugin not loaded" in record.reason
+    assert torch.get_default_dtype() == torch.float32 and torch.is_grad_enabled()
+    with use_registry(registry):
+        assert build_model("cs336-tiny").lm_head.weight.dtype == torch.float32
+
+
+def test_a_plugin_that_declares_nothing_is_listed(make_dist, registry: Registry, capsys) -> None:
+    source = "from lmcore import hookimpl\n@hookimpl\ndef lmcore_components():\n    return []\n"
+    make_dist("lmcore-empty", entry_points={"empty": "empty_mod"}, modules={"empty_mod": source})
+    assert main(["plugins"]) == 0
+    [row] = [line for line in capsys.readouterr().out.splitlines() if " empty " in f" {line} "]
+    assert row.split()[:5] == ["-", "empty", "lmcore-empty", "1.0", "empty"]
+    assert row.endswith("loaded, but declares no components or presets")
+
+
+def test_a_slow_plugin_import_is_named_while_it_runs(
+    make_dist, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import lmcore.registry
+
+    monkeypatch.setattr(lmcore.registry, "SLOW_IMPORT_SECONDS", 0.05)
+    make_dist(
+        "lmcore-sleepy",
+        entry_points={"sleepy": "sleepy_mod"},
+        modules={"sleepy_mod": "import time\ntime.sleep(0.5)\n"},
+    )
+    registry = Registry()
+    with pytest.warns(
+        SlowPluginWarning,
+        match=r"plugin 'sleepy' of lmcore-sleepy 1.0 \(module sleepy_mod\) has been importing for 0.05 s; lmcore waits for it. Skip it with LMCORE_DISABLE_PLUGINS=lmcore-sleepy:sleepy",
+    ):
+        registry.load()
+    assert any(
+        re.fullmatch(
+            r"plugin 'sleepy' of lmcore-sleepy 1.0 took 0.\d s to import; skip it with LMCORE_DISABLE_PLUGINS=lmcore-sleepy:sleepy",
+            p,
+        )
+        for p in registry.problems
+    ), registry.problems

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import sys
+from collections.abc import Callable
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -70,10 +72,17 @@ def test_ffn_d_ff_argument_is_the_models_d_ff() -> None:
 
 def test_changing_the_ffn_drops_the_presets_width_but_not_an_explicit_one() -> None:
     assert parse_spec("cs336-tiny, ffn=swiglu").d_ff == 128  # same ffn: the preset's width stays
-    assert (
-        parse_spec("vocab_size=10, context_length=4, d_model=512, num_layers=1, num_heads=8").d_ff
-        == 1344
-    )
+    # Another ffn takes its own default width, not the preset's 128 (which was SwiGLU's) ...
+    assert parse_spec("cs336-tiny, ffn=geglu").d_ff == 192  # 8/3 · 64 rounded to 64
+    assert parse_spec("cs336-tiny, ffn=silu").d_ff == 256  # 4 · 64
+    # ... unless the spec gives one, as a key or as the ffn's argument.
+    assert parse_spec("cs336-tiny, ffn=silu, d_ff=128").d_ff == 128
+    assert parse_spec("cs336-tiny, ffn=geglu(d_ff=96)").d_ff == 96
+
+
+def test_without_a_preset_the_ffns_default_width_applies() -> None:
+    spec = parse_spec("vocab_size=10, context_length=4, d_model=512, num_layers=1, num_heads=8")
+    assert spec.d_ff == 1344
 
 
 @pytest.mark.parametrize(
@@ -337,5 +346,142 @@ def test_malformed_specs_raise_only_spec_errors(text: str) -> None:
         spec = parse_spec(text)
     except SpecError as e:
         assert e.message and str(e)
+    else:
+        assert parse_spec(str(spec)) == spec
+
+
+# ------------------------------------------------------------------ bounded work (issue 11)
+
+
+def calls(fn: Callable[[], object]) -> int:
+    """Python and C function calls made by `fn()` (whatever it raises): a measure of work
+    that, unlike time, does not depend on the machine."""
+    count = 0
+
+    def profile(frame: object, event: str, arg: object) -> None:
+        nonlocal count
+        count += event in ("call", "c_call")
+
+    sys.setprofile(profile)
+    try:
+        fn()
+    except SpecError:
+        pass
+    finally:
+        sys.setprofile(None)
+    return count
+
+
+def parse(text: str) -> Callable[[], object]:
+    return lambda: parse_spec(text)
+
+
+def test_parsing_is_linear_in_the_length_of_the_spec() -> None:
+    """The reproduction: thousands of arguments (the duplicate check was quadratic)."""
+    parse_spec("tinystories")  # the registry loads once, outside the count
+
+    def args(n: int) -> str:
+        return "tinystories, norm=rmsnorm(" + ", ".join(f"a{i}=1" for i in range(n)) + ")"
+
+    small, large = calls(parse(args(2_000))), calls(parse(args(16_000)))
+    assert large < 9 * small, (small, large)  # 8 times the text: 8 times the work, not 64
+    strings = [f'tinystories, norm=rmsnorm(eps="{"x" * n}")' for n in (10_000, 1_000_000)]
+    assert calls(parse(strings[1])) < 2 * calls(parse(strings[0]))  # one regular expression
+
+
+def test_a_huge_spec_gives_a_short_message_with_a_caret_window() -> None:
+    text = "tinystories, norm=rmsnorm(" + ", ".join(f"a{i}=1" for i in range(100_000)) + ")"
+    with pytest.raises(SpecError, match=r"norm 'rmsnorm' has no argument 'a0'") as info:
+        parse_spec(text)
+    lines = str(info.value).splitlines()
+    assert len(lines) == 3 and all(len(line) < 300 for line in lines), lines
+    assert lines[1].endswith("...") and lines[2].strip() == "^^^^"  # under a0=1
+    assert lines[1].index("a0") == lines[2].index("^")
+    long_name = "x" * 100_000
+    with pytest.raises(SpecError) as info:
+        parse_spec(f"tinystories, pos={long_name}")
+    assert len(str(info.value)) < 2_000 and "(100,000 characters)" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        (  # any huge integer given to a float argument: was OverflowError
+            "tinystories, pos=rope(theta=1" + "0" * 400 + ")",
+            r"number '10000.*' \(401 characters\) is too long: a spec's numbers have at most 64 characters",
+        ),
+        (  # the SwiGLU default width of a 400-digit d_model: was OverflowError
+            "vocab_size=10, context_length=8, num_layers=1, num_heads=1, d_model=1" + "0" * 399,
+            r"number .* is too long",
+        ),
+        (  # Python's int-to-str limit: was ValueError: Exceeds the limit (4300 digits)
+            "tinystories, d_model=" + "1" * 5000,
+            r"number .* \(5,000 characters\) is too long",
+        ),
+        (  # parsed as valid, then failed in torch.empty with a C++ frame dump
+            "tinystories, d_model=1" + "0" * 40,
+            r"integer 1" + "0" * 40 + r" is out of range: a spec's integers lie within "
+            r"±\(2\*\*63 - 1\) = ±9,223,372,036,854,775,807",
+        ),
+        ("tinystories, d_model=-9223372036854775808", r"is out of range"),
+        ("tinystories, pos=rope(theta=1e400)", r"number '1e400' is out of range"),
+    ],
+)
+def test_numbers_are_bounded(text: str, message: str) -> None:
+    with pytest.raises(SpecError, match=message):
+        parse_spec(text)
+
+
+def test_the_largest_integer_is_accepted() -> None:
+    spec = parse_spec("tinystories, pos=rope(theta=9223372036854775807)")
+    assert spec.pos.kwargs == {"theta": 9.223372036854776e18}
+    with pytest.raises(SpecError, match=r"d_model=9223372036854775807 is not divisible"):
+        parse_spec("tinystories, d_model=9223372036854775807")
+
+
+def test_a_quoted_distribution_qualifies_a_name() -> None:
+    """A distribution name that is not a plain name (`2norms`, `my norms`) is quoted."""
+    spec = parse_spec("tinystories, norm=\"lmcore-registry\":rmsnorm, pos='lmcore-registry':rope")
+    assert spec == parse_spec("tinystories")
+    with pytest.raises(SpecError, match=r"'2norms' does not provide norm 'rmsnorm'"):
+        parse_spec('tinystories, norm="2norms":rmsnorm')
+    with pytest.raises(
+        SpecError,
+        match=r"malformed number '2norms'; .* \(quote a distribution name that is not a plain "
+        r'name: "2norms":...\)',
+    ):
+        parse_spec("tinystories, norm=2norms:rmsnorm")
+
+
+def test_a_quoted_value_is_still_a_string_and_cannot_stand_alone() -> None:
+    with pytest.raises(SpecError, match=r"norm takes a component, e.g. norm=rmsnorm"):
+        parse_spec('tinystories, norm="rmsnorm"')
+    with pytest.raises(SpecError, match=r"expected key=value or a preset name"):
+        parse_spec('"tinystories"')
+
+
+# ------------------------------------------------------------------ any text at all
+
+_TOKENS = st.sampled_from(
+    [
+        *"abcdrt_-.:,=()'\" 0123456789eE+\\\n\t;é€\x00",
+        "tinystories", "cs336-tiny", "d_model", "num_heads", "norm", "rope", "rmsnorm", "ffn",
+        "swiglu", "theta", "eps", "d_ff", "=1", "=0", "=-1", "=1e-5", "=1e400", "=true",
+        '"lmcore-registry":', '"2norms":', "lmcore-registry:", "9223372036854775807",
+        "9223372036854775808", "1" * 70, "1_000", "0.5", "1e5x", '"a\\qb"', "'unterminated",
+        "(eps=1)", "(theta=1" + "0" * 30 + ")", ", d_model=512", ", num_heads=7",
+    ]
+)  # fmt: skip
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(_TOKENS, max_size=30).map("".join))
+def test_any_text_gives_a_spec_or_a_short_spec_error(text: str) -> None:
+    """Whatever the text, parse_spec returns a spec that round-trips, or raises SpecError with
+    a bounded message; never another exception (benchmarks/fuzz_spec.py runs 100,000+)."""
+    try:
+        spec = parse_spec(text)
+    except SpecError as e:
+        assert e.message and len(str(e)) < 4_000
     else:
         assert parse_spec(str(spec)) == spec

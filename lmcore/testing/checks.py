@@ -2,14 +2,16 @@
 
 Each check builds the component at the kit's small test shapes, runs it on seeded random inputs
 and raises `ConformanceError` with a sentence naming what broke and how to fix it. Attention
-kernels are compared with `lmcore.nn.scaled_dot_product_attention` given an explicit mask built
-here, so a bug in a shared helper cannot hide on both sides.
+kernels are compared with `reference_attention`, written here plainly in float64 with an
+explicit mask, independent of lmcore's own kernels: a bug shared by lmcore.nn and a kernel built
+on it cannot hide on both sides, and the kit never compares a kernel with itself.
 """
 
 from __future__ import annotations
 
 import io
 import itertools
+import math
 import warnings
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -20,7 +22,6 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from lmcore.components import KINDS, accepted_kwargs, format_scalar
 from lmcore.interfaces import PROTOCOLS, PositionalEncoding
-from lmcore.nn import scaled_dot_product_attention
 from lmcore.testing.core import (
     BATCH,
     DTYPES,
@@ -234,7 +235,8 @@ def meta(target: Target, variant: str, settings: Settings) -> None:
 
 @check("params", ALL)
 def params(target: Target, variant: str, settings: Settings) -> None:
-    """The declared parameter count equals the built module's, at two shapes."""
+    """The declared parameter count equals the built module's, at two shapes; so do the declared
+    buffer bytes, when the component declares them, in float32 and bfloat16."""
     for shape in range(len(SHAPES)):
         kwargs = target.kwargs(shape)
         declared = target.component.count_params(**kwargs)
@@ -246,6 +248,26 @@ def params(target: Target, variant: str, settings: Settings) -> None:
             fail(
                 f"declares {shown} = {declared:,}, but the built module has {actual:,} "
                 f"parameters ({found or 'none'}); fix the params function of the Component"
+            )
+        _buffers(target, shape)
+
+
+def _buffers(target: Target, shape: int) -> None:
+    """Declared buffer bytes equal the built module's, in float32 and bfloat16."""
+    declaration = target.component.buffers
+    if declaration is None:
+        return
+    kwargs = target.kwargs(shape)
+    for dtype in DTYPES.values():
+        held = target.build(shape, dtype=dtype).named_buffers()
+        sizes = {n: b.numel() * b.element_size() for n, b in held}
+        stated = target.component.count_buffers(**kwargs, dtype=dtype)
+        if stated != sum(sizes.values()):
+            shown = call("buffers", accepted_kwargs(declaration, {**kwargs, "dtype": dtype}))
+            fail(
+                f"declares {shown} = {stated:,} bytes, but the module built in {dtype} holds "
+                f"{sum(sizes.values()):,} bytes of buffers ({sizes or 'none'}); fix the "
+                "buffers function of the Component (bytes: numel × element size)"
             )
 
 
@@ -406,18 +428,29 @@ def reference_attention(
     mask: Tensor | None = None,
     bias: Tensor | None = None,
 ) -> Tensor:
-    """lmcore.nn.scaled_dot_product_attention in float32, with k, v repeated to q's heads and
-    an explicit end-aligned causal mask: query i sits at position Sk - Sq + i."""
+    """`softmax(q kᵀ / sqrt(D) + bias) v` in float64, written out step by step and sharing no
+    code with lmcore's kernels: k, v repeated to q's heads (head h uses kv head h // group),
+    masked keys and, with `causal`, keys after the query's position (query i sits at Sk - Sq + i,
+    aligned to the end) get no weight; a query with no visible key gets zeros. The softmax
+    subtracts each row's maximum, so it stays exact for scores far beyond exp's range."""
     group = q.shape[1] // k.shape[1]
+    q, k, v = q.double(), k.double(), v.double()
     k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-    sq, sk = q.shape[-2], k.shape[-2]
-    keep = mask
+    sq, sk, d = q.shape[-2], k.shape[-2], q.shape[-1]
+    scores = (q @ k.transpose(-2, -1)) / math.sqrt(d)  # (B, H, Sq, Sk)
+    if bias is not None:
+        scores = scores + bias.double()
+    keep = torch.ones(sq, sk, dtype=torch.bool)
     if causal:
-        visible = torch.arange(sk)[None, :] <= torch.arange(sq)[:, None] + (sk - sq)  # (Sq, Sk)
-        keep = visible if keep is None else keep & visible
-    return scaled_dot_product_attention(
-        q.float(), k.float(), v.float(), mask=keep, bias=None if bias is None else bias.float()
-    )
+        keep = torch.arange(sk)[None, :] <= torch.arange(sq)[:, None] + (sk - sq)
+    if mask is not None:
+        keep = keep & mask
+    scores = torch.where(keep, scores, -math.inf)
+    top = scores.amax(dim=-1, keepdim=True)
+    top = torch.where(torch.isfinite(top), top, 0.0)  # a row with no visible key
+    weights = torch.exp(scores - top)  # (..., Sq, Sk), every entry in [0, 1]
+    total = weights.sum(dim=-1, keepdim=True)
+    return (weights / torch.where(total > 0, total, 1.0)) @ v
 
 
 def _attend(module: nn.Module, q: Tensor, k: Tensor, v: Tensor, **kw: Any) -> Tensor:
@@ -440,8 +473,40 @@ def reference(target: Target, variant: str, settings: Settings) -> None:
         problem = mismatch(out, expected, atol=atol, rtol=rtol)
         if problem:
             fail(
-                f"causal={causal}, Sq={sq}, Sk={sk}, {variant}: the output differs from "
-                f"lmcore.nn.scaled_dot_product_attention: {problem}"
+                f"causal={causal}, Sq={sq}, Sk={sk}, {variant}: the output differs from the "
+                f"kit's float64 reference, softmax(q kᵀ / sqrt(D)) v: {problem}"
+            )
+
+
+# How far the stability check scales q and k: q·k / sqrt(D) then spreads over about ±1000,
+# far beyond exp's float32 range (exp(89) is inf), as in a trained model's sharp attention.
+LARGE = 30.0
+
+
+@check("stability", ("attn",))
+def stability(target: Target, variant: str, settings: Settings) -> None:
+    """Large logits (q and k scaled by 30, scores of several hundred) give finite outputs equal to
+    the float64 reference: the softmax must subtract each row's maximum before exp."""
+    module = target.build()
+    for (sq, sk), causal in itertools.product(ATTN_LENGTHS, (False, True)):
+        i = make_inputs(target, seq=sq, kv_seq=sk)
+        q, k = LARGE * i["q"], LARGE * i["k"]
+        with torch.no_grad():
+            out = _attend(module, q, k, i["v"], causal=causal)
+        expected = reference_attention(q, k, i["v"], causal=causal)
+        bad = ~torch.isfinite(out)
+        if bool(bad.any()):
+            fail(
+                f"with q and k scaled by {LARGE:g} (causal={causal}, Sq={sq}, Sk={sk}), "
+                f"{int(bad.sum())} of {bad.numel()} outputs are NaN or inf where the float64 "
+                "reference is finite: subtract each row's maximum score before exp (softmax is "
+                "unchanged by the shift)"
+            )
+        problem = mismatch(out, expected, *tolerance(torch.float32))
+        if problem:
+            fail(
+                f"with q and k scaled by {LARGE:g} (causal={causal}, Sq={sq}, Sk={sk}), the "
+                f"output differs from the float64 reference: {problem}"
             )
 
 

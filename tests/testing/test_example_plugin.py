@@ -42,18 +42,23 @@ def install(tmp: Path) -> Path:
     return site
 
 
-def run(site: Path, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+def run(
+    site: Path, *args: str, cwd: Path | None = None, env_extra: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     """Run `args` in a fresh process that sees the plugins installed in `site`."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("LMCORE_")}
+    env.update(env_extra or {})
     env["PYTHONPATH"] = os.pathsep.join([str(site), *filter(None, [env.get("PYTHONPATH")])])
     return subprocess.run(list(args), cwd=cwd or site, env=env, capture_output=True, text=True)
 
 
-def lmcore_cli(site: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def lmcore_cli(
+    site: Path, *args: str, env_extra: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     """The `lmcore` console script beside this Python, as a user would type it."""
     script = shutil.which("lmcore", path=str(Path(sys.executable).parent))
     command = [script] if script else [sys.executable, "-m", "lmcore.cli"]
-    return run(site, *command, *args)
+    return run(site, *command, *args, env_extra=env_extra)
 
 
 @pytest.fixture(scope="module")
@@ -131,3 +136,67 @@ def test_once_removed_it_is_gone(tmp_path: Path) -> None:
     code = "import lmcore\nlmcore.build_model('tinystories, norm=dyt')"
     failed = run(site, sys.executable, "-c", code)
     assert "lmcore.errors.SpecError: no installed plugin provides norm 'dyt'" in failed.stderr
+
+
+SAVE_AND_LOAD = """
+import sys, torch, lmcore
+torch.manual_seed(0)
+model = lmcore.build_model("cs336-tiny, norm=dyt(alpha_init=0.7)")
+with torch.no_grad():
+    for p in model.parameters():
+        p.add_(0.1 * torch.randn_like(p))
+model.save(sys.argv[1])
+loaded = lmcore.load(sys.argv[1])
+ids = torch.randint(0, 10_000, (2, 16))
+print(torch.equal(loaded(ids), model(ids)), type(loaded.layers[0].ln1).__module__)
+"""
+LOAD = """
+import sys, warnings, lmcore
+warnings.simplefilter("error")
+try:
+    lmcore.load(sys.argv[1])
+except Exception as e:
+    print(type(e).__name__, e, sep=": ")
+"""
+
+
+def test_a_checkpoint_made_with_it_needs_it_and_says_so(tmp_path: Path) -> None:
+    """Save with the plugin installed (bitwise-equal logits after load); upgrade it (a warning
+    naming both versions, an error when strict); uninstall it (the error names what to install)."""
+    site = install(tmp_path)
+    path = tmp_path / "dyt.safetensors"
+    saved = run(site, sys.executable, "-c", SAVE_AND_LOAD, str(path))
+    assert saved.returncode == 0, saved.stderr
+    assert saved.stdout.split() == ["True", "lmcore_dyt"]
+    described = lmcore_cli(site, "describe", str(path))
+    assert described.returncode == 0, described.stderr
+    assert "  norm  dyt     lmcore-dyt 0.1.0 (entry point 'dyt', module lmcore_dyt)" in (
+        described.stdout.splitlines()
+    )
+
+    info = site / "lmcore_dyt-0.1.0.dist-info"
+    (info / "METADATA").write_text((info / "METADATA").read_text().replace("0.1.0", "0.2.0"))
+    info.rename(site / "lmcore_dyt-0.2.0.dist-info")
+    upgraded = run(site, sys.executable, "-c", LOAD, str(path))
+    assert upgraded.stdout.strip() == (
+        f"CheckpointWarning: {path}: norm 'dyt' was saved with lmcore-dyt 0.1.0, and lmcore-dyt "
+        "0.2.0 is installed. Loading it anyway; if its tensors no longer fit, or to reproduce it "
+        "exactly, pip install lmcore-dyt==0.1.0"
+    )
+    strict = lmcore_cli(site, "describe", str(path), env_extra={"LMCORE_STRICT_PLUGINS": "1"})
+    assert strict.returncode == 2
+    assert strict.stderr.startswith(
+        f"lmcore describe: error: {path}: norm 'dyt' was saved with lmcore-dyt 0.1.0, and "
+        "lmcore-dyt 0.2.0 is installed. LMCORE_STRICT_PLUGINS is set, so this is an error"
+    )
+
+    shutil.rmtree(site / "lmcore_dyt-0.2.0.dist-info")
+    (site / "lmcore_dyt.py").unlink()
+    missing = run(site, sys.executable, "-c", LOAD, str(path))
+    assert missing.stdout.startswith(
+        f"CheckpointError: {path}: needs norm 'dyt', provided by lmcore-dyt 0.1.0 (entry point "
+        "'dyt', module lmcore_dyt) when it was saved, and no installed plugin provides it"
+    )
+    assert missing.stdout.strip().endswith("; install it: pip install lmcore-dyt==0.1.0")
+    cli = lmcore_cli(site, "describe", str(path))
+    assert cli.returncode == 2 and "install it: pip install lmcore-dyt==0.1.0" in cli.stderr

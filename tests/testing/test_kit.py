@@ -199,6 +199,33 @@ class TiledGQAAttention(Attention):
         return t.repeat(1, heads // t.shape[1], 1, 1)  # planted: head h uses kv head h % Hkv
 
 
+class UnstableAttention(Attention):
+    """Right on ordinary inputs: the textbook softmax, exp(s) / sum exp(s), without subtracting
+    the row's maximum first; planted: scores beyond ~88 overflow float32 to inf, then NaN."""
+
+    def forward(
+        self, q: Tensor, k: Tensor, v: Tensor, *, causal: bool, mask: Any = None, bias: Any = None
+    ) -> Tensor:
+        k, v = self.expand(k, q.shape[1]), self.expand(v, q.shape[1])
+        sq, sk = q.shape[-2], k.shape[-2]
+        scores = q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5
+        if bias is not None:
+            scores = scores + bias
+        keep = torch.ones(sq, sk, dtype=torch.bool)
+        if causal:
+            keep = torch.arange(sk)[None, :] <= torch.arange(sq)[:, None] + (sk - sq)
+        if mask is not None:
+            keep = keep & mask
+        weights = torch.where(keep, scores.exp(), 0.0)
+        return (weights / weights.sum(dim=-1, keepdim=True)) @ v
+
+
+class BufferNorm(Norm):
+    def __init__(self, d_model: int, device: Any = None, dtype: Any = None):
+        super().__init__(d_model, device, dtype)
+        self.register_buffer("scale", torch.ones(d_model, device=device))  # float32: 4 bytes each
+
+
 class QuadraticRotary(Rotary):
     def angle(self, positions: Tensor) -> Tensor:
         return positions.float()[..., None] ** 2 / 32 * self.inv_freq  # planted: not relative
@@ -233,6 +260,8 @@ PLANTED = [
     attn("tiled-gqa", TiledGQAAttention),
     attn("slow-flops", Attention, flops=lambda num_heads, head_dim, seq_len, kv_len: 4 * num_heads * seq_len**2 * head_dim),
     rotary("quadratic", QuadraticRotary),
+    attn("unstable", UnstableAttention),
+    norm("wrong-buffers", BufferNorm, buffers=lambda d_model: 2 * d_model),  # float32 is 4 bytes
     Component(kind="pos", name="undeclared-bias", build=UndeclaredBias, features=frozenset({"relative"})),
 ]  # fmt: skip
 
@@ -307,9 +336,10 @@ EXPECTED: dict[str, dict[str, str]] = {
     },
     "leaky": {
         "test_causal[attn:leaky]": r"causal=True leaks future tokens: with Sq=8, Sk=8, query 0 \(position 0\) changed by .* when keys/values from position 1 on were perturbed",
-        "test_reference[attn:leaky-float32]": r"causal=True, Sq=8, Sk=8, float32: the output differs from lmcore.nn.scaled_dot_product_attention",
+        "test_reference[attn:leaky-float32]": r"causal=True, Sq=8, Sk=8, float32: the output differs from the kit's float64 reference, softmax\(q kᵀ / sqrt\(D\)\) v",
         "test_reference[attn:leaky-bfloat16]": r"causal=True",
         "test_mask[attn:leaky]": r"causal=True",
+        "test_stability[attn:leaky]": r"with q and k scaled by 30 \(causal=True, Sq=8, Sk=8\), the output differs from the float64 reference",
         "test_bias[attn:leaky]": r"causal=True",
         "test_gqa[attn:leaky]": r"causal=True",
     },
@@ -318,6 +348,7 @@ EXPECTED: dict[str, dict[str, str]] = {
         "test_reference[attn:start-aligned-float32]": r"causal=True, Sq=3, Sk=8",
         "test_reference[attn:start-aligned-bfloat16]": r"causal=True, Sq=3, Sk=8",
         "test_mask[attn:start-aligned]": r"causal=True, Sq=3, Sk=8",
+        "test_stability[attn:start-aligned]": r"causal=True, Sq=3, Sk=8",
         "test_bias[attn:start-aligned]": r"causal=True, Sq=3, Sk=8",
         "test_gqa[attn:start-aligned]": r"causal=True, Sq=3, Sk=8",
     },
@@ -335,6 +366,7 @@ EXPECTED: dict[str, dict[str, str]] = {
         "test_reference[attn:tiled-gqa-float32]": r"differs",
         "test_reference[attn:tiled-gqa-bfloat16]": r"differs",
         "test_mask[attn:tiled-gqa]": r"differs",
+        "test_stability[attn:tiled-gqa]": r"differs",
         "test_bias[attn:tiled-gqa]": r"differs",
     },
     "slow-flops": {
@@ -342,6 +374,12 @@ EXPECTED: dict[str, dict[str, str]] = {
     },
     "quadratic": {
         "test_relative[pos:quadratic]": r"declares 'relative', but q·k after rotation\(positions\) changes when every position is shifted by a constant",
+    },
+    "unstable": {
+        "test_stability[attn:unstable]": r"with q and k scaled by 30 \(causal=False, Sq=8, Sk=8\), \d+ of 1024 outputs are NaN or inf where the float64 reference is finite: subtract each row's maximum score before exp",
+    },
+    "wrong-buffers": {
+        "test_params[norm:wrong-buffers]": r"declares buffers\(d_model=64\) = 128 bytes, but the module built in torch.float32 holds 256 bytes of buffers \(\{'scale': 256\}\); fix the buffers function",
     },
     "undeclared-bias": {
         "test_features[pos:undeclared-bias]": r"attention_bias returns a tensor, but the Component does not declare 'bias'; add it to features",

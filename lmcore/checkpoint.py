@@ -1,0 +1,768 @@
+"""Checkpoints: one safetensors file that remembers the spec and the plugins that built the model.
+
+    lmcore.save(model, "m.safetensors")               # or model.save("m.safetensors")
+    model = lmcore.load("m.safetensors")              # rebuilt from the embedded spec, strictly
+    info = lmcore.checkpoint.read_info("m.safetensors")  # the header alone: spec, provenance, ...
+    tiny = lmcore.load_state_dict_file("ts_state_dict.pt", "cs336-tiny")  # CS336 state dicts
+
+A checkpoint is a plain safetensors file (weights only, no pickle) whose string metadata says how
+to rebuild the model:
+
+    format                  "pt", safetensors' own convention
+    lmcore.format_version   "1" (`FORMAT_VERSION`); a newer file is refused with "upgrade lmcore"
+    lmcore.spec             the canonical spec string
+    lmcore.components       JSON, per kind: {name, dist, version, plugin, module} of the provider
+    lmcore.lmcore_version   the lmcore that wrote it
+    lmcore.torch_version    the torch that wrote it
+    lmcore.dtype            the model's dtype, e.g. "float32"; `load` keeps it unless told otherwise
+    lmcore.tied             JSON {alias: stored name}, when parameters are shared (tied embeddings)
+    anything else           the caller's `metadata=`, e.g. a trainer's step count
+
+Loading re-resolves the spec through the registry. A component whose plugin is missing names the
+distribution to install; one installed at another version loads with a `CheckpointWarning` (an
+error under `LMCORE_STRICT_PLUGINS`). Tensors are checked by name and shape against the rebuilt
+model and every mismatch is listed. The header is parsed here, not by safetensors, so a damaged
+file gets a message that says what is wrong with it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import re
+import struct
+import warnings
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from torch import Tensor, nn
+
+from lmcore.atomic import atomic_path
+from lmcore.blueprint import Blueprint, resolve
+from lmcore.components import KINDS
+from lmcore.errors import CheckpointError, CheckpointWarning, RegistryError, SpecError
+from lmcore.model import TransformerLM
+from lmcore.registry import Entry, Registry, get_registry, normalize_dist
+from lmcore.spec import SLOTS, ModelSpec, parse_items
+
+__all__ = [
+    "FORMAT_VERSION",
+    "CheckpointInfo",
+    "Header",
+    "SavedComponent",
+    "TensorInfo",
+    "build_from_checkpoint",
+    "is_checkpoint_path",
+    "load",
+    "load_state_dict_file",
+    "load_weights",
+    "read_header",
+    "read_info",
+    "resolve_checkpoint",
+    "save",
+    "spec_or_checkpoint",
+]
+
+FORMAT_VERSION: Final = 1
+PREFIX: Final = "lmcore."
+_KEYS: Final = {
+    "format_version": "lmcore.format_version",
+    "spec": "lmcore.spec",
+    "components": "lmcore.components",
+    "lmcore_version": "lmcore.lmcore_version",
+    "torch_version": "lmcore.torch_version",
+    "dtype": "lmcore.dtype",
+    "tied": "lmcore.tied",
+}
+SUFFIX: Final = ".safetensors"
+_MAX_HEADER: Final = 100_000_000  # safetensors' own limit on the JSON header
+# Bytes per element of each safetensors dtype (the sub-byte and exotic ones are not size-checked).
+_ITEMSIZE: Final = {
+    "BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1,
+    "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
+    "I32": 4, "U32": 4, "F32": 4,
+    "I64": 8, "U64": 8, "F64": 8, "C64": 8,
+}  # fmt: skip
+_LISTED: Final = 12  # names shown per group in a mismatch message
+
+
+# ------------------------------------------------------------------------------ the header
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """One tensor as the header describes it: safetensors dtype code (e.g. "F32") and shape."""
+
+    dtype: str
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Header:
+    """A safetensors file's header: its string metadata and its tensors, no data read."""
+
+    path: Path
+    metadata: Mapping[str, str]
+    tensors: Mapping[str, TensorInfo]
+    size: int  # of the whole file, in bytes
+
+
+def read_header(path: str | os.PathLike[str]) -> Header:
+    """Read and check a safetensors file's header without touching its tensor data.
+
+    Raises `CheckpointError` for a missing file, a file that is not safetensors, one cut short,
+    or one whose header is damaged.
+    """
+    p = Path(path)
+    try:
+        size = p.stat().st_size
+        with open(p, "rb") as f:
+            head = f.read(8)
+            (length,) = struct.unpack("<Q", head) if len(head) == 8 else (0,)
+            raw = f.read(length) if 0 < length <= _MAX_HEADER else b""
+    except FileNotFoundError:
+        raise CheckpointError(f"{p}: no such file") from None
+    except IsADirectoryError:
+        hint = (
+            "; it holds a config.json: for a Hugging Face Llama model directory run "
+            f"`lmcore convert --from-hf {p} OUT.safetensors`"
+            if (p / "config.json").is_file()
+            else ""
+        )
+        raise CheckpointError(f"{p}: is a directory, not a checkpoint file{hint}") from None
+    except OSError as e:
+        raise CheckpointError(f"{p}: cannot be read: {e.strerror or e}") from None
+    if len(head) < 8 or not raw.startswith(b"{"):
+        raise _not_safetensors(p, head, size)
+    if len(raw) < length:
+        raise CheckpointError(
+            f"{p}: is truncated: its safetensors header needs {length:,} bytes after the first 8, "
+            f"but the file holds only {size:,} bytes in all; it was cut short (an interrupted "
+            "copy or download?): copy it again"
+        )
+
+    def corrupted(problem: str) -> CheckpointError:
+        return CheckpointError(
+            f"{p}: has a corrupted safetensors header: {problem}; the file is damaged, restore it "
+            "from a good copy"
+        )
+
+    try:
+        parsed = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise corrupted(f"it is not valid JSON ({e})") from None
+    if not isinstance(parsed, dict):
+        raise corrupted(f"it is a JSON {type(parsed).__name__}, not an object")
+    metadata = parsed.pop("__metadata__", None) or {}
+    if not isinstance(metadata, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()
+    ):
+        raise corrupted("__metadata__ is not a mapping of strings to strings")
+    tensors: dict[str, TensorInfo] = {}
+    spans: list[tuple[int, int, str]] = []
+    for name, entry in parsed.items():
+        fields = entry if isinstance(entry, dict) else {}
+        dtype, shape, offsets = fields.get("dtype"), fields.get("shape"), fields.get("data_offsets")
+        if (
+            not isinstance(dtype, str)
+            or not isinstance(shape, list)
+            or not all(isinstance(n, int) and n >= 0 for n in shape)
+            or not isinstance(offsets, list)
+            or len(offsets) != 2
+            or not all(isinstance(n, int) for n in offsets)
+            or not 0 <= offsets[0] <= offsets[1]
+        ):
+            raise corrupted(f"the entry of tensor {name!r} is malformed: {entry!r}")
+        numel = 1
+        for n in shape:
+            numel *= n
+        if dtype in _ITEMSIZE and offsets[1] - offsets[0] != numel * _ITEMSIZE[dtype]:
+            raise corrupted(
+                f"tensor {name!r} ({dtype}, shape {tuple(shape)}) should take "
+                f"{numel * _ITEMSIZE[dtype]:,} bytes, its offsets give {offsets[1] - offsets[0]:,}"
+            )
+        tensors[name] = TensorInfo(dtype, tuple(shape))
+        spans.append((offsets[0], offsets[1], name))
+    end = 0
+    for start, stop, name in sorted(spans):
+        if start != end:
+            raise corrupted(f"tensor {name!r} starts at byte {start:,} of the data, not {end:,}")
+        end = stop
+    data = size - 8 - length
+    if end > data:
+        raise CheckpointError(
+            f"{p}: is truncated: its header describes {end:,} bytes of tensor data but the file "
+            f"holds {data:,}; it was cut short (an interrupted copy or download?): copy it again"
+        )
+    if end < data:
+        raise corrupted(f"{data - end:,} bytes follow the last tensor")
+    return Header(p, metadata, tensors, size)
+
+
+def _not_safetensors(p: Path, head: bytes, size: int) -> CheckpointError:
+    if head.startswith(b"PK\x03\x04"):
+        what = (
+            "it is a zip archive, which is what torch.save writes: for a CS336-keyed state dict "
+            "use lmcore.load_state_dict_file(path, spec)"
+        )
+    elif head.startswith(b"\x80"):
+        what = "it is a pickle, which lmcore never loads (unpickling can run code)"
+    elif size < 8:
+        what = f"it is only {size} bytes long"
+    else:
+        what = "it does not start with a safetensors header"
+    return CheckpointError(
+        f"{p}: is not a safetensors file ({what}); lmcore checkpoints are written by "
+        "lmcore.save / `lmcore build SPEC --save PATH`"
+    )
+
+
+# ------------------------------------------------------------------------------ lmcore's metadata
+
+
+@dataclass(frozen=True)
+class SavedComponent:
+    """The provider of one component when the checkpoint was saved."""
+
+    kind: str
+    name: str
+    plugin: str  # entry-point name (or the name given to Registry.register)
+    module: str
+    dist: str | None  # None: registered in-process, no distribution
+    version: str | None
+
+    @property
+    def requirement(self) -> str | None:
+        """What to install to get it back, e.g. "lmcore-dyt==0.1.0"."""
+        if self.dist is None:
+            return None
+        return self.dist if self.version in (None, "?") else f"{self.dist}=={self.version}"
+
+    def __str__(self) -> str:
+        where = f"{self.dist} {self.version}" if self.dist else "registered in-process"
+        return f"{where} (entry point {self.plugin!r}, module {self.module})"
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """What an lmcore checkpoint says about itself; `read_info` reads it without the weights."""
+
+    path: Path
+    format_version: int
+    spec: str  # canonical, as saved
+    components: Mapping[str, SavedComponent]  # by kind
+    lmcore_version: str
+    torch_version: str
+    dtype: str  # e.g. "float32"
+    tied: Mapping[str, str]  # alias -> the name its tensor is stored under
+    metadata: Mapping[str, str]  # the caller's own keys (everything outside lmcore.*)
+    tensors: Mapping[str, TensorInfo]  # as stored: a tied alias is not among them
+    size: int  # bytes
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return _dtype(self.dtype, self.path)
+
+
+def read_info(path: str | os.PathLike[str]) -> CheckpointInfo:
+    """The spec, provenance, versions, dtype and caller metadata of an lmcore checkpoint, read
+    from its header alone (no tensor data is read, no plugin is loaded)."""
+    header = read_header(path)
+    p, meta = header.path, header.metadata
+    if _KEYS["spec"] not in meta:
+        shown = ", ".join(sorted(meta)) or "none"
+        raise CheckpointError(
+            f"{p}: is a safetensors file but not an lmcore checkpoint: its metadata has no "
+            f"{_KEYS['spec']!r} (metadata keys: {shown}). For a CS336-keyed state dict use "
+            "lmcore.load_state_dict_file(path, spec); for a Hugging Face Llama model directory, "
+            "`lmcore convert --from-hf DIR OUT.safetensors`"
+        )
+
+    def bad(key: str, problem: str) -> CheckpointError:
+        return CheckpointError(
+            f"{p}: has damaged lmcore metadata: {key} {problem}; the file was edited or damaged "
+            "after lmcore saved it"
+        )
+
+    raw_version = meta.get(_KEYS["format_version"], "")
+    if not raw_version.isdigit():
+        raise bad(_KEYS["format_version"], f"is {raw_version!r}, not a number")
+    version = int(raw_version)
+    if version > FORMAT_VERSION:
+        raise CheckpointError(
+            f"{p}: was written in lmcore checkpoint format {version} by lmcore "
+            f"{meta.get(_KEYS['lmcore_version'], '?')}; this lmcore reads format "
+            f"{FORMAT_VERSION} and older: upgrade it (pip install -U lmcore-registry)"
+        )
+    components: dict[str, SavedComponent] = {}
+    try:
+        table = json.loads(meta.get(_KEYS["components"], ""))
+        for kind in KINDS:
+            row = table[kind]
+            components[kind] = SavedComponent(
+                kind=kind,
+                name=str(row["name"]),
+                plugin=str(row["plugin"]),
+                module=str(row["module"]),
+                dist=None if row["dist"] is None else str(row["dist"]),
+                version=None if row["version"] is None else str(row["version"]),
+            )
+    except (json.JSONDecodeError, KeyError, TypeError) as e:
+        raise bad(_KEYS["components"], f"cannot be read ({type(e).__name__}: {e})") from None
+    try:
+        tied = json.loads(meta.get(_KEYS["tied"], "{}"))
+        if not isinstance(tied, dict) or not all(isinstance(v, str) for v in tied.values()):
+            raise TypeError("not a mapping of names")
+    except (json.JSONDecodeError, TypeError) as e:
+        raise bad(_KEYS["tied"], f"cannot be read ({e})") from None
+    missing_stored = sorted(v for v in tied.values() if v not in header.tensors)
+    if missing_stored:
+        raise bad(
+            _KEYS["tied"], f"names tensors the file does not hold: {', '.join(missing_stored)}"
+        )
+    dtype = meta.get(_KEYS["dtype"], "")
+    _dtype(dtype, p)
+    return CheckpointInfo(
+        path=p,
+        format_version=version,
+        spec=meta[_KEYS["spec"]],
+        components=components,
+        lmcore_version=meta.get(_KEYS["lmcore_version"], "?"),
+        torch_version=meta.get(_KEYS["torch_version"], "?"),
+        dtype=dtype,
+        tied=tied,
+        metadata={k: v for k, v in meta.items() if not k.startswith(PREFIX) and k != "format"},
+        tensors=header.tensors,
+        size=header.size,
+    )
+
+
+def _dtype(name: str, path: Path) -> torch.dtype:
+    value = getattr(torch, name, None) if name.isidentifier() else None
+    if not isinstance(value, torch.dtype):
+        raise CheckpointError(
+            f"{path}: has damaged lmcore metadata: {_KEYS['dtype']} is {name!r}, not a torch "
+            "dtype; the file was edited or damaged after lmcore saved it"
+        )
+    return value
+
+
+# ------------------------------------------------------------------------------ resolving
+
+
+def resolve_checkpoint(
+    source: str | os.PathLike[str] | CheckpointInfo, registry: Registry | None = None
+) -> Blueprint:
+    """Resolve a checkpoint's embedded spec, checking each component's provider against the one
+    that saved it.
+
+    A component no installed plugin provides raises `CheckpointError` naming the distribution and
+    version to install. A provider at another version (or from another distribution) warns with
+    `CheckpointWarning`, or raises under `LMCORE_STRICT_PLUGINS` / `Registry(strict=True)`.
+    """
+    info = source if isinstance(source, CheckpointInfo) else read_info(source)
+    registry = registry or get_registry()
+    chosen: dict[str, Entry] = {}
+    changed: dict[tuple[str, str], list[str]] = {}  # (saved with, installed now): components
+    pins: set[str] = set()  # what to install to get the saved providers back
+    for kind in KINDS:
+        saved = info.components[kind]
+        chosen[kind] = entry = _provider(info, saved, registry)
+        now = entry.provenance
+        if normalize_dist(now.qualifier) != normalize_dist(saved.dist or saved.plugin):
+            key = (str(saved), str(now))
+        elif now.version != saved.version:
+            key = (f"{saved.dist} {saved.version}", f"{now.dist} {now.version}")
+        else:
+            continue
+        changed.setdefault(key, []).append(f"{kind} {saved.name!r}")
+        if saved.requirement is not None:
+            pins.add(saved.requirement)
+    if changed:
+        what = "; ".join(
+            f"{_and(names)} {'was' if len(names) == 1 else 'were'} saved with {then}, and "
+            f"{now} is installed"
+            for (then, now), names in changed.items()
+        )
+        fix = f"pip install {' '.join(sorted(pins))}" if pins else "register what saved it"
+        if registry.strict:
+            raise CheckpointError(
+                f"{info.path}: {what}. LMCORE_STRICT_PLUGINS is set, so this is an error: install "
+                f"what saved it ({fix}) or unset LMCORE_STRICT_PLUGINS to load it anyway"
+            )
+        warnings.warn(
+            f"{info.path}: {what}. Loading it anyway; if its tensors no longer fit, or to "
+            f"reproduce it exactly, {fix}",
+            CheckpointWarning,
+            stacklevel=3,
+        )
+    try:
+        return resolve(_qualified(info.spec, chosen, registry), registry)
+    except SpecError as e:
+        raise CheckpointError(
+            f"{info.path}: its spec no longer resolves with the installed plugins: {e}"
+        ) from None
+
+
+def _and(names: Sequence[str]) -> str:
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+
+
+def _provider(info: CheckpointInfo, saved: SavedComponent, registry: Registry) -> Entry:
+    """The installed entry for a saved component: from the distribution that saved it when that
+    one is installed, else the only provider of its name."""
+    kind, name = saved.kind, saved.name
+    matches = [e for e in registry.entries(kind) if e.name == name]
+    if not matches:
+        try:
+            registry.get(kind, name)
+            reason = ""
+        except RegistryError as e:
+            reason = f" (the registry says: {e})"
+        if saved.requirement is not None:
+            fix = f"install it: pip install {saved.requirement}"
+        else:
+            fix = (
+                f"register it before loading (Registry.register / Registry.add, plugin "
+                f"{saved.plugin!r} from module {saved.module})"
+            )
+        raise CheckpointError(
+            f"{info.path}: needs {kind} {name!r}, provided by {saved} when it was saved, and no "
+            f"installed plugin provides it{reason}; {fix}"
+        )
+    want = normalize_dist(saved.dist or saved.plugin)
+    same = [e for e in matches if normalize_dist(e.provenance.qualifier) == want]
+    if len(same) == 1:
+        return same[0]
+    if len(same) == 0 and len(matches) == 1:
+        return matches[0]
+    providers = "; ".join(str(e.provenance) for e in matches)
+    raise CheckpointError(
+        f"{info.path}: needs {kind} {name!r}, provided by {saved} when it was saved; it is now "
+        f"provided by {len(matches)} plugins ({providers}) and the checkpoint cannot tell which "
+        "to use: disable all but one with LMCORE_DISABLE_PLUGINS"
+    )
+
+
+def _qualified(spec: str, chosen: Mapping[str, Entry], registry: Registry) -> str:
+    """The spec with each ambiguous component qualified by the provider chosen for it."""
+    items = parse_items(spec)
+    out = []
+    for item in items:
+        text = spec[item.start : item.value.end]
+        kind = item.key
+        if kind is not None and kind in SLOTS and registry.is_ambiguous(kind, chosen[kind].name):
+            value = spec[item.value.start : item.value.end]
+            if item.value.provider is not None:
+                value = value.split(":", 1)[1]
+            text = f"{kind}={chosen[kind].provenance.qualifier}:{value}"
+        out.append(text)
+    return ",".join(out)
+
+
+# ------------------------------------------------------------------------------ save
+
+
+def save(
+    model: nn.Module, path: str | os.PathLike[str], *, metadata: Mapping[str, str] | None = None
+) -> Path:
+    """Write `model` and everything needed to rebuild it to one safetensors file, atomically.
+
+    `metadata` adds the caller's own string entries (e.g. a trainer's step); names starting with
+    "lmcore." and "format" are lmcore's. Shared parameters (tied embeddings) are stored once.
+    Returns the path written.
+    """
+    lm = unwrap(model)
+    extra = dict(metadata or {})
+    for key, value in extra.items():
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise CheckpointError(
+                f"metadata must map strings to strings (safetensors stores strings only); got "
+                f"{key!r}: {type(value).__name__}; convert the value, e.g. with str() or "
+                "json.dumps()"
+            )
+        if key.startswith(PREFIX) or key == "format":
+            raise CheckpointError(
+                f"metadata key {key!r} is reserved for lmcore (its keys are 'format' and "
+                f"'{PREFIX}*'); choose another name, e.g. 'train.{key.removeprefix(PREFIX)}'"
+            )
+    tensors, tied = _store_once(lm.state_dict())
+    bp = lm.blueprint
+    components = {
+        kind: {
+            "name": bp.component(kind).name,
+            "dist": bp.provenance(kind).dist,
+            "version": bp.provenance(kind).version,
+            "plugin": bp.provenance(kind).plugin,
+            "module": bp.provenance(kind).module,
+        }
+        for kind in KINDS
+    }
+    import lmcore
+
+    header = {
+        **extra,
+        "format": "pt",
+        _KEYS["format_version"]: str(FORMAT_VERSION),
+        _KEYS["spec"]: str(bp.spec),
+        _KEYS["components"]: json.dumps(components, sort_keys=True),
+        _KEYS["lmcore_version"]: lmcore.__version__,
+        _KEYS["torch_version"]: torch.__version__,
+        _KEYS["dtype"]: dtype_of(tensors),
+    }
+    if tied:
+        header[_KEYS["tied"]] = json.dumps(tied, sort_keys=True)
+    dest = Path(path)
+    with atomic_path(dest) as tmp:
+        save_file(tensors, tmp, metadata=header)
+    return dest
+
+
+def unwrap(model: nn.Module) -> TransformerLM:
+    """The TransformerLM inside `torch.compile` (`_orig_mod`) or DDP (`module`) wrappers."""
+    inner: Any = model
+    for _ in range(4):
+        if isinstance(inner, TransformerLM):
+            return inner
+        inner = getattr(inner, "_orig_mod", None) or getattr(inner, "module", None)
+        if inner is None:
+            break
+    raise CheckpointError(
+        f"lmcore.save expects a TransformerLM (from lmcore.build_model or lmcore.load), got "
+        f"{type(model).__name__}; for any other module use safetensors.torch.save_model"
+    )
+
+
+def _store_once(state: Mapping[str, Tensor]) -> tuple[dict[str, Tensor], dict[str, str]]:
+    """CPU tensors to write, each storage once, and {alias: stored name} for shared tensors."""
+    tensors: dict[str, Tensor] = {}
+    tied: dict[str, str] = {}
+    first: dict[tuple[Any, ...], str] = {}
+    storages: set[tuple[str, int]] = set()
+    for name, t in state.items():
+        if t.is_meta:
+            raise CheckpointError(
+                f"cannot save {name}: the model was built on the meta device, which holds shapes "
+                "but no weights; build it on cpu or cuda"
+            )
+        t = t.detach()
+        if t.numel():
+            same = (str(t.device), t.dtype, t.data_ptr(), tuple(t.shape), t.stride())
+            if same in first:  # the very same tensor under a second name: store it once
+                tied[name] = first[same]
+                continue
+            first[same] = name
+            storage = (str(t.device), t.untyped_storage().data_ptr())
+            whole = t.is_contiguous() and t.untyped_storage().nbytes() == t.nbytes
+            if storage in storages or not whole:  # a view into a larger (e.g. fused) weight
+                t = t.contiguous().clone()
+            storages.add(storage)
+        tensors[name] = t.cpu()
+    return tensors, tied
+
+
+def dtype_of(tensors: Mapping[str, Tensor]) -> str:
+    """The floating dtype holding most of the elements ("float32" when there is none)."""
+    counts: Counter[torch.dtype] = Counter()
+    for t in tensors.values():
+        if t.is_floating_point():
+            counts[t.dtype] += t.numel()
+    dtype = counts.most_common(1)[0][0] if counts else torch.float32
+    return str(dtype).removeprefix("torch.")
+
+
+# ------------------------------------------------------------------------------ load
+
+
+def load(
+    path: str | os.PathLike[str],
+    device: torch.device | str | None = None,
+    dtype: torch.dtype | None = None,
+    registry: Registry | None = None,
+) -> TransformerLM:
+    """Rebuild the model a checkpoint describes and load its weights, strictly and without pickle.
+
+    The model is built from the embedded spec through `registry` (default: the one in use) on
+    `device` (default CPU) in `dtype` (default: the dtype it was saved in; another converts).
+    Raises `CheckpointError` naming the file and what to do: an unreadable or damaged file, a
+    component whose plugin is not installed, tensors that are missing, unexpected or misshapen.
+    """
+    info = read_info(path)
+    return build_from_checkpoint(info, resolve_checkpoint(info, registry), device, dtype)
+
+
+def build_from_checkpoint(
+    info: CheckpointInfo,
+    blueprint: Blueprint,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype | None = None,
+    max_bytes: int | None = None,
+) -> TransformerLM:
+    """`load`'s second half, for a caller that has resolved the checkpoint already
+    (`resolve_checkpoint`): build `blueprint` and load the checkpoint's weights into it.
+    `max_bytes`: as `build_model`'s size check."""
+    model = TransformerLM(
+        blueprint, device=device, dtype=dtype or info.torch_dtype, max_bytes=max_bytes
+    )
+    load_weights(model, info)
+    return model
+
+
+def load_weights(model: nn.Module, source: str | os.PathLike[str] | CheckpointInfo) -> None:
+    """Copy an lmcore checkpoint's tensors into `model` (in place), strictly: any missing,
+    unexpected or misshapen tensor raises `CheckpointError` listing them all. Values convert to
+    the model's dtype and device."""
+    info = source if isinstance(source, CheckpointInfo) else read_info(source)
+    lm = unwrap(model)
+    device = next((t.device for t in lm.state_dict().values()), torch.device("cpu"))
+    tensors = read_tensors(info.path, device)
+    for alias, stored in info.tied.items():
+        tensors[alias] = tensors[stored]
+    load_strict(lm, tensors, info.path, f"the model its spec builds ({info.spec})")
+
+
+def read_tensors(path: Path, device: torch.device) -> dict[str, Tensor]:
+    """Every tensor of a safetensors file (whose header `read_header` has checked) on `device`."""
+    where = "cpu" if device.type == "meta" else str(device)
+    try:
+        return load_file(str(path), device=where)
+    except SafetensorError as e:  # what the header check cannot see
+        raise CheckpointError(f"{path}: safetensors cannot read it: {e}") from None
+
+
+def load_strict(model: nn.Module, tensors: Mapping[str, Tensor], path: Path, what: str) -> None:
+    """`model.load_state_dict(tensors, strict=True)`, after a check that lists every missing,
+    unexpected and misshapen tensor in one `CheckpointError` about `path` and `what` it feeds."""
+    expected = model.state_dict()
+    missing = [k for k in expected if k not in tensors]
+    unexpected = [k for k in tensors if k not in expected]
+    misshapen = [
+        f"{k} (file {tuple(tensors[k].shape)}, model {tuple(expected[k].shape)})"
+        for k in expected
+        if k in tensors and tensors[k].shape != expected[k].shape
+    ]
+    problems = [
+        f"{label} ({len(names)}): {_listed(names)}"
+        for label, names in (
+            ("missing", missing),
+            ("unexpected", unexpected),
+            ("wrong shape", misshapen),
+        )
+        if names
+    ]
+    if problems:
+        raise CheckpointError(
+            f"{path}: its tensors do not fit {what}: " + "; ".join(problems) + ". The file was "
+            "changed after it was saved, or a plugin's parameters changed between versions "
+            "(`lmcore describe` on the file shows the versions that saved it)"
+        )
+    model.load_state_dict(tensors, strict=True)
+
+
+def _listed(names: Sequence[str]) -> str:
+    shown = ", ".join(names[:_LISTED])
+    return shown + (f", ... and {len(names) - _LISTED} more" if len(names) > _LISTED else "")
+
+
+# ------------------------------------------------------------------------------ CS336 state dicts
+
+
+def load_state_dict_file(
+    path: str | os.PathLike[str],
+    spec: Blueprint | ModelSpec | str,
+    *,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype | None = None,
+    registry: Registry | None = None,
+) -> TransformerLM:
+    """Build `spec` and load a CS336-keyed state dict into it, strictly.
+
+    `path` is a `torch.save` file (`.pt`, `.pth`, read with `torch.load(weights_only=True)`, which
+    unpickles tensors and plain containers only) or a safetensors file. A CS336 training
+    checkpoint `{"model": state_dict, "optimizer": ..., "iteration": ...}` gives its "model"
+    entry, and the `_orig_mod.` prefix `torch.compile` adds to keys is removed. `dtype` defaults
+    to the file's floating dtype. Mismatched tensors raise `CheckpointError` listing them.
+    """
+    p = Path(path)
+    bp = resolve(spec, registry)
+    if p.suffix == SUFFIX:
+        read_header(p)
+        state: Any = read_tensors(p, torch.device("cpu"))
+    else:
+        state = _torch_load(p)
+    training = isinstance(state, dict) and isinstance(state.get("model"), dict)
+    if training and not all(isinstance(v, Tensor) for v in state.values()):
+        state = state["model"]  # a CS336 training checkpoint: {model, optimizer, iteration}
+    if not isinstance(state, dict) or not all(
+        isinstance(k, str) and isinstance(v, Tensor) for k, v in state.items()
+    ):
+        raise CheckpointError(
+            f"{p}: holds a {type(state).__name__}, not a state dict (a mapping of names to "
+            "tensors) nor a CS336 checkpoint with a 'model' state dict"
+        )
+    state = {k.removeprefix("_orig_mod."): v for k, v in state.items()}
+    if dtype is None:
+        dtype = torch.float32
+        floats = {k: v for k, v in state.items() if v.is_floating_point()}
+        if floats:
+            dtype = getattr(torch, dtype_of(floats))
+    model = TransformerLM(bp, device=device, dtype=dtype)
+    load_strict(model, state, p, f"the model of {bp.spec}")
+    return model
+
+
+def _torch_load(p: Path) -> Any:
+    try:
+        return torch.load(p, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise CheckpointError(f"{p}: no such file") from None
+    except IsADirectoryError:
+        raise CheckpointError(f"{p}: is a directory, not a state-dict file") from None
+    except pickle.UnpicklingError as e:
+        found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(e))
+        if found is None:
+            detail = str(e).split("WeightsUnpickler error:", 1)[-1].strip().splitlines()
+            raise CheckpointError(
+                f"{p}: is not a readable torch.save file (unpickling stops: "
+                f"{detail[0] if detail else type(e).__name__}); lmcore reads CS336 state dicts "
+                "written by torch.save, or safetensors files"
+            ) from None
+        raise CheckpointError(
+            f"{p}: holds objects other than tensors and plain containers ({found.group(1)}), "
+            "which torch.load(weights_only=True) refuses to unpickle (unpickling can run code); "
+            "re-save just the state dict: torch.save(model.state_dict(), path)"
+        ) from None
+    except (RuntimeError, EOFError, OSError, ValueError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CheckpointError(
+            f"{p}: is not a readable torch.save file ({first}); lmcore reads CS336 state dicts "
+            "written by torch.save, or safetensors files"
+        ) from None
+
+
+# ------------------------------------------------------------------------------ the CLI's helper
+
+
+def is_checkpoint_path(text: str) -> bool:
+    """Whether a command-line argument names a checkpoint rather than spelling a spec: it ends in
+    `.safetensors`, or it holds a path separator and no `=` (a spec holds a `/` only inside a
+    quoted value, which needs a `key=`)."""
+    return text.endswith(SUFFIX) or (("/" in text or os.sep in text) and "=" not in text)
+
+
+def spec_or_checkpoint(
+    text: str, registry: Registry | None = None
+) -> tuple[Blueprint, CheckpointInfo | None]:
+    """Resolve a command-line argument that is a spec or a checkpoint path; the checkpoint's
+    info when it is one."""
+    if is_checkpoint_path(text):
+        info = read_info(text)
+        return resolve_checkpoint(info, registry), info
+    return resolve(text, registry), None

@@ -1,0 +1,219 @@
+"""What a prepared data directory holds, and `meta.json`, the file that describes it.
+
+One schema, written by `prepare` and read by `TokenData.open`:
+
+    DIR/train.bin       token ids, a flat little-endian array of `dtype`, no header
+    DIR/val.bin         the same for the validation split
+    DIR/tokenizer.json  the Hugging Face `tokenizers` byte-level BPE that produced the ids
+    DIR/meta.json       this module's `DataMeta`: vocabulary, dtype, token counts, sources, rules
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from lmcore.errors import DataError
+
+if TYPE_CHECKING:
+    import numpy as np
+
+FORMAT = "lmcore-tokens"
+VERSION = 1
+EOT = "<|endoftext|>"  # the end-of-text token: CS336's and GPT-2's spelling
+SPLITS = ("train", "val")
+META_FILE = "meta.json"
+TOKENIZER_FILE = "tokenizer.json"
+DATA_FILES = (*(f"{s}.bin" for s in SPLITS), TOKENIZER_FILE, META_FILE)
+DEFAULT_VOCAB_SIZE = 10_000  # the `tinystories` preset's vocabulary, as in CS336
+DEFAULT_VAL_FRACTION = 0.1
+DEFAULT_SPLIT_BLOCK = 8192  # tokens
+
+DOCUMENT_RULE = (
+    f"each file is a document and ends with {EOT} (unless its text already ends with it); "
+    f"inside a file the literal text {EOT} is the end-of-text token too, so one file can hold "
+    "many documents"
+)
+SPLIT_RULE = (
+    f"the token stream is cut into blocks: a document (up to and including its {EOT}), or "
+    "split_block consecutive tokens of a longer one; a block goes to val when val holds less "
+    "than val_fraction of the tokens so far, else to train"
+)
+
+
+def dtype_for(vocab_size: int) -> str:
+    """uint16 while every id fits (vocab_size ≤ 65,536), else uint32."""
+    return "uint16" if vocab_size <= 2**16 else "uint32"
+
+
+def file_dtype(dtype: str) -> np.dtype[Any]:
+    """The numpy dtype of the .bin files: `dtype`, little-endian whatever the machine."""
+    import numpy as np  # here, so that the CLI's parser can read the defaults above cheaply
+
+    little: np.dtype[Any] = np.dtype(dtype).newbyteorder("<")
+    return little
+
+
+@dataclass(frozen=True)
+class SplitInfo:
+    """One split's file, its length in tokens and its number of end-of-text tokens."""
+
+    file: str
+    tokens: int
+    documents: int
+
+
+@dataclass(frozen=True)
+class SourceInfo:
+    """One SOURCE argument: how many files it contributed and their size in bytes."""
+
+    path: str
+    files: int
+    bytes: int
+
+
+@dataclass(frozen=True)
+class DataMeta:
+    """The contents of `meta.json`."""
+
+    vocab_size: int
+    dtype: str
+    eot_id: int
+    splits: dict[str, SplitInfo]
+    val_fraction: float
+    split_block: int
+    sources: tuple[SourceInfo, ...]
+    extensions: tuple[str, ...]
+    exclude: tuple[str, ...]
+    skipped: tuple[str, ...] = ()  # "path: why", for files left out by --skip-undecodable
+    tokenizer_from: str | None = None  # the file a reused tokenizer came from; None: trained
+    eot_token: str = EOT
+    tokenizer_file: str = TOKENIZER_FILE
+    document_rule: str = DOCUMENT_RULE
+    split_rule: str = SPLIT_RULE
+    versions: dict[str, str] = field(default_factory=dict)  # lmcore, tokenizers, numpy
+
+    @property
+    def tokens(self) -> int:
+        return sum(s.tokens for s in self.splits.values())
+
+    @property
+    def files(self) -> int:
+        return sum(s.files for s in self.sources)
+
+    @property
+    def bytes(self) -> int:
+        return sum(s.bytes for s in self.sources)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"format": FORMAT, "version": VERSION, **asdict(self)}
+
+    def write(self, path: Path) -> None:
+        """Write `meta.json` atomically."""
+        from lmcore.atomic import atomic_write
+
+        with atomic_write(path, "w") as f:
+            f.write(json.dumps(self.to_json(), indent=2, ensure_ascii=False) + "\n")
+
+    @classmethod
+    def read(cls, path: Path) -> DataMeta:
+        """Parse `meta.json`, naming the file and the field when anything is off."""
+        fix = "prepare the directory again: lmcore data prepare SOURCE... --out DIR --force"
+        try:
+            raw = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise DataError(f"cannot read {path}: {e}; {fix}") from None
+        if not isinstance(raw, dict) or raw.get("format") != FORMAT:
+            raise DataError(f"{path} is not lmcore token-data metadata (no format {FORMAT!r})")
+        if raw.get("version") != VERSION:
+            raise DataError(
+                f"{path} has format version {raw.get('version')!r}; this lmcore reads version "
+                f"{VERSION}: {fix}"
+            )
+        get = _Fields(raw, path, fix)
+        splits = get.mapping("splits")
+        missing = [s for s in SPLITS if s not in splits]
+        if missing:
+            raise DataError(f"{path}: splits lacks {', '.join(missing)}; {fix}")
+        return cls(
+            vocab_size=get.integer("vocab_size"),
+            dtype=get.string("dtype"),
+            eot_id=get.integer("eot_id"),
+            splits={s: _Fields(splits[s], path, fix, f"splits.{s}.").split() for s in SPLITS},
+            val_fraction=get.number("val_fraction"),
+            split_block=get.integer("split_block"),
+            sources=tuple(
+                _Fields(s, path, fix, "sources[].").source() for s in get.sequence("sources")
+            ),
+            extensions=tuple(get.strings("extensions")),
+            exclude=tuple(get.strings("exclude")),
+            skipped=tuple(get.strings("skipped")),
+            tokenizer_from=get.optional_string("tokenizer_from"),
+            eot_token=get.string("eot_token"),
+            tokenizer_file=get.string("tokenizer_file"),
+            document_rule=get.string("document_rule"),
+            split_rule=get.string("split_rule"),
+            versions={str(k): str(v) for k, v in get.mapping("versions").items()},
+        )
+
+
+class _Fields:
+    """Typed access to one JSON object of meta.json, with errors that name the field."""
+
+    def __init__(self, raw: Any, path: Path, fix: str, prefix: str = ""):
+        if not isinstance(raw, dict):
+            raise DataError(f"{path}: {prefix.rstrip('.') or 'the top level'} is not an object")
+        self.raw, self.path, self.fix, self.prefix = raw, path, fix, prefix
+
+    def _get(self, key: str, types: type | tuple[type, ...], what: str) -> Any:
+        value = self.raw.get(key)
+        if not isinstance(value, types) or isinstance(value, bool):
+            raise DataError(
+                f"{self.path}: {self.prefix}{key} should be {what}, found {value!r}; {self.fix}"
+            )
+        return value
+
+    def integer(self, key: str) -> int:
+        value: int = self._get(key, int, "an integer")
+        if value < 0:
+            raise DataError(f"{self.path}: {self.prefix}{key} is negative ({value}); {self.fix}")
+        return value
+
+    def number(self, key: str) -> float:
+        return float(self._get(key, (int, float), "a number"))
+
+    def string(self, key: str) -> str:
+        value: str = self._get(key, str, "a string")
+        return value
+
+    def optional_string(self, key: str) -> str | None:
+        return None if self.raw.get(key) is None else self.string(key)
+
+    def mapping(self, key: str) -> Mapping[str, Any]:
+        value: Mapping[str, Any] = self._get(key, dict, "an object")
+        return value
+
+    def sequence(self, key: str) -> list[Any]:
+        value: list[Any] = self._get(key, list, "a list")
+        return value
+
+    def strings(self, key: str) -> list[str]:
+        values = self.sequence(key)
+        if not all(isinstance(v, str) for v in values):
+            raise DataError(f"{self.path}: {self.prefix}{key} should hold strings; {self.fix}")
+        return values
+
+    def split(self) -> SplitInfo:
+        return SplitInfo(
+            file=self.string("file"),
+            tokens=self.integer("tokens"),
+            documents=self.integer("documents"),
+        )
+
+    def source(self) -> SourceInfo:
+        return SourceInfo(
+            path=self.string("path"), files=self.integer("files"), bytes=self.integer("bytes")
+        )

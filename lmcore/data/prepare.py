@@ -1,0 +1,534 @@
+"""`lmcore data prepare`: text files → a byte-level BPE tokenizer and flat token-id files.
+
+    prepare(["corpus/"], "data/corpus", vocab_size=10_000, val_fraction=0.1)
+
+Two streaming passes over the sources, each holding one chunk of text at a time:
+
+1. train a byte-level BPE tokenizer with Hugging Face `tokenizers` from an iterator over the
+   text (skipped when a tokenizer is reused); the end-of-text token `<|endoftext|>` is special,
+   so no merge ever spans it;
+2. encode the text in batches of chunks (`encode_batch_fast`, in parallel across chunks), cut
+   the id stream into blocks and append each block to `train.bin` or `val.bin` (meta.py states
+   the document and split rules).
+
+Everything is written under temporary names in the output directory (`lmcore.atomic`) and renamed
+into place at the end, `meta.json` last: an interrupted run leaves the old files, or no
+`meta.json`, which `TokenData.open` reports; never a shorter `train.bin` that looks complete.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any
+
+import numpy as np
+
+from lmcore.atomic import atomic_path
+from lmcore.data.meta import (
+    DATA_FILES,
+    DEFAULT_SPLIT_BLOCK,
+    DEFAULT_VAL_FRACTION,
+    DEFAULT_VOCAB_SIZE,
+    EOT,
+    META_FILE,
+    SPLITS,
+    TOKENIZER_FILE,
+    DataMeta,
+    SourceInfo,
+    SplitInfo,
+    dtype_for,
+    file_dtype,
+)
+from lmcore.data.sources import (
+    CHUNK_BYTES,
+    DEFAULT_EXTENSIONS,
+    SourceFile,
+    check_utf8,
+    find_files,
+    normalise_extensions,
+    read_chunks,
+    safe_cut,
+)
+from lmcore.errors import DataError
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
+
+BYTES = 256  # a byte-level BPE starts from every byte value
+MIN_VOCAB = BYTES + 1  # ... plus <|endoftext|>
+MAX_VOCAB = 2**32  # ids must fit uint32
+# Text encoded per call of encode_batch_fast, which runs its inputs (chunks, files) in parallel.
+# Every token of a batch is held as an Encoding with its string, ~100 bytes per token, so a
+# batch bounds the memory of the encoding pass: 2 MiB of text holds ~130 MiB at the peak.
+BATCH_BYTES = 2 << 20
+
+
+@dataclass(frozen=True)
+class PrepareResult:
+    """What `prepare` wrote and how long each pass took."""
+
+    out_dir: Path
+    meta: DataMeta
+    seconds: float  # the whole call
+    tokenizer_seconds: float  # training the tokenizer; 0 when one was reused
+    encode_seconds: float
+
+    @property
+    def tokens_per_second(self) -> float:
+        """Encoding throughput: tokens written per second of the encoding pass."""
+        return self.meta.tokens / max(self.encode_seconds, 1e-9)
+
+
+def prepare(
+    sources: Sequence[str | os.PathLike[str]],
+    out_dir: str | os.PathLike[str],
+    *,
+    vocab_size: int | None = None,
+    val_fraction: float = DEFAULT_VAL_FRACTION,
+    tokenizer: str | os.PathLike[str] | None = None,
+    force: bool = False,
+    extensions: Sequence[str] = DEFAULT_EXTENSIONS,
+    exclude: Sequence[str] = (),
+    split_block: int = DEFAULT_SPLIT_BLOCK,
+    context_length: int = 1,
+    skip_undecodable: bool = False,
+    progress: bool | None = None,
+    chunk_bytes: int = CHUNK_BYTES,
+    batch_bytes: int = BATCH_BYTES,
+) -> PrepareResult:
+    """Tokenise text files into `out_dir`: train.bin, val.bin, tokenizer.json, meta.json.
+
+    sources: files (always read) and directories (walked recursively for `extensions`, minus
+        hidden paths and `exclude` globs; see `lmcore.data.sources`).
+    vocab_size: of the BPE trained here (default 10,000; at least 257: the 256 byte values
+        and <|endoftext|>). Not allowed with `tokenizer`, which brings its own.
+    val_fraction: share of the tokens that goes to val.bin, in (0, 1).
+    tokenizer: a tokenizer.json to reuse instead of training one: a GPT-2-style byte-level
+        BPE (no normaliser) with <|endoftext|> as an added token, e.g. one this command wrote.
+    force: replace the prepared data already in `out_dir`; without it, that is an error.
+    split_block: longest run of tokens kept together when assigning blocks to the splits.
+    context_length: each split must hold at least one window of `context_length + 1` tokens.
+    skip_undecodable: leave out files that are not UTF-8 (listed in meta.json) instead of
+        failing on the first one.
+    progress: tqdm bars on stderr; None shows them only when stderr is a terminal.
+    chunk_bytes, batch_bytes: bytes read per chunk and text encoded per parallel batch; the
+        output does not depend on them.
+    """
+    start = time.perf_counter()
+    out = Path(out_dir)
+    _check_options(vocab_size, tokenizer, val_fraction, split_block, context_length)
+    if chunk_bytes < 1 or batch_bytes < 1:
+        raise DataError(f"chunk_bytes, batch_bytes must be ≥ 1, got {chunk_bytes}, {batch_bytes}")
+    if not sources:
+        raise DataError("no sources given; name text files or directories to read")
+    exts = normalise_extensions(extensions)
+    _check_out_dir(out, force)
+    source_paths = [Path(s) for s in sources]
+    files = find_files(source_paths, extensions=exts, exclude=exclude, skip=out)
+    skipped: list[str] = []
+    if skip_undecodable:
+        good = []
+        for f in files:
+            bad = check_utf8(f.path, chunk_bytes)
+            if bad is None:
+                good.append(f)
+            else:
+                skipped.append(f"{f.path}: not UTF-8 at byte offset {bad.offset}")
+        files = good
+    total_bytes = sum(f.size for f in files)
+    if total_bytes == 0:
+        raise DataError(
+            f"the sources hold no text: {len(files)} file(s), all empty"
+            + (f", {len(skipped)} skipped as not UTF-8" if skipped else "")
+            + "; give files with text in them"
+        )
+
+    tokenizer_seconds = 0.0
+    if tokenizer is not None:
+        tok = load_tokenizer(Path(tokenizer))
+    else:
+        t0 = time.perf_counter()
+        tok = train_tokenizer(
+            _training_text(files, chunk_bytes, _bar("tokenizer", total_bytes, progress)),
+            DEFAULT_VOCAB_SIZE if vocab_size is None else vocab_size,
+        )
+        tokenizer_seconds = time.perf_counter() - t0
+    vocab = tok.get_vocab_size()
+    eot_id = tok.token_to_id(EOT)
+    assert eot_id is not None  # train_tokenizer adds it; load_tokenizer checks it
+    dtype = dtype_for(vocab)
+
+    created = not out.exists()
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    done = False
+    try:
+        with contextlib.ExitStack() as stack:
+            # Each .bin file grows under a temporary name (lmcore.atomic); leaving this block
+            # renames both into place, or, on an error, removes them and leaves the old files.
+            writers: dict[str, _SplitWriter] = {}
+            for name in SPLITS:
+                tmp = stack.enter_context(atomic_path(out / f"{name}.bin"))
+                writers[name] = stack.enter_context(_SplitWriter(tmp, name, dtype, eot_id))
+            splitter = _Splitter(
+                val_fraction, split_block, eot_id, writers["train"], writers["val"]
+            )
+            bar = _bar("encode", total_bytes, progress)
+            _encode(files, tok, eot_id, splitter, chunk_bytes, batch_bytes, bar)
+            bar.close()
+            encode_seconds = time.perf_counter() - t0
+            _check_windows(writers, context_length, val_fraction, split_block)
+            meta = DataMeta(
+                vocab_size=vocab,
+                dtype=dtype,
+                eot_id=eot_id,
+                splits={
+                    n: SplitInfo(f"{n}.bin", w.tokens, w.documents) for n, w in writers.items()
+                },
+                val_fraction=val_fraction,
+                split_block=split_block,
+                sources=_source_info(source_paths, files),
+                extensions=exts,
+                exclude=tuple(exclude),
+                skipped=tuple(skipped),
+                tokenizer_from=None if tokenizer is None else os.path.abspath(tokenizer),
+                versions=_versions(),
+            )
+            # From here until the new meta.json lands the directory holds none, so a crash in
+            # between leaves data `TokenData.open` refuses, never old metadata over new files.
+            (out / META_FILE).unlink(missing_ok=True)
+        with atomic_path(out / TOKENIZER_FILE) as tmp:
+            tok.save(str(tmp))
+        meta.write(out / META_FILE)  # last: its presence marks a complete directory
+        done = True
+    finally:
+        if created and not done and not any(out.iterdir()):
+            out.rmdir()  # leave no empty directory behind
+    return PrepareResult(
+        out_dir=out,
+        meta=meta,
+        seconds=time.perf_counter() - start,
+        tokenizer_seconds=tokenizer_seconds,
+        encode_seconds=encode_seconds,
+    )
+
+
+# --- options and the output directory ------------------------------------------------------
+
+
+def _check_options(
+    vocab_size: int | None,
+    tokenizer: str | os.PathLike[str] | None,
+    val_fraction: float,
+    split_block: int,
+    context_length: int,
+) -> None:
+    if vocab_size is not None and tokenizer is not None:
+        raise DataError(
+            f"--vocab-size {vocab_size} and --tokenizer {os.fspath(tokenizer)} both given; a "
+            "reused tokenizer brings its own vocabulary: drop --vocab-size"
+        )
+    if vocab_size is not None and not MIN_VOCAB <= vocab_size <= MAX_VOCAB:
+        raise DataError(
+            f"--vocab-size {vocab_size} "
+            + (
+                f"is smaller than the byte alphabet ({BYTES}) plus {EOT}: use at least "
+                f"{MIN_VOCAB} (e.g. {DEFAULT_VOCAB_SIZE})"
+                if vocab_size < MIN_VOCAB
+                else f"does not fit uint32 token ids: use at most {MAX_VOCAB:,}"
+            )
+        )
+    if not (isinstance(val_fraction, (int, float)) and 0 < val_fraction < 1):
+        raise DataError(
+            f"--val-fraction {val_fraction} is out of range: it is the share of tokens for "
+            f"val.bin, strictly between 0 and 1 (e.g. {DEFAULT_VAL_FRACTION})"
+        )
+    if split_block < 1:
+        raise DataError(f"--split-block {split_block} must be at least 1 token")
+    if context_length < 1:
+        raise DataError(f"--context-length {context_length} must be at least 1")
+
+
+def _check_out_dir(out: Path, force: bool) -> None:
+    if out.exists() and not out.is_dir():
+        raise DataError(f"--out {str(out)!r} is a file, not a directory; choose another --out")
+    held = [name for name in DATA_FILES if (out / name).exists()]
+    if held and not force:
+        raise DataError(
+            f"output directory {str(out)!r} already holds prepared data ({', '.join(held)}); "
+            "nothing was written: pass --force to replace it, or choose another --out"
+        )
+
+
+def _check_windows(
+    writers: dict[str, _SplitWriter], context_length: int, val_fraction: float, split_block: int
+) -> None:
+    need = context_length + 1
+    total = sum(w.tokens for w in writers.values())
+    docs = sum(w.documents for w in writers.values())
+    for name, w in writers.items():
+        if w.tokens < need:
+            raise DataError(
+                f"{name}.bin would hold {w.tokens:,} tokens, fewer than one window of "
+                f"context_length + 1 = {need:,} (the text has {total:,} tokens in {docs:,} "
+                f"documents); nothing was written: "
+                + (
+                    f"raise --val-fraction (now {val_fraction}) or lower --split-block (now "
+                    f"{split_block}) so that a long document makes more blocks"
+                    if name == "val"
+                    else f"lower --val-fraction (now {val_fraction})"
+                )
+                + ", or add text"
+                + (f", or lower --context-length (now {context_length})" if need > 2 else "")
+            )
+
+
+def _source_info(sources: Sequence[Path], files: Sequence[SourceFile]) -> tuple[SourceInfo, ...]:
+    counts = [[0, 0] for _ in sources]
+    for f in files:
+        counts[f.source][0] += 1
+        counts[f.source][1] += f.size
+    return tuple(
+        SourceInfo(path=os.path.abspath(s), files=n, bytes=b)
+        for s, (n, b) in zip(sources, counts, strict=True)
+    )
+
+
+def _versions() -> dict[str, str]:
+    import tokenizers
+
+    import lmcore
+
+    return {
+        "lmcore": lmcore.__version__,
+        "tokenizers": tokenizers.__version__,
+        "numpy": np.__version__,
+    }
+
+
+# --- the tokenizer -------------------------------------------------------------------------
+
+
+def new_tokenizer() -> Tokenizer:
+    """An untrained GPT-2-style byte-level BPE: no normaliser, GPT-2's pre-tokenizer regex,
+    no prefix space (so chunks encode like the whole), byte-level decoding."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    return tok
+
+
+def train_tokenizer(texts: Iterable[str], vocab_size: int) -> Tokenizer:
+    """Train a byte-level BPE of `vocab_size` tokens (fewer if the text runs out of merges)
+    from an iterable of texts, consumed as a stream; `<|endoftext|>` is id 0.
+
+    Each text is split at the literal `<|endoftext|>` first: the trainer does not split out
+    special tokens itself, and no merge should learn to span one.
+    """
+    from tokenizers import pre_tokenizers, trainers
+
+    tok = new_tokenizer()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[EOT],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        # Its bars print blank lines on stdout even when hidden; the caller's bar on the
+        # iterator shows the reading, the longer part.
+        show_progress=False,
+    )
+    parts = (part for text in texts for part in text.split(EOT) if part)
+    tok.train_from_iterator(parts, trainer)
+    return tok
+
+
+def _training_text(files: Sequence[SourceFile], chunk_bytes: int, bar: Any) -> Iterator[str]:
+    """The text of every file, in chunks."""
+    for f in files:
+        yield from read_chunks(f.path, chunk_bytes, bar.update)
+    bar.set_postfix_str("read; computing merges")
+    bar.close()
+
+
+def load_tokenizer(path: Path) -> Tokenizer:
+    """Load a tokenizer.json to reuse, checking that chunked encoding stays exact with it."""
+    from tokenizers import Tokenizer, pre_tokenizers
+
+    if not path.is_file():
+        raise DataError(
+            f"--tokenizer {str(path)!r} does not exist; give a tokenizer.json, e.g. the one "
+            "in a directory lmcore data prepare wrote"
+        )
+    try:
+        tok = Tokenizer.from_file(str(path))
+    except Exception as e:  # tokenizers raises a bare Exception for unparsable files
+        raise DataError(
+            f"--tokenizer {str(path)!r} is not a Hugging Face tokenizer.json ({e})"
+        ) from None
+    config = json.loads(tok.to_str())
+    pre = config.get("pre_tokenizer") or {}
+    problems = []
+    if (config.get("model") or {}).get("type") != "BPE":
+        problems.append(f"its model is {(config.get('model') or {}).get('type')}, not BPE")
+    if config.get("normalizer") is not None:
+        problems.append(f"it has a normalizer ({config['normalizer'].get('type')})")
+    if pre.get("type") != "ByteLevel":
+        problems.append(f"its pre_tokenizer is {pre.get('type')}, not ByteLevel")
+    elif pre.get("add_prefix_space", True) or not pre.get("use_regex", True):
+        problems.append("its ByteLevel pre_tokenizer needs add_prefix_space=false, use_regex=true")
+    vocab = tok.get_vocab()
+    missing = [c for c in pre_tokenizers.ByteLevel.alphabet() if c not in vocab]
+    if missing:
+        problems.append(f"{len(missing)} of the 256 byte symbols are not in its vocabulary")
+    added = config.get("added_tokens") or []
+    if EOT not in {t.get("content") for t in added}:
+        problems.append(f"it has no added token {EOT}")
+    # An added token is matched across the whole text before pre-tokenization: one that could
+    # span a chunk boundary, or swallow the whitespace beside it, would encode chunks unlike
+    # the whole.
+    spanning = [
+        t.get("content")
+        for t in added
+        if t.get("lstrip") or t.get("rstrip") or safe_cut(str(t.get("content", "")))
+    ]
+    if spanning:
+        shown = ", ".join(repr(c) for c in spanning[:3]) + (", ..." if len(spanning) > 3 else "")
+        problems.append(
+            f"{len(spanning)} added token(s) join text and whitespace or strip whitespace ({shown})"
+        )
+    if problems:
+        raise DataError(
+            f"--tokenizer {str(path)!r} cannot be reused: {'; '.join(problems)}. lmcore reuses "
+            f"GPT-2-style byte-level BPE tokenizers with {EOT} (like those it writes, or "
+            "GPT-2's), whose chunks encode exactly like the whole text; leave out --tokenizer "
+            "to train one"
+        )
+    return tok
+
+
+# --- encoding and splitting ----------------------------------------------------------------
+
+
+class _SplitWriter:
+    """Token ids appended to one split's (temporary) file, counted as they go."""
+
+    def __init__(self, path: Path, name: str, dtype: str, eot_id: int):
+        self.name, self.dtype, self.eot_id = name, file_dtype(dtype), eot_id
+        self.file: IO[bytes] = path.open("wb")
+        self.tokens = 0
+        self.documents = 0  # end-of-text tokens written
+
+    def write(self, ids: np.ndarray) -> None:
+        self.file.write(np.ascontiguousarray(ids, dtype=self.dtype).data)
+        self.tokens += len(ids)
+        self.documents += int(np.count_nonzero(ids == self.eot_id))
+
+    def __enter__(self) -> _SplitWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.file.close()
+
+
+class _Splitter:
+    """Routes the id stream to train or val by blocks (meta.SPLIT_RULE).
+
+    A block ends after an end-of-text token or after `block` tokens; its split is chosen when
+    it starts, from the counts so far alone, so the result does not depend on how the stream
+    is chunked. The first block goes to train.
+    """
+
+    def __init__(
+        self, fraction: float, block: int, eot_id: int, train: _SplitWriter, val: _SplitWriter
+    ):
+        self.fraction, self.block, self.eot_id = fraction, block, eot_id
+        self.train, self.val = train, val
+        self.current: _SplitWriter | None = None  # None: the next token starts a block
+        self.left = 0  # tokens the current block may still take
+
+    def add(self, ids: np.ndarray) -> None:
+        ends = np.flatnonzero(ids == self.eot_id) + 1  # a block ends after each end-of-text
+        pos, n = 0, len(ids)
+        while pos < n:
+            if self.current is None:
+                seen = self.train.tokens + self.val.tokens
+                self.current = self.val if self.val.tokens < self.fraction * seen else self.train
+                self.left = self.block
+            k = int(np.searchsorted(ends, pos, side="right"))
+            next_end = int(ends[k]) if k < len(ends) else n + 1
+            stop = min(pos + self.left, n, next_end)
+            self.current.write(ids[pos:stop])
+            self.left -= stop - pos
+            if stop == next_end or self.left == 0:
+                self.current = None
+            pos = stop
+
+
+def _encode(
+    files: Sequence[SourceFile],
+    tok: Tokenizer,
+    eot_id: int,
+    splitter: _Splitter,
+    chunk_bytes: int,
+    batch_bytes: int,
+    bar: Any,
+) -> None:
+    """Encode every file, chunk by chunk, in parallel batches; append <|endoftext|> after a file
+    unless its text already ends with it."""
+    texts: list[str] = []
+    ends_file: list[bool] = []
+    held = 0
+
+    def flush() -> None:
+        encoded = tok.encode_batch_fast(texts, add_special_tokens=False)
+        for enc, last in zip(encoded, ends_file, strict=True):
+            ids = np.array(enc.ids, dtype=np.uint32)
+            splitter.add(ids)
+            if last and (len(ids) == 0 or ids[-1] != eot_id):
+                splitter.add(np.array([eot_id], dtype=np.uint32))
+        bar.set_postfix_str(f"{splitter.train.tokens + splitter.val.tokens:,} tokens")
+        texts.clear()
+        ends_file.clear()
+
+    def add(text: str, last: bool) -> None:
+        nonlocal held
+        texts.append(text)
+        ends_file.append(last)
+        held += len(text)
+        if held >= batch_bytes:
+            flush()
+            held = 0
+
+    for f in files:
+        previous: str | None = None
+        for chunk in read_chunks(f.path, chunk_bytes, bar.update):
+            if previous is not None:
+                add(previous, False)
+            previous = chunk
+        if previous is not None:
+            add(previous, True)
+    if texts:
+        flush()
+
+
+def _bar(what: str, total: int, progress: bool | None) -> Any:
+    from tqdm import tqdm
+
+    return tqdm(
+        total=total,
+        desc=what,
+        unit="B",
+        unit_scale=True,
+        unit_divisor=1024,
+        file=sys.stderr,
+        disable=None if progress is None else not progress,
+        leave=True,
+    )
