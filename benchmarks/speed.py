@@ -58,6 +58,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lmcore import ModelSpec, build_model, get_registry, parse_spec
+from lmcore.blueprint import Blueprint
+from lmcore.errors import ConversionError
+from lmcore.hf import spec_to_config, to_hf_state_dict
 
 MiB = 2**20
 TORCH_COMPONENTS = "norm=torch_rmsnorm, ffn=torch_swiglu, attn=torch_sdpa"  # lmcore-torch's
@@ -150,55 +153,21 @@ class FusedReference(nn.Module):
         return logits
 
 
-def llama(spec: ModelSpec, state: dict[str, Tensor], device: torch.device) -> nn.Module | str:
-    """`LlamaForCausalLM` with lmcore's weights, or why there is none."""
+def llama(bp: Blueprint, state: dict[str, Tensor], device: torch.device) -> nn.Module | str:
+    """`LlamaForCausalLM` with lmcore's weights, or why there is none: the config and the
+    tensors (q/k rows permuted to Llama's half-split rotary layout) from `lmcore.hf`, the same
+    conversion as `lmcore convert --to-hf`."""
     try:
         from transformers import LlamaConfig, LlamaForCausalLM
     except ImportError:
         return "transformers is not installed"
-    theta = float(spec.pos.kwargs["theta"])
-    rope = (
-        {"rope_parameters": {"rope_type": "default", "rope_theta": theta}}
-        if "rope_parameters" in LlamaConfig.__init__.__code__.co_varnames
-        else {"rope_theta": theta}
-    )  # transformers 5 moved rope_theta into rope_parameters
-    config = LlamaConfig(
-        vocab_size=spec.vocab_size, hidden_size=spec.d_model, intermediate_size=spec.d_ff,
-        num_hidden_layers=spec.num_layers, num_attention_heads=spec.num_heads,
-        num_key_value_heads=spec.num_kv_heads, max_position_embeddings=spec.context_length,
-        rms_norm_eps=float(spec.norm.kwargs.get("eps", 1e-5)), hidden_act="silu",
-        tie_word_embeddings=spec.tie_embeddings, attention_bias=False, mlp_bias=False,
-        attn_implementation="sdpa", use_cache=False, **rope,
-    )  # fmt: skip
-    model = LlamaForCausalLM(config)
-    # lmcore rotates pairs (2k, 2k+1); Llama rotates (k, k + D/2) with the same frequency k.
-    # Reordering each head's q and k rows to [0, 2, 4, ..., 1, 3, 5, ...] maps one onto the
-    # other, and q·k is unchanged because both get the same order.
-    hd = spec.head_dim
-    order = torch.cat((torch.arange(0, hd, 2), torch.arange(1, hd, 2)))
-
-    def halves(w: Tensor) -> Tensor:
-        return w.unflatten(0, (-1, hd))[:, order].flatten(0, 1)
-
-    names = {
-        "token_embeddings.weight": "model.embed_tokens.weight",
-        "ln_final.weight": "model.norm.weight",
-        "lm_head.weight": "lm_head.weight",
-    }
-    per_layer = {
-        "ln1": "input_layernorm", "ln2": "post_attention_layernorm",
-        "attn.q_proj": "self_attn.q_proj", "attn.k_proj": "self_attn.k_proj",
-        "attn.v_proj": "self_attn.v_proj", "attn.output_proj": "self_attn.o_proj",
-        "ffn.w1": "mlp.gate_proj", "ffn.w3": "mlp.up_proj", "ffn.w2": "mlp.down_proj",
-    }  # fmt: skip
-    for i in range(spec.num_layers):
-        for ours, theirs in per_layer.items():
-            names[f"layers.{i}.{ours}.weight"] = f"model.layers.{i}.{theirs}.weight"
-    hf_state = {}
-    for ours, theirs in names.items():
-        w = state[ours]
-        hf_state[theirs] = halves(w) if ours.endswith(("q_proj.weight", "k_proj.weight")) else w
-    model.load_state_dict(hf_state, strict=not spec.tie_embeddings)
+    try:
+        config = spec_to_config(bp, torch.float32)
+    except ConversionError as e:
+        return str(e)
+    del config["torch_dtype"]  # the benchmark's dtype is the model's
+    model = LlamaForCausalLM(LlamaConfig(**config, attn_implementation="sdpa", use_cache=False))
+    model.load_state_dict(to_hf_state_dict(state, bp.spec), strict=not bp.spec.tie_embeddings)
     return model.to(device)
 
 
@@ -296,7 +265,7 @@ def make_impls(args: argparse.Namespace, device: torch.device) -> tuple[list[Imp
         if compiled:
             ref.compile()
         impls.append(Impl(f"fused reference{tag}", ref, ref))
-        hf = llama(spec, state, device)
+        hf = llama(base.blueprint, state, device)
         if isinstance(hf, str):
             if not compiled:
                 notes.append(f"Hugging Face Llama skipped: {hf}")

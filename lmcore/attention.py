@@ -144,12 +144,16 @@ def accumulator(dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32)
 
 
-# Shifted scores below this are raised to it before exp: exp(-87) is still a normal float32
-# (the smallest is about exp(-87.3)), and exp on a CPU runs tens of times slower on inputs
-# whose result would be subnormal, and several times slower on -inf. The weights it changes
-# are below 1e-38 of the row's largest, under float32's resolution; masked keys are set to
-# exactly 0 afterwards.
-EXP_FLOOR = -87.0
+@lru_cache(maxsize=8)
+def exp_floor(dtype: torch.dtype) -> float:
+    """The least shifted score exp is given, `ceil(log(smallest normal))` of the dtype the
+    weights are computed in: -87 in float32, -708 in float64. exp on a CPU runs tens of times
+    slower where its result would be subnormal (and several times slower on -inf), so scores
+    below it are raised to it. A weight at or above the smallest normal is computed exactly;
+    one below it (its row's largest weight being 1) becomes exp(floor), less than twice the
+    smallest normal, an absolute change far under the dtype's resolution at 1. Masked keys are
+    set to exactly 0 afterwards."""
+    return float(math.ceil(math.log(torch.finfo(dtype).tiny)))
 
 
 @lru_cache(maxsize=64)
@@ -246,10 +250,10 @@ def _scores(
 def _weights(
     s: Tensor, shift: Tensor, plan: Plan, i: tuple[int, int], j: tuple[int, int], guard: bool
 ) -> Tensor:
-    """`exp(s - shift)` in place, at least `exp(EXP_FLOOR)`, and exactly 0 where `s` is -inf
-    (a masked key)."""
+    """`exp(s - shift)` in place, at least `exp(exp_floor(s.dtype))`, and exactly 0 where `s`
+    is -inf (a masked key)."""
     dead = torch.isneginf(s) if guard else None  # a mask or a bias may put -inf anywhere
-    p = s.sub_(shift).clamp_(min=EXP_FLOOR).exp_()
+    p = s.sub_(shift).clamp_(min=exp_floor(s.dtype)).exp_()
     if dead is not None:
         return p.masked_fill_(dead, 0.0)
     if (diagonal := _diagonal(plan, i, j)) is not None:

@@ -223,3 +223,39 @@ def test_inference_streams_keys_and_gives_the_same_result() -> None:
     with torch.no_grad(), pytest.MonkeyPatch.context() as patch:
         patch.setattr(attention, "STREAM_BLOCK", 7)  # several key blocks at this length
         torch.testing.assert_close(tiled_attention(q, k, v, causal=True), formula(q, k, v, True))
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize(
+    ("dtype", "exact", "underflow"),
+    [(torch.float64, [0.0, -100.0, -300.0, -700.0], -750.0), (torch.float32, [0.0, -50.0, -86.0, -87.0], -100.0)],
+    ids=["float64", "float32"],
+)  # fmt: skip
+def test_weights_far_below_the_max_are_exact_down_to_the_smallest_normal(
+    mode, dtype, exact, underflow
+) -> None:
+    """exp's floor (a speed-up: exp is slow where its result is subnormal) sits at the log of
+    the smallest normal number of the dtype the weights are computed in: a weight above it is
+    exact to relative precision, in float64 too; one below it is off by less than twice that
+    number.
+    With v the identity, the output row is the attention weights themselves, and dv is the
+    weights times dout."""
+    scores = [*exact, underflow]
+    d = len(scores)
+    q = torch.zeros(1, 1, 1, d, dtype=dtype)
+    q[..., 0] = math.sqrt(d)  # q·k / sqrt(D) = k[0]
+    k = torch.zeros(1, 1, d, d, dtype=dtype)
+    k[0, 0, :, 0] = torch.tensor(scores, dtype=dtype)
+    v = torch.eye(d, dtype=dtype)[None, None].requires_grad_()
+    out = tiled_attention(q, k, v, causal=False, key_block=MODES[mode])
+    expected = torch.softmax(torch.tensor(scores, dtype=torch.float64), -1).to(dtype)
+    n, tiny = len(exact), torch.finfo(dtype).tiny
+    torch.testing.assert_close(
+        out[0, 0, 0, :n], expected[:n], rtol=4 * torch.finfo(dtype).eps, atol=0
+    )
+    assert 0 <= out.detach()[0, 0, 0, n].item() < 2 * tiny
+    (dv,) = torch.autograd.grad(out, v, torch.ones_like(out))
+    torch.testing.assert_close(
+        dv[0, 0, :n, 0], expected[:n], rtol=4 * torch.finfo(dtype).eps, atol=0
+    )
+    assert 0 <= float(dv[0, 0, n, 0]) < 2 * tiny

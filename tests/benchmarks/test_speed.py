@@ -46,7 +46,7 @@ def test_hugging_face_llama_with_permuted_rotary_rows_computes_lmcores_logits(
     pytest.importorskip("transformers")
     torch.manual_seed(0)
     model = build_model(spec)
-    llama = speed.llama(model.spec, model.state_dict(), torch.device("cpu"))
+    llama = speed.llama(model.blueprint, model.state_dict(), torch.device("cpu"))
     ids = torch.randint(0, 10000, (2, 16))
     torch.testing.assert_close(llama(ids).logits, model(ids), rtol=1e-4, atol=1e-4)
 
