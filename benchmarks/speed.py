@@ -293,13 +293,13 @@ def check_agreement(impls: list[Impl], ids: Tensor) -> None:
                 raise SystemExit(f"{impl.name}: logits differ from the reference by {err:.2e}")
 
 
-def ratio(ref: list[float], ours: list[float]) -> str:
+def ratio(ref: list[float], ours: list[float], digits: int = 2) -> str:
     """Median of the per-round speed ratios (reference time / our time), with the quartiles."""
     rounds = sorted(a / b for a, b in zip(ref, ours, strict=True))
     if len(rounds) < 4:
-        return f"{statistics.median(rounds):.2f}"
+        return f"{statistics.median(rounds):.{digits}f}"
     q1, _, q3 = statistics.quantiles(rounds, n=4)
-    return f"{statistics.median(rounds):.2f} ({q1:.2f}–{q3:.2f})"
+    return f"{statistics.median(rounds):.{digits}f} ({q1:.{digits}f}–{q3:.{digits}f})"
 
 
 def throughput(args: argparse.Namespace, device: torch.device) -> None:
@@ -347,6 +347,80 @@ def throughput(args: argparse.Namespace, device: torch.device) -> None:
         )
     for note in notes:
         print(f"\n{note}")
+
+
+# ----------------------------------------------------------------------------- output checks
+
+
+def interleaved(
+    models: dict[str, nn.Module],
+    fn: Callable[[nn.Module, Tensor], None],
+    ids: Tensor,
+    rounds: int,
+    device: torch.device,
+) -> dict[str, list[float]]:
+    """Seconds per call of `fn(model, ids)` for each model, `rounds` samples each, the models
+    taking turns; a sample repeats the call for about 0.25 s, so that short calls are timed."""
+    for model in models.values():  # warm-up
+        fn(model, ids)
+    once = min(timed(lambda m=m: fn(m, ids), device) for m in models.values())
+    reps = max(1, int(0.25 / max(once, 1e-6)))
+
+    def run(model: nn.Module) -> None:
+        for _ in range(reps):
+            fn(model, ids)
+
+    names = list(models)
+    times: dict[str, list[float]] = {k: [] for k in names}
+    for r in range(rounds):
+        for key in names[r % len(names) :] + names[: r % len(names)]:
+            times[key].append(timed(lambda k=key: run(models[k]), device) / reps)
+    return times
+
+
+def hook_overhead(args: argparse.Namespace, device: torch.device) -> None:
+    """lmcore with and without the forward hooks `Blueprint.create` puts on every norm, ffn and
+    attn module to check its output's shape and dtype: inference forward and forward+backward,
+    at the benchmark's shape and at one token (a decoding step), interleaved, median ratio."""
+    from lmcore.blueprint import _OutputCheck
+
+    spec = parse_spec(args.spec)
+    torch.manual_seed(0)
+    hooked = build_model(args.spec, device=device)
+    bare = build_model(args.spec, device=device)
+    bare.load_state_dict(hooked.state_dict(), strict=True)
+    removed = 0
+    for module in bare.modules():
+        for key, hook in list(module._forward_hooks.items()):
+            if isinstance(hook, _OutputCheck):
+                del module._forward_hooks[key]
+                removed += 1
+    models = {"with": hooked, "without": bare}
+
+    def forward(model: nn.Module, ids: Tensor) -> None:
+        with torch.no_grad():
+            model(ids)
+
+    def forward_backward(model: nn.Module, ids: Tensor) -> None:
+        model.zero_grad(set_to_none=True)
+        model(ids).float().logsumexp(-1).mean().backward()
+
+    print(
+        f"\nOutput-check hooks ({removed} modules): `{args.spec}`, {device}, float32, "
+        f"{torch.get_num_threads()} threads, {args.clock} clock; median of {args.rounds} "
+        f"interleaved rounds; load average {os.getloadavg()[0]:.1f}\n"
+    )
+    print("| batch × tokens | pass | with hooks ms | without ms | with / without (quartiles) |")
+    print("| --- | --- | ---: | ---: | ---: |")
+    for batch, seq in ((args.batch, args.seq or spec.context_length), (1, 1)):
+        ids = torch.randint(0, spec.vocab_size, (batch, seq), device=device)
+        for name, fn in (("forward", forward), ("forward + backward", forward_backward)):
+            times = interleaved(models, fn, ids, args.rounds, device)
+            ms = {k: 1e3 * statistics.median(v) for k, v in times.items()}
+            print(
+                f"| {batch} × {seq} | {name} | {ms['with']:.3f} | {ms['without']:.3f} "
+                f"| {ratio(times['with'], times['without'], digits=3)} |"
+            )
 
 
 # ----------------------------------------------------------------------------- long context
@@ -508,6 +582,9 @@ def main() -> None:
     )
     parser.add_argument("--no-throughput", action="store_true", help="only the long context")
     parser.add_argument("--profile", action="store_true", help="profile a training step instead")
+    parser.add_argument(
+        "--hooks", action="store_true", help="time the output-check forward hooks instead"
+    )
     parser.add_argument("--top", type=int, default=20, help="operators shown by --profile")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (default: all)")
     parser.add_argument("--device", default="cpu")
@@ -538,6 +615,9 @@ def main() -> None:
     device = torch.device(args.device)
     if args.profile:
         profile(args, device)
+        return
+    if args.hooks:
+        hook_overhead(args, device)
         return
     if not args.no_throughput:
         throughput(args, device)
