@@ -81,7 +81,11 @@ class CausalSelfAttention(nn.Module):
         # padded batch passes a mask, so kernels without 'mask' serve everything else.
         kw = {} if mask is None else {"mask": mask}
         out = self.kernel(q, k, v, causal=True, bias=bias, **kw)  # (B, H, T, D)
-        y: Tensor = self.output_proj(rearrange(out, "b h t d -> b t (h d)"))
+        # Always a copy, never a view of `out`: a kernel may keep `out` for its backward, and
+        # output_proj keeps its input; with a view (one token, or one head) both would hold
+        # the same storage and the activations declared for each would count it twice.
+        heads = out.transpose(1, 2).clone(memory_format=torch.contiguous_format)  # (B,T,H,D)
+        y: Tensor = self.output_proj(heads.flatten(2))
         return y
 
 
@@ -340,6 +344,7 @@ def build_model(
     *,
     registry: Registry | None = None,
     max_bytes: int | None = None,
+    compile: bool | Mapping[str, Any] = False,
 ) -> TransformerLM:
     """Build a `TransformerLM` from a spec string (e.g. ``"tinystories, pos=nope"``), a
     `ModelSpec` or a resolved `Blueprint`.
@@ -348,10 +353,13 @@ def build_model(
     components' declarations and the build is refused (`ModelTooLargeError`, naming the total
     and the largest part) beyond `max_bytes` (default: the memory available on `device`; no
     limit on meta) or where torch could not index a module. `device="meta"` builds the
-    structure without allocating weights.
+    structure without allocating weights. `compile=True` compiles the model in place with
+    `torch.compile` (`nn.Module.compile`; a mapping is passed on as its options, e.g.
+    ``{"backend": "aot_eager"}``): the result is still a `TransformerLM` with the same
+    state-dict keys; the first forward (and backward) of each input shape compiles.
     """
     try:
-        return TransformerLM(
+        model = TransformerLM(
             spec, device=device, dtype=dtype, registry=registry, max_bytes=max_bytes
         )
     except (MemoryError, RuntimeError) as e:
@@ -363,6 +371,9 @@ def build_model(
         raise ModelTooLargeError(
             f"allocating the model failed: {text.splitlines()[0] if text else type(e).__name__}"
         ) from e
+    if compile:
+        model.compile(**(compile if isinstance(compile, Mapping) else {}))
+    return model
 
 
 _ALLOCATOR_ERRORS = ("can't allocate memory", "out of memory", "Cannot allocate memory")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from jaxtyping import Bool, Float, Int
@@ -66,12 +67,17 @@ class Embedding(nn.Module):
         return f"num_embeddings={self.num_embeddings}, embedding_dim={self.embedding_dim}"
 
 
+# An activation and its derivative at x, computed together (they share most of the work).
+Derivative = Callable[[Tensor], tuple[Tensor, Tensor]]
+
+
 class FeedForward(nn.Module):
     """Position-wise feed-forward network without biases, with CS336's key names.
 
     Ungated: `w2(act(w1 x))`. Gated (the GLU family, Shazeer 2020): `w2(act(w1 x) * w3 x)`.
     `w1, w3: (d_ff, d_model)`, `w2: (d_model, d_ff)`. The ffn plugins differ only in `activation`
-    and `gated`, so they share this module.
+    and `gated`, so they share this module. Given `derivative` (the activation and its
+    derivative at once), a gated FFN computes `act(a) * b` with `gate`, keeping only a and b.
     """
 
     def __init__(
@@ -81,19 +87,23 @@ class FeedForward(nn.Module):
         activation: Callable[[Tensor], Tensor],
         *,
         gated: bool,
+        derivative: Derivative | None = None,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ):
         super().__init__()
-        self.activation = activation
+        self.activation, self.derivative = activation, derivative
         self.w1 = Linear(d_model, d_ff, device=device, dtype=dtype)
         self.w2 = Linear(d_ff, d_model, device=device, dtype=dtype)
         self.w3 = Linear(d_model, d_ff, device=device, dtype=dtype) if gated else None
 
     def forward(self, x: Float[Tensor, "... d_model"]) -> Float[Tensor, "... d_model"]:
-        hidden = self.activation(self.w1(x))  # (..., d_ff)
-        if self.w3 is not None:
-            hidden = hidden * self.w3(x)
+        if self.w3 is None:
+            hidden = self.activation(self.w1(x))  # (..., d_ff)
+        elif self.derivative is not None:
+            hidden = gate(self.w1(x), self.w3(x), self.activation, self.derivative)
+        else:
+            hidden = self.activation(self.w1(x)) * self.w3(x)
         y: Tensor = self.w2(hidden)
         return y
 
@@ -102,15 +112,55 @@ class FeedForward(nn.Module):
         return f"activation={name}, gated={self.w3 is not None}"
 
 
-def feed_forward_activations(*, activation_saves: int, gated: bool) -> Callable[..., int]:
+class _Gate(torch.autograd.Function):
+    """`act(a) * b`, keeping only a and b: backward recomputes act and act' from a, where
+    autograd through the formula would keep act's intermediates and its output too."""
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        a: Tensor,
+        b: Tensor,
+        activation: Callable[[Tensor], Tensor],
+        derivative: Derivative,
+    ) -> Tensor:
+        ctx.derivative = derivative
+        ctx.save_for_backward(a, b)
+        return activation(a).mul_(b)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
+        a, b = ctx.saved_tensors
+        value, slope = ctx.derivative(a)
+        da = slope.mul_(grad).mul_(b) if ctx.needs_input_grad[0] else None
+        db = value.mul_(grad) if ctx.needs_input_grad[1] else None
+        return da, db, None, None
+
+
+def gate(
+    a: Float[Tensor, "... d_ff"],
+    b: Float[Tensor, "... d_ff"],
+    activation: Callable[[Tensor], Tensor],
+    derivative: Derivative,
+) -> Float[Tensor, "... d_ff"]:
+    """`activation(a) * b` (the GLU family's gating) with a hand-written backward that keeps
+    only a and b; `derivative(a)` returns `(activation(a), activation'(a))`."""
+    out: Tensor = _Gate.apply(a, b, activation, derivative)  # type: ignore[no-untyped-call]
+    return out
+
+
+def feed_forward_activations(
+    *, activation_saves: int, gated: bool, fused_gate: bool = False
+) -> Callable[..., int]:
     """The `activations` declaration of a `FeedForward`: bytes its forward saves for backward.
 
-    That is its input (for w1 and w3), the `activation_saves` (..., d_ff) tensors the activation
-    keeps besides its output, the activation's output, for a gated FFN also w3 x, and the
-    hidden product w2 reads. silu keeps 2 (its input and the sigmoid), gelu 3 (x/√2, x/2 and
-    1 + erf), relu 0 (it keeps its output, which w2 keeps anyway).
+    That is its input (for w1 and w3), and the hidden product w2 reads; in between, a gated FFN
+    with a fused `gate` keeps w1 x and w3 x, others the `activation_saves` (..., d_ff) tensors
+    the activation keeps besides its output, the activation's output and, gated, also w3 x.
+    silu keeps 2 (its input and the sigmoid), gelu 3 (x/√2, x/2 and 1 + erf), relu 0 (it keeps
+    its output, which w2 keeps anyway).
     """
-    per_d_ff = activation_saves + 1 + 2 * gated
+    per_d_ff = 3 if gated and fused_gate else activation_saves + 1 + 2 * gated
 
     def activations(batch: int, seq_len: int, d_model: int, d_ff: int, dtype: torch.dtype) -> int:
         return batch * seq_len * dtype.itemsize * (d_model + d_ff * per_d_ff)
@@ -136,9 +186,23 @@ def silu(x: Float[Tensor, "..."]) -> Float[Tensor, "..."]:
     return x * torch.sigmoid(x)
 
 
+def silu_derivative(x: Float[Tensor, "..."]) -> tuple[Tensor, Tensor]:
+    """`(silu(x), silu'(x))`, with `silu' = σ + silu · (1 - σ)` sharing the sigmoid."""
+    sig = torch.sigmoid(x)
+    value = x * sig
+    return value, (1.0 - sig).mul_(value).add_(sig)
+
+
 def gelu(x: Float[Tensor, "..."]) -> Float[Tensor, "..."]:
     """The exact GELU, `x · Φ(x) = 0.5 · x · (1 + erf(x / √2))` (not the tanh approximation)."""
     return 0.5 * x * (1.0 + torch.erf(x * (1.0 / math.sqrt(2.0))))
+
+
+def gelu_derivative(x: Float[Tensor, "..."]) -> tuple[Tensor, Tensor]:
+    """`(gelu(x), gelu'(x))`, with `gelu' = Φ(x) + x · φ(x)` (φ the standard normal density)."""
+    cdf = torch.erf(x * (1.0 / math.sqrt(2.0))).add_(1.0).mul_(0.5)
+    density = torch.exp(x.square().mul_(-0.5)).mul_(1.0 / math.sqrt(2.0 * math.pi))
+    return x * cdf, density.mul_(x).add_(cdf)
 
 
 def causal_mask(
@@ -152,30 +216,6 @@ def causal_mask(
     i = torch.arange(q_len, device=device)[:, None]
     j = torch.arange(k_len, device=device)[None, :]
     return j <= i + (k_len - q_len)
-
-
-def group_heads(t: Tensor | None, kv_heads: int, group: int) -> Tensor | None:
-    """View a `(..., H or 1, Sq, Sk)` mask or bias as `(..., Hkv or 1, G or 1, Sq, Sk)`.
-
-    Grouped-query kernels view q as `(B, Hkv, G, Sq, D)` so that k and v broadcast without a copy;
-    a per-head mask or bias must be split the same way. `(Sq, Sk)` broadcasts as it is.
-    """
-    if t is None or t.ndim < 3:
-        return t
-    if t.shape[-3] == 1:
-        return t.unsqueeze(-3)
-    return t.reshape(*t.shape[:-3], kv_heads, group, *t.shape[-2:])
-
-
-def kv_heads_kept(batch: int, num_heads: int, num_kv_heads: int) -> int:
-    """How many heads' worth of k (and of v) autograd keeps when grouped q, viewed as
-    `(B, Hkv, G, S, D)`, is multiplied with k, v of shape `(B, Hkv, 1, S, D)`.
-
-    torch's matmul expands the broadcast operand into a copy, which backward keeps: H heads. The
-    exception is a single sequence with a single k/v head, which it folds into one plain matrix
-    product without a copy.
-    """
-    return num_kv_heads if batch == 1 and num_kv_heads == 1 else num_heads
 
 
 def scaled_dot_product_attention(

@@ -21,7 +21,7 @@ from torch import Tensor
 
 from lmcore import Component, hookimpl
 from lmcore import nn as ops
-from lmcore.nn import FeedForward, feed_forward_activations, gated_d_ff
+from lmcore.nn import Derivative, FeedForward, feed_forward_activations, gated_d_ff
 
 
 @dataclass(frozen=True)
@@ -33,11 +33,14 @@ class Row:
     # sigmoid, gelu x/√2, x/2 and 1 + erf, relu none (it keeps its output, which w2 keeps anyway).
     activation_saves: int
     help: str
+    # The activation and its derivative together: a gated row then gates with `lmcore.nn.gate`,
+    # which keeps only w1 x and w3 x for backward.
+    derivative: Derivative | None = None
 
 
 TABLE: tuple[Row, ...] = (
-    Row("swiglu", ops.silu, True, 2, "gated SiLU FFN: w2(silu(w1 x) * w3 x)"),
-    Row("geglu", ops.gelu, True, 3, "gated GELU FFN: w2(gelu(w1 x) * w3 x)"),
+    Row("swiglu", ops.silu, True, 2, "gated SiLU FFN: w2(silu(w1 x) * w3 x)", ops.silu_derivative),
+    Row("geglu", ops.gelu, True, 3, "gated GELU FFN: w2(gelu(w1 x) * w3 x)", ops.gelu_derivative),
     Row("silu", ops.silu, False, 2, "ungated SiLU FFN: w2(silu(w1 x)); d_ff defaults to 4·d_model"),
     Row("gelu", ops.gelu, False, 3, "ungated GELU FFN: w2(gelu(w1 x)); d_ff defaults to 4·d_model"),
     Row(
@@ -53,7 +56,15 @@ def build(
     device: torch.device | str | None = None,
     dtype: torch.dtype | None = None,
 ) -> FeedForward:
-    return FeedForward(d_model, d_ff, row.activation, gated=row.gated, device=device, dtype=dtype)
+    return FeedForward(
+        d_model,
+        d_ff,
+        row.activation,
+        gated=row.gated,
+        derivative=row.derivative,
+        device=device,
+        dtype=dtype,
+    )
 
 
 class Plugin:
@@ -76,7 +87,9 @@ class Plugin:
                 params=lambda d_model, d_ff: matrices * d_model * d_ff,
                 flops=lambda d_model, d_ff, seq_len: matrices * 2 * seq_len * d_model * d_ff,
                 activations=feed_forward_activations(
-                    activation_saves=row.activation_saves, gated=row.gated
+                    activation_saves=row.activation_saves,
+                    gated=row.gated,
+                    fused_gate=row.derivative is not None,
                 ),
                 default_d_ff=gated_d_ff if row.gated else None,
                 features=frozenset({"compile"}),

@@ -2,11 +2,45 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from jaxtyping import Float
 from torch import Tensor, nn
 
 from lmcore import Arg, Component, hookimpl
+
+
+class _RMSNorm(torch.autograd.Function):
+    """`x · rstd · weight` with `rstd = 1 / sqrt(mean(x²) + eps)`, in float32.
+
+    Autograd through the formula keeps x, x / rms and rms and runs a dozen passes backward; this
+    keeps x (in its own dtype) and rms, and differentiates by hand:
+    `dx = rstd · (g·w − x̂ · mean(g·w · x̂))`, `dw = Σ g · x̂`, with `x̂ = x · rstd`.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, weight: Tensor, eps: float) -> Tensor:
+        xf = x.to(torch.promote_types(x.dtype, torch.float32))  # bf16 squares lose too much
+        rms = xf.square().mean(dim=-1, keepdim=True).add_(eps).sqrt_()  # (..., 1)
+        ctx.save_for_backward(x, weight, rms)
+        # Divided, not multiplied by rsqrt: a correctly rounded quotient keeps the float32
+        # output within an ulp or so of the exact formula.
+        return (xf / rms).mul_(weight).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
+        x, weight, rms = ctx.saved_tensors
+        rstd = rms.reciprocal()
+        x_hat = x.to(rms.dtype) * rstd
+        g = grad.to(rms.dtype)
+        dweight = None
+        if ctx.needs_input_grad[1]:
+            dweight = (g * x_hat).reshape(-1, x.shape[-1]).sum(dim=0).to(weight.dtype)
+        g_w = g * weight
+        dot = (g_w * x_hat).mean(dim=-1, keepdim=True)  # (..., 1)
+        dx = g_w.addcmul_(x_hat, dot, value=-1).mul_(rstd).to(x.dtype)
+        return dx, dweight, None
 
 
 class RMSNorm(nn.Module):
@@ -24,10 +58,8 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(d_model, device=device, dtype=dtype))
 
     def forward(self, x: Float[Tensor, "... d_model"]) -> Float[Tensor, "... d_model"]:
-        in_dtype = x.dtype
-        x = x.to(torch.float32)  # bf16 squares lose too much precision
-        rms = torch.sqrt(x.pow(2).mean(dim=-1, keepdim=True) + self.eps)
-        return (x / rms * self.weight).to(in_dtype)
+        y: Tensor = _RMSNorm.apply(x, self.weight, self.eps)
+        return y
 
     def extra_repr(self) -> str:
         return f"{self.weight.shape[0]}, eps={self.eps}"
@@ -43,8 +75,10 @@ def lmcore_components() -> list[Component]:
             args=(Arg("eps", float, 1e-5, "added to mean(x²) inside the square root", gt=0.0),),
             help="RMSNorm with a learned gain, computed in float32",
             params=lambda d_model: d_model,
-            # float32 x (the input itself, or its float32 copy), x / rms and rms.
-            activations=lambda batch, seq_len, d_model: 4 * batch * seq_len * (2 * d_model + 1),
+            # x in its own dtype and the float32 rms per token.
+            activations=lambda batch, seq_len, d_model, dtype: (
+                batch * seq_len * (d_model * dtype.itemsize + 4)
+            ),
             features=frozenset({"compile"}),
         )
     ]

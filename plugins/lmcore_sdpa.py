@@ -7,15 +7,16 @@ from jaxtyping import Bool, Float
 from torch import Tensor, nn
 
 from lmcore import Component, hookimpl
-from lmcore.nn import causal_mask, group_heads, kv_heads_kept, scaled_dot_product_attention
+from lmcore.attention import Plan, accumulator, kept_elements, tiled_attention
 
 
 class SDPA(nn.Module):
-    """`softmax(q kᵀ / sqrt(D) + bias) v`, materialising the `(Sq, Sk)` scores.
+    """`softmax(q kᵀ / sqrt(D) + bias) v`, keeping the softmax weights for backward.
 
-    Grouped-query attention without repeating k and v: the H query heads are viewed as
-    `(Hkv, H / Hkv)` groups that broadcast against the Hkv key/value heads. (torch's
-    broadcasting matmul still expands k and v into a copy per call, and autograd keeps it.)
+    Computed by `lmcore.attention.tiled_attention` one block of queries at a time (so each pass
+    over the scores stays in cache) against the keys they may see: a causal model computes and
+    keeps the triangle of the `(Sq, Sk)` scores, not the square. Grouped-query heads attend
+    their key/value head without a copy of k and v.
     """
 
     def forward(
@@ -28,24 +29,7 @@ class SDPA(nn.Module):
         mask: Bool[Tensor, "... Sq Sk"] | None = None,
         bias: Float[Tensor, "... Sq Sk"] | None = None,
     ) -> Float[Tensor, "B H Sq D"]:
-        *batch, heads, sq, d = q.shape
-        kv_heads, sk = k.shape[-3], k.shape[-2]
-        if causal:
-            keep = causal_mask(sq, sk, device=q.device)  # (Sq, Sk)
-            mask = keep if mask is None else mask & keep
-        if kv_heads == heads:
-            return scaled_dot_product_attention(q, k, v, mask=mask, bias=bias)
-        group = heads // kv_heads
-        qg = q.reshape(*batch, kv_heads, group, sq, d)  # (B, Hkv, G, Sq, D)
-        kg, vg = k.unsqueeze(-3), v.unsqueeze(-3)  # (B, Hkv, 1, Sk, D)
-        out = scaled_dot_product_attention(
-            qg,
-            kg,
-            vg,
-            mask=group_heads(mask, kv_heads, group),
-            bias=group_heads(bias, kv_heads, group),
-        )
-        return out.reshape(*batch, heads, sq, d)
+        return tiled_attention(q, k, v, causal=causal, mask=mask, bias=bias)
 
 
 def sdpa_activations(
@@ -57,16 +41,13 @@ def sdpa_activations(
     kv_len: int,
     dtype: torch.dtype,
 ) -> int:
-    """Bytes kept for backward: q / sqrt(D); k and v with H heads; the softmax numerator
-    (B, H, Sq, Sk); the unnormalised output (B, H, Sq, D), the denominator and its zero test
-    (B, H, Sq); and the inverted causal mask (Sq, Sk) as bool.
-
-    With grouped-query heads, k and v still count H heads (see `kv_heads_kept`).
-    """
-    rows = batch * num_heads * seq_len  # query rows over all heads
-    kv = 2 * batch * kv_heads_kept(batch, num_heads, num_kv_heads) * kv_len * head_dim
-    floats = 2 * rows * head_dim + kv + rows * kv_len + rows
-    return dtype.itemsize * floats + seq_len * kv_len + rows  # + the two bool tensors
+    """Bytes kept for backward (the model calls the kernel causal): q, k, v and the output in
+    the model dtype; each row's softmax denominator and the softmax numerators of every tile
+    (queries times the keys they may see) in float32 (float64 for float64)."""
+    plan = Plan(batch, num_heads, num_kv_heads, seq_len, kv_len, head_dim, True, 0)
+    tensors = 2 * batch * (num_heads * seq_len + num_kv_heads * kv_len) * head_dim
+    stats = batch * num_heads * seq_len + kept_elements(plan)
+    return dtype.itemsize * tensors + accumulator(dtype).itemsize * stats
 
 
 @hookimpl
@@ -77,7 +58,8 @@ def lmcore_components() -> list[Component]:
             name="sdpa",
             build=SDPA,
             help="exact attention; memory grows with Sq·Sk",
-            # q kᵀ and (scores) v: two (Sq × D) by (D × Sk)-sized matmuls per query head.
+            # q kᵀ and (scores) v: two (Sq × D) by (D × Sk)-sized matmuls per query head,
+            # counted over the whole score matrix as torch counts its fused attention.
             flops=lambda num_heads, head_dim, seq_len, kv_len: (
                 4 * num_heads * seq_len * kv_len * head_dim
             ),

@@ -329,16 +329,20 @@ def test_chunked_attention_activations_for_any_block_size(block_size: int) -> No
 
 def test_gpt2_xl_activations_by_hand() -> None:
     """CS336-style count for one 1,024-token sequence in float32: per layer, RMSNorm keeps
-    2·(2d + 1) floats a token, q/k/v and output_proj 2·d, SwiGLU d + 5·d_ff, attention
-    4·H·D + 2·H + H·S floats plus S bools; then the token ids, ln_final, lm_head's input and the
-    loss's float32 logits, log-partition and targets."""
+    2·(d + 1) floats a token, q/k/v and output_proj 2·d, SwiGLU d + 3·d_ff, attention q, k, v
+    and its output (4·H·D) and a softmax denominator per head (H) a token, plus the causal
+    triangle of softmax numerators in blocks of 64 queries (H·S·(S + 64)/2 floats); then the
+    token ids, ln_final, lm_head's input and the loss's float32 logits, log-partition and
+    targets."""
     s, d, h, d_ff, vocab, layers = 1024, 1600, 25, 6400, 50257, 48
-    attention = 4 * (4 * d + h * s + h) + s + h  # bytes a token
-    per_layer = 4 * (2 * (2 * d + 1) + 2 * d + d + 5 * d_ff) + attention
-    rest = 8 + 4 * (2 * d + 1) + 4 * d + 4 * vocab + 4 + 8
+    attention = 4 * (4 * d + h)  # bytes a token
+    triangle = 4 * h * s * (s + 64) // 2  # bytes a layer
+    per_layer = 4 * (2 * (d + 1) + 2 * d + d + 3 * d_ff) + attention
+    rest = 8 + 4 * (d + 1) + 4 * d + 4 * vocab + 4 + 8
     rope = 4 * s * (d // h)  # cos and sin, once
     acc = account("gpt2-xl")
-    assert acc.activations == s * (layers * per_layer + rest) + rope == 15_067_590_656
+    expected = s * (layers * per_layer + rest) + layers * triangle + rope
+    assert acc.activations == expected == 9_504_452_608
 
 
 def test_describe_measures_on_request_and_finds_the_declared_numbers() -> None:

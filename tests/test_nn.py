@@ -13,10 +13,13 @@ from lmcore.nn import (
     Embedding,
     Linear,
     causal_mask,
+    gate,
     gated_d_ff,
     gelu,
+    gelu_derivative,
     scaled_dot_product_attention,
     silu,
+    silu_derivative,
     softmax,
 )
 
@@ -191,6 +194,49 @@ def test_gated_d_ff_is_8_thirds_d_model_rounded_to_64() -> None:
     for d in range(64, 4097, 64):
         assert gated_d_ff(d) % 64 == 0
         assert abs(gated_d_ff(d) - 8 * d / 3) <= 32
+
+
+@pytest.mark.parametrize(
+    ("activation", "derivative", "torch_op"),
+    [(silu, silu_derivative, F.silu), (gelu, gelu_derivative, F.gelu)],
+    ids=["silu", "gelu"],
+)
+def test_derivatives_are_the_activation_and_its_slope(activation, derivative, torch_op) -> None:
+    x = torch.linspace(-12, 12, 241, dtype=torch.float64, requires_grad=True)
+    (slope,) = torch.autograd.grad(torch_op(x).sum(), x)
+    value, got = derivative(x.detach())
+    torch.testing.assert_close(value, torch_op(x.detach()))
+    torch.testing.assert_close(got, slope)
+
+
+@pytest.mark.parametrize(
+    ("activation", "derivative", "torch_op"),
+    [(silu, silu_derivative, F.silu), (gelu, gelu_derivative, F.gelu)],
+    ids=["silu", "gelu"],
+)
+def test_gate_matches_autograd_through_torch(activation, derivative, torch_op) -> None:
+    torch.manual_seed(0)
+    a = torch.randn(3, 5, 7, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(3, 5, 7, dtype=torch.float64, requires_grad=True)
+    out = gate(a, b, activation, derivative)
+    expected = torch_op(a) * b
+    torch.testing.assert_close(out, expected)
+    grad = torch.randn_like(out)
+    torch.testing.assert_close(
+        torch.autograd.grad(out, (a, b), grad), torch.autograd.grad(expected, (a, b), grad)
+    )
+    assert torch.autograd.gradcheck(lambda a, b: gate(a, b, activation, derivative), (a, b))
+
+
+def test_gate_keeps_only_its_two_inputs_for_backward() -> None:
+    a = torch.randn(4, 6, requires_grad=True)
+    b = torch.randn(4, 6, requires_grad=True)
+    saved: list[int] = []
+    with torch.autograd.graph.saved_tensors_hooks(
+        lambda t: saved.append(t.untyped_storage()._cdata) or t, lambda t: t
+    ):
+        gate(a, b, silu, silu_derivative)
+    assert sorted(saved) == sorted([a.untyped_storage()._cdata, b.untyped_storage()._cdata])
 
 
 # ------------------------------------------------------------------ large logits (issue 11)

@@ -47,3 +47,25 @@ def test_gain_starts_at_one_and_is_the_only_parameter() -> None:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_parameters_follow_the_requested_dtype(dtype: torch.dtype) -> None:
     assert RMSNorm(8, dtype=dtype).weight.dtype == dtype
+
+
+@pytest.mark.parametrize("shape", [(3, 5, 16), (7, 16)])
+def test_gradients_match_the_formula_in_float64(shape: tuple[int, ...]) -> None:
+    torch.manual_seed(0)
+    norm = RMSNorm(16, eps=1e-5, dtype=torch.float64)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(16))
+    x = (torch.randn(*shape, dtype=torch.float64) * 3).requires_grad_()
+    grad = torch.randn(*shape, dtype=torch.float64)
+    got = torch.autograd.grad(norm(x), (x, norm.weight), grad)
+    want = torch.autograd.grad(_formula(x, norm.weight, 1e-5), (x, norm.weight), grad)
+    torch.testing.assert_close(got, want)
+    assert torch.autograd.gradcheck(norm, (x,))
+
+
+def test_bf16_gradients_stay_bf16() -> None:
+    norm = RMSNorm(8, dtype=torch.bfloat16)
+    x = torch.randn(2, 8).to(torch.bfloat16).requires_grad_()
+    norm(x).float().square().sum().backward()
+    assert x.grad is not None and x.grad.dtype == torch.bfloat16
+    assert norm.weight.grad is not None and norm.weight.grad.dtype == torch.bfloat16

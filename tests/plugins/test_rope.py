@@ -82,3 +82,39 @@ def test_bf16_input_keeps_its_dtype() -> None:
 def test_odd_dimension_is_refused() -> None:
     with pytest.raises(ValueError, match=r"RoPE rotates pairs of dimensions; d_k=7 is odd"):
         RotaryPositionalEmbedding(theta=10000.0, d_k=7, max_seq_len=4)
+
+
+def test_gradients_match_the_complex_reference() -> None:
+    torch.manual_seed(0)
+    rope = RotaryPositionalEmbedding(theta=10000.0, d_k=8, max_seq_len=16)
+    x = torch.randn(2, 3, 5, 8, dtype=torch.float64, requires_grad=True)
+    positions = torch.tensor([[0, 1, 2, 3, 4], [7, 8, 9, 10, 11]])
+    grad = torch.randn(2, 3, 5, 8, dtype=torch.float64)
+    (got,) = torch.autograd.grad(rope.rotation(positions)(x), x, grad)
+    expected = torch.stack(
+        [_complex_reference(x[:, h], positions, 10000.0) for h in range(3)], dim=1
+    )
+    (want,) = torch.autograd.grad(expected, x, grad)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)  # float32 tables
+
+
+def test_strided_and_offset_views_rotate_like_contiguous_tensors() -> None:
+    """q and k are (B, H, T, D) views of the (B, T, H·D) projections; a view may also start at
+    an odd element, which complex views cannot (the rotation copies it first)."""
+    torch.manual_seed(0)
+    rope = RotaryPositionalEmbedding(theta=10000.0, d_k=8, max_seq_len=16)
+    proj = torch.randn(2, 5, 3 * 8 + 1)
+    positions = torch.arange(5)[None]
+    rotate = rope.rotation(positions)
+    for start in (0, 1):
+        x = proj[..., start : start + 24].view(2, 5, 3, 8).transpose(1, 2)
+        torch.testing.assert_close(rotate(x), rotate(x.contiguous()))
+
+
+def test_compiled_rotation_matches_eager() -> None:
+    torch.manual_seed(0)
+    rope = RotaryPositionalEmbedding(theta=10000.0, d_k=8, max_seq_len=16)
+    x = torch.randn(2, 3, 5, 8)
+    positions = torch.arange(5)[None]
+    compiled = torch.compile(lambda x: rope.rotation(positions)(x), backend="aot_eager")
+    torch.testing.assert_close(compiled(x), rope.rotation(positions)(x))

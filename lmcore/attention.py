@@ -1,0 +1,524 @@
+"""Exact attention in tiles with a hand-written backward: plain torch, FlashAttention's maths.
+
+`tiled_attention` computes `softmax(q kᵀ / sqrt(D) + bias) v` one tile of queries at a time, so
+every pass over the scores touches a block small enough to stay in cache, and a causal tile never
+computes the keys that lie wholly ahead of its queries. The forward and the backward are each one
+operator (`torch.ops.lmcore.tiled_attention` and `..._backward`), so the backward writes each
+tile's gradients straight into the gradient buffers (autograd through slices would add a full-size
+zero tensor per tile), and torch.compile sees two opaque calls.
+
+Two modes, the two built-in kernels:
+
+- `key_block=None` (`attn=sdpa`): a tile holds a block of queries against all the keys they may
+  see; its softmax numerator `exp(s - max)` is kept for backward, so memory grows with Sq·Sk
+  (the causal triangle, not the square).
+- `key_block=N` (`attn=chunked`): each query block walks its keys N at a time with the online
+  softmax (running max and sum, Milakov & Gimelshein 2018); only the output and each row's
+  log-sum-exp are kept, and backward recomputes every key block's weights (Dao et al., 2022).
+  Memory grows linearly with the sequence.
+
+Grouped-query heads without repeating k and v: q is laid out `(B, Hkv, Sq, G, D)`, so one key
+head's G query heads form one `(Sq·G, D)` matrix against its `(Sk, D)` keys. Causal queries are
+aligned to the end of the keys (query i sits at position Sk - Sq + i). A query whose keys are
+all masked returns zeros, as torch's fused kernel does. Scores, softmax statistics, the kept
+weights and the backward run in float32 (or wider) whatever the input dtype.
+
+FLOPs are counted as torch counts its fused attention (`torch.utils.flop_counter`): the whole
+`Sq × Sk` score matrix, `4·B·H·Sq·Sk·D` forward, whether or not causal tiles skip a part.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+import torch
+from jaxtyping import Bool, Float
+from torch import Tensor
+from torch.utils.flop_counter import register_flop_formula
+
+# Tiles aim at this many score elements (1 MiB in float32): small enough to stay in a core's
+# L2 cache across the passes over a tile, large enough that the matmuls stay efficient.
+TILE_ELEMENTS = 1 << 18
+QUERY_BLOCK = 64  # queries per tile, unless more fit in TILE_ELEMENTS
+STREAM_BLOCK = 512  # keys per block of the online softmax when no weights need keeping
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The tiling of one call, from the shapes alone: batch rows, query and key blocks."""
+
+    batch: int
+    heads: int
+    kv_heads: int
+    q_len: int
+    k_len: int
+    head_dim: int
+    causal: bool
+    key_block: int  # 0: all of a query block's keys at once, weights kept for backward
+
+    @staticmethod
+    def of(q5: Tensor, k: Tensor, causal: bool, key_block: int) -> Plan:
+        B, Hkv, Sq, G, D = q5.shape
+        return Plan(B, Hkv * G, Hkv, Sq, k.shape[2], D, causal, key_block)
+
+    @property
+    def group(self) -> int:
+        return self.heads // self.kv_heads
+
+    @property
+    def keep(self) -> bool:
+        return self.key_block == 0
+
+    @property
+    def offset(self) -> int:
+        return self.k_len - self.q_len  # causal queries are aligned to the end of the keys
+
+    @property
+    def query_block(self) -> int:
+        """`QUERY_BLOCK` queries, or more (a power of two) while a tile of one batch row stays
+        within `TILE_ELEMENTS`, e.g. against a narrow key block. Recomputing, within that many
+        per torch thread: the query blocks then decide nothing that is kept for backward."""
+        budget = TILE_ELEMENTS * (1 if self.keep else torch.get_num_threads())
+        fit = budget // max(1, self.heads * (self.key_block or self.k_len))
+        return max(QUERY_BLOCK, 1 << max(0, fit.bit_length() - 1))
+
+    @property
+    def batch_block(self) -> int:
+        """Batch rows per tile: as many as `TILE_ELEMENTS` per torch thread holds (each thread
+        works on its share of a tile's heads in its own cache; fewer, larger operations keep
+        the threads from waiting on each other). Only how batch rows are grouped depends on
+        the thread count, not what is computed or kept."""
+        cols = self.key_block or self.k_len
+        per_row = self.heads * min(self.query_block, self.q_len) * cols
+        budget = TILE_ELEMENTS * torch.get_num_threads()
+        return max(1, min(self.batch, budget // max(1, per_row)))
+
+    def batch_blocks(self) -> list[tuple[int, int]]:
+        n = self.batch_block
+        return [(b0, min(b0 + n, self.batch)) for b0 in range(0, self.batch, n)]
+
+    def query_blocks(self) -> list[tuple[int, int, int]]:
+        """`(i0, i1, kend)`: each block of queries and the end of the keys it may see."""
+        n, out = self.query_block, []
+        for i0 in range(0, self.q_len, n):
+            i1 = min(i0 + n, self.q_len)
+            kend = min(self.k_len, i1 + self.offset) if self.causal else self.k_len
+            out.append((i0, i1, kend))
+        return out
+
+    def key_blocks(self, kend: int) -> list[tuple[int, int]]:
+        step = self.key_block or kend
+        return [(j0, min(j0 + step, kend)) for j0 in range(0, kend, step)]
+
+    def kept_shapes(self) -> list[tuple[int, int, int]]:
+        """Shapes of the weights `key_block=0` keeps, one `(bb·Hkv, n·G, kend)` per tile."""
+        if not self.keep:
+            return []
+        return [
+            ((b1 - b0) * self.kv_heads, (i1 - i0) * self.group, kend)
+            for b0, b1 in self.batch_blocks()
+            for i0, i1, kend in self.query_blocks()
+        ]
+
+
+def kept_elements(plan: Plan) -> int:
+    """Score elements the kept-weights mode saves for backward (0 when it recomputes): the
+    sum over `kept_shapes`, in closed form, so that a declaration for any batch or sequence
+    (`describe`, the size check) costs no loop over the tiles."""
+    if not plan.keep:
+        return 0
+    if not plan.causal:
+        per_head = plan.q_len * plan.k_len
+    else:  # full query blocks t = 0.. see keys up to (t + 1)·n + offset; a last partial one all
+        n = plan.query_block
+        full, rest = divmod(plan.q_len, n)
+        per_head = n * n * full * (full + 1) // 2 + n * plan.offset * full + rest * plan.k_len
+    return plan.batch * plan.heads * per_head
+
+
+def accumulator(dtype: torch.dtype) -> torch.dtype:
+    """The dtype of scores, softmax statistics and gradients: float32 or wider."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+@lru_cache(maxsize=8)
+def exp_floor(dtype: torch.dtype) -> float:
+    """The least shifted score exp is given, `ceil(log(smallest normal))` of the dtype the
+    weights are computed in: -87 in float32, -708 in float64. exp on a CPU runs tens of times
+    slower where its result would be subnormal (and several times slower on -inf), so scores
+    below it are raised to it. A weight at or above the smallest normal is computed exactly;
+    one below it (its row's largest weight being 1) becomes exp(floor), less than twice the
+    smallest normal, an absolute change far under the dtype's resolution at 1. Masked keys are
+    set to exactly 0 afterwards."""
+    return float(math.ceil(math.log(torch.finfo(dtype).tiny)))
+
+
+@lru_cache(maxsize=64)
+def _ahead(rows: int, cols: int, first: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """`(rows, 1, cols)`: 1 where key `first + c` lies ahead of query row r (positions relative
+    to the tile's first query), else 0; cached, as every layer and step asks for the same.
+    Multiplied and added rather than masked in: broadcast arithmetic is several times faster
+    than a broadcast masked_fill on a CPU."""
+    r = torch.arange(rows, device=device)[:, None, None]
+    c = torch.arange(cols, device=device)[None, None, :]
+    return (c + first > r).to(dtype)
+
+
+@lru_cache(maxsize=64)
+def _ahead_inf(
+    rows: int, cols: int, first: int, dtype: torch.dtype, device: torch.device
+) -> Tensor:
+    """`_ahead` as -inf where ahead, else 0: added to the scores before the row max."""
+    ahead = _ahead(rows, cols, first, dtype, device)
+    return ahead.mul(-math.inf).nan_to_num_(nan=0.0, neginf=-math.inf)
+
+
+@lru_cache(maxsize=64)
+def _behind(rows: int, cols: int, first: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """`1 - _ahead`: multiplied into the weights, it zeroes the keys ahead."""
+    return 1 - _ahead(rows, cols, first, dtype, device)
+
+
+def _as_4d(t: Tensor | None) -> Tensor | None:
+    """A mask or bias broadcastable to (B, H, Sq, Sk), with exactly four dimensions."""
+    while t is not None and t.ndim < 4:
+        t = t.unsqueeze(0)
+    return t
+
+
+def _tile(t: Tensor, b: tuple[int, int], i: tuple[int, int], j: tuple[int, int], kv: int) -> Tensor:
+    """Batch rows b, queries i and keys j of a 4-d mask or bias (size-1 dimensions broadcast as
+    they are), laid out `(bb, Hkv, n, G, kb)` like a tile's scores."""
+    every = slice(None)
+    t = t[
+        slice(*b) if t.shape[0] > 1 else every,
+        :,
+        slice(*i) if t.shape[2] > 1 else every,
+        slice(*j) if t.shape[3] > 1 else every,
+    ]
+    if t.shape[1] == 1:
+        return t.unsqueeze(3)  # (bb, 1, n, 1, kb)
+    return t.view(t.shape[0], kv, -1, *t.shape[2:]).transpose(2, 3)  # (bb, Hkv, n, G, kb)
+
+
+def _diagonal(plan: Plan, i: tuple[int, int], j: tuple[int, int]) -> tuple[int, int] | None:
+    """For a causal tile, `(column, first)`: the tile's columns from `column` on hold keys ahead
+    of some of its queries, the first of them `first` positions after the tile's first query;
+    None when every key of the tile lies behind every query."""
+    if not plan.causal:
+        return None
+    first = max(j[0], i[0] + plan.offset + 1)
+    if first >= j[1]:
+        return None
+    return first - j[0], first - i[0] - plan.offset
+
+
+def _scores(
+    qt: Tensor,
+    kt: Tensor,
+    bias: Tensor | None,
+    mask: Tensor | None,
+    plan: Plan,
+    b: tuple[int, int],
+    i: tuple[int, int],
+    j: tuple[int, int],
+) -> Tensor:
+    """One tile's scores `(q / sqrt(D)) kᵀ + bias` in float32 (or wider), -inf where masked:
+    `(bb·Hkv, n·G, kb)`."""
+    s = torch.bmm(qt, kt.transpose(1, 2))
+    if s.dtype != (acc := accumulator(s.dtype)):
+        s = s.to(acc)
+    n, G, kb = i[1] - i[0], plan.group, j[1] - j[0]
+    if bias is not None or mask is not None:
+        s5 = s.view(-1, plan.kv_heads, n, G, kb)
+        if bias is not None:
+            s5.add_(_tile(bias, b, i, j, plan.kv_heads))
+        if mask is not None:
+            s5.masked_fill_(~_tile(mask, b, i, j, plan.kv_heads), -math.inf)
+    if (diagonal := _diagonal(plan, i, j)) is not None:
+        # Only the columns ahead of the tile's first query hold masked scores; they get a
+        # cached (n, 1, width) pattern, broadcast over the G heads of each row.
+        column, first = diagonal
+        ahead = _ahead_inf(n, kb - column, first, s.dtype, s.device)
+        s.view(-1, n, G, kb)[..., column:].add_(ahead)
+    return s
+
+
+def _weights(
+    s: Tensor, shift: Tensor, plan: Plan, i: tuple[int, int], j: tuple[int, int], guard: bool
+) -> Tensor:
+    """`exp(s - shift)` in place, at least `exp(exp_floor(s.dtype))`, and exactly 0 where `s`
+    is -inf (a masked key)."""
+    dead = torch.isneginf(s) if guard else None  # a mask or a bias may put -inf anywhere
+    p = s.sub_(shift).clamp_(min=exp_floor(s.dtype)).exp_()
+    if dead is not None:
+        return p.masked_fill_(dead, 0.0)
+    if (diagonal := _diagonal(plan, i, j)) is not None:
+        column, first = diagonal
+        n, kb = i[1] - i[0], j[1] - j[0]
+        p.view(-1, n, plan.group, kb)[..., column:].mul_(
+            _behind(n, kb - column, first, p.dtype, p.device)
+        )
+    return p
+
+
+# ----------------------------------------------------------------------------- forward
+
+
+@torch.library.custom_op("lmcore::tiled_attention", mutates_args=())
+def _forward(
+    q5: Tensor,
+    k: Tensor,
+    v: Tensor,
+    bias: Tensor | None,
+    mask: Tensor | None,
+    causal: bool,
+    key_block: int,
+) -> list[Tensor]:
+    """`[out (B, H, Sq, D), stat (B, Hkv, Sq, G, 1), *kept weights]` for q5 `(B, Hkv, Sq, G,
+    D)` and k, v `(B, Hkv, Sk, D)`, in any strides. `stat` is each row's softmax denominator
+    when the weights are kept, else its log-sum-exp."""
+    plan = Plan.of(q5, k, causal, key_block)
+    B, Hkv, Sq, G, D = q5.shape
+    Sk, acc = plan.k_len, accumulator(q5.dtype)
+    guard = mask is not None or bias is not None  # rows may have every key masked
+    scale = 1.0 / math.sqrt(D)
+    out = q5.new_empty(B, Hkv * G, Sq, D)
+    out5 = out.view(B, Hkv, G, Sq, D).transpose(2, 3)  # (B, Hkv, Sq, G, D), a view
+    stat = q5.new_empty(B, Hkv, Sq, G, 1, dtype=acc)
+    kept: list[Tensor] = []
+    for b0, b1 in plan.batch_blocks():
+        # (bb·Hkv, Sk, D) views when the strides allow, as for a batch row of the (B, T, H·D)
+        # projections: the matmuls read them in place.
+        kf, vf = k[b0:b1].reshape(-1, Sk, D), v[b0:b1].reshape(-1, Sk, D)
+        for i0, i1, kend in plan.query_blocks():
+            n = i1 - i0
+            qt = q5[b0:b1, :, i0:i1].reshape(-1, n * G, D) * scale  # (bb·Hkv, n·G, D)
+            m = total = o = None
+            for j0, j1 in plan.key_blocks(kend):
+                s = _scores(qt, kf[:, j0:j1], bias, mask, plan, (b0, b1), (i0, i1), (j0, j1))
+                block_max = s.amax(dim=-1, keepdim=True)  # (bb·Hkv, n·G, 1)
+                new_max = block_max if m is None else torch.maximum(m, block_max)
+                # A row with no key seen yet keeps max -inf: shift it by 0, so exp gives 0.
+                shift = torch.where(new_max == -math.inf, 0.0, new_max) if guard else new_max
+                p = _weights(s, shift, plan, (i0, i1), (j0, j1), guard)  # unnormalised
+                pv = torch.bmm(p.to(v.dtype), vf[:, j0:j1])
+                if m is None or total is None or o is None:
+                    total, o = p.sum(dim=-1, keepdim=True), pv.to(acc)
+                else:
+                    rescale = torch.exp(m - shift)  # what the earlier blocks summed
+                    total.mul_(rescale).add_(p.sum(dim=-1, keepdim=True))
+                    o.mul_(rescale).add_(pv)
+                m = new_max
+                if plan.keep:
+                    kept.append(p)
+            assert m is not None and total is not None and o is not None
+            # Rows with every key masked have total 0 and o 0: divide by 1, return zeros.
+            safe = torch.where(total == 0, 1.0, total) if guard else total
+            out5[b0:b1, :, i0:i1] = o.div_(safe).view(-1, Hkv, n, G, D)
+            if plan.keep:
+                stat[b0:b1, :, i0:i1] = safe.view(-1, Hkv, n, G, 1)
+            else:  # log-sum-exp; +inf for empty rows, so that exp(s - lse) gives 0
+                shift = torch.where(m == -math.inf, 0.0, m) if guard else m
+                lse = torch.where(total > 0, shift + torch.log(total), math.inf)
+                stat[b0:b1, :, i0:i1] = lse.view(-1, Hkv, n, G, 1)
+    return [out, stat, *kept]
+
+
+@_forward.register_fake
+def _(
+    q5: Tensor,
+    k: Tensor,
+    v: Tensor,
+    bias: Tensor | None,
+    mask: Tensor | None,
+    causal: bool,
+    key_block: int,
+) -> list[Tensor]:
+    plan = Plan.of(q5, k, causal, key_block)
+    B, Hkv, Sq, G, D = q5.shape
+    acc = accumulator(q5.dtype)
+    out = q5.new_empty(B, Hkv * G, Sq, D)
+    stat = q5.new_empty(B, Hkv, Sq, G, 1, dtype=acc)
+    return [out, stat, *(q5.new_empty(shape, dtype=acc) for shape in plan.kept_shapes())]
+
+
+@register_flop_formula(torch.ops.lmcore.tiled_attention)
+def _forward_flops(q5_shape: Any, k_shape: Any, *args: Any, **kwargs: Any) -> int:
+    B, Hkv, Sq, G, D = q5_shape
+    return int(4 * B * Hkv * G * Sq * k_shape[2] * D)  # q kᵀ and p v: the whole score matrix
+
+
+# ----------------------------------------------------------------------------- backward
+
+
+@torch.library.custom_op("lmcore::tiled_attention_backward", mutates_args=())
+def _backward(
+    dout: Tensor,
+    q5: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    stat: Tensor,
+    bias: Tensor | None,
+    mask: Tensor | None,
+    kept: list[Tensor],
+    causal: bool,
+    key_block: int,
+    bias_grad: bool,
+) -> list[Tensor]:
+    """`[dq5, dk, dv]`, plus the bias's gradient when `bias_grad`."""
+    plan = Plan.of(q5, k, causal, key_block)
+    B, Hkv, Sq, G, D = q5.shape
+    H, Sk, acc, low = plan.heads, plan.k_len, stat.dtype, q5.dtype
+    guard = mask is not None or bias is not None
+    scale = 1.0 / math.sqrt(D)
+    # Lower-precision q, k, v are widened once: the backward runs in float32 throughout.
+    q5, k, v = q5.to(acc), k.to(acc), v.to(acc)
+    # dO and delta = rowsum(dO ∘ O) in the tiles' (B, Hkv, Sq, G, ·) row order. With kept
+    # weights both are divided by the softmax denominator, so that e / total never exists.
+    dout5 = dout.view(B, Hkv, G, Sq, D).transpose(2, 3)
+    delta = (dout.to(acc) * out.to(acc)).sum(dim=-1)  # (B, H, Sq)
+    delta5 = delta.view(B, Hkv, G, Sq).transpose(2, 3).unsqueeze(-1)  # (B, Hkv, Sq, G, 1)
+    dos = q5.new_empty(B, Hkv, Sq, G, D)
+    dls = q5.new_empty(B, Hkv, Sq, G, 1)
+    if plan.keep:
+        torch.div(dout5, stat, out=dos)
+        torch.div(delta5, stat, out=dls)
+    else:
+        dos.copy_(dout5)
+        dls.copy_(delta5)
+    dq5 = q5.new_empty(B, Hkv, Sq, G, D)
+    dk = q5.new_zeros(B * Hkv, Sk, D)
+    dv = q5.new_zeros(B * Hkv, Sk, D)
+    dbias5 = dbias = None
+    if bias_grad:
+        dbias = q5.new_zeros(B, H, Sq, Sk)
+        dbias5 = dbias.view(B, Hkv, G, Sq, Sk).transpose(2, 3)  # (B, Hkv, Sq, G, Sk)
+    weights = iter(kept)
+    for b0, b1 in plan.batch_blocks():
+        rows = slice(b0 * Hkv, b1 * Hkv)
+        kf, vf = k[b0:b1].reshape(-1, Sk, D), v[b0:b1].reshape(-1, Sk, D)
+        for i0, i1, kend in plan.query_blocks():
+            n = i1 - i0
+            qt = q5[b0:b1, :, i0:i1].reshape(-1, n * G, D)  # unscaled: scale goes on dk, dq
+            do = dos[b0:b1, :, i0:i1].reshape(-1, n * G, D)
+            dl = dls[b0:b1, :, i0:i1].reshape(-1, n * G, 1)
+            dq = None
+            for j0, j1 in plan.key_blocks(kend):
+                if plan.keep:
+                    p = next(weights)  # exp(s - max); do and dl carry the 1 / total
+                else:
+                    s = _scores(
+                        qt * scale, kf[:, j0:j1], bias, mask, plan, (b0, b1), (i0, i1), (j0, j1)
+                    )
+                    lse = stat[b0:b1, :, i0:i1].reshape(-1, n * G, 1)
+                    p = _weights(s, lse, plan, (i0, i1), (j0, j1), guard)
+                dv[rows, j0:j1].baddbmm_(p.transpose(1, 2), do)
+                ds = torch.bmm(do, vf[:, j0:j1].transpose(1, 2)).sub_(dl).mul_(p)
+                if dbias5 is not None:  # ds is the gradient of the (scaled, biased) scores
+                    dbias5[b0:b1, :, i0:i1, :, j0:j1] = ds.view(-1, Hkv, n, G, j1 - j0)
+                if dq is None:
+                    dq = torch.bmm(ds, kf[:, j0:j1])
+                else:
+                    dq.baddbmm_(ds, kf[:, j0:j1])
+                dk[rows, j0:j1].baddbmm_(ds.transpose(1, 2), qt, alpha=scale)
+            assert dq is not None
+            dq5[b0:b1, :, i0:i1] = dq.mul_(scale).view(-1, Hkv, n, G, D)
+    grads = [dq5.to(low), dk.view(B, Hkv, Sk, D).to(low), dv.view(B, Hkv, Sk, D).to(low)]
+    if dbias is not None:
+        assert bias is not None
+        grads.append(dbias.sum_to_size(bias.shape).to(bias.dtype))
+    return grads
+
+
+@_backward.register_fake
+def _(
+    dout: Tensor,
+    q5: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    stat: Tensor,
+    bias: Tensor | None,
+    mask: Tensor | None,
+    kept: list[Tensor],
+    causal: bool,
+    key_block: int,
+    bias_grad: bool,
+) -> list[Tensor]:
+    # Contiguous, as the real gradients are (empty_like would copy the inputs' strides).
+    grads = [q5.new_empty(q5.shape), k.new_empty(k.shape), v.new_empty(v.shape)]
+    if bias_grad:
+        assert bias is not None
+        grads.append(bias.new_empty(bias.shape))
+    return grads
+
+
+@register_flop_formula(torch.ops.lmcore.tiled_attention_backward)
+def _backward_flops(dout_shape: Any, q5_shape: Any, k_shape: Any, *args: Any, **kw: Any) -> int:
+    return 2 * _forward_flops(q5_shape, k_shape)  # dv, dp, dq, dk: four matmuls the forward's size
+
+
+# ----------------------------------------------------------------------------- autograd
+
+
+def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: list[Tensor]) -> None:
+    q5, k, v, bias, mask, causal, key_block = inputs
+    out, stat, *kept = output
+    ctx.set_materialize_grads(False)  # only `out` gets a gradient
+    ctx.causal, ctx.key_block = causal, key_block
+    # A mask, and a bias that needs no gradient, are inputs shared by every layer (pos=alibi
+    # makes one bias per forward): held by reference, not counted as this layer's activations.
+    ctx.bias, ctx.mask = bias, mask
+    ctx.bias_grad = bias is not None and bias.requires_grad
+    ctx.save_for_backward(q5, k, v, out, stat, *kept)
+
+
+def _autograd_backward(ctx: Any, grads: list[Tensor | None]) -> tuple[Tensor | None, ...]:
+    dout = grads[0]
+    if dout is None:
+        return (None,) * 7
+    q5, k, v, out, stat, *kept = ctx.saved_tensors
+    got = torch.ops.lmcore.tiled_attention_backward(
+        dout, q5, k, v, out, stat, ctx.bias, ctx.mask, kept, ctx.causal, ctx.key_block,
+        ctx.bias_grad,
+    )  # fmt: skip
+    dbias = got[3] if ctx.bias_grad else None
+    return got[0], got[1], got[2], dbias, None, None, None
+
+
+torch.library.register_autograd(
+    "lmcore::tiled_attention", _autograd_backward, setup_context=_setup_context
+)
+
+
+def _wants_grad(*tensors: Tensor | None) -> bool:
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+def tiled_attention(
+    q: Float[Tensor, "B H Sq D"],
+    k: Float[Tensor, "B Hkv Sk D"],
+    v: Float[Tensor, "B Hkv Sk D"],
+    *,
+    causal: bool,
+    mask: Bool[Tensor, "... Sq Sk"] | None = None,
+    bias: Float[Tensor, "... Sq Sk"] | None = None,
+    key_block: int | None = None,
+) -> Float[Tensor, "B H Sq D"]:
+    """`softmax(q kᵀ / sqrt(D) + bias) v` in tiles (module docstring); `mask` True = may
+    attend; `key_block=None` keeps each tile's weights for backward, an int recomputes them.
+    When no gradient is wanted (inference), nothing needs keeping: keys are streamed in blocks
+    of `STREAM_BLOCK` whatever `key_block` says, and memory stays linear in the sequence."""
+    if key_block is None and not _wants_grad(q, k, v, bias):
+        key_block = STREAM_BLOCK
+    B, H, Sq, D = q.shape
+    Hkv = k.shape[1]
+    q5 = q.view(B, Hkv, H // Hkv, Sq, D).transpose(2, 3)  # (B, Hkv, Sq, G, D), a view
+    got = _forward(q5, k, v, _as_4d(bias), _as_4d(mask), causal, key_block or 0)
+    out: Tensor = got[0]
+    return out

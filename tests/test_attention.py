@@ -1,0 +1,261 @@
+"""lmcore.attention: the tiled kernel behind attn=sdpa and attn=chunked, against an independent
+float64 formula (k and v repeated to q's heads, an explicit mask, torch.softmax), forward and
+gradients, with tiles small enough that every shape is cut into many of them."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+import lmcore.attention as attention
+from lmcore.attention import Plan, kept_elements, tiled_attention
+
+MODES = {"kept weights (sdpa)": None, "key blocks of 3 (chunked)": 3, "key blocks of 8": 8}
+
+
+def formula(q, k, v, causal, mask=None, bias=None):
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    if bias is not None:
+        scores = scores + bias
+    sq, sk = scores.shape[-2:]
+    allowed = torch.ones(sq, sk, dtype=torch.bool)
+    if causal:
+        allowed = allowed.tril(sk - sq)  # queries aligned to the end of the keys
+    if mask is not None:
+        allowed = allowed & mask
+    weights = torch.softmax(scores.masked_fill(~allowed, -math.inf), -1).nan_to_num(0.0)
+    return weights @ v
+
+
+@pytest.fixture
+def small_tiles(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tiles of at most 48 scores and 4 queries: batch rows, query and key blocks all split."""
+    monkeypatch.setattr(attention, "TILE_ELEMENTS", 48)
+    monkeypatch.setattr(attention, "QUERY_BLOCK", 4)
+
+
+def inputs(b, h, hkv, sq, sk, d=8, dtype=torch.float64):
+    torch.manual_seed(0)
+    q = torch.randn(b, h, sq, d, dtype=dtype, requires_grad=True)
+    k = torch.randn(b, hkv, sk, d, dtype=dtype, requires_grad=True)
+    v = torch.randn(b, hkv, sk, d, dtype=dtype, requires_grad=True)
+    return q, k, v
+
+
+SHAPES = [  # (B, H, Hkv, Sq, Sk)
+    (2, 4, 4, 13, 13),  # multi-head
+    (3, 6, 2, 11, 11),  # grouped-query
+    (2, 4, 1, 5, 17),  # one k/v head, fewer queries than keys (decoding with a KV cache)
+    (1, 2, 2, 1, 9),  # a single query
+]
+
+
+@pytest.mark.usefixtures("small_tiles")
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("causal", [True, False])
+def test_forward_and_gradients_match_the_float64_formula(mode, shape, causal) -> None:
+    b, h, hkv, sq, sk = shape
+    q, k, v = inputs(b, h, hkv, sq, sk)
+    out = tiled_attention(q, k, v, causal=causal, key_block=MODES[mode])
+    expected = formula(q, k, v, causal)
+    torch.testing.assert_close(out, expected)
+    grad = torch.randn_like(out)
+    got = torch.autograd.grad(out, (q, k, v), grad)
+    want = torch.autograd.grad(expected, (q, k, v), grad)
+    for name, a, e in zip("qkv", got, want, strict=True):
+        torch.testing.assert_close(a, e, msg=lambda m, name=name: f"d{name}: {m}")
+
+
+MASKS = {
+    "(Sq, Sk)": lambda b, h, sq, sk: torch.rand(sq, sk) > 0.3,
+    "padding (B, 1, 1, Sk)": lambda b, h, sq, sk: torch.rand(b, 1, 1, sk) > 0.3,
+    "(B, H, Sq, Sk)": lambda b, h, sq, sk: torch.rand(b, h, sq, sk) > 0.3,
+    "size-1 keys (B, 1, Sq, 1)": lambda b, h, sq, sk: torch.rand(b, 1, sq, 1) > 0.2,
+}
+BIASES = {
+    "(H, Sq, Sk)": lambda b, h, sq, sk: torch.randn(h, sq, sk, dtype=torch.float64),
+    "(B, H, Sq, Sk)": lambda b, h, sq, sk: torch.randn(b, h, sq, sk, dtype=torch.float64),
+    "(1, H, 1, Sk)": lambda b, h, sq, sk: torch.randn(1, h, 1, sk, dtype=torch.float64),
+    "size-1 keys (H, Sq, 1)": lambda b, h, sq, sk: torch.randn(h, sq, 1, dtype=torch.float64),
+}
+
+
+@pytest.mark.usefixtures("small_tiles")
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize(("mask", "bias"), list(itertools.product(MASKS, BIASES)))
+def test_masks_and_a_bias_that_learns_match_the_formula(mode, mask, bias) -> None:
+    b, h, hkv, sq, sk = 2, 4, 2, 6, 10
+    q, k, v = inputs(b, h, hkv, sq, sk)
+    m = MASKS[mask](b, h, sq, sk)
+    m[..., 0, :] = False  # the first query of every row may attend nothing: zeros
+    m[..., -1, -1] = True
+    bias_t = BIASES[bias](b, h, sq, sk).requires_grad_()
+    out = tiled_attention(q, k, v, causal=True, mask=m, bias=bias_t, key_block=MODES[mode])
+    expected = formula(q, k, v, True, m, bias_t)
+    torch.testing.assert_close(out, expected)
+    grad = torch.randn_like(out)
+    got = torch.autograd.grad(out, (q, k, v, bias_t), grad)
+    want = torch.autograd.grad(expected, (q, k, v, bias_t), grad)
+    for name, a, e in zip(("q", "k", "v", "bias"), got, want, strict=True):
+        assert a.shape == e.shape, name
+        torch.testing.assert_close(a, e, msg=lambda msg, name=name: f"d{name}: {msg}")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_gradcheck(mode) -> None:
+    """Finite differences against the hand-written backward, with a mask and a bias."""
+    q, k, v = inputs(1, 4, 2, 5, 7, d=4)
+    bias = torch.randn(4, 5, 7, dtype=torch.float64, requires_grad=True)
+    mask = torch.rand(5, 7) > 0.2
+    mask[:, 0] = True
+
+    def fn(q, k, v, bias):
+        return tiled_attention(q, k, v, causal=True, mask=mask, bias=bias, key_block=MODES[mode])
+
+    assert torch.autograd.gradcheck(fn, (q, k, v, bias))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_rows_with_every_key_masked_are_zeros_with_zero_gradients(mode) -> None:
+    q, k, v = inputs(1, 2, 2, 4, 6)
+    mask = torch.ones(4, 6, dtype=torch.bool)
+    mask[1] = False
+    out = tiled_attention(q, k, v, causal=False, mask=mask, key_block=MODES[mode])
+    assert bool((out[:, :, 1] == 0).all()) and bool(torch.isfinite(out).all())
+    out.sum().backward()
+    assert q.grad is not None and bool((q.grad[:, :, 1] == 0).all())
+    assert all(bool(torch.isfinite(t.grad).all()) for t in (q, k, v) if t.grad is not None)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_extreme_scores_stay_exact_and_future_keys_get_no_gradient(mode) -> None:
+    """Scores 1000s apart: exp's floor must not change the result, and keys ahead of every
+    query (causal) must get exactly zero gradient."""
+    q, k, v = inputs(1, 2, 2, 6, 6)
+    with torch.no_grad():
+        q.mul_(300.0)
+    out = tiled_attention(q, k, v, causal=True, key_block=MODES[mode])
+    torch.testing.assert_close(out, formula(q, k, v, True))
+    (dk,) = torch.autograd.grad(out[:, :, :3].sum(), k)
+    assert bool((dk[:, :, 3:] == 0).all())  # queries 0..2 never see keys 3..5
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_bfloat16_in_bfloat16_out_close_to_float32(mode) -> None:
+    q, k, v = (t.detach().to(torch.bfloat16).requires_grad_() for t in inputs(2, 4, 2, 9, 9))
+    out = tiled_attention(q, k, v, causal=True, key_block=MODES[mode])
+    assert out.dtype == torch.bfloat16
+    expected = formula(q.double(), k.double(), v.double(), True)
+    torch.testing.assert_close(out.double(), expected, atol=2e-2, rtol=2e-2)
+    out.float().square().sum().backward()
+    assert all(t.grad is not None and t.grad.dtype == torch.bfloat16 for t in (q, k, v))
+
+
+def test_strided_inputs_are_read_in_place_and_give_the_same_result() -> None:
+    """q, k, v as the model makes them: (B, H, T, D) views of (B, T, H·D) projections."""
+    torch.manual_seed(0)
+    proj = [torch.randn(2, 10, 4 * 8, dtype=torch.float64) for _ in range(3)]
+    q, k, v = (p.view(2, 10, 4, 8).transpose(1, 2) for p in proj)
+    for mode in MODES.values():
+        out = tiled_attention(q, k, v, causal=True, key_block=mode)
+        torch.testing.assert_close(out, formula(q, k, v, True))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_flops_are_counted_over_the_whole_score_matrix_as_torch_counts_its_own(mode) -> None:
+    q, k, v = (t.detach().float() for t in inputs(2, 4, 2, 8, 12))
+    with FlopCounterMode(display=False) as counter:
+        tiled_attention(q, k, v, causal=True, key_block=MODES[mode])
+    assert counter.get_total_flops() == 4 * 2 * 4 * 8 * 12 * 8
+
+
+@pytest.mark.usefixtures("small_tiles")
+@pytest.mark.parametrize("key_block", [0, 3])
+@pytest.mark.parametrize(("sq", "sk", "causal"), [(9, 9, True), (4, 9, True), (9, 9, False)])
+def test_the_plan_covers_every_score_a_query_may_see_once(key_block, sq, sk, causal) -> None:
+    plan = Plan(3, 4, 2, sq, sk, 8, causal, key_block)
+    seen = torch.zeros(3, sq, sk, dtype=torch.int64)
+    for (b0, b1), (i0, i1, kend) in itertools.product(plan.batch_blocks(), plan.query_blocks()):
+        for j0, j1 in plan.key_blocks(kend):
+            seen[b0:b1, i0:i1, j0:j1] += 1
+    allowed = torch.ones(sq, sk, dtype=torch.bool).tril(sk - sq) if causal else True
+    assert bool((seen[:, allowed] == 1).all())  # every allowed score exactly once
+    if causal and sq > plan.query_block:  # keys ahead of a whole query block are skipped
+        assert int(seen.sum()) < 3 * sq * sk
+    kept = kept_elements(plan)
+    assert kept == (plan.heads * int(seen.sum()) if key_block == 0 else 0)
+
+
+def test_compiles_as_one_graph_with_its_backward() -> None:
+    q, k, v = inputs(2, 4, 2, 9, 9, dtype=torch.float32)
+
+    def fn(q, k, v):
+        return tiled_attention(q, k, v, causal=True).square().sum()
+
+    compiled = torch.compile(fn, fullgraph=True, backend="aot_eager")
+    want = torch.autograd.grad(fn(q, k, v), (q, k, v))
+    got = torch.autograd.grad(compiled(q, k, v), (q, k, v))
+    torch.testing.assert_close(got, want)
+
+
+def test_runs_on_the_meta_device() -> None:
+    q, k, v = (torch.empty(2, 4, 9, 8, device="meta", requires_grad=True) for _ in range(3))
+    out = tiled_attention(q, k, v, causal=True)
+    assert out.shape == (2, 4, 9, 8) and out.device.type == "meta"
+    out.sum().backward()
+    assert q.grad is not None and q.grad.shape == q.shape
+
+
+def test_inference_streams_keys_and_gives_the_same_result() -> None:
+    """Without autograd nothing is kept: the kept-weights mode streams keys in blocks (linear
+    memory) and must agree with what it computes for training."""
+    q, k, v = inputs(2, 4, 2, 40, 40)
+    with torch.no_grad():
+        streamed = tiled_attention(q, k, v, causal=True)
+    torch.testing.assert_close(streamed, tiled_attention(q, k, v, causal=True))
+    with torch.no_grad(), pytest.MonkeyPatch.context() as patch:
+        patch.setattr(attention, "STREAM_BLOCK", 7)  # several key blocks at this length
+        torch.testing.assert_close(tiled_attention(q, k, v, causal=True), formula(q, k, v, True))
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize(
+    ("dtype", "exact", "underflow"),
+    [(torch.float64, [0.0, -100.0, -300.0, -700.0], -750.0), (torch.float32, [0.0, -50.0, -86.0, -87.0], -100.0)],
+    ids=["float64", "float32"],
+)  # fmt: skip
+def test_weights_far_below_the_max_are_exact_down_to_the_smallest_normal(
+    mode, dtype, exact, underflow
+) -> None:
+    """exp's floor (a speed-up: exp is slow where its result is subnormal) sits at the log of
+    the smallest normal number of the dtype the weights are computed in: a weight above it is
+    exact to relative precision, in float64 too; one below it is off by less than twice that
+    number.
+    With v the identity, the output row is the attention weights themselves, and dv is the
+    weights times dout."""
+    scores = [*exact, underflow]
+    d = len(scores)
+    q = torch.zeros(1, 1, 1, d, dtype=dtype)
+    q[..., 0] = math.sqrt(d)  # q·k / sqrt(D) = k[0]
+    k = torch.zeros(1, 1, d, d, dtype=dtype)
+    k[0, 0, :, 0] = torch.tensor(scores, dtype=dtype)
+    v = torch.eye(d, dtype=dtype)[None, None].requires_grad_()
+    out = tiled_attention(q, k, v, causal=False, key_block=MODES[mode])
+    expected = torch.softmax(torch.tensor(scores, dtype=torch.float64), -1).to(dtype)
+    n, tiny = len(exact), torch.finfo(dtype).tiny
+    torch.testing.assert_close(
+        out[0, 0, 0, :n], expected[:n], rtol=4 * torch.finfo(dtype).eps, atol=0
+    )
+    assert 0 <= out.detach()[0, 0, 0, n].item() < 2 * tiny
+    (dv,) = torch.autograd.grad(out, v, torch.ones_like(out))
+    torch.testing.assert_close(
+        dv[0, 0, :n, 0], expected[:n], rtol=4 * torch.finfo(dtype).eps, atol=0
+    )
+    assert 0 <= float(dv[0, 0, n, 0]) < 2 * tiny
