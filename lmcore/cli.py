@@ -10,6 +10,7 @@ lmcore train SPEC           train a model on prepared data: checkpoints, metrics
 lmcore sweep BASE --vary    train a baseline and its variants alike; compare them
 lmcore compare RUN...       the comparison table and plot of existing runs
 lmcore quickstart           train a small model on this Python's standard library (a minute)
+lmcore generate SPEC|CKPT   write text (or token ids) from a prompt, streaming, with a KV cache
 
 Wherever a SPEC is taken, a checkpoint path is too (a name ending in .safetensors, or a path with
 a directory separator and no '='): its embedded spec is used, resolved against the plugins that
@@ -276,6 +277,7 @@ def _parser() -> argparse.ArgumentParser:
 
     _add_data_parser(sub)
     _add_train_parsers(sub)
+    _add_generate_parser(sub)
     return parser
 
 
@@ -1183,6 +1185,245 @@ def _cmd_quickstart(args: argparse.Namespace) -> int:
         device=args.device,
     )
     return _exit_code(result.status, result.reason)
+
+
+# ------------------------------------------------------------------------------ generate
+
+
+def _add_generate_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "generate",
+        help="write text (or token ids) after a prompt, streaming, with a KV cache",
+        description="Generate from a model: a checkpoint (its weights and the tokenizer saved "
+        "with it or its run) or a spec (seeded random weights). New text streams to stdout as "
+        "it is produced; tokens/s go to stderr. Sampling: --temperature 0 is greedy; "
+        "--top-k and --top-p cut the distribution first.",
+    )
+    p.add_argument(
+        "spec",
+        metavar="SPEC|CHECKPOINT",
+        help=f"spec string (random weights), {_OR_CHECKPOINT}, a checkpoint directory (holding "
+        "model.safetensors) or a run directory (its latest checkpoint)",
+    )
+    prompt = p.add_mutually_exclusive_group(required=True)
+    prompt.add_argument("--prompt", metavar="TEXT", help="a text prompt (needs a tokenizer)")
+    prompt.add_argument(
+        "--prompt-ids", metavar="1,2,3", type=_ids, help="token ids, comma-separated"
+    )
+    p.add_argument(
+        "--max-new-tokens",
+        type=_positive,
+        metavar="N",
+        help="tokens to generate (default: as many as fit in the context, at most 256)",
+    )
+    p.add_argument("--temperature", type=float, default=1.0, help="0 is greedy (default: 1.0)")
+    p.add_argument(
+        "--top-p",
+        type=float,
+        default=1.0,
+        help="keep the most likely tokens making up this probability (default: 1.0, all)",
+    )
+    p.add_argument("--top-k", type=_positive, help="keep only the K most likely tokens")
+    p.add_argument(
+        "--stop-token",
+        type=int,
+        metavar="ID",
+        help="end at this token id (default: the tokenizer's <|endoftext|>, if it has one)",
+    )
+    p.add_argument(
+        "--seed",
+        type=_seed,
+        help="seeds sampling (and a spec's random weights; default: unseeded sampling)",
+    )
+    p.add_argument(
+        "--tokenizer",
+        metavar="PATH",
+        help="tokenizer.json to use (default: found beside the checkpoint or in its run)",
+    )
+    p.add_argument(
+        "--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda:N"
+    )
+    p.add_argument("--dtype", choices=DTYPES, help=_DTYPE_HELP)
+    p.add_argument(
+        "--no-cache",
+        action="store_true",
+        help="recompute the whole sequence at every step instead of using a KV cache",
+    )
+    p.add_argument(
+        "--compile",
+        action="store_true",
+        help="compile the decoding step with torch.compile (slow to start: for long outputs)",
+    )
+    p.set_defaults(func=_cmd_generate)
+
+
+def _ids(text: str) -> list[int]:
+    parts = [t.strip() for t in text.split(",")]
+    if not parts or not all(re.fullmatch(r"\d{1,19}", t) for t in parts):
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated token ids such as 1,2,3, got {text!r}"
+        )
+    return [int(t) for t in parts]
+
+
+def model_file(text: str) -> tuple[Any, Any]:
+    """`(checkpoint, tokenizer.json or None)` for a SPEC|CHECKPOINT argument, as Paths, or
+    `(None, None)` for a spec: a model file, a checkpoint directory or a run directory (its
+    newest checkpoint), with the tokenizer its metadata names (`lmcore.runs.find_model`)."""
+    from pathlib import Path
+
+    from lmcore.checkpoint import is_checkpoint_path
+    from lmcore.runs import find_model
+
+    p = Path(text)
+    if p.is_dir() or (p.is_file() and is_checkpoint_path(text)):
+        return find_model(p)
+    return (p, None) if is_checkpoint_path(text) else (None, None)
+
+
+def tokenizer_places(model: Any) -> list[Any]:
+    """Where a checkpoint's tokenizer.json may be, in order: beside it, then each directory
+    up to its run directory (the first holding run.json), then the data directory the run
+    names."""
+    import json
+    from pathlib import Path
+
+    from lmcore.runs import RUN_FILE, TOKENIZER_FILE
+
+    places, run = [], None
+    for d in model.resolve().parents:
+        places.append(d / TOKENIZER_FILE)
+        if (d / RUN_FILE).is_file():
+            run = d
+            break
+    if run is None:
+        places = places[:1]
+    else:
+        try:
+            info = json.loads((run / RUN_FILE).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError):
+            info = None
+        data = info.get("data") if isinstance(info, dict) else None  # {"path": ...}
+        path = data.get("path") if isinstance(data, dict) else None
+        if isinstance(path, str):
+            places.append(Path(path) / TOKENIZER_FILE)
+    return places
+
+
+def _tokenizer(args: argparse.Namespace, model: Any, named: Any) -> Any:
+    """The tokenizer to use: --tokenizer, else the one the checkpoint's metadata names, else
+    the first found for it (`tokenizer_places`); None when the prompt is ids and none is found
+    (ids are then printed)."""
+    from pathlib import Path
+
+    from tokenizers import Tokenizer
+
+    from lmcore.runs import TOKENIZER_FILE
+
+    if args.tokenizer is not None:
+        places = [Path(args.tokenizer)]
+        if not places[0].is_file():
+            raise UsageError(f"--tokenizer {args.tokenizer!r} does not exist")
+    else:
+        places = ([named] if named else []) + ([] if model is None else tokenizer_places(model))
+    found = next((p for p in places if p.is_file()), None)
+    if found is None:
+        if args.prompt is None:
+            return None
+        where = (
+            f"looked for {TOKENIZER_FILE} in {', '.join(str(p.parent) for p in places)}"
+            if places
+            else "a spec has no tokenizer"
+        )
+        raise UsageError(
+            f"--prompt needs a tokenizer, but none was found for {args.spec!r} ({where}); "
+            "pass --tokenizer PATH (e.g. the tokenizer.json lmcore data prepare wrote), or give "
+            "token ids with --prompt-ids 1,2,3"
+        )
+    try:
+        return Tokenizer.from_file(str(found))
+    except Exception as e:  # tokenizers raises a bare Exception for unparsable files
+        raise UsageError(f"{str(found)!r} is not a Hugging Face tokenizer.json ({e})") from None
+
+
+def _cmd_generate(args: argparse.Namespace) -> int:
+    import time
+
+    import torch
+
+    from lmcore.checkpoint import build_from_checkpoint, read_info, resolve_checkpoint
+    from lmcore.model import build_model
+    from lmcore.train import resolve_device
+
+    path, named = model_file(args.spec)
+    device = resolve_device(args.device)
+    if path is not None:
+        with _checkpoint_warnings(args.command):
+            info = read_info(path)
+            bp = resolve_checkpoint(info)
+        model = build_from_checkpoint(info, bp, device=device, dtype=_dtype(args, info))
+    else:
+        bp, _ = _source(args)
+        torch.manual_seed(args.seed or 0)
+        model = build_model(bp, device=device, dtype=_dtype(args, None))
+    tok = _tokenizer(args, path, named)
+    vocab = model.spec.vocab_size
+    if args.prompt is not None:
+        ids = tok.encode(args.prompt).ids
+        if not ids:
+            raise UsageError("--prompt encodes to no tokens; give some text")
+    else:
+        ids = args.prompt_ids
+    if tok is not None and tok.get_vocab_size() > vocab:
+        raise UsageError(
+            f"the tokenizer has {tok.get_vocab_size():,} tokens but the model's vocab_size is "
+            f"{vocab:,}; use the tokenizer the model was trained with"
+        )
+    stop = args.stop_token
+    if stop is None and tok is not None:
+        stop = tok.token_to_id("<|endoftext|>")
+    n = args.max_new_tokens or max(1, min(256, model.spec.context_length - len(ids) + 1))
+    if args.compile:
+        from lmcore.generate import compile_decoding
+
+        compile_decoding(model)
+    start = time.perf_counter()
+    steps = model.stream(
+        torch.tensor(ids),
+        n,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        stop_token=stop,
+        seed=args.seed,
+        cache=not args.no_cache,
+    )
+    out: list[int] = []
+    shown = ""
+    for t in steps:
+        out.append(int(t))
+        if tok is None:
+            sys.stdout.write(f"{' ' if len(out) > 1 else ''}{out[-1]}")
+        else:
+            text = tok.decode(out)
+            if text.endswith("\ufffd"):
+                continue  # a character split across tokens: wait for its other bytes
+            sys.stdout.write(text[len(shown) :])
+            shown = text
+        sys.stdout.flush()
+    if tok is not None:
+        sys.stdout.write(tok.decode(out)[len(shown) :])
+    sys.stdout.write("\n")
+    seconds = time.perf_counter() - start
+    ended = " (stop token)" if stop is not None and out and out[-1] == stop else ""
+    mode = "KV cache" if not args.no_cache else "recomputed each step"
+    mode += ", compiled: the first step compiles" if args.compile else ""
+    _say(
+        f"lmcore generate: {len(out)} tokens{ended} in {seconds:.2f} s, "
+        f"{len(out) / seconds:,.0f} tokens/s ({mode}, prompt {len(ids)} tokens, "
+        f"{str(model.lm_head.weight.dtype).removeprefix('torch.')} on {device})"
+    )
+    return 0
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -55,15 +55,17 @@ DIMS: Final[Mapping[str, tuple[str, ...]]] = {
 
 # What a component may declare it can do. Unknown words are a declaration error, so a typo
 # cannot silently switch a check off.
+# nocache (any kind): cannot work with a KV cache (generation refuses it before starting;
+# without it the conformance kit's cache check holds the component to the contract).
 FEATURES: Final[Mapping[str, frozenset[str]]] = {
-    "norm": frozenset({"compile"}),
-    "ffn": frozenset({"compile"}),
+    "norm": frozenset({"compile", "nocache"}),
+    "ffn": frozenset({"compile", "nocache"}),
     # rotary: rotates q and k; absolute: adds to the token embeddings; bias: adds an attention
     # bias; relative: q.k after the encoding depends only on the offset between positions.
-    "pos": frozenset({"rotary", "absolute", "bias", "relative", "compile"}),
+    "pos": frozenset({"rotary", "absolute", "bias", "relative", "compile", "nocache"}),
     # gqa: takes k, v with fewer heads than q; bias: accepts an additive bias; mask: accepts a
     # boolean mask (True = may attend).
-    "attn": frozenset({"gqa", "bias", "mask", "compile"}),
+    "attn": frozenset({"gqa", "bias", "mask", "compile", "nocache"}),
 }
 
 NAME_RE: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]*\Z")

@@ -8,23 +8,27 @@ component; `TransformerBlock` wires norm, attention and feed-forward in pre- or 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from einops import rearrange
-from jaxtyping import Float, Int
+from jaxtyping import Bool, Float, Int
 from torch import Tensor, nn
 
 from lmcore.blueprint import Blueprint, resolve
+from lmcore.cache import KVCache, LayerCache
 from lmcore.components import KINDS, Component
-from lmcore.errors import ModelTooLargeError, StateDictError
+from lmcore.errors import ModelInputError, ModelTooLargeError, StateDictError
 from lmcore.inputs import check_device, check_dtype, check_ids, check_positions
 from lmcore.interfaces import Rotation
 from lmcore.nn import Embedding, Linear
 from lmcore.registry import Registry
 from lmcore.spec import ModelSpec
+
+if TYPE_CHECKING:
+    from lmcore.generate import Prompt
 
 
 class CausalSelfAttention(nn.Module):
@@ -59,17 +63,24 @@ class CausalSelfAttention(nn.Module):
         self,
         x: Float[Tensor, "B T d_model"],
         rotation: Rotation | None = None,
-        bias: Float[Tensor, "... H T T"] | None = None,
+        bias: Float[Tensor, "... H T Sk"] | None = None,
+        mask: Bool[Tensor, "B 1 T Sk"] | None = None,
+        cache: LayerCache | None = None,
     ) -> Float[Tensor, "B T d_model"]:
         q = rearrange(self.q_proj(x), "b t (h d) -> b h t d", h=self.num_heads)  # (B, H, T, D)
         k = rearrange(self.k_proj(x), "b t (h d) -> b h t d", h=self.num_kv_heads)  # (B, Hkv, T, D)
         v = rearrange(self.v_proj(x), "b t (h d) -> b h t d", h=self.num_kv_heads)
         if rotation is not None:  # RoPE-style encodings rotate q and k, never v
             q, k = rotation(q), rotation(k)
+        if cache is not None:  # keys are cached rotated: only the new ones are rotated here
+            k, v = cache.update(k, v)  # (B, Hkv, Sk, D), Sk = cached + T
         if self.num_kv_heads != self.num_heads and not self.kernel_gqa:
             group = self.num_heads // self.num_kv_heads
             k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-        out = self.kernel(q, k, v, causal=True, bias=bias)  # (B, H, T, D)
+        # Sq = T queries against Sk keys: the kernel aligns causal queries to the end. Only a
+        # padded batch passes a mask, so kernels without 'mask' serve everything else.
+        kw = {} if mask is None else {"mask": mask}
+        out = self.kernel(q, k, v, causal=True, bias=bias, **kw)  # (B, H, T, D)
         # Always a copy, never a view of `out`: a kernel may keep `out` for its backward, and
         # output_proj keeps its input; with a view (one token, or one head) both would hold
         # the same storage and the activations declared for each would count it twice.
@@ -99,15 +110,17 @@ class TransformerBlock(nn.Module):
         self,
         x: Float[Tensor, "B T d_model"],
         rotation: Rotation | None = None,
-        bias: Float[Tensor, "... H T T"] | None = None,
+        bias: Float[Tensor, "... H T Sk"] | None = None,
+        mask: Bool[Tensor, "B 1 T Sk"] | None = None,
+        cache: LayerCache | None = None,
     ) -> Float[Tensor, "B T d_model"]:
         y: Tensor
         z: Tensor
         if self.postnorm:
-            y = self.ln1(x + self.attn(x, rotation, bias))
+            y = self.ln1(x + self.attn(x, rotation, bias, mask, cache))
             z = self.ln2(y + self.ffn(y))
         else:
-            y = x + self.attn(self.ln1(x), rotation, bias)
+            y = x + self.attn(self.ln1(x), rotation, bias, mask, cache)
             z = y + self.ffn(self.ln2(y))
         return z
 
@@ -177,6 +190,62 @@ class TransformerLM(nn.Module):
 
         return save(self, path, metadata=metadata)
 
+    def generate(
+        self,
+        prompt_ids: Prompt,
+        max_new_tokens: int,
+        *,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int | None = None,
+        stop_token: int | None = None,
+        seed: int | None = None,
+        cache: bool = True,
+    ) -> Int[Tensor, "*B new"]:
+        """The new token ids after `prompt_ids` (temperature 0: greedy), with a KV cache:
+        `lmcore.generate.generate`."""
+        from lmcore.generate import generate
+
+        return generate(
+            self,
+            prompt_ids,
+            max_new_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
+            stop_token=stop_token,
+            seed=seed,
+            cache=cache,
+        )
+
+    def stream(
+        self,
+        prompt_ids: Prompt,
+        max_new_tokens: int,
+        *,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int | None = None,
+        stop_token: int | None = None,
+        seed: int | None = None,
+        cache: bool = True,
+    ) -> Iterator[Int[Tensor, "*B"]]:
+        """`generate` one step at a time: yields each step's new tokens as they are produced
+        (`lmcore.generate.stream`)."""
+        from lmcore.generate import stream
+
+        return stream(
+            self,
+            prompt_ids,
+            max_new_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
+            stop_token=stop_token,
+            seed=seed,
+            cache=cache,
+        )
+
     @property
     def components(self) -> dict[str, Component]:
         """The component behind each kind, as the registry provided it."""
@@ -186,7 +255,12 @@ class TransformerLM(nn.Module):
         self,
         in_indices: Int[Tensor, "... T"],
         token_positions: Int[Tensor, "... T"] | None = None,
+        *,
+        cache: KVCache | None = None,
     ) -> Float[Tensor, "... T vocab_size"]:
+        """Logits for every position. With a `cache` (`KVCache.for_model(model, batch)`), the
+        ids `(B, T)` are appended to the cached sequences: their positions continue from the
+        cache's (unless given) and they attend to every cached key."""
         spec = self.spec
         ids = check_ids(
             in_indices,
@@ -196,16 +270,45 @@ class TransformerLM(nn.Module):
         )
         lead, seq = ids.shape[:-1], ids.shape[-1]
         ids = ids.reshape(-1, seq)  # (B, T)
+        if cache is not None:
+            if ids.shape[0] != cache.batch or len(lead) != 1:
+                raise ModelInputError(
+                    f"token ids of shape {tuple(in_indices.shape)} do not fit a KV cache of "
+                    f"batch {cache.batch}: give (batch, seq) = ({cache.batch}, T)"
+                )
+            cache.check_room(seq)
+            if token_positions is None:
+                token_positions = cache.next_positions(seq)
         positions = check_positions(token_positions, ids, context_length=spec.context_length)
-
-        x = self.token_embeddings(ids)  # (B, T, d_model)
-        x = self.pos.embed(x, positions)
-        rotation = self.pos.rotation(positions)
-        bias = self.pos.attention_bias(positions, positions)  # (..., H, T, T) or None
-        for layer in self.layers:
-            x = layer(x, rotation, bias)
-        logits: Tensor = self.lm_head(self.ln_final(x))  # (B, T, vocab_size)
+        logits = self.forward_unchecked(ids, positions, cache)
         return logits.reshape(*lead, seq, spec.vocab_size)  # an empty batch has no -1 to infer
+
+    def forward_unchecked(
+        self,
+        ids: Int[Tensor, "B T"],
+        positions: Int[Tensor, "B_or_1 T"],
+        cache: KVCache | None = None,
+    ) -> Float[Tensor, "B T vocab_size"]:
+        """`forward` without its input checks, for callers that checked once (generation
+        checks a prompt's ids up front, then feeds back ids it sampled itself): no value
+        check, so no device synchronisation per step."""
+        x = self.token_embeddings(ids)  # (B, T, d_model)
+        x = self.pos.embed(x, positions)  # absolute encodings embed at the given positions
+        rotation = self.pos.rotation(positions)  # rotates the new q and k only
+        mask = None
+        if cache is None:
+            k_positions = positions
+        else:
+            cache.record(positions)
+            k_positions = cache.key_positions(ids.shape[1])
+            mask = cache.mask(ids.shape[1])
+        bias = self.pos.attention_bias(positions, k_positions)  # (..., H, T, Sk) or None
+        for i, layer in enumerate(self.layers):
+            x = layer(x, rotation, bias, mask, None if cache is None else cache.layer(i))
+        if cache is not None:
+            cache.advance(ids.shape[1])
+        logits: Tensor = self.lm_head(self.ln_final(x))  # (B, T, vocab_size)
+        return logits
 
 
 def refuse_untied_state_dict(

@@ -222,7 +222,7 @@ def test_an_unknown_name_mentions_failed_plugins(make_dist, registry: Registry) 
             def lmcore_components():
                 return [Component(kind="attn", name="x", build=Module, features=frozenset({"gqa", "flash"}))]
             """,
-            r"attn 'x': unknown feature 'flash'; attn features are bias, compile, gqa, mask",
+            r"attn 'x': unknown feature 'flash'; attn features are bias, compile, gqa, mask, nocache",
         ),
         (
             """

@@ -14,7 +14,7 @@ import itertools
 import math
 import warnings
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
@@ -22,6 +22,10 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from lmcore.components import KINDS, accepted_kwargs, format_scalar
 from lmcore.interfaces import PROTOCOLS, PositionalEncoding
+
+if TYPE_CHECKING:
+    from lmcore.model import TransformerLM
+
 from lmcore.testing.core import (
     BATCH,
     DTYPES,
@@ -391,6 +395,103 @@ def compiled(target: Target, variant: str, settings: Settings) -> None:
         problem = mismatch(c_out, e_out, atol=atol, rtol=rtol, equal_nan=True)
         if problem:
             fail(f"compiled with backend={backend!r}, {name} differs from eager: {problem}")
+
+
+# Token counts fed to a cached model in turn: a prompt, then a chunk (Sq > 1 queries against
+# more keys), then single tokens as in decoding.
+CACHE_STEPS = (5, 2, 1, 1)
+# A left-padded row: this many pads before its prompt (needs an attn with 'mask').
+CACHE_PADS = 2
+
+
+def _model_buildable(target: Target) -> str | None:
+    """Why no model can be built around `target` in its registry: a default component of
+    another slot is missing (a registry holding only the plugin under test)."""
+    from lmcore.registry import get_registry
+    from lmcore.spec import SLOTS
+
+    registry = target.registry or get_registry()
+    missing = [
+        f"{kind} {name!r}"
+        for kind, name in SLOTS.items()
+        if kind != target.kind and name not in registry.names(kind)
+    ]
+    if not missing:
+        return None
+    return (
+        f"the check builds a model around {target.label}, but the registry lacks the default "
+        f"{', '.join(missing)} for the other slots (lmcore's built-ins are not loaded)"
+    )
+
+
+@check("cache", ALL, defaults_only=True, needs=_model_buildable)
+def cache(target: Target, variant: str, settings: Settings) -> None:
+    """With a KV cache, a model around the component gives the logits of a full forward, fed a
+    prompt, a chunk and single tokens, at two shapes (the second with grouped-query heads), and
+    for a left-padded row when the kernel takes a mask; unless it declares 'nocache'."""
+    from lmcore.cache import KVCache
+    from lmcore.errors import LmcoreError
+    from lmcore.model import TransformerLM
+
+    if "nocache" in target.features:
+        return  # declared: generation refuses it before starting
+    for shape in range(len(SHAPES)):
+        spec = _model_around(target, shape)
+        try:
+            model = TransformerLM(spec, registry=target.registry)
+        except (LmcoreError, RuntimeError, TypeError, ValueError) as e:
+            fail(f"cannot build the model {spec!r}: {type(e).__name__}: {_first_line(e)}")
+        total = sum(CACHE_STEPS)
+        ids = torch.randint(0, 97, (BATCH, total))
+        padded = "mask" in model.blueprint.features("attn")
+        with torch.no_grad():
+            full = model(ids)  # (B, total, V)
+            kv = KVCache.for_model(model, BATCH)
+            start = 0
+            for n in CACHE_STEPS:
+                got = model(ids[:, start : start + n], cache=kv)
+                problem = mismatch(got, full[:, start : start + n], 1e-4, 1e-4)
+                if problem:
+                    fail(
+                        f"in the model {spec!r} with a KV cache, {n} new token(s) after "
+                        f"{start} cached ones (attn gets Sq={n}, Sk={start + n}) do not give "
+                        f"the logits of a full forward: {problem}. The kernel must align causal "
+                        "queries to the end of the keys (query i at position Sk - Sq + i), and "
+                        "the pos hooks use the positions they are given (embed and rotation: "
+                        "the new tokens'; attention_bias: (q_positions, k_positions)); or "
+                        "declare 'nocache' in the Component's features"
+                    )
+                start += n
+            if padded:
+                _padded_cache(model, spec, ids, full)
+
+
+def _padded_cache(model: TransformerLM, spec: str, ids: Tensor, full: Tensor) -> None:
+    """Row 0 left-padded by CACHE_PADS, row 1 not: both give their unpadded logits."""
+    from lmcore.cache import KVCache
+
+    prompt = CACHE_STEPS[0]
+    short = ids.clone()
+    short[0, CACHE_PADS:prompt] = ids[0, : prompt - CACHE_PADS]  # row 0's prompt, shifted right
+    short[0, :CACHE_PADS] = 0
+    real = torch.ones(BATCH, prompt, dtype=torch.bool)
+    real[0, :CACHE_PADS] = False
+    alone = model(ids[:1, : prompt - CACHE_PADS])  # row 0 unpadded, shorter
+    kv = KVCache.for_model(model, BATCH)
+    kv.pad(real)
+    got = model(short[:, :prompt], cache=kv)
+    for what, a, e in (
+        ("the padded row", got[0, CACHE_PADS:], alone[0]),
+        ("the unpadded row beside it", got[1], full[1, :prompt]),
+    ):
+        problem = mismatch(a, e, 1e-4, 1e-4)
+        if problem:
+            fail(
+                f"in the model {spec!r} with a KV cache and a left-padded batch (row 0 has "
+                f"{CACHE_PADS} pads, masked through the kernel's mask), {what} does not give "
+                f"its logits without padding: {problem}. Pads are masked keys (mask=False); "
+                "their positions do not count"
+            )
 
 
 # ------------------------------------------------------------------------------ norm and ffn

@@ -277,6 +277,8 @@ class Check:
     variants: tuple[str, ...] = ("",)
     defaults_only: bool = False  # too costly to repeat for every argument variant
     declaration: str | None = None  # a Component field the check needs; skipped when None
+    # Why the check cannot run on a target (e.g. no model can be built around it), or None.
+    needs: Callable[[Target], str | None] | None = None
 
     def applies_to(self, target: Target) -> bool:
         return (
@@ -297,13 +299,24 @@ def check(
     variants: tuple[str, ...] = ("",),
     defaults_only: bool = False,
     declaration: str | None = None,
+    needs: Callable[[Target], str | None] | None = None,
 ) -> Callable[[Fn], Fn]:
     """Register a check; its docstring's first line is the contract it states."""
 
     def register(fn: Fn) -> Fn:
         doc = " ".join((fn.__doc__ or name).strip().split("\n\n")[0].split())
         CHECKS.append(
-            Check(name, frozenset(kinds), fn, doc, feature, variants, defaults_only, declaration)
+            Check(
+                name,
+                frozenset(kinds),
+                fn,
+                doc,
+                feature,
+                variants,
+                defaults_only,
+                declaration,
+                needs,
+            )
         )
         return fn
 

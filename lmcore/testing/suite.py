@@ -52,6 +52,10 @@ class Case:
                 f"{self.target.label} has required argument(s) {', '.join(missing)} with no "
                 "default; the conformance kit builds components from their declared defaults"
             )
+        if self.check.needs is not None:
+            reason = self.check.needs(self.target)
+            if reason:
+                return reason
         declaration = self.check.declaration
         if declaration and getattr(self.target.component, declaration) is None:
             return (

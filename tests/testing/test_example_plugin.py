@@ -116,10 +116,11 @@ def test_the_conformance_kit_passes_on_it(site: Path, tmp_path: Path) -> None:
         "test_forward[norm:dyt-bfloat16]", "test_params[norm:dyt(bias=false)]",
         "test_compile[norm:dyt]", "test_per_token[norm:dyt]", "test_meta[norm:dyt]",
         "test_activations[norm:dyt]", "test_activations[norm:dyt(bias=false)]",
+        "test_cache[norm:dyt]",
     ):  # fmt: skip
         assert f"lmcore-conformance::{test} PASSED" in out, out
-    # 11 checks with the defaults, 10 with bias=false (no compile), 6 unit tests.
-    assert "27 passed" in out.splitlines()[-1]
+    # 12 checks with the defaults, 10 with bias=false (no compile, no cache), 6 unit tests.
+    assert "28 passed" in out.splitlines()[-1]
 
 
 def test_once_removed_it_is_gone(tmp_path: Path) -> None:

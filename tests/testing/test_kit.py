@@ -5,6 +5,7 @@ and a registry holding only the planted components.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import Any
 
@@ -407,9 +408,13 @@ def test_each_planted_bug_fails_its_check_and_names_it(
 @pytest.mark.parametrize("component", ["good-norm", "good-attn", "good-rotary"])
 def test_correct_components_pass_every_check(pytester: pytest.Pytester, component: str) -> None:
     outcomes = run_kit(pytester, "--lmcore-component", component)
-    # The activations check needs a declaration, which these components leave out (optional).
+    # The activations check needs a declaration, which these components leave out (optional);
+    # the cache check a model around them, which the planted-only registry cannot build.
     skipped = {k for k, v in outcomes.items() if v == "skipped"}
-    assert [k.split("[")[0] for k in skipped] == [NODE + "test_activations"]
+    assert sorted(k.split("[")[0] for k in skipped) == [
+        NODE + "test_activations",
+        NODE + "test_cache",
+    ]
     assert outcomes and {v for k, v in outcomes.items() if k not in skipped} == {"passed"}, (
         failures(outcomes)
     )
@@ -452,6 +457,63 @@ def test_a_wrong_activations_declaration_fails_and_names_it(pytester: pytest.Pyt
     )
 
 
+class StartPositions(PositionalEncodingBase):
+    """Planted: embeds at 0..T-1 whatever positions it is given (right for a full forward, wrong
+    for the tokens after a KV cache)."""
+
+    def __init__(self, d_model: int, context_length: int, device: Any = None):
+        super().__init__()
+        self.table = torch.randn(context_length, d_model, device=device)
+
+    def embed(self, x: Tensor, token_positions: Tensor) -> Tensor:
+        return x + self.table[: x.shape[1]].to(x.dtype)
+
+
+@pytest.mark.parametrize(
+    ("component", "pattern"),
+    [
+        (
+            Component(kind="pos", name="start-positions", build=StartPositions,
+                      features=frozenset({"absolute"})),
+            r"with a KV cache, 2 new token\(s\) after 5 cached ones \(attn gets Sq=2, Sk=7\) do "
+            r"not give the logits of a full forward: .* the pos hooks use the positions they are "
+            r"given",
+        ),
+        (
+            attn("start-aligned", StartAlignedAttention),  # its other checks fail too
+            r"2 new token\(s\) after 5 cached ones \(attn gets Sq=2, Sk=7\) .*The kernel must "
+            r"align causal queries to the end of the keys",
+        ),
+    ],
+    ids=["pos", "attn"],
+)  # fmt: skip
+def test_a_component_that_breaks_the_cache_fails_and_names_it(
+    component: Component, pattern: str
+) -> None:
+    from lmcore.testing import ConformanceError, cases
+
+    registry = WithBuiltins(component).registry
+    [case] = [c for c in cases(registry, components=[component.name]) if c.check.name == "cache"]
+    assert case.skip_reason is None
+    with pytest.raises(ConformanceError, match=pattern):
+        case.run()
+    # Declared, the check has nothing to hold it to (generation refuses it instead).
+    declared = dataclasses.replace(component, features=component.features | {"nocache"})
+    registry = WithBuiltins(declared).registry
+    [case] = [c for c in cases(registry, components=[component.name]) if c.check.name == "cache"]
+    case.run()
+
+
+def test_the_cache_check_skips_where_no_model_can_be_built_around_the_component() -> None:
+    from lmcore.testing import cases
+
+    [case] = [c for c in cases(PlantedRegistry(PLANTED[0]).registry) if c.check.name == "cache"]
+    assert case.skip_reason == (
+        "the check builds a model around norm:good-norm, but the registry lacks the default ffn "
+        "'swiglu', pos 'rope', attn 'sdpa' for the other slots (lmcore's built-ins are not loaded)"
+    )
+
+
 def test_a_component_that_counts_a_tensor_the_next_layer_saves_fails() -> None:
     """Rows agree one by one, yet the total does not: the norm saves its own output, which the
     attention projections save too, and declares it."""
@@ -482,6 +544,7 @@ def test_every_check_is_shown_failing_by_some_planted_bug() -> None:
     }
     caught.add("build")  # test_a_module_that_is_not_a_positional_encoding_fails_build
     caught.add("activations")  # test_a_wrong_activations_declaration_fails_and_names_it
+    caught.add("cache")  # test_a_component_that_breaks_the_cache_fails_and_names_it
     assert caught == {c.name for c in CHECKS}
 
 
@@ -503,7 +566,8 @@ def test_ids_name_the_check_the_component_and_the_variant(pytester: pytest.Pytes
     assert sorted(outcomes) == [
         NODE + f"test_{t}[norm:good-norm{v}]"
         for t, v in sorted([
-            ("activations", ""), ("build", ""), ("compile", ""), ("flops", ""), ("forward", "-bfloat16"),
+            ("activations", ""), ("build", ""), ("cache", ""), ("compile", ""), ("flops", ""),
+            ("forward", "-bfloat16"),
             ("forward", "-float32"), ("gradients", ""), ("meta", ""), ("params", ""),
             ("per_token", ""), ("state_dict", ""),
         ])
@@ -526,7 +590,7 @@ def test_a_required_argument_without_default_skips_with_the_reason(
         *QUIET, "--lmcore-conformance", "--lmcore-component", "needs-arg", "-rs",
         plugins=[PlantedRegistry()],
     )  # fmt: skip
-    result.assert_outcomes(skipped=11)
+    result.assert_outcomes(skipped=12)
     result.stdout.fnmatch_lines(
         [
             "*norm:needs-arg has required argument(s) unused with no default; the conformance kit builds components from their declared defaults*"
@@ -663,7 +727,7 @@ def test_failure_report_leads_with_the_broken_contract(pytester: pytest.Pytester
         *QUIET, "--lmcore-conformance", "--lmcore-compile-backend", "eager", "--lmcore-component", "wrong-dtype",
         plugins=[PlantedRegistry()],
     )  # fmt: skip
-    result.assert_outcomes(failed=1, passed=9, skipped=1)
+    result.assert_outcomes(failed=1, passed=9, skipped=2)  # activations, cache: see above
     result.stdout.fnmatch_lines([
         "*_ lmcore-conformance::test_forward[[]norm:wrong-dtype-bfloat16[]] _*",
         "the output is shape (2, 3, 8, 64) float32 for bfloat16 input; return the input's dtype*",

@@ -1,0 +1,359 @@
+"""Text generation: greedy decoding, temperature, top-k and nucleus (top-p) sampling, a stop
+token, with a KV cache that goes through the component contracts.
+
+    ids = model.generate(prompt, 64, temperature=0.8, top_p=0.95, seed=0)   # (new,) or (B, new)
+    for tok in model.stream(prompt, 64): ...                                # one step at a time
+
+Each step runs the model on the new token only (`KVCache`): the attention kernel gets one query
+against every cached key, the positional encoding the absolute position of the new token. Every
+check (options, the components' capabilities, the prompt's ids, room in the context) runs once
+before the first step; the steps feed back ids sampled from the model's own vocabulary, so no
+step validates ids or synchronises with the device, except to see whether every sequence has
+reached `stop_token`.
+
+Prompts: a 1-d tensor (one prompt: 1-d results), a 2-d tensor (a batch of equal lengths), or a
+list of 1-d tensors / lists of ints, which may differ in length: they are left-padded, and the
+pads are masked out through the attention kernel's `mask` contract (a kernel without 'mask'
+can only take equal lengths).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+
+from lmcore.cache import KVCache
+from lmcore.components import KINDS
+from lmcore.errors import GenerationError, ModelInputError, one_of
+from lmcore.inputs import check_ids
+from lmcore.nn import softmax
+
+if TYPE_CHECKING:
+    from lmcore.model import TransformerLM
+
+NOCACHE = "nocache"  # the feature a component declares when it cannot work with a KV cache
+
+Prompt = Tensor | Sequence[int] | Sequence[Tensor | Sequence[int]]
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How each next token is picked from the logits.
+
+    temperature 0: the most likely token (greedy; ties go to the lowest id). Otherwise the
+    logits are divided by `temperature`, only the `top_k` most likely tokens are kept (all when
+    None), then the smallest set of the most likely tokens whose probability reaches `top_p`,
+    and a token is drawn from what is left, renormalised. Equal probabilities are ranked by
+    token id (lowest first), so ties at either cut are decided the same way every time.
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int | None = None
+
+    def __post_init__(self) -> None:
+        t, p, k = self.temperature, self.top_p, self.top_k
+        if not _real(t) or not (math.isfinite(t) and t >= 0):
+            raise GenerationError(
+                f"temperature must be a finite number >= 0, got {t!r}; 0 is greedy, 1 samples "
+                "from the model's distribution"
+            )
+        if not _real(p) or not 0 < p <= 1:
+            raise GenerationError(
+                f"top_p must be in (0, 1], got {p!r}; 1 keeps every token, 0.9 the most likely "
+                "tokens that make up 90% of the probability"
+            )
+        if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
+            raise GenerationError(f"top_k must be a positive integer or None, got {k!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def _real(x: object) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool)
+
+
+def sample(
+    logits: Float[Tensor, "B V"], sampling: Sampling, generator: torch.Generator | None = None
+) -> Int[Tensor, " B"]:
+    """One token per row of `logits` (see `Sampling`); computed in float32 or wider."""
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    if sampling.greedy:
+        return logits.argmax(dim=-1)  # the first maximum: the lowest id
+    probs = softmax(logits / sampling.temperature, dim=-1)
+    if sampling.top_k is not None or sampling.top_p < 1:
+        # One stable sort ranks tokens by probability, ties by id; both cuts are by rank.
+        ranked, order = probs.sort(dim=-1, descending=True, stable=True)
+        keep = torch.ones_like(ranked, dtype=torch.bool)
+        if sampling.top_k is not None:
+            keep[:, sampling.top_k :] = False
+        if sampling.top_p < 1:
+            # Keep a token while the more likely ones before it have not reached p: the
+            # smallest set whose probability reaches p (the most likely token always stays).
+            before = ranked.cumsum(dim=-1) - ranked
+            keep &= before < sampling.top_p
+        probs = torch.zeros_like(probs).scatter_(-1, order, ranked * keep)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)  # renormalises
+
+
+# ------------------------------------------------------------------------------ checks
+
+
+def check_cache_support(model: TransformerLM) -> None:
+    """Raise `GenerationError` when a component of `model` declares it cannot work with a KV
+    cache (feature 'nocache'), before anything runs."""
+    bp = model.blueprint
+    for kind in KINDS:
+        if NOCACHE in bp.features(kind):
+            entry = bp.entries[kind]
+            raise GenerationError(
+                f"{kind} {entry.name!r} from {entry.provenance} declares {NOCACHE!r}: it cannot "
+                "work with a KV cache; generate with cache=False (recomputes the whole sequence "
+                "at every step) or use another component"
+            )
+
+
+def prompt_batch(
+    model: TransformerLM, prompt_ids: object
+) -> tuple[Int[Tensor, "B T"], Bool[Tensor, "B T"] | None, bool]:
+    """`(ids, real, single)`: the prompts as one `(B, T)` tensor on the model's device, left
+    padded with id 0 where lengths differ (`real` False there; None when nothing is padded),
+    and whether a single 1-d prompt was given. Every id is checked here, once."""
+    spec, device = model.spec, model.lm_head.weight.device
+    single = False
+    rows: list[Tensor]
+    if isinstance(prompt_ids, Tensor):
+        if prompt_ids.ndim not in (1, 2):
+            raise ModelInputError(
+                f"prompt_ids must be 1-d (one prompt) or 2-d (a batch), got shape "
+                f"{tuple(prompt_ids.shape)}; give prompts of different lengths as a list"
+            )
+        single = prompt_ids.ndim == 1
+        ids = check_ids(
+            prompt_ids[None] if single else prompt_ids,
+            vocab_size=spec.vocab_size,
+            context_length=spec.context_length,
+            device=device,
+        )
+        if ids.shape[0] == 0:
+            raise ModelInputError("prompt_ids holds no prompt (batch of 0)")
+        return ids, None, single
+    if isinstance(prompt_ids, Sequence) and not isinstance(prompt_ids, str | bytes):
+        if len(prompt_ids) == 0:
+            raise ModelInputError("prompt_ids holds no prompt: give token ids, e.g. [1, 2, 3]")
+        if all(isinstance(i, int) for i in prompt_ids):
+            single, items = True, [prompt_ids]
+        else:
+            items = list(prompt_ids)
+        rows = []
+        for n, item in enumerate(items):
+            # Lists of ints are made on the model's device; a tensor must already be there.
+            row = item if isinstance(item, Tensor) else _as_ids(item, n).to(device)
+            if row.ndim != 1:
+                raise ModelInputError(
+                    f"prompt {n} has shape {tuple(row.shape)}; each prompt in a list is 1-d"
+                )
+            check = check_ids(
+                row, vocab_size=spec.vocab_size, context_length=spec.context_length, device=device
+            )
+            rows.append(check)
+        longest = max(len(r) for r in rows)
+        if all(len(r) == longest for r in rows):
+            return torch.stack([r.long() for r in rows]), None, single
+        ids = torch.zeros(len(rows), longest, dtype=torch.long, device=device)
+        real = torch.zeros(len(rows), longest, dtype=torch.bool, device=device)
+        for b, r in enumerate(rows):  # left padding: every prompt ends at the last column
+            ids[b, longest - len(r) :] = r
+            real[b, longest - len(r) :] = True
+        return ids, real, single
+    raise ModelInputError(
+        f"prompt_ids must be a tensor of token ids or a list of prompts, got "
+        f"{type(prompt_ids).__name__}"
+    )
+
+
+def _as_ids(item: object, n: int) -> Tensor:
+    if isinstance(item, Sequence) and all(
+        isinstance(i, int) and not isinstance(i, bool) for i in item
+    ):
+        return torch.tensor(list(item), dtype=torch.long)
+    raise ModelInputError(
+        f"prompt {n} is not a list of integer token ids or a 1-d tensor: {item!r:.60}"
+    )
+
+
+def _check_options(
+    model: TransformerLM,
+    ids: Tensor,
+    real: Tensor | None,
+    max_new_tokens: object,
+    stop_token: object,
+    seed: object,
+) -> None:
+    spec, bp = model.spec, model.blueprint
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
+        raise GenerationError(f"max_new_tokens must be an integer, got {max_new_tokens!r}")
+    if max_new_tokens < 0:
+        raise GenerationError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    if stop_token is not None and (
+        isinstance(stop_token, bool)
+        or not isinstance(stop_token, int)
+        or not 0 <= stop_token < spec.vocab_size
+    ):
+        raise GenerationError(
+            f"stop_token must be a token id in 0..{spec.vocab_size - 1} "
+            f"(vocab_size={spec.vocab_size}) or None, got {stop_token!r}"
+        )
+    if seed is not None and (
+        isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64
+    ):
+        raise GenerationError(f"seed must be an integer in 0 .. 2**64-1 or None, got {seed!r}")
+    # The last new token is sampled, never fed back: the model sees prompt + new - 1 tokens.
+    needed = ids.shape[1] + max_new_tokens - 1
+    if needed > spec.context_length:
+        room = spec.context_length - ids.shape[1] + 1
+        raise GenerationError(
+            f"a prompt of {ids.shape[1]} tokens and max_new_tokens={max_new_tokens} need "
+            f"{needed} positions, beyond context_length={spec.context_length}; ask for at most "
+            f"{room} new tokens or shorten the prompt (lmcore never drops tokens silently)"
+        )
+    if real is not None and "mask" not in bp.features("attn"):
+        able = [e.name for e in bp.registry.entries("attn") if "mask" in e.component.features]
+        raise GenerationError(
+            f"prompts of different lengths are left-padded and need an attention mask, but attn "
+            f"{bp.component('attn').name!r} does not declare 'mask'; give prompts of equal "
+            f"length, generate them one at a time, or use a kernel that can: {one_of(able)}"
+        )
+
+
+# ------------------------------------------------------------------------------ generation
+
+
+def compile_decoding(model: TransformerLM, **options: Any) -> TransformerLM:
+    """Compile `model`'s decoding step in place with `torch.compile` (`options` are passed on,
+    e.g. ``backend="inductor"``) and return the model. The cache's fill level is a dynamic size,
+    so the prompt and the one-token steps compile once each (the first `generate` pays for it);
+    the KV cache's storage is written in place, never reallocated."""
+    step = torch.compile(model.forward_unchecked, dynamic=True, **options)
+    model.forward_unchecked = step  # type: ignore[method-assign]
+    return model
+
+
+def stream(
+    model: TransformerLM,
+    prompt_ids: Prompt,
+    max_new_tokens: int,
+    *,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    top_k: int | None = None,
+    stop_token: int | None = None,
+    seed: int | None = None,
+    cache: bool = True,
+) -> Iterator[Int[Tensor, "*B"]]:
+    """Yield the new tokens one step at a time: a `(B,)` tensor per step (a 0-d one for a
+    single 1-d prompt). A sequence that produced `stop_token` yields `stop_token` from then on,
+    while the others go on; the iteration ends when all have stopped, or after
+    `max_new_tokens`. `seed` makes sampling reproducible (a generator of its own; None: torch's
+    global one). `cache=False` recomputes the whole sequence at every step (the reference, and
+    the way for a component that declares 'nocache'). Every check runs here, before the first
+    step."""
+    sampling = Sampling(temperature, top_p, top_k)
+    ids, real, single = prompt_batch(model, prompt_ids)
+    _check_options(model, ids, real, max_new_tokens, stop_token, seed)
+    if cache:
+        check_cache_support(model)
+    generator = None
+    if seed is not None and not sampling.greedy:
+        generator = torch.Generator(device=ids.device)
+        generator.manual_seed(seed)
+    steps = _steps(model, ids, real, max_new_tokens, sampling, stop_token, generator, cache)
+    return (tok[0] for tok in steps) if single else steps
+
+
+def _steps(
+    model: TransformerLM,
+    ids: Tensor,
+    real: Tensor | None,
+    max_new_tokens: int,
+    sampling: Sampling,
+    stop_token: int | None,
+    generator: torch.Generator | None,
+    use_cache: bool,
+) -> Iterator[Tensor]:
+    batch, prompt_len = ids.shape
+    # Grad mode is set around each step, never across a yield (it would leak to the caller).
+    with torch.inference_mode():
+        kv = KVCache.for_model(model, batch)
+        if not use_cache:  # the whole sequence so far, refilled at every step
+            tokens = torch.zeros(
+                batch, prompt_len + max_new_tokens, dtype=torch.long, device=ids.device
+            )
+            tokens[:, :prompt_len] = ids
+        finished = torch.zeros(batch, dtype=torch.bool, device=ids.device)
+        new: Tensor = ids.clone()  # an inference tensor like every later step's (one compile)
+    for step in range(max_new_tokens):
+        with torch.inference_mode():
+            if use_cache:  # the prompt first, then one token at a time
+                if real is not None and step == 0:
+                    kv.pad(real)
+                logits = model.forward_unchecked(new, kv.next_positions(new.shape[1]), kv)
+            else:
+                kv.reset()
+                if real is not None:
+                    kv.pad(real)
+                seq = tokens[:, : prompt_len + step]
+                logits = model.forward_unchecked(seq, kv.next_positions(seq.shape[1]), kv)
+            tok = sample(logits[:, -1], sampling, generator)  # (B,)
+            if stop_token is not None:
+                tok = tok.masked_fill(finished, stop_token)
+                finished |= tok == stop_token
+            if not use_cache:
+                tokens[:, prompt_len + step] = tok
+            new = tok[:, None]  # (B, 1)
+        yield tok
+        if stop_token is not None and bool(finished.all()):
+            return
+
+
+def generate(
+    model: TransformerLM,
+    prompt_ids: Prompt,
+    max_new_tokens: int,
+    *,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    top_k: int | None = None,
+    stop_token: int | None = None,
+    seed: int | None = None,
+    cache: bool = True,
+) -> Int[Tensor, "*B new"]:
+    """The new token ids, `(B, new)` (`(new,)` for a single 1-d prompt), `new <=
+    max_new_tokens`: fewer when every sequence reached `stop_token`; a sequence that stopped
+    earlier than the others is filled with `stop_token` after it. See `stream`."""
+    steps = list(
+        stream(
+            model,
+            prompt_ids,
+            max_new_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
+            stop_token=stop_token,
+            seed=seed,
+            cache=cache,
+        )
+    )
+    if not steps:
+        ids, _, single = prompt_batch(model, prompt_ids)
+        empty = torch.zeros(ids.shape[0], 0, dtype=torch.long, device=ids.device)
+        return empty[0] if single else empty
+    return torch.stack(steps, dim=-1)

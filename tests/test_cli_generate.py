@@ -1,0 +1,153 @@
+"""`lmcore generate`: token ids from a spec, text from a checkpoint with the tokenizer beside it,
+in its run directory or in the data directory its run names; every error exits 2 in one line."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+import lmcore
+from lmcore.cli import main
+from lmcore.runs import CHECKPOINT_FILES, MODEL_FILE, TOKENIZER_FILE
+
+SPEC = "vocab_size=300, context_length=32, d_model=32, num_layers=2, num_heads=4, d_ff=64"
+EOT = "<|endoftext|>"
+TEXT = "Once upon a time there was a little dog. The dog liked to run and play in the sun. "
+
+
+def make_tokenizer(path: Path) -> Tokenizer:
+    """A byte-level BPE of at most 300 tokens, EOT first, written to `path`."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=300,
+        special_tokens=[EOT],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator([TEXT] * 20, trainer)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tok.save(str(path))
+    return tok
+
+
+def saved_model(path: Path) -> lmcore.TransformerLM:
+    torch.manual_seed(0)
+    model = lmcore.build_model(SPEC)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.unlink(missing_ok=True)
+    lmcore.save(model, path)
+    return model
+
+
+def run_dir(root: Path, data: Path | None = None) -> Path:
+    """A run directory laid out as `lmcore train` writes it, with one checkpoint (its trainer
+    files empty: generation reads only the model; the tokenizer is up to the test)."""
+    step = root / "checkpoints" / "step-000010"
+    step.mkdir(parents=True)
+    info = {"format": "lmcore-run", "data": {"path": str(data)} if data else {}}
+    (root / "run.json").write_text(json.dumps(info), encoding="utf-8")
+    for name in set(CHECKPOINT_FILES) - {MODEL_FILE, TOKENIZER_FILE}:
+        (step / name).touch()
+    return step / MODEL_FILE
+
+
+def test_token_ids_from_a_spec_are_greedy_and_the_rate_goes_to_stderr(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    args = ["generate", SPEC, "--prompt-ids", "1,2,3", "--max-new-tokens", "6"]
+    assert main([*args, "--temperature", "0", "--device", "cpu"]) == 0
+    out, err = capsys.readouterr()
+    torch.manual_seed(0)
+    expected = lmcore.build_model(SPEC).generate(torch.tensor([1, 2, 3]), 6, temperature=0)
+    assert out == " ".join(map(str, expected.tolist())) + "\n"
+    assert "lmcore generate: 6 tokens in " in err and " tokens/s (KV cache, prompt 3 tokens" in err
+    assert main([*args, "--temperature", "0", "--no-cache"]) == 0
+    assert capsys.readouterr().out == out
+
+
+@pytest.mark.parametrize("where", ["beside", "run", "data"])
+def test_text_from_a_checkpoint_with_the_tokenizer_it_was_trained_with(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], where: str
+) -> None:
+    data = tmp_path / "data"
+    ckpt = run_dir(tmp_path / "run", data)
+    model = saved_model(ckpt)
+    tok_dir = {"beside": ckpt.parent, "run": tmp_path / "run", "data": data}[where]
+    tok = make_tokenizer(tok_dir / "tokenizer.json")
+    prompt = tok.encode("Once upon a").ids
+    new = model.generate(
+        torch.tensor(prompt), 8, temperature=0, stop_token=tok.token_to_id(EOT)
+    ).tolist()
+    # The model file; or the run, whose newest complete checkpoint holds the tokenizer.
+    for target in (ckpt, tmp_path / "run") if where == "beside" else (ckpt,):
+        code = main(["generate", str(target), "--prompt", "Once upon a", "--max-new-tokens", "8",
+                     "--temperature", "0"])  # fmt: skip
+        out, err = capsys.readouterr()
+        assert code == 0, err
+        assert out == tok.decode(new) + "\n"
+        assert f"lmcore generate: {len(new)} tokens" in err
+
+
+def test_a_text_prompt_without_a_tokenizer_names_where_it_looked(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ckpt = run_dir(tmp_path / "run", tmp_path / "data")
+    saved_model(ckpt)
+    assert main(["generate", str(ckpt), "--prompt", "hi"]) == 2
+    err = capsys.readouterr().err
+    looked = ", ".join(str(p) for p in (ckpt.parent, ckpt.parent.parent, tmp_path / "run"))
+    assert err == (
+        f"lmcore generate: error: --prompt needs a tokenizer, but none was found for "
+        f"'{ckpt}' (looked for tokenizer.json in {looked}, {tmp_path / 'data'}); pass "
+        "--tokenizer PATH (e.g. the tokenizer.json lmcore data prepare wrote), or give token "
+        "ids with --prompt-ids 1,2,3\n"
+    )
+    assert main(["generate", SPEC, "--prompt", "hi"]) == 2
+    assert "(a spec has no tokenizer); pass --tokenizer PATH" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--prompt-ids", "1,x"], r"argument --prompt-ids: expected comma-separated token ids such as 1,2,3, got '1,x'"),
+        (["--prompt-ids", "1,300"], r"token id 300 at index \(0, 1\) is out of range for vocab_size=300"),
+        (["--prompt-ids", "1,2", "--max-new-tokens", "40"], r"a prompt of 2 tokens and max_new_tokens=40 need 41 positions, beyond context_length=32"),
+        (["--prompt-ids", "1", "--top-p", "0"], r"top_p must be in \(0, 1\], got 0.0"),
+        (["--prompt-ids", "1", "--tokenizer", "nowhere.json"], r"--tokenizer 'nowhere.json' does not exist"),
+    ],
+)  # fmt: skip
+def test_bad_input_exits_2_with_one_line(
+    capsys: pytest.CaptureFixture[str], args: list[str], message: str
+) -> None:
+    assert main(["generate", SPEC, *args]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("lmcore generate: error: ")
+    assert re.search(message, err), err
+
+
+def test_an_explicit_tokenizer_serves_a_lone_checkpoint_and_stops_at_its_eot(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = saved_model(tmp_path / "m.safetensors")
+    tok = make_tokenizer(tmp_path / "elsewhere" / "tok.json")
+    eot = tok.token_to_id(EOT)
+    prompt = tok.encode("The dog").ids
+    new = model.generate(torch.tensor(prompt), 10, temperature=0.9, seed=3, stop_token=eot)
+    code = main(["generate", str(tmp_path / "m.safetensors"), "--prompt", "The dog",
+                 "--tokenizer", str(tmp_path / "elsewhere" / "tok.json"), "--max-new-tokens", "10",
+                 "--temperature", "0.9", "--seed", "3"])  # fmt: skip
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert out == tok.decode(new.tolist()) + "\n"
+    # With ids, the new ids are printed when there is no tokenizer to decode them.
+    assert main(["generate", str(tmp_path / "m.safetensors"), "--prompt-ids", "5,6",
+                 "--max-new-tokens", "3", "--temperature", "0"]) == 0  # fmt: skip
+    expected = model.generate(torch.tensor([5, 6]), 3, temperature=0).tolist()
+    assert capsys.readouterr().out == " ".join(map(str, expected)) + "\n"

@@ -1,0 +1,350 @@
+"""Generation with a KV cache: greedy with the cache is exactly greedy recomputing the whole
+sequence (every built-in position encoding and kernel, pre/post-norm, GQA, MQA, the example
+plugin, left-padded batches); sampling (top-p, top-k, seed), stop tokens, streaming; every error.
+
+The reference for the cache is `model(seq)` on the whole sequence at each step, argmax of the
+last row: independent of lmcore.generate.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import Tensor, nn
+
+from lmcore import Component, Registry, build_model
+from lmcore.cache import KVCache
+from lmcore.errors import GenerationError, ModelInputError
+from lmcore.generate import Sampling, sample
+from lmcore.model import TransformerLM
+from lmcore.registry import use_registry
+
+SMALL = "vocab_size=97, context_length=24, d_model=32, num_layers=2, num_heads=4, d_ff=64"
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def model_of(spec: str, seed: int = 0, registry: Registry | None = None) -> TransformerLM:
+    torch.manual_seed(seed)
+    return build_model(f"{SMALL}, {spec}" if spec else SMALL, registry=registry)
+
+
+def recompute(model: nn.Module, prompt: Tensor, n: int) -> Tensor:
+    """Greedy by a full forward of the whole sequence at every step."""
+    seq = prompt
+    with torch.no_grad():
+        for _ in range(n):
+            nxt = model(seq)[:, -1].argmax(dim=-1)
+            seq = torch.cat([seq, nxt[:, None]], dim=1)
+    return seq[:, prompt.shape[1] :]
+
+
+VARIANTS = [
+    *(f"pos={p}, attn={a}" for p in ("rope", "nope", "learned", "sinusoidal", "alibi")
+      for a in ("sdpa", "chunked(block_size=3)")),
+    "block=postnorm",
+    "block=postnorm, pos=learned, attn=chunked(block_size=3)",
+    "num_kv_heads=2",  # grouped-query
+    "num_kv_heads=1",  # multi-query
+    "num_kv_heads=1, pos=alibi, attn=chunked(block_size=5)",
+    "tie_embeddings=true, norm=layernorm, ffn=gelu",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("spec", VARIANTS)
+def test_greedy_with_the_cache_is_greedy_recomputing_the_whole_sequence(spec: str) -> None:
+    model = model_of(spec)
+    prompt = torch.randint(0, 97, (2, 5))
+    expected = recompute(model, prompt, 12)
+    assert torch.equal(model.generate(prompt, 12, temperature=0), expected)
+    assert torch.equal(model.generate(prompt, 12, temperature=0, cache=False), expected)
+
+
+@pytest.mark.parametrize("spec", ["pos=rope", "pos=learned", "pos=alibi, attn=chunked"])
+def test_left_padded_prompts_generate_as_each_prompt_alone(spec: str) -> None:
+    model = model_of(spec)
+    prompts = [torch.randint(0, 97, (n,)) for n in (3, 7, 1)]
+    batch = model.generate(prompts, 10, temperature=0)
+    assert batch.shape == (3, 10)
+    for row, prompt in zip(batch, prompts, strict=True):
+        assert torch.equal(row, recompute(model, prompt[None], 10)[0])
+    # Lists of ints take the same path; equal lengths need no padding.
+    as_lists = model.generate([p.tolist() for p in prompts], 10, temperature=0)
+    assert torch.equal(as_lists, batch)
+    assert torch.equal(model.generate(prompts, 10, temperature=0, cache=False), batch)
+
+
+def test_the_example_plugin_generates_the_same_with_and_without_the_cache() -> None:
+    spec = importlib.util.spec_from_file_location(
+        "lmcore_dyt", ROOT / "examples" / "lmcore-dyt" / "lmcore_dyt.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    registry = Registry()
+    registry.add(*module.lmcore_components(), name="lmcore-dyt")
+    with use_registry(registry):
+        model = model_of("norm=dyt, num_kv_heads=2", registry=registry)
+    prompt = torch.randint(0, 97, (2, 4))
+    assert torch.equal(model.generate(prompt, 10, temperature=0), recompute(model, prompt, 10))
+
+
+def test_one_prompt_gives_one_row_and_streaming_yields_the_same_tokens_one_by_one() -> None:
+    model = model_of("")
+    prompt = torch.randint(0, 97, (6,))
+    ids = model.generate(prompt, 8, temperature=0)
+    assert ids.shape == (8,)
+    steps = model.stream(prompt, 8, temperature=0)
+    first = next(steps)
+    assert first.shape == () and int(first) == int(ids[0])
+    assert [int(t) for t in steps] == ids[1:].tolist()
+    assert torch.is_grad_enabled()  # inference mode never leaks out of a step
+    assert model.generate(prompt, 0).shape == (0,)
+    assert model.generate(prompt[None].repeat(2, 1), 0).shape == (2, 0)
+
+
+def test_the_cache_is_preallocated_and_written_in_place() -> None:
+    model = model_of("num_kv_heads=2")
+    kv = KVCache.for_model(model, 2)
+    assert kv.k.shape == (2, 2, 2, 24, 8) and kv.k.dtype == model.lm_head.weight.dtype
+    storage = kv.k.data_ptr()
+    ids = torch.randint(0, 97, (2, 9))
+    with torch.no_grad():
+        full = model(ids)
+        parts = [model(ids[:, :4], cache=kv), model(ids[:, 4:6], cache=kv)]
+        parts += [model(ids[:, i : i + 1], cache=kv) for i in range(6, 9)]
+    torch.testing.assert_close(torch.cat(parts, dim=1), full, rtol=1e-5, atol=1e-5)
+    assert kv.length == 9 and kv.k.data_ptr() == storage
+    kv.reset()
+    assert kv.length == 0
+
+
+# ------------------------------------------------------------------------------ sampling
+
+
+def logits_of(probs: list[float], rows: int = 4000) -> Tensor:
+    return torch.tensor(probs).log().expand(rows, -1)
+
+
+def drawn(probs: list[float], **kw: Any) -> Tensor:
+    g = torch.Generator().manual_seed(0)
+    return torch.bincount(sample(logits_of(probs), Sampling(**kw), g), minlength=len(probs))
+
+
+def test_top_p_keeps_the_smallest_set_reaching_p_with_ties_broken_by_id() -> None:
+    probs = [0.125, 0.5, 0.125, 0.25]  # ranked: 1, 3, then 0 and 2 tied (0 first)
+    assert drawn(probs, top_p=0.5).nonzero().flatten().tolist() == [1]  # 0.5 reaches 0.5
+    assert drawn(probs, top_p=0.6).nonzero().flatten().tolist() == [1, 3]
+    counts = drawn(probs, top_p=0.8)
+    assert counts.nonzero().flatten().tolist() == [0, 1, 3]  # the tie: id 0 kept, 2 not
+    # Renormalised over what is kept: 0.5 / 0.875 for token 1.
+    assert abs(counts[1].item() / 4000 - 0.5 / 0.875) < 0.03
+    assert drawn(probs, top_p=1.0).nonzero().flatten().tolist() == [0, 1, 2, 3]
+
+
+def test_top_k_keeps_the_k_most_likely_ties_by_id_and_combines_with_top_p() -> None:
+    probs = [0.2, 0.4, 0.2, 0.2]
+    assert drawn(probs, top_k=1).nonzero().flatten().tolist() == [1]
+    assert drawn(probs, top_k=2).nonzero().flatten().tolist() == [0, 1]
+    assert drawn(probs, top_k=3, top_p=0.5).nonzero().flatten().tolist() == [0, 1]
+    assert drawn(probs, top_k=50).nonzero().flatten().tolist() == [0, 1, 2, 3]
+
+
+def test_temperature_sharpens_and_zero_is_argmax_with_ties_to_the_lowest_id() -> None:
+    probs = [0.3, 0.7]
+    cold, hot = drawn(probs, temperature=0.5), drawn(probs, temperature=2.0)
+    # p ∝ p^(1/T): at T=0.5, 0.49 / 0.58; at T=2, sqrt(0.7) / (sqrt(0.3) + sqrt(0.7)).
+    assert abs(cold[1].item() / 4000 - 0.49 / 0.58) < 0.03
+    assert abs(hot[1].item() / 4000 - math.sqrt(0.7) / (math.sqrt(0.3) + math.sqrt(0.7))) < 0.03
+    assert sample(torch.tensor([[1.0, 3.0, 3.0]]), Sampling(temperature=0)).tolist() == [1]
+
+
+def test_the_same_seed_gives_the_same_sample_without_touching_the_global_rng() -> None:
+    model = model_of("")
+    prompt = torch.randint(0, 97, (2, 4))
+    state = torch.get_rng_state()
+    a = model.generate(prompt, 16, seed=7, top_k=40)
+    assert torch.equal(torch.get_rng_state(), state)
+    assert torch.equal(model.generate(prompt, 16, seed=7, top_k=40), a)
+    assert not torch.equal(model.generate(prompt, 16, seed=8, top_k=40), a)
+
+
+def test_a_stop_token_ends_its_sequence_while_the_rest_of_the_batch_continues() -> None:
+    model = model_of("")
+    torch.manual_seed(2)
+    prompt = torch.randint(0, 97, (2, 4))
+    free = model.generate(prompt, 12, temperature=0)
+    stop, at = int(free[0, 2]), 2  # row 0's third token, which row 1 never produces
+    assert stop not in free[0, :2].tolist() + free[1].tolist()
+    out = model.generate(prompt, 12, temperature=0, stop_token=stop)
+    assert out.shape == (2, 12)
+    assert out[0, : at + 1].tolist() == free[0, : at + 1].tolist()
+    assert set(out[0, at:].tolist()) == {stop}  # the ended row repeats the stop token
+    assert torch.equal(out[1], free[1])  # the other row goes on as without a stop token
+    # When every sequence has stopped, generation ends early.
+    alone = model.generate(prompt[0], 12, temperature=0, stop_token=stop)
+    assert alone.tolist() == free[0, : at + 1].tolist()
+
+
+# ------------------------------------------------------------------------------ checks, once
+
+
+def test_token_ids_are_checked_once_up_front_not_at_every_step(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import lmcore.inputs as inputs
+
+    model = model_of("")
+    calls: list[int] = []
+    real = inputs._raise_out_of_range
+    monkeypatch.setattr(
+        inputs, "_raise_out_of_range", lambda t, *a: (calls.append(t.numel()), real(t, *a))[1]
+    )
+    model.generate(torch.randint(0, 97, (2, 5)), 10, temperature=0)
+    assert calls == [10]  # the prompt's ids, once; no positions or ids per step
+    with pytest.raises(ModelInputError, match=r"token id 97 at index \(1, 2\) is out of range"):
+        model.generate(torch.tensor([[1, 2, 3], [4, 5, 97]]), 3)
+
+
+def test_options_out_of_range_are_refused_before_anything_runs() -> None:
+    model = model_of("")
+    p = torch.tensor([1, 2, 3])
+    cases = [
+        ({"temperature": -1.0}, r"temperature must be a finite number >= 0, got -1.0; 0 is greedy"),
+        ({"temperature": math.nan}, r"temperature must be a finite number >= 0, got nan"),
+        ({"top_p": 0.0}, r"top_p must be in \(0, 1\], got 0.0; 1 keeps every token"),
+        ({"top_p": 1.5}, r"top_p must be in \(0, 1\], got 1.5"),
+        ({"top_k": 0}, r"top_k must be a positive integer or None, got 0"),
+        ({"stop_token": 97}, r"stop_token must be a token id in 0..96 \(vocab_size=97\) or None, got 97"),
+        ({"seed": -1}, r"seed must be an integer in 0 .. 2\*\*64-1 or None, got -1"),
+        ({"max_new_tokens": -2}, r"max_new_tokens must be >= 0, got -2"),
+        ({"max_new_tokens": 2.0}, r"max_new_tokens must be an integer, got 2.0"),
+    ]  # fmt: skip
+    for kw, pattern in cases:
+        n = kw.pop("max_new_tokens", 4)
+        with pytest.raises(GenerationError, match=pattern):
+            model.stream(p, n, **kw)  # raised by the call, before the first step
+
+
+def test_prompts_that_are_not_token_ids_are_refused() -> None:
+    model = model_of("")
+    with pytest.raises(ModelInputError, match=r"prompt_ids must be 1-d \(one prompt\) or 2-d"):
+        model.generate(torch.zeros(1, 1, 3, dtype=torch.long), 2)
+    with pytest.raises(ModelInputError, match=r"prompt_ids holds no prompt"):
+        model.generate([], 2)
+    with pytest.raises(ModelInputError, match=r"prompt 1 is not a list of integer token ids"):
+        model.generate([[1, 2], ["a"]], 2)
+    with pytest.raises(ModelInputError, match=r"token ids have an empty sequence dimension"):
+        model.generate([[1, 2], []], 2)
+    with pytest.raises(TypeError, match=r"token ids must be an integer tensor, got dtype"):
+        model.generate(torch.tensor([1.0, 2.0]), 2)
+
+
+def test_generating_past_the_context_names_both_numbers() -> None:
+    model = model_of("")  # context_length=24
+    prompt = torch.randint(0, 97, (20,))
+    assert model.generate(prompt, 5, temperature=0).shape == (5,)  # 20 + 5 - 1 = 24 fed
+    with pytest.raises(
+        GenerationError,
+        match=r"a prompt of 20 tokens and max_new_tokens=6 need 25 positions, beyond "
+        r"context_length=24; ask for at most 5 new tokens or shorten the prompt",
+    ):
+        model.generate(prompt, 6)
+
+
+class NoMaskSDPA(nn.Module):
+    """The built-in kernel, declared without 'mask' (and asserting it never gets one)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from lmcore_sdpa import SDPA
+
+        self.inner = SDPA()
+
+    def forward(self, q: Tensor, k: Tensor, v: Tensor, *, causal: bool, bias: Any = None) -> Tensor:
+        out: Tensor = self.inner(q, k, v, causal=causal, bias=bias)
+        return out
+
+
+def test_prompts_of_different_lengths_need_a_kernel_with_mask() -> None:
+    registry = Registry()
+    registry.add(
+        Component(kind="attn", name="nomask", build=NoMaskSDPA, features=frozenset({"gqa"})),
+        name="tests",
+    )
+    model = model_of("attn=nomask", registry=registry)
+    prompt = torch.randint(0, 97, (2, 5))
+    assert torch.equal(model.generate(prompt, 6, temperature=0), recompute(model, prompt, 6))
+    with pytest.raises(
+        GenerationError,
+        match=r"prompts of different lengths are left-padded and need an attention mask, but "
+        r"attn 'nomask' does not declare 'mask'; give prompts of equal length, generate them one at a time, or use a kernel that can: chunked, sdpa",
+    ):
+        model.generate([[1, 2], [3]], 2)
+
+
+def test_a_component_that_declares_nocache_is_refused_before_generation() -> None:
+    from lmcore_nope import NoPE
+
+    registry = Registry()
+    registry.add(
+        Component(kind="pos", name="whole", build=NoPE, features=frozenset({"nocache"})),
+        name="tests",
+    )
+    model = model_of("pos=whole", registry=registry)
+    prompt = torch.randint(0, 97, (1, 4))
+    with pytest.raises(
+        GenerationError,
+        match=r"pos 'whole' from .* declares 'nocache': it cannot work with a KV cache; generate "
+        r"with cache=False",
+    ):
+        model.stream(prompt, 3)
+    assert torch.equal(
+        model.generate(prompt, 3, temperature=0, cache=False), recompute(model, prompt, 3)
+    )
+
+
+def test_forward_with_a_cache_refuses_what_does_not_fit() -> None:
+    model = model_of("")
+    kv = KVCache.for_model(model, 2)
+    with pytest.raises(
+        ModelInputError, match=r"token ids of shape \(3, 4\) do not fit a KV cache of batch 2"
+    ):
+        model(torch.zeros(3, 4, dtype=torch.long), cache=kv)
+    model(torch.zeros(2, 20, dtype=torch.long), cache=kv)
+    with pytest.raises(
+        ModelInputError,
+        match=r"the KV cache holds 20 tokens; 5 more make 25, beyond context_length=24",
+    ):
+        model(torch.zeros(2, 5, dtype=torch.long), cache=kv)
+    with pytest.raises(
+        ModelInputError, match=r"pad\(\) marks the slots of a prompt before its forward"
+    ):
+        kv.pad(torch.ones(2, 3, dtype=torch.bool))
+
+
+def test_compiled_decoding_gives_the_same_tokens_and_compiles_prompt_and_steps_once() -> None:
+    from torch._dynamo.utils import counters
+
+    from lmcore.generate import compile_decoding
+
+    torch.manual_seed(0)
+    model = build_model(
+        "vocab_size=97, context_length=16, d_model=16, num_layers=1, num_heads=2, num_kv_heads=1, d_ff=32"
+    )
+    prompt = torch.randint(0, 97, (2, 5))
+    eager = model.generate(prompt, 4, temperature=0)
+    shorter = recompute(model, prompt[:, 1:], 4)  # before compiling: forward runs the step too
+    torch.compiler.reset()
+    counters.clear()
+    try:
+        compile_decoding(model, backend="eager")
+        assert torch.equal(model.generate(prompt, 4, temperature=0), eager)
+        assert torch.equal(model.generate(prompt[:, 1:], 4, temperature=0), shorter)
+        assert counters["stats"]["unique_graphs"] <= 2  # the prompt, and every later step
+    finally:
+        torch.compiler.reset()
