@@ -1,5 +1,5 @@
 # ruff: noqa: E501  (the table of cases reads best one case a line)
-"""Every reproduction of issue 11 ("no input hangs, crashes or silently misleads"), run as written.
+"""Every hostile-input reproduction (no input may hang, crash or silently mislead), run as written.
 
     python benchmarks/hardening.py [--timeout 30] [--only R4] [--pythonpath DIR]
 

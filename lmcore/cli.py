@@ -931,7 +931,7 @@ def _add_train_parsers(sub: Any) -> None:
         "may extend it)",
     )
     _add_budget_options(p)
-    _add_parallel_options(p)  # issue 15
+    _add_parallel_options(p)
     p.set_defaults(func=_cmd_train)
 
     p = sub.add_parser(
@@ -993,7 +993,7 @@ def _add_train_parsers(sub: Any) -> None:
 
 
 def _add_parallel_options(p: argparse.ArgumentParser) -> None:
-    """issue 15: `--parallel ddp|fsdp` under torchrun (lmcore.parallel)."""
+    """`--parallel ddp|fsdp` under torchrun (lmcore.parallel)."""
     p.add_argument(
         "--parallel",
         choices=("ddp", "fsdp"),
@@ -1102,7 +1102,7 @@ def _exit_code(status: str, reason: str | None) -> int:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from lmcore.parallel import distributed  # issue 15: one process, or torchrun's group
+    from lmcore.parallel import distributed  # one process, or torchrun's group
 
     with distributed(args.parallel, mixed_precision=args.mixed_precision) as parallel:
         if parallel.world_size > 1 and parallel.is_writer:

@@ -1,4 +1,4 @@
-"""A training checkpoint: the model (issue 12's format) plus what resuming needs, without pickle.
+"""A training checkpoint: the model (lmcore.save's format) plus what resuming needs, without pickle.
 
     ckpt = save_checkpoint(run, step=200, model=model, optimizer=opt, state={...}, ...)
     state = load_checkpoint(ckpt, model, opt)   # weights, AdamW state and RNG states restored
@@ -72,7 +72,7 @@ def save_checkpoint(
     """Write checkpoint `step` of `run` (model, optimizer, RNG states, `state`), whole or not at
     all, then keep the newest `keep` checkpoints (0: all). `param_names` are the parameter
     names of each optimizer group, in order; `state` is the loop's JSON-able bookkeeping."""
-    # issue 15: or the optimizer's state_dict() itself, gathered from FSDP shards
+    # or the optimizer's state_dict() itself, gathered from FSDP shards
     opt_state = optimizer if isinstance(optimizer, Mapping) else optimizer.state_dict()
     opt_tensors, opt_json = flatten_optimizer(opt_state, param_names)
     rng_tensors, rng_json = rng_state()

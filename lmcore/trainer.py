@@ -133,11 +133,11 @@ def clip_gradients(parameters: Iterable[Tensor], max_norm: float | None) -> Tens
         norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
     else:
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True)
-    full = getattr(norm, "full_tensor", None)  # issue 15: FSDP's sharded gradients: a DTensor
+    full = getattr(norm, "full_tensor", None)  # FSDP's sharded gradients: a DTensor
     return full() if full is not None else norm
 
 
-Opt = TypeVar("Opt", bound=torch.optim.Optimizer)  # issue 15
+Opt = TypeVar("Opt", bound=torch.optim.Optimizer)
 
 
 class Parallel:
@@ -158,7 +158,7 @@ class Parallel:
     def is_writer(self) -> bool:
         return self.rank == 0
 
-    # issue 15 hooks: place, wrap(model, optimizer, names), full_state
+    # distributed hooks (lmcore.parallel): place, wrap(model, optimizer, names), full_state
     def place(self, device: torch.device) -> torch.device:
         return device
 
@@ -289,7 +289,7 @@ def train(
     tokens.check(context_length=bp.spec.context_length, vocab_size=bp.spec.vocab_size)
     run = Path(out)
     _check_new_run(run)
-    par.barrier()  # issue 15: every rank checks before the writer creates the run
+    par.barrier()  # every rank checks before the writer creates the run
     dtype = cfg.dtype or (init.dtype if init is not None else "float32")
     info = {
         "format": RUN_FORMAT,
@@ -515,7 +515,7 @@ class _Loop:
         self.spec = bp.spec
         self.tag: str = info["tag"]
         self.tokens_per_step = cfg.batch_size * bp.spec.context_length
-        self.device = parallel.place(resolve_device(cfg.device))  # issue 15: the rank's
+        self.device = parallel.place(resolve_device(cfg.device))  # this rank's device
         assert cfg.dtype is not None and cfg.min_lr is not None  # resolved
         self.dtype: torch.dtype = getattr(torch, cfg.dtype)
         self.stop = _Stop(self.say)
@@ -579,7 +579,7 @@ class _Loop:
             self.last_val = state.get("val_loss")
             self.last_train = state.get("train_loss")
         # One place for what runs the steps: the distributed wrapper, then the compiler.
-        # issue 15: DDP, or FSDP shards with an optimizer over them (holding its state)
+        # DDP, or FSDP shards with an optimizer over them (holding its state)
         self.forward, self.optimizer = self.par.wrap(self.model, self.optimizer, self.names)
         if cfg.compile:
             self.forward = torch.compile(self.forward)  # type: ignore[assignment]
@@ -813,7 +813,7 @@ class _Loop:
     def save(self, step: int) -> None:
         """Checkpoint `step` (the writer saves; every rank waits), then the plot and run.json."""
         self.pause()
-        # issue 15: under FSDP every rank helps gather the full state to the writer
+        # under FSDP every rank helps gather the full state to the writer
         model, optimizer = self.par.full_state(self.model, self.optimizer, self.names)
         if self.par.is_writer:
             self.last_checkpoint = save_checkpoint(
