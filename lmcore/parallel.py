@@ -442,30 +442,30 @@ def _styles() -> dict[str, type[ParallelStyle]]:
     from torch.distributed.tensor import Shard, distribute_module
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
+    def distribute_linear(
+        style: ColwiseParallel | RowwiseParallel, module: Linear, mesh: DeviceMesh
+    ) -> nn.Module:
+        # What torch's `_apply` does for an nn.Linear, for lmcore's: one rule for both styles.
+        return distribute_module(
+            module,
+            mesh,
+            style._partition_linear_fn,
+            partial(style._prepare_input_fn, style.input_layouts, style.desired_input_layouts),
+            partial(style._prepare_output_fn, style.output_layouts, style.use_local_output),
+        )
+
     class LinearColwise(ColwiseParallel):
         def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
             if not isinstance(module, Linear):
                 return super()._apply(module, device_mesh)
-            return distribute_module(
-                module,
-                device_mesh,
-                self._partition_linear_fn,
-                partial(self._prepare_input_fn, self.input_layouts, self.desired_input_layouts),
-                partial(self._prepare_output_fn, self.output_layouts, self.use_local_output),
-            )
+            return distribute_linear(self, module, device_mesh)
 
     class LinearRowwise(RowwiseParallel):
         def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
             if not isinstance(module, Linear):
                 return super()._apply(module, device_mesh)
             self.desired_input_layouts = (Shard(-1),)
-            return distribute_module(
-                module,
-                device_mesh,
-                self._partition_linear_fn,
-                partial(self._prepare_input_fn, self.input_layouts, self.desired_input_layouts),
-                partial(self._prepare_output_fn, self.output_layouts, self.use_local_output),
-            )
+            return distribute_linear(self, module, device_mesh)
 
     LinearColwise.__name__ = LinearColwise.__qualname__ = "ColwiseParallel"
     LinearRowwise.__name__ = LinearRowwise.__qualname__ = "RowwiseParallel"
