@@ -10,7 +10,9 @@ so load on a shared machine falls on all of them alike); the table gives the med
 over the rounds (new tokens × batch / wall time, prompt included) and the ratio to Hugging Face.
 Before timing, all peers must produce the same greedy tokens. `--profile` breaks one cached
 generation down by operator; `--compile` adds lmcore's cached decoding under torch.compile.
-HF is skipped (with a note) when transformers is not installed.
+HF is skipped (with a note) when transformers is not installed. The last row is a bound, not a
+decoder: the model's matrix products alone (every Linear once per token, back to back), what
+any float32 decoder of these weights pays before norms, attention and sampling.
 """
 
 from __future__ import annotations
@@ -27,13 +29,38 @@ import torch
 from lmcore import build_model
 from lmcore.generate import compile_decoding
 from lmcore.model import TransformerLM
+from lmcore.nn import Linear
 
 Peer = Callable[[torch.Tensor], torch.Tensor]
 COMPILED = "lmcore, KV cache, torch.compile"
+BOUND = "matrix products alone (bound)"
 
 
 def lmcore_peer(model: TransformerLM, new: int, cache: bool) -> Peer:
     return lambda prompt: model.generate(prompt, new, temperature=0, cache=cache)
+
+
+def matmul_peer(model: TransformerLM, new: int) -> Peer:
+    """The bound of any decoder that keeps these weights in float32: every `Linear` of the model
+    (q, k, v, output, w1, w3, w2 per layer, then lm_head) applied to one token's vector per new
+    token, back to back, and nothing else (no norm, attention, cache or sampling)."""
+    weights = [m.weight.detach() for m in model.modules() if isinstance(m, Linear)]
+
+    def run(prompt: torch.Tensor) -> torch.Tensor:
+        batch, length = prompt.shape
+        widths = {w.shape[1] for w in weights}
+        x = {
+            (s, n): torch.ones(batch, s, n, dtype=weights[0].dtype)
+            for s in (1, length)
+            for n in widths
+        }
+        with torch.inference_mode():
+            for seq in (length, *[1] * (new - 1)):  # the prompt once, then one token a step
+                for w in weights:
+                    x[seq, w.shape[1]] @ w.T
+        return prompt.new_zeros(batch, new)
+
+    return run
 
 
 def compiled_peer(model: TransformerLM, new: int) -> Peer:
@@ -109,6 +136,7 @@ def main() -> None:
     hf, note = hf_peer(model, args.new, dtype)
     if hf is not None:
         peers["Hugging Face generate"] = hf
+    peers[BOUND] = matmul_peer(model, args.new)
     if args.compile:
         compiled = build_model("tinystories", dtype=dtype)
         compiled.load_state_dict(model.state_dict())
@@ -127,7 +155,7 @@ def main() -> None:
                 outs[name] = peer(prompt)
                 warm[name] = time.perf_counter() - start
         first = next(iter(outs.values()))
-        same = {name: torch.equal(out, first) for name, out in outs.items()}
+        same = {name: torch.equal(out, first) for name, out in outs.items() if name != BOUND}
         times: dict[str, list[float]] = {name: [] for name in peers}
         for _ in range(args.rounds):
             for name, peer in peers.items():
@@ -141,7 +169,8 @@ def main() -> None:
         print("| --- | ---: | ---: | --- |")
         for name, r in rate.items():
             ratio = f"{r / base:.2f}×" if base else "n/a"
-            print(f"| {name} | {r:,.0f} | {ratio} | {'yes' if same[name] else 'NO'} |")
+            agree = "n/a" if name not in same else "yes" if same[name] else "NO"
+            print(f"| {name} | {r:,.0f} | {ratio} | {agree} |")
         if COMPILED in warm:
             print(f"\n(compiling and the first generation: {warm[COMPILED]:.1f} s)")
     if args.profile:

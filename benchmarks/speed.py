@@ -26,6 +26,11 @@ threads wait for each other at every operator, and a thread descheduled by anoth
 them all (lmcore's attention runs many small operators per layer, a fused kernel one), while the
 CPU time of a single thread hardly depends on what else runs.
 
+The last row is a bound, not a model: the spec's matrix products alone (every Linear of the
+fused reference on the batch's tokens; for the training step, also their two backward products,
+with no optimizer step), what any float32 implementation of these weights pays before attention,
+norms and the rest. A ratio goal above the bound's cannot be met by any implementation.
+
 Long context: peak memory and time of one training step at batch 1 x `--long` tokens (4,096,
 and 16,384 without --quick), the spec's context length raised to fit, for each attention kernel
 (`sdpa`, `chunked`, `lmcore-torch`'s `torch_sdpa` when installed) and the fused reference. Each
@@ -197,6 +202,41 @@ class Impl:
         self.optimizer.step()
 
 
+@dataclass
+class MatmulBound:
+    """Not a model: the matrix products of the spec's Linear layers alone (q, k, v, output, w1,
+    w3, w2 per layer and lm_head, for the batch's tokens), what any implementation that keeps
+    these weights in float32 pays before attention, norms and the rest. Its training step is
+    those products forward and their two backward ones (input and weight gradients), with no
+    optimizer step, so it bounds a training step from below by less than the forward's bound."""
+
+    name: str
+    weights: list[Tensor]
+    forward_s: list[float] = field(default_factory=list)
+    train_s: list[float] = field(default_factory=list)
+    inputs: dict[tuple[int, int], Tensor] = field(default_factory=dict)
+
+    def _x(self, rows: int, width: int) -> Tensor:
+        key = (rows, width)
+        if key not in self.inputs:
+            self.inputs[key] = torch.ones(rows, width, device=self.weights[0].device)
+        return self.inputs[key]
+
+    def forward(self, ids: Tensor) -> None:
+        with torch.no_grad():
+            for w in self.weights:
+                self._x(ids.numel(), w.shape[1]) @ w.T
+
+    def train_step(self, ids: Tensor, targets: Tensor) -> None:
+        rows = ids.numel()
+        with torch.no_grad():
+            for w in self.weights:
+                x, dy = self._x(rows, w.shape[1]), self._x(rows, w.shape[0])
+                x @ w.T  # forward
+                dy @ w  # the input's gradient
+                dy.T @ x  # the weight's gradient
+
+
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -310,15 +350,20 @@ def throughput(args: argparse.Namespace, device: torch.device) -> None:
     tokens = torch.randint(0, spec.vocab_size, (args.batch, seq + 1), generator=gen).to(device)
     ids, targets = tokens[:, :-1], tokens[:, 1:]
     check_agreement(impls, ids)
+    linears = [m.weight.detach() for m in impls[0].model.modules() if isinstance(m, nn.Linear)]
+    peers: list[Impl | MatmulBound] = [
+        *impls,
+        MatmulBound("matrix products alone (bound)", linears),
+    ]
     print(f"warming up {len(impls)} models ...", file=sys.stderr)
-    for impl in impls:  # lazy initialisation, AdamW's state, torch.compile's graphs
+    for impl in peers:  # lazy initialisation, AdamW's state, torch.compile's graphs
         for _ in range(args.warmup):
             impl.forward(ids)
             impl.train_step(ids, targets)
     load_before = os.getloadavg()
     for r in range(args.rounds):
         print(f"round {r + 1}/{args.rounds}", file=sys.stderr)
-        order = impls[r % len(impls) :] + impls[: r % len(impls)]
+        order = peers[r % len(peers) :] + peers[: r % len(peers)]
         for impl in order:  # each pass back to back, so a round's ratios see one load
             impl.forward_s.append(timed(lambda i=impl: i.forward(ids), device))
         for impl in order:
@@ -339,7 +384,7 @@ def throughput(args: argparse.Namespace, device: torch.device) -> None:
     )
     print("| --- | ---: | ---: | ---: | ---: |")
     ref = impls[0]  # the eager fused reference
-    for impl in impls:
+    for impl in peers:
         print(
             f"| {impl.name} | {n / statistics.median(impl.forward_s):,.0f} "
             f"| {ratio(ref.forward_s, impl.forward_s)} "

@@ -17,6 +17,10 @@ Two modes, the two built-in kernels:
   log-sum-exp are kept, and backward recomputes every key block's weights (Dao et al., 2022).
   Memory grows linearly with the sequence.
 
+Without a gradient nothing is kept and no operator is needed: `tiled_attention` calls the
+tiling directly, and a call that is one tile (a decoding step's few queries against the KV cache)
+runs as a handful of plain operators, which torch.compile can trace and fuse.
+
 Grouped-query heads without repeating k and v: q is laid out `(B, Hkv, Sq, G, D)`, so one key
 head's G query heads form one `(Sq·G, D)` matrix against its `(Sk, D)` keys. Causal queries are
 aligned to the end of the keys (query i sits at position Sk - Sq + i). A query whose keys are
@@ -32,7 +36,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 from jaxtyping import Bool, Float
@@ -44,6 +48,11 @@ from torch.utils.flop_counter import register_flop_formula
 TILE_ELEMENTS = 1 << 18
 QUERY_BLOCK = 64  # queries per tile, unless more fit in TILE_ELEMENTS
 STREAM_BLOCK = 512  # keys per block of the online softmax when no weights need keeping
+
+T = TypeVar("T")
+
+if TYPE_CHECKING:
+    from functools import _lru_cache_wrapper
 
 
 @dataclass(frozen=True)
@@ -95,6 +104,18 @@ class Plan:
         per_row = self.heads * min(self.query_block, self.q_len) * cols
         budget = TILE_ELEMENTS * torch.get_num_threads()
         return max(1, min(self.batch, budget // max(1, per_row)))
+
+    @property
+    def whole(self) -> bool:
+        """Whether the call is one tile (every batch row, query and key at once) within one
+        thread's budget, and so on any number of threads. From the shapes alone, without the
+        thread count: torch.compile traces it (a call returning an int would break its graph)."""
+        cols = self.key_block or self.k_len
+        return (
+            self.k_len <= cols
+            and self.q_len <= QUERY_BLOCK
+            and self.batch * self.heads * self.q_len * cols <= TILE_ELEMENTS
+        )
 
     def batch_blocks(self) -> list[tuple[int, int]]:
         n = self.batch_block
@@ -172,14 +193,22 @@ def _ahead_inf(
     rows: int, cols: int, first: int, dtype: torch.dtype, device: torch.device
 ) -> Tensor:
     """`_ahead` as -inf where ahead, else 0: added to the scores before the row max."""
-    ahead = _ahead(rows, cols, first, dtype, device)
+    ahead = _cached(_ahead, rows, cols, first, dtype, device)
     return ahead.mul(-math.inf).nan_to_num_(nan=0.0, neginf=-math.inf)
 
 
 @lru_cache(maxsize=64)
 def _behind(rows: int, cols: int, first: int, dtype: torch.dtype, device: torch.device) -> Tensor:
     """`1 - _ahead`: multiplied into the weights, it zeroes the keys ahead."""
-    return 1 - _ahead(rows, cols, first, dtype, device)
+    return 1 - _cached(_ahead, rows, cols, first, dtype, device)
+
+
+def _cached(fn: _lru_cache_wrapper[T], *args: Any) -> T:
+    """`fn(*args)` from its lru_cache; under torch.compile the function itself, which the
+    graph computes once (the compiler ignores the cache and warns about it)."""
+    if torch.compiler.is_compiling():
+        return fn.__wrapped__(*args)
+    return fn(*args)
 
 
 def _as_4d(t: Tensor | None) -> Tensor | None:
@@ -242,7 +271,7 @@ def _scores(
         # Only the columns ahead of the tile's first query hold masked scores; they get a
         # cached (n, 1, width) pattern, broadcast over the G heads of each row.
         column, first = diagonal
-        ahead = _ahead_inf(n, kb - column, first, s.dtype, s.device)
+        ahead = _cached(_ahead_inf, n, kb - column, first, s.dtype, s.device)
         s.view(-1, n, G, kb)[..., column:].add_(ahead)
     return s
 
@@ -253,14 +282,14 @@ def _weights(
     """`exp(s - shift)` in place, at least `exp(exp_floor(s.dtype))`, and exactly 0 where `s`
     is -inf (a masked key)."""
     dead = torch.isneginf(s) if guard else None  # a mask or a bias may put -inf anywhere
-    p = s.sub_(shift).clamp_(min=exp_floor(s.dtype)).exp_()
+    p = s.sub_(shift).clamp_(min=_cached(exp_floor, s.dtype)).exp_()
     if dead is not None:
         return p.masked_fill_(dead, 0.0)
     if (diagonal := _diagonal(plan, i, j)) is not None:
         column, first = diagonal
         n, kb = i[1] - i[0], j[1] - j[0]
         p.view(-1, n, plan.group, kb)[..., column:].mul_(
-            _behind(n, kb - column, first, p.dtype, p.device)
+            _cached(_behind, n, kb - column, first, p.dtype, p.device)
         )
     return p
 
@@ -268,8 +297,7 @@ def _weights(
 # ----------------------------------------------------------------------------- forward
 
 
-@torch.library.custom_op("lmcore::tiled_attention", mutates_args=())
-def _forward(
+def _attend(
     q5: Tensor,
     k: Tensor,
     v: Tensor,
@@ -277,10 +305,12 @@ def _forward(
     mask: Tensor | None,
     causal: bool,
     key_block: int,
+    stats: bool = True,
 ) -> list[Tensor]:
     """`[out (B, H, Sq, D), stat (B, Hkv, Sq, G, 1), *kept weights]` for q5 `(B, Hkv, Sq, G,
     D)` and k, v `(B, Hkv, Sk, D)`, in any strides. `stat` is each row's softmax denominator
-    when the weights are kept, else its log-sum-exp."""
+    when the weights are kept, else its log-sum-exp; left unfilled when not `stats` (no
+    backward will read it)."""
     plan = Plan.of(q5, k, causal, key_block)
     B, Hkv, Sq, G, D = q5.shape
     Sk, acc = plan.k_len, accumulator(q5.dtype)
@@ -319,6 +349,8 @@ def _forward(
             # Rows with every key masked have total 0 and o 0: divide by 1, return zeros.
             safe = torch.where(total == 0, 1.0, total) if guard else total
             out5[b0:b1, :, i0:i1] = o.div_(safe).view(-1, Hkv, n, G, D)
+            if not stats:
+                continue
             if plan.keep:
                 stat[b0:b1, :, i0:i1] = safe.view(-1, Hkv, n, G, 1)
             else:  # log-sum-exp; +inf for empty rows, so that exp(s - lse) gives 0
@@ -326,6 +358,42 @@ def _forward(
                 lse = torch.where(total > 0, shift + torch.log(total), math.inf)
                 stat[b0:b1, :, i0:i1] = lse.view(-1, Hkv, n, G, 1)
     return [out, stat, *kept]
+
+
+def _attend_whole(
+    q5: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, mask: Tensor | None, plan: Plan
+) -> Tensor:
+    """`_attend`'s output for a call that is one tile (`plan.whole`) and keeps nothing for
+    backward, e.g. a decoding step's one query: the same arithmetic without the tiling's
+    bookkeeping, which costs more than the arithmetic at that size."""
+    B, Hkv, Sq, G, D = q5.shape
+    acc = accumulator(q5.dtype)
+    guard = mask is not None or bias is not None
+    rows, queries, keys = (0, B), (0, Sq), (0, plan.k_len)
+    qt = q5.reshape(B * Hkv, Sq * G, D) * (1.0 / math.sqrt(D))
+    s = _scores(qt, k.reshape(B * Hkv, -1, D), bias, mask, plan, rows, queries, keys)
+    top = s.amax(dim=-1, keepdim=True)
+    shift = torch.where(top == -math.inf, 0.0, top) if guard else top
+    p = _weights(s, shift, plan, queries, keys, guard)
+    total = p.sum(dim=-1, keepdim=True)
+    if guard:  # rows with every key masked: divide by 1, return zeros
+        total = torch.where(total == 0, 1.0, total)
+    o = torch.bmm(p.to(v.dtype), v.reshape(B * Hkv, -1, D)).to(acc).div_(total)
+    return o.view(B, Hkv, Sq, G, D).transpose(2, 3).reshape(B, Hkv * G, Sq, D).to(q5.dtype)
+
+
+@torch.library.custom_op("lmcore::tiled_attention", mutates_args=())
+def _forward(
+    q5: Tensor,
+    k: Tensor,
+    v: Tensor,
+    bias: Tensor | None,
+    mask: Tensor | None,
+    causal: bool,
+    key_block: int,
+) -> list[Tensor]:
+    """`_attend` as one operator: autograd's node and torch.compile's opaque call."""
+    return _attend(q5, k, v, bias, mask, causal, key_block)
 
 
 @_forward.register_fake
@@ -514,11 +582,23 @@ def tiled_attention(
     attend; `key_block=None` keeps each tile's weights for backward, an int recomputes them.
     When no gradient is wanted (inference), nothing needs keeping: keys are streamed in blocks
     of `STREAM_BLOCK` whatever `key_block` says, and memory stays linear in the sequence."""
-    if key_block is None and not _wants_grad(q, k, v, bias):
+    grad = _wants_grad(q, k, v, bias)
+    if key_block is None and not grad:
         key_block = STREAM_BLOCK
     B, H, Sq, D = q.shape
     Hkv = k.shape[1]
     q5 = q.view(B, Hkv, H // Hkv, Sq, D).transpose(2, 3)  # (B, Hkv, Sq, G, D), a view
-    got = _forward(q5, k, v, _as_4d(bias), _as_4d(mask), causal, key_block or 0)
-    out: Tensor = got[0]
+    args = (q5, k, v, _as_4d(bias), _as_4d(mask), causal, key_block or 0)
+    if not grad:
+        # Without a gradient the operator has nothing to add: no autograd node, no softmax
+        # statistics (only a backward reads them), no dispatcher round trip. A call that is
+        # one tile (a decoding step's few queries) runs as plain operators, which
+        # torch.compile traces and fuses; a larger one calls the tiling directly, except
+        # under torch.compile, which keeps seeing one opaque operator there.
+        plan = Plan.of(q5, k, causal, key_block or 0)
+        if plan.whole:
+            return _attend_whole(*args[:5], plan)
+        if not torch.compiler.is_compiling():
+            return _attend(*args, stats=False)[0]
+    out: Tensor = _forward(*args)[0]
     return out

@@ -1281,14 +1281,15 @@ def model_file(text: str) -> tuple[Any, Any]:
     return (p, None) if is_checkpoint_path(text) else (None, None)
 
 
-def tokenizer_places(model: Any) -> list[Any]:
+def tokenizer_places(model: Any) -> tuple[list[Any], str | None]:
     """Where a checkpoint's tokenizer.json may be, in order: beside it, then each directory
     up to its run directory (the first holding run.json), then the data directory the run
-    names."""
-    import json
+    names; and why the run's data directory is unknown, when its run.json cannot be read
+    (`lmcore.runs.read_run`'s message), else None."""
     from pathlib import Path
 
-    from lmcore.runs import RUN_FILE, TOKENIZER_FILE
+    from lmcore.errors import TrainError
+    from lmcore.runs import RUN_FILE, TOKENIZER_FILE, read_run
 
     places, run = [], None
     for d in model.resolve().parents:
@@ -1297,17 +1298,16 @@ def tokenizer_places(model: Any) -> list[Any]:
             run = d
             break
     if run is None:
-        places = places[:1]
-    else:
-        try:
-            info = json.loads((run / RUN_FILE).read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, ValueError):
-            info = None
-        data = info.get("data") if isinstance(info, dict) else None  # {"path": ...}
-        path = data.get("path") if isinstance(data, dict) else None
-        if isinstance(path, str):
-            places.append(Path(path) / TOKENIZER_FILE)
-    return places
+        return places[:1], None
+    try:
+        info = read_run(run)
+    except TrainError as e:
+        return places, str(e)
+    data = info.get("data")  # {"path": ...}
+    path = data.get("path") if isinstance(data, dict) else None
+    if isinstance(path, str):
+        places.append(Path(path) / TOKENIZER_FILE)
+    return places, None
 
 
 def _tokenizer(args: argparse.Namespace, model: Any, named: Any) -> Any:
@@ -1320,12 +1320,16 @@ def _tokenizer(args: argparse.Namespace, model: Any, named: Any) -> Any:
 
     from lmcore.runs import TOKENIZER_FILE
 
+    problem = None
     if args.tokenizer is not None:
         places = [Path(args.tokenizer)]
         if not places[0].is_file():
             raise UsageError(f"--tokenizer {args.tokenizer!r} does not exist")
     else:
-        places = ([named] if named else []) + ([] if model is None else tokenizer_places(model))
+        places = [named] if named else []
+        if model is not None:
+            more, problem = tokenizer_places(model)
+            places += more
     found = next((p for p in places if p.is_file()), None)
     if found is None:
         if args.prompt is None:
@@ -1335,6 +1339,8 @@ def _tokenizer(args: argparse.Namespace, model: Any, named: Any) -> Any:
             if places
             else "a spec has no tokenizer"
         )
+        if problem is not None:
+            where += f"; the run's data directory is unknown: {problem}"
         raise UsageError(
             f"--prompt needs a tokenizer, but none was found for {args.spec!r} ({where}); "
             "pass --tokenizer PATH (e.g. the tokenizer.json lmcore data prepare wrote), or give "

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-from einops import rearrange
 from jaxtyping import Bool, Float, Int
 from torch import Tensor, nn
 
@@ -67,9 +66,9 @@ class CausalSelfAttention(nn.Module):
         mask: Bool[Tensor, "B 1 T Sk"] | None = None,
         cache: LayerCache | None = None,
     ) -> Float[Tensor, "B T d_model"]:
-        q = rearrange(self.q_proj(x), "b t (h d) -> b h t d", h=self.num_heads)  # (B, H, T, D)
-        k = rearrange(self.k_proj(x), "b t (h d) -> b h t d", h=self.num_kv_heads)  # (B, Hkv, T, D)
-        v = rearrange(self.v_proj(x), "b t (h d) -> b h t d", h=self.num_kv_heads)
+        q = split_heads(self.q_proj(x), self.num_heads)  # (B, H, T, D)
+        k = split_heads(self.k_proj(x), self.num_kv_heads)  # (B, Hkv, T, D)
+        v = split_heads(self.v_proj(x), self.num_kv_heads)
         if rotation is not None:  # RoPE-style encodings rotate q and k, never v
             q, k = rotation(q), rotation(k)
         if cache is not None:  # keys are cached rotated: only the new ones are rotated here
@@ -81,12 +80,20 @@ class CausalSelfAttention(nn.Module):
         # padded batch passes a mask, so kernels without 'mask' serve everything else.
         kw = {} if mask is None else {"mask": mask}
         out = self.kernel(q, k, v, causal=True, bias=bias, **kw)  # (B, H, T, D)
-        # Always a copy, never a view of `out`: a kernel may keep `out` for its backward, and
-        # output_proj keeps its input; with a view (one token, or one head) both would hold
-        # the same storage and the activations declared for each would count it twice.
-        heads = out.transpose(1, 2).clone(memory_format=torch.contiguous_format)  # (B,T,H,D)
+        heads = out.transpose(1, 2)  # (B, T, H, D)
+        if torch.is_grad_enabled():
+            # A copy, never a view of `out`: a kernel may keep `out` for its backward, and
+            # output_proj keeps its input; with a view (one token, or one head) both would
+            # hold the same storage and the activations declared for each would count it twice.
+            heads = heads.clone(memory_format=torch.contiguous_format)
         y: Tensor = self.output_proj(heads.flatten(2))
         return y
+
+
+def split_heads(x: Float[Tensor, "B T HD"], num_heads: int) -> Float[Tensor, "B H T D"]:
+    """`b t (h d) -> b h t d` as a view (einops' rearrange costs more than the views on a
+    decoding step's one token)."""
+    return x.reshape(*x.shape[:-1], num_heads, x.shape[-1] // num_heads).transpose(1, 2)
 
 
 class TransformerBlock(nn.Module):

@@ -145,6 +145,8 @@ def gate(
 ) -> Float[Tensor, "... d_ff"]:
     """`activation(a) * b` (the GLU family's gating) with a hand-written backward that keeps
     only a and b; `derivative(a)` returns `(activation(a), activation'(a))`."""
+    if not torch.is_grad_enabled():  # inference: the same numbers without autograd's node
+        return activation(a).mul_(b)
     out: Tensor = _Gate.apply(a, b, activation, derivative)  # type: ignore[no-untyped-call]
     return out
 

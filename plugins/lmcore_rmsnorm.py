@@ -11,6 +11,15 @@ from torch import Tensor, nn
 from lmcore import Arg, Component, hookimpl
 
 
+def _rms_norm(x: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    """`(x / rms · weight, rms)`, rms = sqrt(mean(x²) + eps) per row, in float32 or wider."""
+    xf = x.to(torch.promote_types(x.dtype, torch.float32))  # bf16 squares lose too much
+    rms = xf.square().mean(dim=-1, keepdim=True).add_(eps).sqrt_()  # (..., 1)
+    # Divided, not multiplied by rsqrt: a correctly rounded quotient keeps the float32 output
+    # within an ulp or so of the exact formula.
+    return (xf / rms).mul_(weight).to(x.dtype), rms
+
+
 class _RMSNorm(torch.autograd.Function):
     """`x · rstd · weight` with `rstd = 1 / sqrt(mean(x²) + eps)`, in float32.
 
@@ -21,12 +30,9 @@ class _RMSNorm(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, x: Tensor, weight: Tensor, eps: float) -> Tensor:
-        xf = x.to(torch.promote_types(x.dtype, torch.float32))  # bf16 squares lose too much
-        rms = xf.square().mean(dim=-1, keepdim=True).add_(eps).sqrt_()  # (..., 1)
+        y, rms = _rms_norm(x, weight, eps)
         ctx.save_for_backward(x, weight, rms)
-        # Divided, not multiplied by rsqrt: a correctly rounded quotient keeps the float32
-        # output within an ulp or so of the exact formula.
-        return (xf / rms).mul_(weight).to(x.dtype)
+        return y
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
@@ -58,6 +64,8 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(d_model, device=device, dtype=dtype))
 
     def forward(self, x: Float[Tensor, "... d_model"]) -> Float[Tensor, "... d_model"]:
+        if not torch.is_grad_enabled():  # inference: the same numbers without autograd's node
+            return _rms_norm(x, self.weight, self.eps)[0]
         y: Tensor = _RMSNorm.apply(x, self.weight, self.eps)
         return y
 

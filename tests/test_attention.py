@@ -259,3 +259,34 @@ def test_weights_far_below_the_max_are_exact_down_to_the_smallest_normal(
         dv[0, 0, :n, 0], expected[:n], rtol=4 * torch.finfo(dtype).eps, atol=0
     )
     assert 0 <= float(dv[0, 0, n, 0]) < 2 * tiny
+
+
+@pytest.mark.parametrize("tiles", ["one tile", "small tiles"])
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("masked", [False, True], ids=["plain", "mask and bias"])
+def test_inference_in_one_tile_or_many_matches_the_formula(
+    monkeypatch: pytest.MonkeyPatch, tiles, shape, causal, masked
+) -> None:
+    """Without autograd, a call that fits one tile skips the tiling (a decoding step's path);
+    both paths give the formula's result, with a mask, a bias and a row whose keys are all
+    masked (zeros)."""
+    if tiles == "small tiles":
+        monkeypatch.setattr(attention, "TILE_ELEMENTS", 48)
+        monkeypatch.setattr(attention, "QUERY_BLOCK", 4)
+        monkeypatch.setattr(attention, "STREAM_BLOCK", 3)
+    b, h, hkv, sq, sk = shape
+    q, k, v = (t.detach() for t in inputs(*shape))
+    mask = bias = None
+    if masked:
+        gen = torch.Generator().manual_seed(1)
+        mask = torch.rand(b, 1, sq, sk, generator=gen) > 0.3
+        mask[:, :, 0] = False  # the first query of every row may attend nothing
+        bias = torch.randn(h, sq, sk, dtype=torch.float64, generator=gen)
+    plan = Plan(b, h, hkv, sq, sk, q.shape[-1], causal, attention.STREAM_BLOCK)
+    assert plan.whole == (tiles == "one tile")
+    with torch.no_grad():
+        out = tiled_attention(q, k, v, causal=causal, mask=mask, bias=bias)
+    torch.testing.assert_close(out, formula(q, k, v, causal, mask, bias))
+    if masked:
+        assert bool((out[:, :, 0] == 0).all())

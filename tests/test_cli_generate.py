@@ -13,7 +13,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 import lmcore
 from lmcore.cli import main
-from lmcore.runs import CHECKPOINT_FILES, MODEL_FILE, TOKENIZER_FILE
+from lmcore.runs import CHECKPOINT_FILES, MODEL_FILE, RUN_FORMAT, RUN_VERSION, TOKENIZER_FILE
 
 SPEC = "vocab_size=300, context_length=32, d_model=32, num_layers=2, num_heads=4, d_ff=64"
 EOT = "<|endoftext|>"
@@ -51,7 +51,11 @@ def run_dir(root: Path, data: Path | None = None) -> Path:
     files empty: generation reads only the model; the tokenizer is up to the test)."""
     step = root / "checkpoints" / "step-000010"
     step.mkdir(parents=True)
-    info = {"format": "lmcore-run", "data": {"path": str(data)} if data else {}}
+    info = {
+        "format": RUN_FORMAT,
+        "version": RUN_VERSION,
+        "data": {"path": str(data)} if data else {},
+    }
     (root / "run.json").write_text(json.dumps(info), encoding="utf-8")
     for name in set(CHECKPOINT_FILES) - {MODEL_FILE, TOKENIZER_FILE}:
         (step / name).touch()
@@ -111,6 +115,24 @@ def test_a_text_prompt_without_a_tokenizer_names_where_it_looked(
     )
     assert main(["generate", SPEC, "--prompt", "hi"]) == 2
     assert "(a spec has no tokenizer); pass --tokenizer PATH" in capsys.readouterr().err
+
+
+def test_an_unreadable_run_json_is_named_when_no_tokenizer_is_found(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ckpt = run_dir(tmp_path / "run", tmp_path / "data")
+    saved_model(ckpt)
+    (tmp_path / "run" / "run.json").write_text('{"format": "lmcore-run", "version": 99}')
+    assert main(["generate", str(ckpt), "--prompt", "hi"]) == 2
+    err = capsys.readouterr().err
+    looked = ", ".join(str(p) for p in (ckpt.parent, ckpt.parent.parent, tmp_path / "run"))
+    assert (
+        f"(looked for tokenizer.json in {looked}; the run's data directory is unknown: "
+        f"{tmp_path / 'run' / 'run.json'} has run format version 99; this lmcore reads version "
+        f"{RUN_VERSION}); pass --tokenizer PATH"
+    ) in err
+    # Token ids need no tokenizer: the run's model still generates.
+    assert main(["generate", str(ckpt), "--prompt-ids", "1,2", "--max-new-tokens", "2"]) == 0
 
 
 @pytest.mark.parametrize(
