@@ -342,9 +342,20 @@ def test_compiled_decoding_gives_the_same_tokens_and_compiles_prompt_and_steps_o
     torch.compiler.reset()
     counters.clear()
     try:
-        compile_decoding(model, backend="eager")
+        graphs: list[torch.fx.GraphModule] = []
+
+        def record(gm: torch.fx.GraphModule, example_inputs: object) -> object:
+            graphs.append(gm)
+            return gm.forward
+
+        # fullgraph: a graph break (e.g. an int-returning torch call in the attention's
+        # tiling) would raise here instead of silently running the step eagerly.
+        compile_decoding(model, backend=record, fullgraph=True)
         assert torch.equal(model.generate(prompt, 4, temperature=0), eager)
         assert torch.equal(model.generate(prompt[:, 1:], 4, temperature=0), shorter)
         assert counters["stats"]["unique_graphs"] <= 2  # the prompt, and every later step
+        # Attention this small is one tile: traced as plain operators, not an opaque call.
+        targets = {str(node.target) for gm in graphs for node in gm.graph.nodes}
+        assert graphs and not any("tiled_attention" in t for t in targets), targets
     finally:
         torch.compiler.reset()

@@ -228,6 +228,17 @@ def test_gate_matches_autograd_through_torch(activation, derivative, torch_op) -
     assert torch.autograd.gradcheck(lambda a, b: gate(a, b, activation, derivative), (a, b))
 
 
+def test_gate_without_a_gradient_gives_the_same_numbers_and_no_graph() -> None:
+    torch.manual_seed(0)
+    a = torch.randn(3, 5, 7, requires_grad=True)
+    b = torch.randn(3, 5, 7, requires_grad=True)
+    trained = gate(a, b, silu, silu_derivative)
+    with torch.no_grad():
+        plain = gate(a, b, silu, silu_derivative)
+    assert trained.grad_fn is not None and plain.grad_fn is None
+    assert torch.equal(plain, trained.detach())
+
+
 def test_gate_keeps_only_its_two_inputs_for_backward() -> None:
     a = torch.randn(4, 6, requires_grad=True)
     b = torch.randn(4, 6, requires_grad=True)

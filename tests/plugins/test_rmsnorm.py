@@ -69,3 +69,22 @@ def test_bf16_gradients_stay_bf16() -> None:
     norm(x).float().square().sum().backward()
     assert x.grad is not None and x.grad.dtype == torch.bfloat16
     assert norm.weight.grad is not None and norm.weight.grad.dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_without_a_gradient_the_same_numbers_and_no_graph(dtype: torch.dtype) -> None:
+    """Under no_grad / inference_mode the norm skips its autograd function: bitwise the same
+    output, and nothing is recorded for a backward."""
+    torch.manual_seed(0)
+    norm = RMSNorm(32).to(dtype)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(32))
+    x = (torch.randn(2, 7, 32) * 5).to(dtype)
+    trained = norm(x)
+    assert trained.grad_fn is not None
+    with torch.no_grad():
+        plain = norm(x)
+    with torch.inference_mode():
+        inferred = norm(x)
+    assert plain.grad_fn is None and plain.dtype == dtype
+    assert torch.equal(plain, trained.detach()) and torch.equal(inferred, plain)
