@@ -1252,7 +1252,8 @@ def _add_generate_parser(sub: Any) -> None:
     p.add_argument(
         "--compile",
         action="store_true",
-        help="compile the decoding step with torch.compile (slow to start: for long outputs)",
+        help="compile the decoding step with torch.compile (slow to start; pays off for long "
+        "outputs of one prompt, not for batches)",
     )
     p.set_defaults(func=_cmd_generate)
 
