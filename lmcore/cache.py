@@ -1,7 +1,7 @@
 """The key/value cache of incremental decoding, preallocated for the whole context.
 
-`KVCache` holds every layer's keys and values for `batch` sequences in two tensors of shape
-`(num_layers, B, Hkv, context_length, D)`, allocated once on the model's device and dtype. Each
+`KVCache` holds every layer's keys and values for `batch` sequences, two tensors of shape
+`(B, Hkv, context_length, D)` per layer, allocated once on the model's device and dtype. Each
 forward writes its new keys and values into the next slots in place (no reallocation per token,
 so the storage never moves under `torch.compile`) and hands the attention kernel the filled
 prefix, `Sq` new queries against `Sk = filled + Sq` keys: the kernel contract's causal
@@ -65,9 +65,11 @@ class KVCache:
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ):
-        shape = (num_layers, batch, num_kv_heads, context_length, head_dim)
-        self.k = torch.zeros(shape, device=device, dtype=dtype)  # (L, B, Hkv, C, D)
-        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        shape = (batch, num_kv_heads, context_length, head_dim)
+        # One tensor per layer (not one for all): under torch.compile a write into a view of a
+        # shared tensor is replayed as a copy of the whole tensor, one per layer and step.
+        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(num_layers)]
+        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(num_layers)]
         # Absolute position of each slot's token: the keys' positions for attention biases.
         self.positions = torch.zeros(batch, context_length, dtype=torch.long, device=device)
         self.valid: Bool[Tensor, "B C"] | None = None  # None: no pads

@@ -110,15 +110,17 @@ def test_one_prompt_gives_one_row_and_streaming_yields_the_same_tokens_one_by_on
 def test_the_cache_is_preallocated_and_written_in_place() -> None:
     model = model_of("num_kv_heads=2")
     kv = KVCache.for_model(model, 2)
-    assert kv.k.shape == (2, 2, 2, 24, 8) and kv.k.dtype == model.lm_head.weight.dtype
-    storage = kv.k.data_ptr()
+    assert len(kv.k) == len(kv.v) == 2  # a key and a value tensor per layer
+    assert all(t.shape == (2, 2, 24, 8) for t in kv.k + kv.v)
+    assert all(t.dtype == model.lm_head.weight.dtype for t in kv.k + kv.v)
+    storage = [t.data_ptr() for t in kv.k + kv.v]
     ids = torch.randint(0, 97, (2, 9))
     with torch.no_grad():
         full = model(ids)
         parts = [model(ids[:, :4], cache=kv), model(ids[:, 4:6], cache=kv)]
         parts += [model(ids[:, i : i + 1], cache=kv) for i in range(6, 9)]
     torch.testing.assert_close(torch.cat(parts, dim=1), full, rtol=1e-5, atol=1e-5)
-    assert kv.length == 9 and kv.k.data_ptr() == storage
+    assert kv.length == 9 and [t.data_ptr() for t in kv.k + kv.v] == storage
     kv.reset()
     assert kv.length == 0
 
