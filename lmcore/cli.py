@@ -1252,8 +1252,9 @@ def _add_generate_parser(sub: Any) -> None:
     p.add_argument(
         "--compile",
         action="store_true",
-        help="compile the decoding step with torch.compile (about 10 s before the first token; "
-        "pays off for long outputs)",
+        help="compile the decoding step with torch.compile (on a 2-core CPU about 10 s before "
+        "the first token, about 50 s the first time inductor runs on a machine; pays off for "
+        "long outputs)",
     )
     p.set_defaults(func=_cmd_generate)
 

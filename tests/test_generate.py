@@ -329,7 +329,32 @@ def test_forward_with_a_cache_refuses_what_does_not_fit() -> None:
         kv.pad(torch.ones(2, 3, dtype=torch.bool))
 
 
-def test_compiled_decoding_gives_the_same_tokens_and_compiles_prompt_and_steps_once() -> None:
+def test_compiled_decoding_with_its_defaults_gives_eager_tokens() -> None:
+    """Inductor with compile_decoding's own options (C++ wrapper, shapes static until they
+    change): the same greedy tokens as eager, for a prompt and for a left-padded batch of
+    another length (a mask, and the prompt's length turned dynamic)."""
+    from lmcore.generate import compile_decoding
+
+    torch.manual_seed(0)
+    spec = (
+        "vocab_size=97, context_length=16, d_model=16, num_layers=1, num_heads=2, "
+        "num_kv_heads=1, d_ff=32"
+    )
+    eager = build_model(spec)
+    compiled = build_model(spec)
+    compiled.load_state_dict(eager.state_dict())
+    prompts: list[Any] = [torch.randint(0, 97, (2, 5)), [[5, 6, 7, 8], [9, 10]]]
+    expected = [eager.generate(p, 4, temperature=0) for p in prompts]
+    torch.compiler.reset()
+    try:
+        compile_decoding(compiled)
+        for p, want in zip(prompts, expected, strict=True):
+            assert torch.equal(compiled.generate(p, 4, temperature=0), want)
+    finally:
+        torch.compiler.reset()
+
+
+def test_compiled_decoding_gives_the_same_tokens_and_compiles_each_kind_of_call_once() -> None:
     from torch._dynamo.utils import counters
 
     from lmcore.generate import compile_decoding
@@ -341,6 +366,7 @@ def test_compiled_decoding_gives_the_same_tokens_and_compiles_prompt_and_steps_o
     prompt = torch.randint(0, 97, (2, 5))
     eager = model.generate(prompt, 4, temperature=0)
     shorter = recompute(model, prompt[:, 1:], 4)  # before compiling: forward runs the step too
+    shorter_still = recompute(model, prompt[:, 2:], 4)
     torch.compiler.reset()
     counters.clear()
     try:
@@ -355,7 +381,11 @@ def test_compiled_decoding_gives_the_same_tokens_and_compiles_prompt_and_steps_o
         compile_decoding(model, backend=record, fullgraph=True)
         assert torch.equal(model.generate(prompt, 4, temperature=0), eager)
         assert torch.equal(model.generate(prompt[:, 1:], 4, temperature=0), shorter)
-        assert counters["stats"]["unique_graphs"] <= 2  # the prompt, and every later step
+        # The first prompt's length, every later step (any fill level), every other prompt
+        # length: a third prompt length and the steps after it compile nothing new.
+        assert counters["stats"]["unique_graphs"] == 3
+        assert torch.equal(model.generate(prompt[:, 2:], 4, temperature=0), shorter_still)
+        assert counters["stats"]["unique_graphs"] == 3
         # Attention this small is one tile: traced as plain operators, not an opaque call.
         targets = {str(node.target) for gm in graphs for node in gm.graph.nodes}
         assert graphs and not any("tiled_attention" in t for t in targets), targets
