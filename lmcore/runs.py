@@ -39,6 +39,7 @@ from typing import Any, Final
 
 from lmcore.atomic import atomic_write, fsync_directory
 from lmcore.errors import TrainError
+from lmcore.jsonfile import read_versioned
 
 __all__ = [
     "CHECKPOINTS",
@@ -125,18 +126,13 @@ def read_run(path: str | os.PathLike[str]) -> dict[str, Any]:
             f"{str(root)!r} is not a run directory: it has no {RUN_FILE} (lmcore train writes "
             "one when a run starts)"
         )
-    try:
-        info = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise TrainError(f"cannot read {file}: {e}") from None
-    if not isinstance(info, dict) or info.get("format") != RUN_FORMAT:
-        raise TrainError(f"{file} is not an lmcore run description (no format {RUN_FORMAT!r})")
-    if info.get("version") != RUN_VERSION:
-        raise TrainError(
-            f"{file} has run format version {info.get('version')!r}; this lmcore reads version "
-            f"{RUN_VERSION}"
-        )
-    return info
+    return read_versioned(
+        file,
+        format=RUN_FORMAT,
+        version=RUN_VERSION,
+        what="an lmcore run description",
+        error=TrainError,
+    )
 
 
 def write_json(path: Path, data: Mapping[str, Any]) -> None:

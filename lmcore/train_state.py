@@ -38,6 +38,7 @@ from torch import Tensor, nn
 from lmcore.atomic import atomic_path, atomic_write
 from lmcore.checkpoint import load_weights, read_info, save
 from lmcore.errors import CheckpointError
+from lmcore.jsonfile import read_versioned
 from lmcore.runs import (
     META_STEP,
     META_TAG,
@@ -116,15 +117,13 @@ def load_checkpoint(
     info = read_info(ckpt.model)
     load_weights(model, info)
     file = ckpt.path / STATE_JSON
-    try:
-        state: dict[str, Any] = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"{file}: cannot be read ({e})") from None
-    if state.get("format") != STATE_FORMAT or state.get("version") != STATE_VERSION:
-        raise CheckpointError(
-            f"{file}: is not a trainer state this lmcore reads (format {STATE_FORMAT!r}, "
-            f"version {STATE_VERSION})"
-        )
+    state = read_versioned(
+        file,
+        format=STATE_FORMAT,
+        version=STATE_VERSION,
+        what="an lmcore trainer state",
+        error=CheckpointError,
+    )
     try:
         tensors = load_file(str(ckpt.path / STATE_TENSORS), device="cpu")
     except Exception as e:  # safetensors raises its own error types

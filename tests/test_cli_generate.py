@@ -128,7 +128,7 @@ def test_an_unreadable_run_json_is_named_when_no_tokenizer_is_found(
     looked = ", ".join(str(p) for p in (ckpt.parent, ckpt.parent.parent, tmp_path / "run"))
     assert (
         f"(looked for tokenizer.json in {looked}; the run's data directory is unknown: "
-        f"{tmp_path / 'run' / 'run.json'} has run format version 99; this lmcore reads version "
+        f"{tmp_path / 'run' / 'run.json'} has lmcore-run version 99; this lmcore reads version "
         f"{RUN_VERSION}); pass --tokenizer PATH"
     ) in err
     # Token ids need no tokenizer: the run's model still generates.

@@ -220,6 +220,14 @@ def test_files_and_metadata(corpus: Path, tmp_path: Path) -> None:
     ]
     assert EOT in raw["split_rule"] and EOT in raw["document_rule"]
     assert DataMeta.read(out / "meta.json") == result.meta
+    (out / "meta.json").write_text(json.dumps({**raw, "version": 2}))
+    with pytest.raises(
+        DataError,
+        match=r"meta.json has lmcore-tokens version 2; this lmcore reads version 1; prepare the "
+        r"directory again: lmcore data prepare SOURCE\.\.\. --out DIR --force$",
+    ):
+        DataMeta.read(out / "meta.json")
+    (out / "meta.json").write_text(json.dumps(raw))
     # numpy.memmap reads the files as the README says.
     train = np.memmap(out / "train.bin", dtype=np.uint16, mode="r")
     assert len(train) == raw["splits"]["train"]["tokens"] and train.max() < 400

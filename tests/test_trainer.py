@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 import lmcore
 from lmcore import train_state
 from lmcore.data import TokenData
-from lmcore.errors import DataError, TrainError
+from lmcore.errors import CheckpointError, DataError, TrainError
 from lmcore.runs import (
     CHECKPOINTS,
     PLOT_FILE,
@@ -374,3 +374,19 @@ def test_a_progress_bar_on_request(
     captured = capsys.readouterr()
     assert captured.out == ""  # echo=None: no report
     assert "12/12" in captured.err and re.search(r"loss \d\.\d{4}, [\d,]+ tok/s", captured.err)
+
+
+def test_a_trainer_state_of_another_version_is_refused_by_name(
+    tiny_data: Path, tmp_path: Path
+) -> None:
+    run = tmp_path / "run"
+    train(TINY_SPEC, tiny_data, run, config(steps=6), echo=None, stop_after=4)
+    file = latest_checkpoint(run).path / "trainer.json"  # type: ignore[union-attr]
+    state = json.loads(file.read_text())
+    file.write_text(json.dumps({**state, "version": 7}))
+    with pytest.raises(
+        CheckpointError,
+        match=rf"{re.escape(str(file))} has lmcore-trainer-state version 7; this lmcore reads "
+        r"version 1$",
+    ):
+        resume(run, echo=None)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lmcore.errors import DataError
+from lmcore.jsonfile import read_versioned
 
 if TYPE_CHECKING:
     import numpy as np
@@ -122,17 +123,14 @@ class DataMeta:
     def read(cls, path: Path) -> DataMeta:
         """Parse `meta.json`, naming the file and the field when anything is off."""
         fix = "prepare the directory again: lmcore data prepare SOURCE... --out DIR --force"
-        try:
-            raw = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise DataError(f"cannot read {path}: {e}; {fix}") from None
-        if not isinstance(raw, dict) or raw.get("format") != FORMAT:
-            raise DataError(f"{path} is not lmcore token-data metadata (no format {FORMAT!r})")
-        if raw.get("version") != VERSION:
-            raise DataError(
-                f"{path} has format version {raw.get('version')!r}; this lmcore reads version "
-                f"{VERSION}: {fix}"
-            )
+        raw = read_versioned(
+            path,
+            format=FORMAT,
+            version=VERSION,
+            what="lmcore token-data metadata",
+            error=DataError,
+            fix=fix,
+        )
         get = _Fields(raw, path, fix)
         splits = get.mapping("splits")
         missing = [s for s in SPLITS if s not in splits]
