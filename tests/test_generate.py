@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -332,26 +335,29 @@ def test_forward_with_a_cache_refuses_what_does_not_fit() -> None:
 def test_compiled_decoding_with_its_defaults_gives_eager_tokens() -> None:
     """Inductor with compile_decoding's own options (C++ wrapper, shapes static until they
     change): the same greedy tokens as eager, for a prompt and for a left-padded batch of
-    another length (a mask, and the prompt's length turned dynamic)."""
-    from lmcore.generate import compile_decoding
+    another length (a mask, and the prompt's length turned dynamic). In a subprocess: inductor
+    leaves a compile-worker pool and its threads behind in the process that compiles."""
+    code = textwrap.dedent("""
+        import torch
+        from lmcore import build_model
+        from lmcore.generate import compile_decoding
 
-    torch.manual_seed(0)
-    spec = (
-        "vocab_size=97, context_length=16, d_model=16, num_layers=1, num_heads=2, "
-        "num_kv_heads=1, d_ff=32"
-    )
-    eager = build_model(spec)
-    compiled = build_model(spec)
-    compiled.load_state_dict(eager.state_dict())
-    prompts: list[Any] = [torch.randint(0, 97, (2, 5)), [[5, 6, 7, 8], [9, 10]]]
-    expected = [eager.generate(p, 4, temperature=0) for p in prompts]
-    torch.compiler.reset()
-    try:
+        torch.manual_seed(0)
+        spec = ("vocab_size=97, context_length=16, d_model=16, num_layers=1, num_heads=2, "
+                "num_kv_heads=1, d_ff=32")
+        eager, compiled = build_model(spec), build_model(spec)
+        compiled.load_state_dict(eager.state_dict())
+        prompts = [torch.randint(0, 97, (2, 5)), [[5, 6, 7, 8], [9, 10]]]
+        expected = [eager.generate(p, 4, temperature=0) for p in prompts]
         compile_decoding(compiled)
-        for p, want in zip(prompts, expected, strict=True):
-            assert torch.equal(compiled.generate(p, 4, temperature=0), want)
-    finally:
-        torch.compiler.reset()
+        for p, want in zip(prompts, expected):
+            got = compiled.generate(p, 4, temperature=0)
+            print(torch.equal(got, want), got.tolist(), want.tolist())
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = out.stdout.splitlines()
+    assert len(lines) == 2 and all(line.startswith("True ") for line in lines), out.stdout
 
 
 def test_compiled_decoding_gives_the_same_tokens_and_compiles_each_kind_of_call_once() -> None:
