@@ -335,8 +335,8 @@ def test_forward_with_a_cache_refuses_what_does_not_fit() -> None:
 def test_compiled_decoding_with_its_defaults_gives_eager_tokens() -> None:
     """Inductor with compile_decoding's own options (C++ wrapper, shapes static until they
     change): the same greedy tokens as eager, for a prompt and for a left-padded batch of
-    another length (a mask, and the prompt's length turned dynamic). In a subprocess: inductor
-    leaves a compile-worker pool and its threads behind in the process that compiles."""
+    another length (a mask, and the prompt's length turned dynamic). In a subprocess: dynamo's
+    compiled code and recompile counts belong to the code object, shared by every test."""
     code = textwrap.dedent("""
         import torch
         from lmcore import build_model
