@@ -65,7 +65,7 @@ def main() -> None:
         tokenizer = work / "data" / "tokenizer.json"
         cli = shutil.which("lmcore", path=str(Path(sys.executable).parent))
         command = [
-            *([cli] if cli else [sys.executable, "-m", "lmcore.cli"]),
+            *([cli] if cli else [sys.executable, "-m", "lmcore"]),
             "data", "prepare", *args.sources, "--out", str(work / "cli"), "--force",
             "--vocab-size", str(args.vocab_size),
             *(f"--ext={e}" for e in exts), *(f"--exclude={e}" for e in exclude),

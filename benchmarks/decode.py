@@ -27,9 +27,9 @@ from collections.abc import Callable
 import torch
 
 from lmcore import build_model
-from lmcore.generate import compile_decoding
-from lmcore.model import TransformerLM
-from lmcore.nn import Linear
+from lmcore.model.generate import compile_decoding
+from lmcore.model.nn import Linear
+from lmcore.model.transformer import TransformerLM
 
 Peer = Callable[[torch.Tensor], torch.Tensor]
 COMPILED = "lmcore, KV cache, torch.compile"
@@ -64,7 +64,7 @@ def matmul_peer(model: TransformerLM, new: int) -> Peer:
 
 
 def compiled_peer(model: TransformerLM, new: int) -> Peer:
-    """The cached decode step under torch.compile (`lmcore.generate.compile_decoding`)."""
+    """The cached decode step under torch.compile (`lmcore.model.generate.compile_decoding`)."""
     compile_decoding(model)
     return lambda prompt: model.generate(prompt, new, temperature=0)
 

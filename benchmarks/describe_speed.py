@@ -36,7 +36,7 @@ def main() -> None:
     args = parser.parse_args()
 
     script = shutil.which("lmcore", path=str(Path(sys.executable).parent))
-    lmcore = [script] if script else [sys.executable, "-m", "lmcore.cli"]
+    lmcore = [script] if script else [sys.executable, "-m", "lmcore"]
     commands = {
         "import torch": [sys.executable, "-c", "import torch"],
         f"lmcore describe {args.spec}": [*lmcore, "describe", args.spec],

@@ -7,7 +7,7 @@ Each case runs in a fresh process (the CLI through the installed `lmcore` script
 through `python -c`), with the fake distributions it needs on PYTHONPATH. The table gives the
 exit status, the wall-clock seconds, the peak RSS of that process and the first line of what it
 said (stderr for the CLI, the printed outcome for Python snippets). `lmcore build cs336-tiny
---device meta` and `python -c "import lmcore.model"` are timed too: the least a command costs.
+--device meta` and `python -c "import lmcore.model.transformer"` are timed too: the least a command costs.
 
 `--pythonpath DIR` puts DIR (and DIR/plugins) first on the children's path, to run the same
 cases against another checkout (e.g. `git archive main | tar -x -C /tmp/base`).

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from einops import einsum
 from torch.utils.benchmark import Timer
 
-from lmcore.nn import Linear, scaled_dot_product_attention, softmax
+from lmcore.model.nn import Linear, scaled_dot_product_attention, softmax
 from lmcore_ffn import SwiGLU
 from lmcore_rmsnorm import RMSNorm
 from lmcore_sdpa import SDPA

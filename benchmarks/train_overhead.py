@@ -8,7 +8,7 @@ Both loops train the same model (same spec, seed and batch size) on the same tok
 - bare: the loop of CS336 or nanoGPT written out: `get_batch` from the memmap, forward,
   `cross_entropy`, backward, `clip_grad_norm_`, fused AdamW at the cosine learning rate,
   nothing else;
-- runner: `lmcore.trainer.train` with evaluation and checkpoints at the ends only (it still
+- runner: `lmcore.train.trainer.train` with evaluation and checkpoints at the ends only (it still
   evaluates once before and once after, saves one checkpoint, writes metrics every 10 steps,
   draws the loss curve).
 
@@ -34,10 +34,16 @@ import torch
 
 import lmcore
 from lmcore.data import TokenData, get_batch, prepare
-from lmcore.quickstart import EXCLUDE, QUICKSTART_DATA, QUICKSTART_SPEC, QUICKSTART_VOCAB, stdlib
-from lmcore.train import cross_entropy
-from lmcore.train_config import TrainConfig, cosine_lr
-from lmcore.trainer import train
+from lmcore.model.nn import cross_entropy
+from lmcore.train.config import TrainConfig, cosine_lr
+from lmcore.train.quickstart import (
+    EXCLUDE,
+    QUICKSTART_DATA,
+    QUICKSTART_SPEC,
+    QUICKSTART_VOCAB,
+    stdlib,
+)
+from lmcore.train.trainer import train
 
 
 def bare(spec: str, data: TokenData, steps: int, batch: int, seed: int) -> tuple[float, float]:

@@ -4,6 +4,7 @@
     >>> model = lmcore.build_model("cs336-tiny, pos=nope")
     >>> str(model.spec)  # the canonical spec
     >>> lmcore.save(model, "m.safetensors"); same = lmcore.load("m.safetensors")
+    >>> lmcore.load("runs/quickstart")  # a run directory: its newest checkpoint
 
 Names are imported on first use (PEP 562): `import lmcore` loads neither torch nor any plugin,
 so lmcore's pytest plugin costs nothing in test runs that never ask for it.
@@ -14,6 +15,8 @@ from __future__ import annotations
 import importlib
 import sys
 from typing import TYPE_CHECKING, Any
+
+from lmcore.version import __version__ as __version__
 
 if TYPE_CHECKING:
     from lmcore.blueprint import Blueprint, parse_spec, resolve
@@ -35,12 +38,10 @@ if TYPE_CHECKING:
         TrainError,
     )
     from lmcore.hookspecs import hookimpl
-    from lmcore.model import TransformerLM, build_model
+    from lmcore.model.transformer import TransformerLM, build_model
     from lmcore.registry import Registry, get_registry, scoped_registry, use_registry
     from lmcore.spec import ComponentSpec, ModelSpec
-    from lmcore.train_config import TrainConfig
-
-__version__ = "0.1.0"
+    from lmcore.train.config import TrainConfig
 
 _WHERE = {
     "Blueprint": "blueprint",
@@ -69,15 +70,15 @@ _WHERE = {
     "SpecError": "errors",
     "TrainError": "errors",
     "hookimpl": "hookspecs",
-    "TransformerLM": "model",
-    "build_model": "model",
+    "TransformerLM": "model.transformer",
+    "build_model": "model.transformer",
     "Registry": "registry",
     "get_registry": "registry",
     "scoped_registry": "registry",
     "use_registry": "registry",
     "ComponentSpec": "spec",
     "ModelSpec": "spec",
-    "TrainConfig": "train_config",
+    "TrainConfig": "train.config",
 }
 
 __all__ = [

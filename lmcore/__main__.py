@@ -4,7 +4,7 @@ import os
 import sys
 from collections.abc import Callable
 
-from lmcore.cli import main
+from lmcore.cli.main import main
 
 if __name__ == "__main__":
     run: Callable[[], int | None] = main

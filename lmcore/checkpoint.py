@@ -2,21 +2,14 @@
 
     lmcore.save(model, "m.safetensors")               # or model.save("m.safetensors")
     model = lmcore.load("m.safetensors")              # rebuilt from the embedded spec, strictly
+    model = lmcore.load("runs/quickstart")            # a run directory: its newest checkpoint
     info = lmcore.checkpoint.read_info("m.safetensors")  # the header alone: spec, provenance, ...
     tiny = lmcore.load_state_dict_file("ts_state_dict.pt", "cs336-tiny")  # CS336 state dicts
 
 A checkpoint is a plain safetensors file (weights only, no pickle) whose string metadata says how
-to rebuild the model:
-
-    format                  "pt", safetensors' own convention
-    lmcore.format_version   "1" (`FORMAT_VERSION`); a newer file is refused with "upgrade lmcore"
-    lmcore.spec             the canonical spec string
-    lmcore.components       JSON, per kind: {name, dist, version, plugin, module} of the provider
-    lmcore.lmcore_version   the lmcore that wrote it
-    lmcore.torch_version    the torch that wrote it
-    lmcore.dtype            the model's dtype, e.g. "float32"; `load` keeps it unless told otherwise
-    lmcore.tied             JSON {alias: stored name}, when parameters are shared (tied embeddings)
-    anything else           the caller's `metadata=`, e.g. a trainer's step count
+to rebuild the model (`lmcore.model.saving` writes it and lists the keys). `load` takes the file,
+a checkpoint directory holding `model.safetensors`, or a run directory of `lmcore train` (its
+newest checkpoint, `checkpoints/step-NNNNNN/`): `find_checkpoint` says which file that is.
 
 Loading re-resolves the spec through the registry. A component whose plugin is missing names the
 distribution to install; one installed at another version loads with a `CheckpointWarning` (an
@@ -33,7 +26,6 @@ import pickle
 import re
 import struct
 import warnings
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,24 +33,28 @@ from typing import Any, Final
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from torch import Tensor, nn
 
-from lmcore.atomic import atomic_path
 from lmcore.blueprint import Blueprint, resolve
 from lmcore.components import KINDS
 from lmcore.errors import CheckpointError, CheckpointWarning, RegistryError, SpecError
-from lmcore.model import TransformerLM
+from lmcore.model.saving import FORMAT_VERSION, KEYS, PREFIX, SUFFIX, dtype_of
+from lmcore.model.transformer import TransformerLM, unwrap
 from lmcore.registry import Entry, Registry, get_registry, normalize_dist
 from lmcore.spec import SLOTS, ModelSpec, parse_items
 
 __all__ = [
+    "CHECKPOINTS",
     "FORMAT_VERSION",
+    "MODEL_FILE",
+    "RUN_FILE",
     "CheckpointInfo",
     "Header",
     "SavedComponent",
     "TensorInfo",
     "build_from_checkpoint",
+    "find_checkpoint",
     "is_checkpoint_path",
     "load",
     "load_state_dict_file",
@@ -68,20 +64,15 @@ __all__ = [
     "resolve_checkpoint",
     "save",
     "spec_or_checkpoint",
+    "step_dirs",
 ]
 
-FORMAT_VERSION: Final = 1
-PREFIX: Final = "lmcore."
-_KEYS: Final = {
-    "format_version": "lmcore.format_version",
-    "spec": "lmcore.spec",
-    "components": "lmcore.components",
-    "lmcore_version": "lmcore.lmcore_version",
-    "torch_version": "lmcore.torch_version",
-    "dtype": "lmcore.dtype",
-    "tied": "lmcore.tied",
-}
-SUFFIX: Final = ".safetensors"
+# Where model files sit: a checkpoint directory holds MODEL_FILE; a run directory (marked by
+# RUN_FILE, laid out by `lmcore.train.runs`) holds one checkpoint directory per saved step.
+MODEL_FILE: Final = "model.safetensors"
+RUN_FILE: Final = "run.json"
+CHECKPOINTS: Final = "checkpoints"
+STEP_DIR: Final = re.compile(r"step-(\d+)")
 _MAX_HEADER: Final = 100_000_000  # safetensors' own limit on the JSON header
 # Bytes per element of each safetensors dtype (the sub-byte and exotic ones are not size-checked).
 _ITEMSIZE: Final = {
@@ -276,11 +267,11 @@ def read_info(path: str | os.PathLike[str]) -> CheckpointInfo:
     from its header alone (no tensor data is read, no plugin is loaded)."""
     header = read_header(path)
     p, meta = header.path, header.metadata
-    if _KEYS["spec"] not in meta:
+    if KEYS["spec"] not in meta:
         shown = ", ".join(sorted(meta)) or "none"
         raise CheckpointError(
             f"{p}: is a safetensors file but not an lmcore checkpoint: its metadata has no "
-            f"{_KEYS['spec']!r} (metadata keys: {shown}). For a CS336-keyed state dict use "
+            f"{KEYS['spec']!r} (metadata keys: {shown}). For a CS336-keyed state dict use "
             "lmcore.load_state_dict_file(path, spec); for a Hugging Face Llama model directory, "
             "`lmcore convert --from-hf DIR OUT.safetensors`"
         )
@@ -291,19 +282,19 @@ def read_info(path: str | os.PathLike[str]) -> CheckpointInfo:
             "after lmcore saved it"
         )
 
-    raw_version = meta.get(_KEYS["format_version"], "")
+    raw_version = meta.get(KEYS["format_version"], "")
     if not raw_version.isdigit():
-        raise bad(_KEYS["format_version"], f"is {raw_version!r}, not a number")
+        raise bad(KEYS["format_version"], f"is {raw_version!r}, not a number")
     version = int(raw_version)
     if version > FORMAT_VERSION:
         raise CheckpointError(
             f"{p}: was written in lmcore checkpoint format {version} by lmcore "
-            f"{meta.get(_KEYS['lmcore_version'], '?')}; this lmcore reads format "
+            f"{meta.get(KEYS['lmcore_version'], '?')}; this lmcore reads format "
             f"{FORMAT_VERSION} and older: upgrade it (pip install -U lmcore-registry)"
         )
     components: dict[str, SavedComponent] = {}
     try:
-        table = json.loads(meta.get(_KEYS["components"], ""))
+        table = json.loads(meta.get(KEYS["components"], ""))
         for kind in KINDS:
             row = table[kind]
             components[kind] = SavedComponent(
@@ -315,27 +306,27 @@ def read_info(path: str | os.PathLike[str]) -> CheckpointInfo:
                 version=None if row["version"] is None else str(row["version"]),
             )
     except (json.JSONDecodeError, KeyError, TypeError) as e:
-        raise bad(_KEYS["components"], f"cannot be read ({type(e).__name__}: {e})") from None
+        raise bad(KEYS["components"], f"cannot be read ({type(e).__name__}: {e})") from None
     try:
-        tied = json.loads(meta.get(_KEYS["tied"], "{}"))
+        tied = json.loads(meta.get(KEYS["tied"], "{}"))
         if not isinstance(tied, dict) or not all(isinstance(v, str) for v in tied.values()):
             raise TypeError("not a mapping of names")
     except (json.JSONDecodeError, TypeError) as e:
-        raise bad(_KEYS["tied"], f"cannot be read ({e})") from None
+        raise bad(KEYS["tied"], f"cannot be read ({e})") from None
     missing_stored = sorted(v for v in tied.values() if v not in header.tensors)
     if missing_stored:
         raise bad(
-            _KEYS["tied"], f"names tensors the file does not hold: {', '.join(missing_stored)}"
+            KEYS["tied"], f"names tensors the file does not hold: {', '.join(missing_stored)}"
         )
-    dtype = meta.get(_KEYS["dtype"], "")
+    dtype = meta.get(KEYS["dtype"], "")
     _dtype(dtype, p)
     return CheckpointInfo(
         path=p,
         format_version=version,
-        spec=meta[_KEYS["spec"]],
+        spec=meta[KEYS["spec"]],
         components=components,
-        lmcore_version=meta.get(_KEYS["lmcore_version"], "?"),
-        torch_version=meta.get(_KEYS["torch_version"], "?"),
+        lmcore_version=meta.get(KEYS["lmcore_version"], "?"),
+        torch_version=meta.get(KEYS["torch_version"], "?"),
         dtype=dtype,
         tied=tied,
         metadata={k: v for k, v in meta.items() if not k.startswith(PREFIX) and k != "format"},
@@ -348,10 +339,55 @@ def _dtype(name: str, path: Path) -> torch.dtype:
     value = getattr(torch, name, None) if name.isidentifier() else None
     if not isinstance(value, torch.dtype):
         raise CheckpointError(
-            f"{path}: has damaged lmcore metadata: {_KEYS['dtype']} is {name!r}, not a torch "
+            f"{path}: has damaged lmcore metadata: {KEYS['dtype']} is {name!r}, not a torch "
             "dtype; the file was edited or damaged after lmcore saved it"
         )
     return value
+
+
+# ------------------------------------------------------------------------------ finding
+
+
+def step_dirs(run: str | os.PathLike[str]) -> list[tuple[int, Path]]:
+    """`(step, directory)` of each checkpoint directory in a run's `checkpoints/`, oldest first
+    (hidden directories of interrupted saves are not among them)."""
+    found = []
+    root = Path(run) / CHECKPOINTS
+    if root.is_dir():
+        for d in root.iterdir():
+            m = STEP_DIR.fullmatch(d.name)
+            if m and d.is_dir():
+                found.append((int(m.group(1)), d))
+    return sorted(found)
+
+
+def find_checkpoint(path: str | os.PathLike[str]) -> Path:
+    """The model file that `path` names: the path itself unless it is a directory; a checkpoint
+    directory's `model.safetensors`; a run directory's newest checkpoint's. `CheckpointError`
+    for a directory that is none of these, or a run with no checkpoint yet."""
+    p = Path(path)
+    if not p.is_dir():
+        return p  # a file, or nothing: `read_header` says which
+    if (p / RUN_FILE).is_file():
+        saved = [d / MODEL_FILE for _, d in step_dirs(p) if (d / MODEL_FILE).is_file()]
+        if not saved:
+            raise CheckpointError(
+                f"run {str(p)!r} has no checkpoint yet (it saves every --save-every steps, at "
+                f"the end and when interrupted); resume it: lmcore train --resume {p}"
+            )
+        return saved[-1]
+    if (p / MODEL_FILE).is_file():
+        return p / MODEL_FILE
+    hint = (
+        "; it holds a config.json: for a Hugging Face Llama model directory run "
+        f"`lmcore convert --from-hf {p} OUT.safetensors`"
+        if (p / "config.json").is_file()
+        else ""
+    )
+    raise CheckpointError(
+        f"{str(p)!r} is neither a model file, a checkpoint directory (holding {MODEL_FILE}) nor "
+        f"a run directory (holding {RUN_FILE}){hint}"
+    )
 
 
 # ------------------------------------------------------------------------------ resolving
@@ -473,109 +509,14 @@ def _qualified(spec: str, chosen: Mapping[str, Entry], registry: Registry) -> st
 def save(
     model: nn.Module, path: str | os.PathLike[str], *, metadata: Mapping[str, str] | None = None
 ) -> Path:
-    """Write `model` and everything needed to rebuild it to one safetensors file, atomically.
+    """Write `model` (a `TransformerLM`, or one inside `torch.compile` or DDP wrappers) and
+    everything needed to rebuild it to one safetensors file, atomically: `TransformerLM.save`.
 
     `metadata` adds the caller's own string entries (e.g. a trainer's step); names starting with
     "lmcore." and "format" are lmcore's. Shared parameters (tied embeddings) are stored once.
     Returns the path written.
     """
-    lm = unwrap(model)
-    extra = dict(metadata or {})
-    for key, value in extra.items():
-        if not isinstance(key, str) or not isinstance(value, str):
-            raise CheckpointError(
-                f"metadata must map strings to strings (safetensors stores strings only); got "
-                f"{key!r}: {type(value).__name__}; convert the value, e.g. with str() or "
-                "json.dumps()"
-            )
-        if key.startswith(PREFIX) or key == "format":
-            raise CheckpointError(
-                f"metadata key {key!r} is reserved for lmcore (its keys are 'format' and "
-                f"'{PREFIX}*'); choose another name, e.g. 'train.{key.removeprefix(PREFIX)}'"
-            )
-    tensors, tied = _store_once(lm.state_dict())
-    bp = lm.blueprint
-    components = {
-        kind: {
-            "name": bp.component(kind).name,
-            "dist": bp.provenance(kind).dist,
-            "version": bp.provenance(kind).version,
-            "plugin": bp.provenance(kind).plugin,
-            "module": bp.provenance(kind).module,
-        }
-        for kind in KINDS
-    }
-    import lmcore
-
-    header = {
-        **extra,
-        "format": "pt",
-        _KEYS["format_version"]: str(FORMAT_VERSION),
-        _KEYS["spec"]: str(bp.spec),
-        _KEYS["components"]: json.dumps(components, sort_keys=True),
-        _KEYS["lmcore_version"]: lmcore.__version__,
-        _KEYS["torch_version"]: torch.__version__,
-        _KEYS["dtype"]: dtype_of(tensors),
-    }
-    if tied:
-        header[_KEYS["tied"]] = json.dumps(tied, sort_keys=True)
-    dest = Path(path)
-    with atomic_path(dest) as tmp:
-        save_file(tensors, tmp, metadata=header)
-    return dest
-
-
-def unwrap(model: nn.Module) -> TransformerLM:
-    """The TransformerLM inside `torch.compile` (`_orig_mod`) or DDP (`module`) wrappers."""
-    inner: Any = model
-    for _ in range(4):
-        if isinstance(inner, TransformerLM):
-            return inner
-        inner = getattr(inner, "_orig_mod", None) or getattr(inner, "module", None)
-        if inner is None:
-            break
-    raise CheckpointError(
-        f"lmcore.save expects a TransformerLM (from lmcore.build_model or lmcore.load), got "
-        f"{type(model).__name__}; for any other module use safetensors.torch.save_model"
-    )
-
-
-def _store_once(state: Mapping[str, Tensor]) -> tuple[dict[str, Tensor], dict[str, str]]:
-    """CPU tensors to write, each storage once, and {alias: stored name} for shared tensors."""
-    tensors: dict[str, Tensor] = {}
-    tied: dict[str, str] = {}
-    first: dict[tuple[Any, ...], str] = {}
-    storages: set[tuple[str, int]] = set()
-    for name, t in state.items():
-        if t.is_meta:
-            raise CheckpointError(
-                f"cannot save {name}: the model was built on the meta device, which holds shapes "
-                "but no weights; build it on cpu or cuda"
-            )
-        t = t.detach()
-        if t.numel():
-            same = (str(t.device), t.dtype, t.data_ptr(), tuple(t.shape), t.stride())
-            if same in first:  # the very same tensor under a second name: store it once
-                tied[name] = first[same]
-                continue
-            first[same] = name
-            storage = (str(t.device), t.untyped_storage().data_ptr())
-            whole = t.is_contiguous() and t.untyped_storage().nbytes() == t.nbytes
-            if storage in storages or not whole:  # a view into a larger (e.g. fused) weight
-                t = t.contiguous().clone()
-            storages.add(storage)
-        tensors[name] = t.cpu()
-    return tensors, tied
-
-
-def dtype_of(tensors: Mapping[str, Tensor]) -> str:
-    """The floating dtype holding most of the elements ("float32" when there is none)."""
-    counts: Counter[torch.dtype] = Counter()
-    for t in tensors.values():
-        if t.is_floating_point():
-            counts[t.dtype] += t.numel()
-    dtype = counts.most_common(1)[0][0] if counts else torch.float32
-    return str(dtype).removeprefix("torch.")
+    return unwrap(model).save(path, metadata=metadata)
 
 
 # ------------------------------------------------------------------------------ load
@@ -589,12 +530,13 @@ def load(
 ) -> TransformerLM:
     """Rebuild the model a checkpoint describes and load its weights, strictly and without pickle.
 
+    `path` is a model file, a checkpoint directory or a run directory (`find_checkpoint`).
     The model is built from the embedded spec through `registry` (default: the one in use) on
     `device` (default CPU) in `dtype` (default: the dtype it was saved in; another converts).
     Raises `CheckpointError` naming the file and what to do: an unreadable or damaged file, a
     component whose plugin is not installed, tensors that are missing, unexpected or misshapen.
     """
-    info = read_info(path)
+    info = read_info(find_checkpoint(path))
     return build_from_checkpoint(info, resolve_checkpoint(info, registry), device, dtype)
 
 

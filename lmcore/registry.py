@@ -39,7 +39,7 @@ from typing import Any, Literal
 
 import pluggy
 
-from lmcore import hookspecs
+import lmcore.hookspecs as hookspecs
 from lmcore.components import (
     Component,
     Preset,

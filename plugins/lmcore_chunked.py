@@ -6,7 +6,7 @@ denominator and output are rescaled by `exp(old_max - new_max)` and the block's 
 `exp(s - new_max)` are added in. Only the output and each row's log-sum-exp are kept for
 backward, which recomputes every key block's weights (Dao et al., 2022): memory grows linearly
 with the sequence length, at the price of one more `q kᵀ` per block in the backward.
-`lmcore.attention.tiled_attention` does both, in plain torch.
+`lmcore.model.attention.tiled_attention` does both, in plain torch.
 
 A query row whose keys are all masked returns zeros, as `sdpa` and torch's fused kernel do: the
 row has nothing to attend to, and zeros keep NaN out of the residual stream and the gradients,
@@ -20,7 +20,7 @@ from jaxtyping import Bool, Float
 from torch import Tensor, nn
 
 from lmcore import Arg, Component, hookimpl
-from lmcore.attention import accumulator, tiled_attention
+from lmcore.model.attention import accumulator, tiled_attention
 
 
 class ChunkedAttention(nn.Module):

@@ -1,6 +1,6 @@
 """The feed-forward family from one table, an entry point per row: swiglu, geglu, silu, gelu, relu.
 
-Every row is a `lmcore.nn.FeedForward` without biases and with CS336's keys: ungated
+Every row is a `lmcore.model.nn.FeedForward` without biases and with CS336's keys: ungated
 `w2(act(w1 x))`, or gated (the GLU family, Shazeer 2020) `w2(act(w1 x) * w3 x)`, with
 `w1, w3: (d_ff, d_model)` and `w2: (d_model, d_ff)`. The rows differ only in the activation, the
 gating and how many tensors the activation keeps for backward.
@@ -20,8 +20,8 @@ import torch
 from torch import Tensor
 
 from lmcore import Component, hookimpl
-from lmcore import nn as ops
-from lmcore.nn import Derivative, FeedForward, feed_forward_activations, gated_d_ff
+from lmcore.model import nn as ops
+from lmcore.model.nn import Derivative, FeedForward, feed_forward_activations, gated_d_ff
 
 
 @dataclass(frozen=True)
@@ -33,8 +33,8 @@ class Row:
     # sigmoid, gelu x/√2, x/2 and 1 + erf, relu none (it keeps its output, which w2 keeps anyway).
     activation_saves: int
     help: str
-    # The activation and its derivative together: a gated row then gates with `lmcore.nn.gate`,
-    # which keeps only w1 x and w3 x for backward.
+    # The activation and its derivative together: a gated row then gates with
+    # `lmcore.model.nn.gate`, which keeps only w1 x and w3 x for backward.
     derivative: Derivative | None = None
 
 

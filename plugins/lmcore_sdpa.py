@@ -7,14 +7,14 @@ from jaxtyping import Bool, Float
 from torch import Tensor, nn
 
 from lmcore import Component, hookimpl
-from lmcore.attention import Plan, accumulator, kept_elements, tiled_attention
+from lmcore.model.attention import Plan, accumulator, kept_elements, tiled_attention
 
 
 class SDPA(nn.Module):
     """`softmax(q kᵀ / sqrt(D) + bias) v`, keeping the softmax weights for backward.
 
-    Computed by `lmcore.attention.tiled_attention` one block of queries at a time (so each pass
-    over the scores stays in cache) against the keys they may see: a causal model computes and
+    Computed by `lmcore.model.attention.tiled_attention` one block of queries at a time (so each
+    pass over the scores stays in cache) against the keys they may see: a causal model computes and
     keeps the triangle of the `(Sq, Sk)` scores, not the square. Grouped-query heads attend
     their key/value head without a copy of k and v.
     """

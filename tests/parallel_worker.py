@@ -18,11 +18,11 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from lmcore.model import TransformerLM
-from lmcore.parallel import Distributed, apply_tensor_parallel, distributed
-from lmcore.train import cross_entropy
-from lmcore.train_config import TrainConfig
-from lmcore.trainer import _Loop, resume, train
+from lmcore.model.nn import cross_entropy
+from lmcore.model.transformer import TransformerLM
+from lmcore.train.config import TrainConfig
+from lmcore.train.parallel import Distributed, apply_tensor_parallel, distributed
+from lmcore.train.trainer import _Loop, resume, train
 
 SPEC = "vocab_size=300, context_length=16, d_model=32, num_layers=2, num_heads=2"
 TIED = SPEC + ", tie_embeddings=true"

@@ -23,21 +23,19 @@ from lmcore import (
     resolve,
     scoped_registry,
 )
-from lmcore.accounting import (
-    AccountingError,
-    account,
+from lmcore.describe import (
     activation_bytes,
     check_buffers,
     check_params,
     describe,
-    footprint,
     measure_activations,
     measured_params,
     saved_activation_bytes,
 )
 from lmcore.errors import ModelTooLargeError, PluginError
-from lmcore.nn import Linear
-from lmcore.train import run_steps
+from lmcore.model.counting import AccountingError, account, footprint
+from lmcore.model.nn import Linear
+from lmcore.train.smoke import run_steps
 
 
 def gpt2_forward_flops(seq: int, d: int, layers: int, d_ff: int, vocab: int) -> int:
@@ -404,9 +402,10 @@ def test_a_negative_declaration_is_an_error_naming_the_component() -> None:
 RSS_PROBE = r"""
 import gc, json, sys
 import torch
-from lmcore.accounting import activation_bytes
-from lmcore.model import build_model
-from lmcore.train import cross_entropy, random_tokens
+from lmcore.describe import activation_bytes
+from lmcore.model.nn import cross_entropy
+from lmcore.model.transformer import build_model
+from lmcore.train.smoke import random_tokens
 
 def rss():
     with open("/proc/self/statm") as f:
@@ -546,16 +545,16 @@ def test_a_wrong_buffers_declaration_is_named() -> None:
 def test_describe_builds_at_most_two_layers(monkeypatch: pytest.MonkeyPatch) -> None:
     """`describe "tinystories, num_layers=1000000"` answers without building a million layers:
     layers are identical, so two are built to check the declarations against."""
-    import lmcore.accounting
+    import lmcore.describe
 
     built: list[int] = []
-    real = lmcore.accounting.build_model
+    real = lmcore.describe.build_model
 
     def recording(bp, *args, **kwargs):  # type: ignore[no-untyped-def]
         built.append(bp.spec.num_layers)
         return real(bp, *args, **kwargs)
 
-    monkeypatch.setattr(lmcore.accounting, "build_model", recording)
+    monkeypatch.setattr(lmcore.describe, "build_model", recording)
     found = describe("tinystories, num_layers=1000000")
     assert built == [2]
     assert (

@@ -102,7 +102,7 @@ def test_a_save_that_fails_midway_leaves_the_previous_checkpoint(
             f.write(b"\x00" * 4096)  # part of the new file is on disk ...
         raise OSError(28, "No space left on device")  # ... when the disk fills up
 
-    monkeypatch.setattr("lmcore.checkpoint.save_file", failing_save_file)
+    monkeypatch.setattr("lmcore.model.saving.save_file", failing_save_file)
     torch.manual_seed(1)
     with pytest.raises(OSError, match="No space left on device"):
         lmcore.build_model(SMALL).save(path)
@@ -130,7 +130,7 @@ def test_a_failing_rename_leaves_the_previous_checkpoint(
 KILLED_WHILE_SAVING = """
 import sys, time
 import safetensors.torch, torch
-import lmcore, lmcore.atomic, lmcore.checkpoint
+import lmcore, lmcore.atomic, lmcore.model.saving
 
 path, marker, spec, moment = sys.argv[1:5]
 
@@ -147,7 +147,7 @@ def slow_save_file(tensors, filename, metadata=None):
         f.write(data[len(data) // 2 :])
 
 if moment == "mid-write":
-    lmcore.checkpoint.save_file = slow_save_file
+    lmcore.model.saving.save_file = slow_save_file
 else:
     lmcore.atomic._fsync_file = lambda p: stop_here()
 torch.manual_seed(1)

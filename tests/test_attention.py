@@ -11,8 +11,8 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-import lmcore.attention as attention
-from lmcore.attention import Plan, kept_elements, tiled_attention
+import lmcore.model.attention as attention
+from lmcore.model.attention import Plan, kept_elements, tiled_attention
 
 MODES = {"kept weights (sdpa)": None, "key blocks of 3 (chunked)": 3, "key blocks of 8": 8}
 

@@ -10,11 +10,12 @@ import torch
 
 import lmcore.blueprint
 from lmcore import Component, Registry, build_model, parse_spec, resolve, scoped_registry
-from lmcore.accounting import account, describe
 from lmcore.blueprint import Blueprint, divisors_near
-from lmcore.cli import main
+from lmcore.cli.main import main
 from lmcore.components import KINDS
+from lmcore.describe import describe
 from lmcore.errors import PluginError, SpecError
+from lmcore.model.counting import account
 from lmcore_sdpa import SDPA
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -23,13 +23,14 @@ from safetensors.torch import load_file, save_file
 import lmcore
 from lmcore import CheckpointError, CheckpointWarning, Registry, build_model
 from lmcore.checkpoint import (
-    FORMAT_VERSION,
+    find_checkpoint,
     is_checkpoint_path,
     load_weights,
     read_header,
     read_info,
     resolve_checkpoint,
 )
+from lmcore.model.saving import FORMAT_VERSION
 
 SMALL = "vocab_size=97, context_length=16, d_model=32, num_layers=2, num_heads=4, d_ff=64"
 
@@ -162,9 +163,9 @@ def test_a_view_into_a_shared_storage_is_saved_as_its_own_tensor(tmp_path: Path)
     state = dict(model.state_dict())
     for n, name in enumerate(("q_proj", "k_proj", "v_proj")):
         state[f"layers.0.attn.{name}.weight"] = fused[32 * n : 32 * (n + 1)]
-    from lmcore.checkpoint import _store_once
+    from lmcore.model.saving import store_once
 
-    tensors, tied = _store_once(state)
+    tensors, tied = store_once(state)
     assert tied == {}
     ptrs = {t.untyped_storage().data_ptr() for t in tensors.values()}
     assert len(ptrs) == len(tensors)
@@ -208,6 +209,40 @@ def test_read_info_reads_no_tensor_data(tmp_path: Path, monkeypatch: pytest.Monk
     path = perturbed(SMALL).save(tmp_path / "m.safetensors")
     monkeypatch.setattr("lmcore.checkpoint.load_file", None)  # any tensor read would fail
     assert read_info(path).dtype == "float32"
+
+
+def test_load_takes_a_checkpoint_directory_or_a_run_directory(tmp_path: Path) -> None:
+    """What `lmcore generate` takes: a run directory loads its newest checkpoint's model."""
+    run = tmp_path / "run"
+    models = {}
+    for step in (10, 200, 30):
+        ckpt = run / "checkpoints" / f"step-{step:06d}"
+        ckpt.mkdir(parents=True)
+        models[step] = perturbed(SMALL, seed=step)
+        lmcore.save(models[step], ckpt / "model.safetensors")
+    (run / "checkpoints" / ".step-000300.1a2b.tmp").mkdir()  # an interrupted save: not a step
+    (run / "run.json").write_text("{}")
+    empty = tmp_path / "empty-run"
+    empty.mkdir()
+    (empty / "run.json").write_text("{}")
+    with pytest.raises(CheckpointError, match=r"has no checkpoint yet .*lmcore train --resume"):
+        lmcore.load(empty)
+    x = ids()
+    newest = run / "checkpoints" / "step-000200"
+    assert find_checkpoint(run) == newest / "model.safetensors"
+    assert find_checkpoint(newest) == newest / "model.safetensors"
+    assert find_checkpoint(newest / "model.safetensors") == newest / "model.safetensors"
+    for path in (run, newest, newest / "model.safetensors"):
+        assert torch.equal(lmcore.load(path)(x), models[200](x)), path
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "config.json").write_text("{}")
+    with pytest.raises(
+        CheckpointError,
+        match=r"is neither a model file, .* it holds a config.json: for a Hugging Face Llama model "
+        r"directory run `lmcore convert --from-hf .*hf OUT.safetensors`",
+    ):
+        lmcore.load(hf)
 
 
 def test_checkpoint_paths_are_told_from_specs() -> None:
@@ -282,7 +317,11 @@ def test_not_a_safetensors_file(tmp_path: Path) -> None:
     tiny.write_bytes(b"\x01\x02")
     with pytest.raises(CheckpointError, match=r"\(it is only 2 bytes long\)"):
         lmcore.load(tiny)
-    with pytest.raises(CheckpointError, match=r"is a directory, not a checkpoint file"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"is neither a model file, a checkpoint directory \(holding model.safetensors\) nor "
+        r"a run directory \(holding run.json\)",
+    ):
         lmcore.load(tmp_path)
 
 
@@ -643,7 +682,7 @@ def test_a_pickle_with_objects_is_refused(tmp_path: Path) -> None:
 
 def test_the_readme_saving_and_loading_example_runs(tmp_path: Path, monkeypatch) -> None:
     """The README's two commands, then its Python block, as written."""
-    from lmcore.cli import main
+    from lmcore.cli.main import main
 
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     section = readme.split("\n## Saving and loading\n", 1)[1].split("\n### ", 1)[0]

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from lmcore import Registry, parse_spec, use_registry
-from lmcore.cli import main
+from lmcore.cli.main import main
 
 
 def test_build_prints_the_canonical_spec_and_parameter_count(capsys) -> None:
@@ -35,6 +35,31 @@ def test_console_script_is_installed() -> None:
         check=True,
     )
     assert out.stdout.splitlines()[1] == "parameters: 1,403,328"
+
+
+def test_version_names_lmcore_torch_and_python(capsys) -> None:
+    import platform
+
+    import torch
+
+    import lmcore
+
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out == (
+        f"lmcore {lmcore.__version__} (torch {torch.__version__}, "
+        f"Python {platform.python_version()})\n"
+    )
+
+
+def test_help_and_version_stay_torch_free() -> None:
+    code = (
+        "import sys; from lmcore.cli.main import main\n"
+        "for argv in (['--help'], ['train', '--help'], ['quickstart', '--help']):\n"
+        "    try: main(argv)\n"
+        "    except SystemExit: pass\n"
+        "assert 'torch' not in sys.modules, 'torch was imported'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
 
 
 # ------------------------------------------------------------------ exit codes (issue 11)
@@ -99,12 +124,12 @@ def test_a_malformed_variable_exits_2_from_every_command(
 
 def test_an_internal_error_is_not_dressed_as_bad_input(monkeypatch) -> None:
     """A bug in lmcore keeps its traceback (the console script then exits 1)."""
-    import lmcore.model
+    import lmcore.model.transformer
 
     def broken(*args: object, **kwargs: object) -> None:
         raise ZeroDivisionError("a bug")
 
-    monkeypatch.setattr(lmcore.model, "build_model", broken)
+    monkeypatch.setattr(lmcore.model.transformer, "build_model", broken)
     with pytest.raises(ZeroDivisionError, match="a bug"):
         main(["build", "cs336-tiny"])
 
@@ -112,7 +137,7 @@ def test_an_internal_error_is_not_dressed_as_bad_input(monkeypatch) -> None:
 def run_cli(
     *argv: str, env: dict[str, str] | None = None, **kwargs: object
 ) -> subprocess.CompletedProcess[bytes]:
-    cli = [sys.executable, "-c", "import sys; from lmcore.cli import main; sys.exit(main())"]
+    cli = [sys.executable, "-c", "import sys; from lmcore.cli.main import main; sys.exit(main())"]
     return subprocess.run(
         [*cli, *argv],
         capture_output="stdout" not in kwargs,

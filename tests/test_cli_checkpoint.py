@@ -16,8 +16,9 @@ import lmcore
 import lmcore.blueprint
 from lmcore import parse_spec
 from lmcore.blueprint import Blueprint
-from lmcore.cli import main
-from lmcore.train import cross_entropy, random_tokens, run_steps
+from lmcore.cli.main import main
+from lmcore.model.nn import cross_entropy
+from lmcore.train.smoke import random_tokens, run_steps
 
 SPEC = "cs336-tiny, pos=nope"
 

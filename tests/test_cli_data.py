@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from lmcore.cli import main
+from lmcore.cli.main import main
 from lmcore.data import TokenData
 
 TEXT = "The quick brown fox jumps over the lazy dog. " * 30 + "\n"

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from lmcore import Component, parse_spec, scoped_registry
-from lmcore.accounting import activation_bytes
-from lmcore.cli import main
-from lmcore.model import build_model
+from lmcore.cli.main import main
+from lmcore.describe import activation_bytes
+from lmcore.model.transformer import build_model
 
 ROWS = [
     "token_embeddings",
@@ -213,7 +213,7 @@ def test_describe_runs_no_operator_on_meta_tensors() -> None:
     a second): describe builds on meta and counts from declarations without one, so it stays
     near the time of `import torch`. --measure runs the forward, which shows the probe works."""
     probe = (
-        "import sys; from lmcore.cli import main; code = main(sys.argv[1:]); "
+        "import sys; from lmcore.cli.main import main; code = main(sys.argv[1:]); "
         "print(code, 'torch._dynamo' in sys.modules, file=sys.stderr)"
     )
 

@@ -12,9 +12,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from lmcore import Component, ModelInputError, parse_spec, scoped_registry
-from lmcore.cli import main
+from lmcore.cli.main import main
 from lmcore.interfaces import PositionalEncodingBase
-from lmcore.train import ProgressBar, cross_entropy, gradient_problems, run_steps
+from lmcore.model.nn import cross_entropy
+from lmcore.train.smoke import ProgressBar, gradient_problems, run_steps
 
 SMALL = ["cs336-tiny", "--steps", "3", "--batch", "2", "--seq", "8", "--device", "cpu"]
 

@@ -15,9 +15,9 @@ import pytest
 from conftest import TINY_SPEC, tiny_corpus
 
 import lmcore
-from lmcore import quickstart as qs
-from lmcore.cli import main
-from lmcore.runs import checkpoints, latest_checkpoint, read_metrics, read_run
+from lmcore.cli.main import main
+from lmcore.train import quickstart as qs
+from lmcore.train.runs import checkpoints, latest_checkpoint, read_metrics, read_run
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -84,7 +84,7 @@ def test_resume_on_the_command_line(
 def run_cli(*args: str, cwd: Path) -> subprocess.Popen[str]:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     return subprocess.Popen(
-        [sys.executable, "-m", "lmcore.cli", *args],
+        [sys.executable, "-m", "lmcore", *args],
         cwd=cwd,
         env=env,
         stdout=subprocess.PIPE,

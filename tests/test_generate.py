@@ -3,7 +3,7 @@ sequence (every built-in position encoding and kernel, pre/post-norm, GQA, MQA, 
 plugin, left-padded batches); sampling (top-p, top-k, seed), stop tokens, streaming; every error.
 
 The reference for the cache is `model(seq)` on the whole sequence at each step, argmax of the
-last row: independent of lmcore.generate.
+last row: independent of lmcore.model.generate.
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ import torch
 from torch import Tensor, nn
 
 from lmcore import Component, Registry, build_model
-from lmcore.cache import KVCache
 from lmcore.errors import GenerationError, ModelInputError
-from lmcore.generate import Sampling, sample
-from lmcore.model import TransformerLM
+from lmcore.model.cache import KVCache
+from lmcore.model.generate import Sampling, sample
+from lmcore.model.transformer import TransformerLM
 from lmcore.registry import use_registry
 
 SMALL = "vocab_size=97, context_length=24, d_model=32, num_layers=2, num_heads=4, d_ff=64"
@@ -201,7 +201,7 @@ def test_a_stop_token_ends_its_sequence_while_the_rest_of_the_batch_continues() 
 def test_token_ids_are_checked_once_up_front_not_at_every_step(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import lmcore.inputs as inputs
+    import lmcore.model.inputs as inputs
 
     model = model_of("")
     calls: list[int] = []
@@ -340,7 +340,7 @@ def test_compiled_decoding_with_its_defaults_gives_eager_tokens() -> None:
     code = textwrap.dedent("""
         import torch
         from lmcore import build_model
-        from lmcore.generate import compile_decoding
+        from lmcore.model.generate import compile_decoding
 
         torch.manual_seed(0)
         spec = ("vocab_size=97, context_length=16, d_model=16, num_layers=1, num_heads=2, "
@@ -363,7 +363,7 @@ def test_compiled_decoding_with_its_defaults_gives_eager_tokens() -> None:
 def test_compiled_decoding_gives_the_same_tokens_and_compiles_each_kind_of_call_once() -> None:
     from torch._dynamo.utils import counters
 
-    from lmcore.generate import compile_decoding
+    from lmcore.model.generate import compile_decoding
 
     torch.manual_seed(0)
     model = build_model(

@@ -15,7 +15,7 @@ from safetensors.torch import load_file, save_file
 
 import lmcore
 from lmcore import ConversionError
-from lmcore.cli import main
+from lmcore.cli.main import main
 from lmcore.hf import (
     config_to_spec,
     convert_from_hf,

@@ -470,9 +470,9 @@ def test_a_tied_model_loads_a_tied_state_dict() -> None:
 
 
 def test_a_model_beyond_the_limit_is_refused_before_allocating(monkeypatch) -> None:
-    import lmcore.accounting
+    import lmcore.model.counting
 
-    monkeypatch.setattr(lmcore.accounting, "available_memory", lambda device: 16 * 2**30)
+    monkeypatch.setattr(lmcore.model.counting, "available_memory", lambda device: 16 * 2**30)
     with pytest.raises(
         ModelTooLargeError,
         match=r"the model needs 11.33 TiB \(12,455,976,994,816 bytes\) for its float32 weights and "
@@ -514,9 +514,9 @@ def test_max_bytes_is_the_callers_limit() -> None:
 
 
 def test_the_default_limit_is_the_memory_available_and_none_on_meta(monkeypatch) -> None:
-    import lmcore.accounting
+    import lmcore.model.counting
 
-    monkeypatch.setattr(lmcore.accounting, "available_memory", lambda device: 2**20)
+    monkeypatch.setattr(lmcore.model.counting, "available_memory", lambda device: 2**20)
     with pytest.raises(
         ModelTooLargeError, match=r"more than the 1.00 MiB of memory available on cpu"
     ):
@@ -536,14 +536,14 @@ def test_a_module_torch_cannot_index_is_refused_even_on_meta() -> None:
 
 
 def test_allocator_failures_the_declarations_missed_are_one_line(monkeypatch) -> None:
-    import lmcore.nn
+    import lmcore.model.nn
 
     def empty(*args: object, **kwargs: object) -> torch.Tensor:
         raise RuntimeError(
             "[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: can't allocate memory: you tried to allocate 9 bytes"
         )
 
-    monkeypatch.setattr(lmcore.nn.torch, "empty", empty)
+    monkeypatch.setattr(lmcore.model.nn.torch, "empty", empty)
     with pytest.raises(ModelTooLargeError, match=r"allocating the model failed: \[enforce fail"):
         build_model("cs336-tiny")
 

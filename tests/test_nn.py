@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from lmcore import get_registry
-from lmcore.nn import (
+from lmcore.model.nn import (
     Embedding,
     Linear,
     causal_mask,

@@ -21,10 +21,10 @@ from parallel_worker import CONFIG, SPEC, TIED, probe
 from safetensors.torch import load_file
 
 import lmcore
-from lmcore.accounting import describe
 from lmcore.data import TokenData
-from lmcore.model import TransformerLM
-from lmcore.parallel import (
+from lmcore.describe import describe
+from lmcore.model.transformer import TransformerLM
+from lmcore.train.parallel import (
     ParallelError,
     by_index,
     by_name,
@@ -33,8 +33,8 @@ from lmcore.parallel import (
     memory_per_rank,
     tensor_parallel_plan,
 )
-from lmcore.runs import CHECKPOINTS, checkpoints, latest_checkpoint, read_metrics, read_run
-from lmcore.trainer import Parallel, make_optimizer, train
+from lmcore.train.runs import CHECKPOINTS, checkpoints, latest_checkpoint, read_metrics, read_run
+from lmcore.train.trainer import Parallel, make_optimizer, train
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -188,7 +188,7 @@ def test_fsdp_mixed_precision_trains_near_float32(two_ranks: Path) -> None:
 
 
 def test_tensor_parallel_matches_one_process(two_ranks: Path) -> None:
-    from lmcore.train import cross_entropy
+    from lmcore.model.nn import cross_entropy
 
     got = load_file(str(two_ranks / "tp.safetensors"))
     torch.manual_seed(0)
@@ -304,7 +304,7 @@ def test_the_command_line_names_the_fix(
     tiny_data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:  # fmt: skip
-    from lmcore.cli import main
+    from lmcore.cli.main import main
 
     for var in ("RANK", "WORLD_SIZE"):
         monkeypatch.delenv(var, raising=False)

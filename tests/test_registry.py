@@ -36,7 +36,7 @@ from lmcore import (
     scoped_registry,
     use_registry,
 )
-from lmcore.cli import main
+from lmcore.cli.main import main
 from lmcore.errors import LmcoreWarning, SlowPluginWarning
 
 Module = torch.nn.Module
@@ -597,7 +597,7 @@ def test_acceptance_broken_plugin_beside_the_builtins_in_a_fresh_process(make_di
     cli = [
         sys.executable,
         "-c",
-        "import sys; from lmcore.cli import main; sys.exit(main())",
+        "import sys; from lmcore.cli.main import main; sys.exit(main())",
         "plugins",
     ]
     listing = subprocess.run(cli, capture_output=True, text=True, env=env, check=True).stdout
@@ -746,7 +746,7 @@ def test_a_malformed_entry_points_file_does_not_break_the_cli_in_a_fresh_process
     (info / "entry_points.txt").write_text("[console_scripts]\nbroken-line-without-equals\n")
     env = {**os.environ, "PYTHONPATH": str(tmp_path)}
     env.pop("TORCH_DEVICE_BACKEND_AUTOLOAD", None)
-    cli = [sys.executable, "-c", "import sys; from lmcore.cli import main; sys.exit(main())"]
+    cli = [sys.executable, "-c", "import sys; from lmcore.cli.main import main; sys.exit(main())"]
     out = subprocess.run(
         [*cli, "build", "cs336-tiny", "--device", "meta"], capture_output=True, text=True, env=env
     )

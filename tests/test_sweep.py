@@ -14,11 +14,11 @@ from torch import nn
 
 import lmcore
 from lmcore import Component, scoped_registry
-from lmcore.cli import main
+from lmcore.cli.main import main
 from lmcore.errors import SpecError, TrainError
-from lmcore.runs import read_metrics, read_run, spec_hash
-from lmcore.sweep import compare_runs, plan, sweep, table_markdown, variant_spec
-from lmcore.train_config import TrainConfig
+from lmcore.train.config import TrainConfig
+from lmcore.train.runs import read_metrics, read_run, spec_hash
+from lmcore.train.sweep import compare_runs, plan, sweep, table_markdown, variant_spec
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -132,7 +132,7 @@ def test_sweep_writes_table_json_and_plot_and_survives_divergence(
 def test_an_interrupted_sweep_continues(
     tiny_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from lmcore import trainer
+    from lmcore.train import trainer
 
     real = trainer.train
 
@@ -154,7 +154,7 @@ def test_an_interrupted_sweep_continues(
 def test_compare_existing_runs(
     tiny_data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from lmcore.trainer import train
+    from lmcore.train.trainer import train
 
     a, b = tmp_path / "a", tmp_path / "b"
     train(TINY_SPEC, tiny_data, a, CONFIG, echo=None)

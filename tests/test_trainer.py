@@ -15,10 +15,11 @@ from conftest import TINY_SPEC
 from safetensors.torch import load_file
 
 import lmcore
-from lmcore import train_state
 from lmcore.data import TokenData
 from lmcore.errors import CheckpointError, DataError, TrainError
-from lmcore.runs import (
+from lmcore.train import state as train_state
+from lmcore.train.config import TrainConfig, cosine_lr
+from lmcore.train.runs import (
     CHECKPOINTS,
     PLOT_FILE,
     RUN_FILE,
@@ -30,8 +31,7 @@ from lmcore.runs import (
     spec_hash,
     spec_tag,
 )
-from lmcore.train_config import TrainConfig, cosine_lr
-from lmcore.trainer import clip_gradients, param_groups, resume, train
+from lmcore.train.trainer import clip_gradients, param_groups, resume, train
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -264,7 +264,7 @@ def test_a_failed_save_leaves_the_previous_checkpoint(
 def test_divergence_is_recorded_and_ends_the_run(
     tiny_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from lmcore import trainer
+    from lmcore.train import trainer
 
     calls = {"n": 0}
     real = trainer.cross_entropy

@@ -57,6 +57,7 @@ from lmcore.data.sources import (
     safe_cut,
 )
 from lmcore.errors import DataError
+from lmcore.version import versions
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -199,7 +200,7 @@ def prepare(
                 exclude=tuple(exclude),
                 skipped=tuple(skipped),
                 tokenizer_from=None if tokenizer is None else os.path.abspath(tokenizer),
-                versions=_versions(),
+                versions=versions("tokenizers", "numpy"),
             )
             # From here until the new meta.json lands the directory holds none, so a crash in
             # between leaves data `TokenData.open` refuses, never old metadata over new files.
@@ -301,16 +302,33 @@ def _source_info(sources: Sequence[Path], files: Sequence[SourceFile]) -> tuple[
     )
 
 
-def _versions() -> dict[str, str]:
-    import tokenizers
-
-    import lmcore
-
-    return {
-        "lmcore": lmcore.__version__,
-        "tokenizers": tokenizers.__version__,
-        "numpy": np.__version__,
-    }
+def summary_lines(r: PrepareResult) -> list[str]:
+    """What `lmcore data prepare` (and `lmcore quickstart`) print of a `PrepareResult`."""
+    m = r.meta
+    total = m.tokens
+    sources = f"{len(m.sources)} source{'s' if len(m.sources) != 1 else ''}"
+    skipped = (
+        f"; skipped {len(m.skipped)} not UTF-8 (meta.json lists them), e.g. {m.skipped[0]}"
+        if m.skipped
+        else ""
+    )
+    made = (
+        f"trained in {r.tokenizer_seconds:.1f} s"
+        if m.tokenizer_from is None
+        else f"reused from {m.tokenizer_from}"
+    )
+    splits = ", ".join(
+        f"{name} {s.tokens:,} ({100 * s.tokens / total:.1f}%, {s.documents:,} documents)"
+        for name, s in m.splits.items()
+    )
+    return [
+        f"data: {r.out_dir}: train.bin, val.bin ({m.dtype}), tokenizer.json, meta.json",
+        f"text: {m.files:,} files, {m.bytes:,} bytes of UTF-8 from {sources}{skipped}",
+        f"tokenizer: byte-level BPE, {m.vocab_size:,} tokens ({m.eot_token} = {m.eot_id}), {made}",
+        f"tokens: {splits}",
+        f"time: {r.seconds:.1f} s in all; encoding {total:,} tokens took "
+        f"{r.encode_seconds:.1f} s, {r.tokens_per_second:,.0f} tokens/s",
+    ]
 
 
 # --- the tokenizer -------------------------------------------------------------------------

@@ -3,8 +3,8 @@
 Each check builds the component at the kit's small test shapes, runs it on seeded random inputs
 and raises `ConformanceError` with a sentence naming what broke and how to fix it. Attention
 kernels are compared with `reference_attention`, written here plainly in float64 with an
-explicit mask, independent of lmcore's own kernels: a bug shared by lmcore.nn and a kernel built
-on it cannot hide on both sides, and the kit never compares a kernel with itself.
+explicit mask, independent of lmcore's own kernels: a bug shared by lmcore.model.nn and a kernel
+built on it cannot hide on both sides, and the kit never compares a kernel with itself.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from lmcore.components import KINDS, accepted_kwargs, format_scalar
 from lmcore.interfaces import PROTOCOLS, PositionalEncoding
 
 if TYPE_CHECKING:
-    from lmcore.model import TransformerLM
+    from lmcore.model.transformer import TransformerLM
 
 from lmcore.testing.core import (
     BATCH,
@@ -304,10 +304,11 @@ def activations(target: Target, variant: str, settings: Settings) -> None:
     """Declared activations equal the bytes autograd keeps for the component in a small model's
     forward + loss (measured on the meta device), at two shapes (the second with grouped-query
     heads), in float32 and bfloat16, for one sequence and for several."""
-    from lmcore.accounting import account, activation_kwargs, measure_activations
     from lmcore.blueprint import resolve
+    from lmcore.describe import measure_activations
     from lmcore.errors import LmcoreError
-    from lmcore.model import build_model
+    from lmcore.model.counting import account, activation_kwargs
+    from lmcore.model.transformer import build_model
 
     cases = ((1, SEQ), (BATCH, SEQ - 1))  # an odd length too: block sizes rarely divide it
     for shape, dtype, (batch, seq) in itertools.product(range(len(SHAPES)), DTYPES.values(), cases):
@@ -429,9 +430,9 @@ def cache(target: Target, variant: str, settings: Settings) -> None:
     """With a KV cache, a model around the component gives the logits of a full forward, fed a
     prompt, a chunk and single tokens, at two shapes (the second with grouped-query heads), and
     for a left-padded row when the kernel takes a mask; unless it declares 'nocache'."""
-    from lmcore.cache import KVCache
     from lmcore.errors import LmcoreError
-    from lmcore.model import TransformerLM
+    from lmcore.model.cache import KVCache
+    from lmcore.model.transformer import TransformerLM
 
     if "nocache" in target.features:
         return  # declared: generation refuses it before starting
@@ -468,7 +469,7 @@ def cache(target: Target, variant: str, settings: Settings) -> None:
 
 def _padded_cache(model: TransformerLM, spec: str, ids: Tensor, full: Tensor) -> None:
     """Row 0 left-padded by CACHE_PADS, row 1 not: both give their unpadded logits."""
-    from lmcore.cache import KVCache
+    from lmcore.model.cache import KVCache
 
     prompt = CACHE_STEPS[0]
     short = ids.clone()

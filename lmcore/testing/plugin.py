@@ -33,7 +33,7 @@ DEFAULT_BACKEND = "inductor"
 
 
 def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
-    from lmcore.testing import hooks
+    import lmcore.testing.hooks as hooks
 
     pluginmanager.add_hookspecs(hooks)
 

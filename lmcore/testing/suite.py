@@ -15,10 +15,10 @@ from dataclasses import dataclass
 
 import torch
 
+import lmcore.testing.checks as _checks  # noqa: F401  (registers the checks)
 from lmcore.components import KINDS
 from lmcore.errors import LmcoreError, did_you_mean, one_of
 from lmcore.registry import Entry, Registry, normalize_dist
-from lmcore.testing import checks as _checks  # noqa: F401  (registers the checks)
 from lmcore.testing.core import CHECKS, Check, Settings, Target
 
 

@@ -4,7 +4,7 @@ import torch
 import torch.nn.functional as F
 
 from lmcore import get_registry
-from lmcore.nn import gated_d_ff
+from lmcore.model.nn import gated_d_ff
 from lmcore_ffn import SwiGLU
 
 

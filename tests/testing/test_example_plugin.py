@@ -57,7 +57,7 @@ def lmcore_cli(
 ) -> subprocess.CompletedProcess[str]:
     """The `lmcore` console script beside this Python, as a user would type it."""
     script = shutil.which("lmcore", path=str(Path(sys.executable).parent))
-    command = [script] if script else [sys.executable, "-m", "lmcore.cli"]
+    command = [script] if script else [sys.executable, "-m", "lmcore"]
     return run(site, *command, *args, env_extra=env_extra)
 
 

@@ -15,7 +15,7 @@ from torch import Tensor, nn
 
 from lmcore import Arg, Component, Registry
 from lmcore.interfaces import PositionalEncodingBase
-from lmcore.nn import scaled_dot_product_attention
+from lmcore.model.nn import scaled_dot_product_attention
 
 pytest_plugins = ["pytester"]
 

@@ -10,24 +10,24 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor, nn
 
 from lmcore.blueprint import Blueprint, resolve
-from lmcore.cache import KVCache, LayerCache
 from lmcore.components import KINDS, Component
-from lmcore.errors import ModelInputError, ModelTooLargeError, StateDictError
-from lmcore.inputs import check_device, check_dtype, check_ids, check_positions
+from lmcore.errors import CheckpointError, ModelInputError, ModelTooLargeError, StateDictError
 from lmcore.interfaces import Rotation
-from lmcore.nn import Embedding, Linear
+from lmcore.model import generate as decoding
+from lmcore.model import saving
+from lmcore.model.cache import KVCache, LayerCache
+from lmcore.model.counting import check_size
+from lmcore.model.inputs import check_device, check_dtype, check_ids, check_positions
+from lmcore.model.nn import Embedding, Linear
 from lmcore.registry import Registry
 from lmcore.spec import ModelSpec
-
-if TYPE_CHECKING:
-    from lmcore.generate import Prompt
 
 
 class CausalSelfAttention(nn.Module):
@@ -151,8 +151,6 @@ class TransformerLM(nn.Module):
         super().__init__()
         self.blueprint = bp = resolve(spec, registry)
         self.spec = spec = bp.spec
-        from lmcore.accounting import check_size  # accounting builds models: imported here
-
         device, dtype = check_device(device), check_dtype(dtype)
         check_size(bp, device=device, dtype=dtype, max_bytes=max_bytes)  # before any allocation
         factory: dict[str, Any] = {"device": device, "dtype": dtype}
@@ -192,14 +190,13 @@ class TransformerLM(nn.Module):
     def save(
         self, path: str | os.PathLike[str], *, metadata: Mapping[str, str] | None = None
     ) -> Path:
-        """Save to one safetensors file with the spec and plugin provenance: `lmcore.save`."""
-        from lmcore.checkpoint import save
-
-        return save(self, path, metadata=metadata)
+        """Save to one safetensors file with the spec and plugin provenance (`lmcore.save`;
+        `lmcore.load` reads it back)."""
+        return saving.write(path, self.blueprint, self.state_dict(), metadata=metadata)
 
     def generate(
         self,
-        prompt_ids: Prompt,
+        prompt_ids: decoding.Prompt,
         max_new_tokens: int,
         *,
         temperature: float = 1.0,
@@ -210,10 +207,8 @@ class TransformerLM(nn.Module):
         cache: bool = True,
     ) -> Int[Tensor, "*B new"]:
         """The new token ids after `prompt_ids` (temperature 0: greedy), with a KV cache:
-        `lmcore.generate.generate`."""
-        from lmcore.generate import generate
-
-        return generate(
+        `lmcore.model.generate.generate`."""
+        return decoding.generate(
             self,
             prompt_ids,
             max_new_tokens,
@@ -227,7 +222,7 @@ class TransformerLM(nn.Module):
 
     def stream(
         self,
-        prompt_ids: Prompt,
+        prompt_ids: decoding.Prompt,
         max_new_tokens: int,
         *,
         temperature: float = 1.0,
@@ -238,10 +233,8 @@ class TransformerLM(nn.Module):
         cache: bool = True,
     ) -> Iterator[Int[Tensor, "*B"]]:
         """`generate` one step at a time: yields each step's new tokens as they are produced
-        (`lmcore.generate.stream`)."""
-        from lmcore.generate import stream
-
-        return stream(
+        (`lmcore.model.generate.stream`)."""
+        return decoding.stream(
             self,
             prompt_ids,
             max_new_tokens,
@@ -384,3 +377,18 @@ def build_model(
 
 
 _ALLOCATOR_ERRORS = ("can't allocate memory", "out of memory", "Cannot allocate memory")
+
+
+def unwrap(model: nn.Module) -> TransformerLM:
+    """The TransformerLM inside `torch.compile` (`_orig_mod`) or DDP (`module`) wrappers."""
+    inner: Any = model
+    for _ in range(4):
+        if isinstance(inner, TransformerLM):
+            return inner
+        inner = getattr(inner, "_orig_mod", None) or getattr(inner, "module", None)
+        if inner is None:
+            break
+    raise CheckpointError(
+        f"lmcore.save expects a TransformerLM (from lmcore.build_model or lmcore.load), got "
+        f"{type(model).__name__}; for any other module use safetensors.torch.save_model"
+    )

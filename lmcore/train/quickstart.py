@@ -61,7 +61,7 @@ def commands(data: Path, out: Path, steps: int) -> list[str]:
 def _usable(data: Path) -> bool:
     """Whether `data` holds quickstart data already (prepared from this standard library with
     the quickstart's vocabulary); `DataError` when it holds other data."""
-    from lmcore.data import TokenData
+    from lmcore.data.tokens import TokenData
 
     if not (data / "meta.json").is_file():
         return False
@@ -85,7 +85,7 @@ def one_thread_if_busy(device: str, echo: Callable[[str], None]) -> bool:
     core count, torch's OpenMP threads spin-wait on each other for cores that other processes
     hold, and one thread trains the quickstart model several times faster (with the same
     losses). `OMP_NUM_THREADS`, when set, decides instead. Whether it switched."""
-    from lmcore.train import resolve_device
+    from lmcore.model.inputs import resolve_device
 
     try:
         load = os.getloadavg()[0]
@@ -118,9 +118,9 @@ def quickstart(
     """Prepare the standard library (unless `data` holds it) and train the quickstart model
     into `out` (default: `runs/quickstart`, or the next free `runs/quickstart-N`). Returns
     the `TrainResult`."""
-    from lmcore.cli import prepare_lines
-    from lmcore.data import prepare
-    from lmcore.trainer import TrainConfig, train
+    from lmcore.data.prepare import prepare, summary_lines
+    from lmcore.train.config import TrainConfig
+    from lmcore.train.trainer import train
 
     run = out if out is not None else fresh_run_dir(QUICKSTART_RUN)
     echo(
@@ -141,7 +141,7 @@ def quickstart(
             exclude=EXCLUDE,
             progress=progress,
         )
-        for line in prepare_lines(result):
+        for line in summary_lines(result):
             echo(line)
     echo("")
     one_thread_if_busy(device, echo)

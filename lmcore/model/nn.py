@@ -255,3 +255,16 @@ def scaled_dot_product_attention(
     weights = (scores - row_max).exp_()  # (..., q, k)
     total = weights.sum(dim=-1, keepdim=True)
     return (weights @ V) / torch.where(total == 0, 1.0, total)
+
+
+def cross_entropy(
+    logits: Float[Tensor, "... vocab"], targets: Int[Tensor, "..."]
+) -> Float[Tensor, ""]:
+    """Mean of `-log softmax(logits)[target]` over every position, computed in float32.
+
+    `logsumexp` subtracts the max internally, so large logits do not overflow.
+    """
+    logits = logits.float()  # a bf16 log-partition function loses ~2 digits
+    log_z = torch.logsumexp(logits, dim=-1)  # (...,)
+    picked = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (...,)
+    return (log_z - picked).mean()

@@ -1,11 +1,10 @@
 """Forward+backward smoke runs on random tokens, as `lmcore run` does them.
 
 `run_steps` builds the model from a spec, feeds it random token ids, computes the next-token
-cross-entropy (written here from scratch) and back-propagates; it applies no update. It reports
-throughput, peak memory and which parameters, if any, the gradient did not reach: a smoke test
-for any spec, including one made of third-party components. Training on real data, with an
-optimizer, is `lmcore.trainer` (`lmcore train`), which uses `cross_entropy` and `resolve_device`
-from here.
+cross-entropy (`lmcore.model.nn.cross_entropy`, the loss training uses too) and back-propagates;
+it applies no update. It reports throughput, peak memory and which parameters, if any, the
+gradient did not reach: a smoke test for any spec, including one made of third-party
+components. Training on real data, with an optimizer, is `lmcore.train.trainer` (`lmcore train`).
 """
 
 from __future__ import annotations
@@ -19,13 +18,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, TextIO
 
 import torch
-from jaxtyping import Float, Int
+from jaxtyping import Int
 from torch import Tensor, nn
 
 from lmcore.blueprint import Blueprint, resolve
 from lmcore.errors import LmcoreError, ModelInputError, ModelTooLargeError
-from lmcore.inputs import check_device
-from lmcore.model import build_model
+from lmcore.model.counting import account, format_bytes, memory_limit
+from lmcore.model.inputs import resolve_device
+from lmcore.model.nn import cross_entropy
+from lmcore.model.transformer import build_model
 from lmcore.registry import Registry
 from lmcore.spec import ModelSpec
 
@@ -35,19 +36,6 @@ if TYPE_CHECKING:
 
 class RunError(LmcoreError, ValueError):
     """A run cannot start: an unknown or unavailable device, a bad step count, ..."""
-
-
-def cross_entropy(
-    logits: Float[Tensor, "... vocab"], targets: Int[Tensor, "..."]
-) -> Float[Tensor, ""]:
-    """Mean of `-log softmax(logits)[target]` over every position, computed in float32.
-
-    `logsumexp` subtracts the max internally, so large logits do not overflow.
-    """
-    logits = logits.float()  # a bf16 log-partition function loses ~2 digits
-    log_z = torch.logsumexp(logits, dim=-1)  # (...,)
-    picked = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (...,)
-    return (log_z - picked).mean()
 
 
 def random_tokens(
@@ -105,16 +93,6 @@ class RunResult:
 
 
 Progress = Callable[[int, int, float], None]  # (step done, steps, loss)
-
-
-def resolve_device(name: str) -> torch.device:
-    """`auto` is CUDA when available, else the CPU; anything else must be a usable device
-    (`lmcore.inputs.check_device`), and not meta."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "meta" or (isinstance(name, torch.device) and name.type == "meta"):
-        raise RunError("device 'meta' holds no numbers to train on; use cpu or cuda")
-    return check_device(name, choices="auto, cpu, cuda or cuda:N")
 
 
 def run_steps(
@@ -208,12 +186,6 @@ def check_step_size(
     """Refuse (`ModelTooLargeError`, naming the total and the largest part) a run whose model
     and one forward+backward step need more than `max_bytes` (default: what `device` has
     available; activations a component does not declare are left out)."""
-    from lmcore.accounting import (
-        account,
-        format_bytes,
-        memory_limit,
-    )  # accounting imports this module
-
     acc = account(bp, batch=batch, seq_len=seq_len, dtype=dtype)
     size = dtype.itemsize
     parts = {

@@ -25,7 +25,7 @@ from torch import Tensor
 from lmcore.errors import ModelInputError
 
 if TYPE_CHECKING:
-    from lmcore.model import TransformerLM
+    from lmcore.model.transformer import TransformerLM
 
 
 @dataclass

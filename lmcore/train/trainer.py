@@ -1,6 +1,6 @@
 """The training runner behind `lmcore train`: AdamW, a cosine schedule, evaluation, checkpoints.
 
-    from lmcore.trainer import TrainConfig, resume, train
+    from lmcore.train.trainer import TrainConfig, resume, train
 
     result = train("cs336-tiny, vocab_size=2048", "data/stdlib", "runs/tiny",
                    TrainConfig(steps=300, batch_size=16, lr=1e-3))
@@ -18,8 +18,8 @@ embeddings, lm_head), not to norm gains or other vectors and scalars.
 Every `eval_every` steps (and before the first, and after the last) the mean loss over a fixed
 set of `eval_batches` validation batches is recorded with its perplexity. Every `log_every`
 steps a train record is written; every `save_every` steps, at the end and on Ctrl-C or SIGTERM
-a checkpoint (`lmcore.train_state`). A non-finite loss ends the run as "diverged at step S":
-recorded in the metrics and `run.json`, not raised. `lmcore.runs` describes the directory.
+a checkpoint (`lmcore.train.state`). A non-finite loss ends the run as "diverged at step S":
+recorded in the metrics and `run.json`, not raised. `lmcore.train.runs` describes the directory.
 
 The loop knows one process; the hooks for more are in one place, `Parallel`: its `rank` and
 `world_size` pick each process's rows of every batch, `wrap` wraps the model (DDP, FSDP),
@@ -53,11 +53,15 @@ from torch import Tensor, nn
 from lmcore.atomic import atomic_path
 from lmcore.blueprint import Blueprint, resolve
 from lmcore.checkpoint import CheckpointInfo, load_weights, read_info, resolve_checkpoint
-from lmcore.data import TokenData
+from lmcore.data.tokens import TokenData
 from lmcore.errors import TrainError
-from lmcore.model import TransformerLM
+from lmcore.model.inputs import resolve_device
+from lmcore.model.nn import cross_entropy
+from lmcore.model.transformer import TransformerLM
 from lmcore.registry import Registry
-from lmcore.runs import (
+from lmcore.spec import ModelSpec
+from lmcore.train.config import RESUMABLE, TrainConfig, cosine_lr
+from lmcore.train.runs import (
     METRICS_FILE,
     PLOT_FILE,
     RUN_FILE,
@@ -75,10 +79,8 @@ from lmcore.runs import (
     truncate_metrics,
     write_json,
 )
-from lmcore.spec import ModelSpec
-from lmcore.train import cross_entropy, resolve_device
-from lmcore.train_config import RESUMABLE, TrainConfig, cosine_lr
-from lmcore.train_state import load_checkpoint, save_checkpoint
+from lmcore.train.state import load_checkpoint, save_checkpoint
+from lmcore.version import versions
 
 __all__ = [
     "RESUMABLE",
@@ -143,7 +145,7 @@ Opt = TypeVar("Opt", bound=torch.optim.Optimizer)
 class Parallel:
     """How the loop runs across processes; this base is one process.
 
-    A distributed runner (torchrun; `lmcore.parallel.Distributed`) subclasses it: `rank` and
+    A distributed runner (torchrun; `lmcore.train.parallel.Distributed`) subclasses it: `rank` and
     `world_size` from the process group, `place` picks the rank's device, `wrap` returns
     DDP(model) or the FSDP-sharded model with an optimizer over its shards, `full_state` what
     a checkpoint writes (gathered to the writer), `mean` all-reduces (average), `any`
@@ -158,7 +160,7 @@ class Parallel:
     def is_writer(self) -> bool:
         return self.rank == 0
 
-    # distributed hooks (lmcore.parallel): place, wrap(model, optimizer, names), full_state
+    # distributed hooks (lmcore.train.parallel): place, wrap(model, optimizer, names), full_state
     def place(self, device: torch.device) -> torch.device:
         return device
 
@@ -302,7 +304,7 @@ def train(
         "config": dataclasses.replace(cfg, dtype=dtype).to_json(),
         "tokenizer": TOKENIZER_FILE,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "versions": _versions(),
+        "versions": versions("torch"),
         "status": {"state": "starting", "step": 0},
     }
     if par.is_writer:
@@ -444,12 +446,6 @@ def _open_data(
             "--data to the run's data, or start a new run"
         )
     return tokens
-
-
-def _versions() -> dict[str, str]:
-    import lmcore
-
-    return {"lmcore": lmcore.__version__, "torch": torch.__version__}
 
 
 # ------------------------------------------------------------------------------ stopping
@@ -833,7 +829,7 @@ class _Loop:
         self.go()
 
     def plot(self) -> None:
-        from lmcore.plots import plot_run
+        from lmcore.train.plots import plot_run
 
         plot_run(read_metrics(self.run_dir / METRICS_FILE), self.run_dir / PLOT_FILE, self.tag)
 

@@ -20,7 +20,9 @@ not at all: its files are written (and fsync'ed) into a hidden directory beside 
 which is renamed into place, so a crash mid-save leaves the previous checkpoints as they were.
 
 For later commands (`lmcore generate RUN`): `find_model(path)` takes a run directory, a
-checkpoint directory or a model file and returns the model file and its tokenizer.
+checkpoint directory or a model file and returns the model file (`lmcore.checkpoint.
+find_checkpoint`) and its tokenizer; `find_tokenizer(model_file)` is the one tokenizer search,
+and says where it looked.
 """
 
 from __future__ import annotations
@@ -38,6 +40,15 @@ from pathlib import Path
 from typing import Any, Final
 
 from lmcore.atomic import atomic_write, fsync_directory
+from lmcore.checkpoint import (
+    CHECKPOINTS,
+    MODEL_FILE,
+    RUN_FILE,
+    CheckpointInfo,
+    find_checkpoint,
+    read_info,
+    step_dirs,
+)
 from lmcore.errors import TrainError
 from lmcore.jsonfile import read_versioned
 
@@ -49,8 +60,10 @@ __all__ = [
     "RUN_FILE",
     "TOKENIZER_FILE",
     "Checkpoint",
+    "TokenizerSearch",
     "checkpoints",
     "find_model",
+    "find_tokenizer",
     "is_run",
     "latest_checkpoint",
     "read_metrics",
@@ -62,12 +75,9 @@ __all__ = [
 
 RUN_FORMAT: Final = "lmcore-run"
 RUN_VERSION: Final = 1
-RUN_FILE: Final = "run.json"
 METRICS_FILE: Final = "metrics.jsonl"
 PLOT_FILE: Final = "loss.png"
 TOKENIZER_FILE: Final = "tokenizer.json"
-CHECKPOINTS: Final = "checkpoints"
-MODEL_FILE: Final = "model.safetensors"
 STATE_TENSORS: Final = "trainer.safetensors"
 STATE_JSON: Final = "trainer.json"
 CHECKPOINT_FILES: Final = (MODEL_FILE, STATE_TENSORS, STATE_JSON, TOKENIZER_FILE)
@@ -76,7 +86,6 @@ META_STEP: Final = "train.step"
 META_TOKENS: Final = "train.tokens"
 META_TAG: Final = "train.tag"
 META_TOKENIZER: Final = "train.tokenizer"  # a path relative to the model file's directory
-_STEP_DIR = re.compile(r"step-(\d+)")
 
 
 # ------------------------------------------------------------------------------ tags
@@ -212,14 +221,11 @@ def step_dir(step: int) -> str:
 def checkpoints(run: str | os.PathLike[str]) -> list[Checkpoint]:
     """The complete checkpoints of a run (every file present), oldest first. Hidden
     directories of interrupted saves are not among them."""
-    root = Path(run) / CHECKPOINTS
-    found = []
-    with contextlib.suppress(FileNotFoundError):
-        for d in root.iterdir():
-            m = _STEP_DIR.fullmatch(d.name)
-            if m and d.is_dir() and all((d / f).is_file() for f in CHECKPOINT_FILES):
-                found.append(Checkpoint(d, int(m.group(1))))
-    return sorted(found, key=lambda c: c.step)
+    return [
+        Checkpoint(d, step)
+        for step, d in step_dirs(run)
+        if all((d / f).is_file() for f in CHECKPOINT_FILES)
+    ]
 
 
 def latest_checkpoint(run: str | os.PathLike[str]) -> Checkpoint | None:
@@ -275,41 +281,62 @@ def prune(run: Path, keep: int) -> None:
 # ------------------------------------------------------------------------------ finding models
 
 
-def tokenizer_of(model_file: str | os.PathLike[str]) -> Path | None:
+def tokenizer_of(
+    model_file: str | os.PathLike[str], info: CheckpointInfo | None = None
+) -> Path | None:
     """The tokenizer a model file written by the runner names in its metadata (`train.tokenizer`,
-    relative to the file), when that file exists; None for a model saved otherwise."""
-    from lmcore.checkpoint import read_info
-
+    relative to the file), when that file exists; None for a model saved otherwise. `info`: the
+    file's `read_info`, when the caller has it."""
     p = Path(model_file)
-    rel = read_info(p).metadata.get(META_TOKENIZER)
+    rel = (info or read_info(p)).metadata.get(META_TOKENIZER)
     if rel is None:
         return None
     found = p.parent / rel
     return found if found.is_file() else None
 
 
+@dataclass(frozen=True)
+class TokenizerSearch:
+    """Where `find_tokenizer` looked for a model's tokenizer.json, in order, and what it found.
+    `problem` says why the run's data directory is unknown (its run.json cannot be read)."""
+
+    found: Path | None
+    places: tuple[Path, ...]
+    problem: str | None = None
+
+
+def find_tokenizer(
+    model_file: str | os.PathLike[str], info: CheckpointInfo | None = None
+) -> TokenizerSearch:
+    """A model file's tokenizer.json: the one its metadata names (`tokenizer_of`), else the first
+    found beside it, then in each directory up to its run directory (the first holding
+    run.json), then in the data directory the run names. `info`: as for `tokenizer_of`."""
+    p = Path(model_file)
+    named = tokenizer_of(p, info)
+    up, run = [], None
+    for d in p.resolve().parents:
+        up.append(d / TOKENIZER_FILE)
+        if (d / RUN_FILE).is_file():
+            run = d
+            break
+    places = ([] if named is None else [named]) + (up if run is not None else up[:1])
+    problem = None
+    if run is not None:
+        try:
+            data = read_run(run).get("data")  # {"path": ...}
+        except TrainError as e:
+            problem = str(e)
+        else:
+            path = data.get("path") if isinstance(data, dict) else None
+            if isinstance(path, str):
+                places.append(Path(path) / TOKENIZER_FILE)
+    found = next((t for t in places if t.is_file()), None)
+    return TokenizerSearch(found, tuple(places), problem)
+
+
 def find_model(path: str | os.PathLike[str]) -> tuple[Path, Path | None]:
     """`(model file, tokenizer.json or None)` for a run directory (its latest checkpoint), a
-    checkpoint directory, or a model `.safetensors` file. `TrainError` when there is none."""
-    p = Path(path)
-    if p.is_file():
-        return p, tokenizer_of(p)
-    if is_run(p):
-        last = latest_checkpoint(p)
-        if last is None:
-            raise TrainError(
-                f"run {str(p)!r} has no checkpoint yet (it saves every --save-every steps, at "
-                f"the end and when interrupted); resume it: lmcore train --resume {p}"
-            )
-        return last.model, tokenizer_of(last.model) or _existing(p / TOKENIZER_FILE)
-    if (p / MODEL_FILE).is_file():
-        model = p / MODEL_FILE
-        return model, tokenizer_of(model) or _existing(p / TOKENIZER_FILE)
-    raise TrainError(
-        f"{str(p)!r} is neither a model file, a checkpoint directory (holding {MODEL_FILE}) nor "
-        f"a run directory (holding {RUN_FILE})"
-    )
-
-
-def _existing(p: Path) -> Path | None:
-    return p if p.is_file() else None
+    checkpoint directory, or a model `.safetensors` file. `CheckpointError` when there is
+    none."""
+    model = find_checkpoint(path)
+    return model, find_tokenizer(model).found

@@ -27,16 +27,8 @@ from typing import Any, Final
 from lmcore.blueprint import Blueprint, resolve
 from lmcore.errors import LmcoreError, SpecError, TrainError
 from lmcore.registry import Registry
-from lmcore.runs import (
-    RUN_FILE,
-    is_run,
-    read_metrics,
-    read_run,
-    slug,
-    spec_hash,
-    write_json,
-)
 from lmcore.spec import parse_items
+from lmcore.train.runs import RUN_FILE, is_run, read_metrics, read_run, slug, spec_hash, write_json
 
 SWEEP_FORMAT: Final = "lmcore-sweep"
 SWEEP_FILE: Final = "sweep.json"
@@ -218,7 +210,7 @@ def write_comparison(
     extra: dict[str, Any] | None = None,
 ) -> tuple[Path, Path, Path]:
     """`compare.md`, `compare.json` and `val_loss.png` in `out`."""
-    from lmcore.plots import Curve, plot_compare
+    from lmcore.train.plots import Curve, plot_compare
 
     root = Path(out)
     root.mkdir(parents=True, exist_ok=True)
@@ -269,8 +261,8 @@ def sweep(
     Running it again with the same arguments continues: finished runs are kept, an
     interrupted one resumes, missing ones are trained. Another sweep in `out` is an error.
     """
-    from lmcore.data import TokenData
-    from lmcore.trainer import TrainConfig, TrainResult, resume, train
+    from lmcore.data.tokens import TokenData
+    from lmcore.train.trainer import TrainConfig, TrainResult, resume, train
 
     say = echo or (lambda _line: None)
     cfg = config or TrainConfig()

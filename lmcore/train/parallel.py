@@ -2,14 +2,14 @@
 
     torchrun --nproc-per-node 2 -m lmcore train cs336-tiny --data DIR --out RUN --parallel fsdp
 
-    from lmcore.parallel import distributed
+    from lmcore.train.parallel import distributed
     with distributed("fsdp") as par:          # the process group from torchrun's environment
         train(spec, data, out, config, parallel=par)
 
 Everything here is PyTorch's own engine: `torch.distributed` (gloo on the CPU, NCCL on CUDA),
 `DistributedDataParallel`, FSDP2's `fully_shard`, the `torch.distributed.checkpoint.state_dict`
 helpers and DTensor tensor parallelism (`parallelize_module`). The training loop
-(`lmcore.trainer`) knows one process; `Distributed` fills in its `Parallel` hooks:
+(`lmcore.train.trainer`) knows one process; `Distributed` fills in its `Parallel` hooks:
 
 - data: rank r of N keeps rows `[r·B/N, (r+1)·B/N)` of every global batch of B sequences
   (`lmcore.data.BatchSampler`), so the ranks' streams are disjoint, each a pure function of the
@@ -20,7 +20,7 @@ helpers and DTensor tensor parallelism (`parallelize_module`). The training loop
   shards; a block's parameters are all-gathered for its forward and backward only. Tied
   embeddings share one parameter, which lives in the root group with both its users;
 - the logged losses are averaged over the ranks; only rank 0 writes metrics, plots and
-  checkpoints. A checkpoint is the one-process format (`lmcore.train_state`): under FSDP the
+  checkpoints. A checkpoint is the one-process format (`lmcore.train.state`): under FSDP the
   full model and optimizer state are gathered to rank 0 (`get_model_state_dict`,
   `get_optimizer_state_dict`), written through the same atomic path; resuming on N processes
   loads the full state on every rank and shards it (`set_optimizer_state_dict`).
@@ -44,15 +44,15 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from lmcore.errors import LmcoreError
-from lmcore.model import CausalSelfAttention, TransformerLM
-from lmcore.nn import Linear
-from lmcore.trainer import Opt, Parallel
+from lmcore.model.nn import Linear
+from lmcore.model.transformer import CausalSelfAttention, TransformerLM
+from lmcore.train.trainer import Opt, Parallel
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.tensor.parallel import ParallelStyle
 
-    from lmcore.accounting import TrainingMemory
+    from lmcore.describe import TrainingMemory
 
 __all__ = [
     "MODES",
@@ -195,7 +195,7 @@ class Distributed(Parallel):
         _check_mode(mode, mixed_precision)
         if not dist.is_initialized():
             raise ParallelError(
-                "Distributed needs an initialised process group; use lmcore.parallel."
+                "Distributed needs an initialised process group; use lmcore.train.parallel."
                 f"distributed({mode!r}) under torchrun, which joins it"
             )
         self.mode = mode

@@ -3,7 +3,7 @@
     ckpt = save_checkpoint(run, step=200, model=model, optimizer=opt, state={...}, ...)
     state = load_checkpoint(ckpt, model, opt)   # weights, AdamW state and RNG states restored
 
-One checkpoint is one directory (`lmcore.runs` names the files):
+One checkpoint is one directory (`lmcore.train.runs` names the files):
 
 - `model.safetensors`: `lmcore.save(model)`, the spec and provenance, plus `train.step`,
   `train.tokens`, `train.tag` and `train.tokenizer` (the tokenizer's path relative to the
@@ -18,7 +18,7 @@ One checkpoint is one directory (`lmcore.runs` names the files):
   numpy RNG fields that are not tensors.
 - `tokenizer.json`: a copy of the run's tokenizer.
 
-The directory is written hidden and renamed into place (`lmcore.runs.new_checkpoint_dir`).
+The directory is written hidden and renamed into place (`lmcore.train.runs.new_checkpoint_dir`).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from lmcore.atomic import atomic_path, atomic_write
 from lmcore.checkpoint import load_weights, read_info, save
 from lmcore.errors import CheckpointError
 from lmcore.jsonfile import read_versioned
-from lmcore.runs import (
+from lmcore.train.runs import (
     META_STEP,
     META_TAG,
     META_TOKENIZER,

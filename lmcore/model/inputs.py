@@ -173,6 +173,16 @@ def check_device(
     return dev
 
 
+def resolve_device(name: str) -> torch.device:
+    """`auto` is CUDA when available, else the CPU; anything else must be a usable device
+    (`check_device`), and not meta."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "meta" or (isinstance(name, torch.device) and name.type == "meta"):
+        raise BuildOptionError("device 'meta' holds no numbers to train on; use cpu or cuda")
+    return check_device(name, choices="auto, cpu, cuda or cuda:N")
+
+
 def check_dtype(dtype: object) -> torch.dtype:
     """`dtype` once weights can be built in it (None: torch's default)."""
     if dtype is None:

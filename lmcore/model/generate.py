@@ -28,14 +28,14 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from lmcore.cache import KVCache
 from lmcore.components import KINDS
 from lmcore.errors import GenerationError, ModelInputError, one_of
-from lmcore.inputs import check_ids
-from lmcore.nn import softmax
+from lmcore.model.cache import KVCache
+from lmcore.model.inputs import check_ids
+from lmcore.model.nn import softmax
 
 if TYPE_CHECKING:
-    from lmcore.model import TransformerLM
+    from lmcore.model.transformer import TransformerLM
 
 NOCACHE = "nocache"  # the feature a component declares when it cannot work with a KV cache
 

@@ -1,0 +1,68 @@
+"""`lmcore convert`: a Hugging Face Llama directory to an lmcore checkpoint, or back."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from lmcore.cli.common import DTYPES, UsageError, checkpoint_warnings, show_bytes
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "convert",
+        help="convert a Hugging Face Llama directory to an lmcore checkpoint, or back",
+        description="Convert between Hugging Face Llama model directories (config.json and "
+        "safetensors weights, sharded or not) and lmcore checkpoints. Anything the target "
+        "cannot express is refused, naming the field or component.",
+    )
+    way = p.add_mutually_exclusive_group(required=True)
+    way.add_argument(
+        "--from-hf", nargs=2, metavar=("DIR", "OUT.safetensors"), help="Llama directory -> lmcore"
+    )
+    way.add_argument("--to-hf", nargs=2, metavar=("CKPT", "DIR"), help="lmcore -> Llama directory")
+    p.add_argument(
+        "--dtype",
+        choices=DTYPES,
+        help="--from-hf: store the weights in this dtype (default: as is)",
+    )
+    p.add_argument(
+        "--ignore-field",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="--from-hf: a config.json field lmcore does not know that you know does not change "
+        "the model (repeatable); unknown fields are refused otherwise",
+    )
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from lmcore.checkpoint import read_info
+    from lmcore.hf.convert import WEIGHTS, convert_from_hf, convert_to_hf
+    from lmcore.hf.llama import ARCHITECTURE
+
+    with checkpoint_warnings(args.command):
+        if args.from_hf is not None:
+            directory, out = args.from_hf
+            dtype = None if args.dtype is None else getattr(torch, args.dtype)
+            written = convert_from_hf(directory, out, dtype=dtype, ignore=args.ignore_field)
+            info = read_info(written)
+            print(f"spec: {info.spec}")
+            print(f"wrote: {info.path} ({show_bytes(info.size)}, {info.dtype}, lmcore checkpoint)")
+        else:
+            if args.dtype is not None or args.ignore_field:
+                raise UsageError(
+                    "--dtype and --ignore-field apply to --from-hf only; --to-hf writes the "
+                    "checkpoint's dtype and a config of its own"
+                )
+            checkpoint, directory = args.to_hf
+            written = convert_to_hf(checkpoint, directory)
+            print(f"spec: {read_info(checkpoint).spec}")
+            print(
+                f"wrote: {written / 'config.json'} and {written / WEIGHTS} "
+                f"({ARCHITECTURE}; transformers.{ARCHITECTURE}.from_pretrained loads it)"
+            )
+    return 0

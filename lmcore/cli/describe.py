@@ -1,0 +1,259 @@
+"""`lmcore describe SPEC`: parameters, FLOPs and memory by component before any weight exists, and
+what a checkpoint says about itself; its text and JSON reports.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import TYPE_CHECKING, Any
+
+from lmcore.cli.common import (
+    DTYPE_HELP,
+    DTYPES,
+    OR_CHECKPOINT,
+    check_seq,
+    positive,
+    show_bytes,
+    source,
+    torch_dtype,
+)
+
+if TYPE_CHECKING:
+    from lmcore.checkpoint import CheckpointInfo
+    from lmcore.describe import Description, TrainingMemory
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "describe",
+        help="parameters, FLOPs and memory by component (builds on the meta device only)",
+        description="Account a spec before any weight exists: parameters and forward FLOPs by "
+        "component with their shares, weight memory and a training-memory estimate (AdamW).",
+    )
+    p.add_argument(
+        "spec",
+        help=f'spec string, e.g. "gpt2-xl" or "tinystories, ffn=gelu"; {OR_CHECKPOINT}, whose '
+        "spec and provenance are shown",
+    )
+    p.add_argument("--seq", type=positive, help="tokens per sequence (default: context_length)")
+    p.add_argument("--batch", type=positive, default=1, help="sequences per batch (default: 1)")
+    p.add_argument("--dtype", choices=DTYPES, help=DTYPE_HELP)
+    p.add_argument(
+        "--measure",
+        action="store_true",
+        help="measure activations with a forward on the meta device (about a second more) and "
+        "check each component's declaration against it; exit 1 on a difference",
+    )
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+
+    from lmcore.describe import describe
+
+    bp, info = source(args)
+    check_seq(args, bp.spec.context_length)
+    found = describe(
+        bp,
+        batch=args.batch,
+        seq_len=args.seq,
+        dtype=torch_dtype(args, info),
+        measure=args.measure,
+    )
+    if args.json:
+        data = describe_json(found)
+        print(
+            json.dumps(
+                data if info is None else {"checkpoint": checkpoint_json(info), **data}, indent=2
+            )
+        )
+    else:
+        print(
+            "\n".join([*([] if info is None else checkpoint_lines(info)), *describe_lines(found)])
+        )
+    if found.mismatches:
+        print(
+            "lmcore describe: error: declared activations differ from the measurement:\n  "
+            + "\n  ".join(found.mismatches),
+            file=sys.stderr,
+        )
+        return 1
+    return 0
+
+
+def checkpoint_lines(info: CheckpointInfo) -> list[str]:
+    """What a checkpoint says about itself: file, format, versions, and per component the
+    distribution, version and entry point that provided it when it was saved."""
+    lines = [
+        f"checkpoint: {info.path} ({show_bytes(info.size)}, {len(info.tensors)} tensors, "
+        f"{info.dtype}; "
+        f"lmcore checkpoint format {info.format_version}, written by lmcore "
+        f"{info.lmcore_version} with torch {info.torch_version})",
+    ]
+    width = max(len(c.name) for c in info.components.values())
+    for kind, saved in info.components.items():
+        lines.append(f"  {kind:<4}  {saved.name:<{width}}  {saved}")
+    for alias, stored in info.tied.items():
+        lines.append(f"  tied: {alias} is stored once, as {stored}")
+    for key, value in info.metadata.items():
+        shown = value if len(value) <= 60 else value[:57] + "..."
+        lines.append(f"  metadata: {key} = {shown}")
+    return [*lines, ""]
+
+
+def checkpoint_json(info: CheckpointInfo) -> dict[str, Any]:
+    """`lmcore describe CKPT --json`'s "checkpoint" entry."""
+    return {
+        "path": str(info.path),
+        "format_version": info.format_version,
+        "spec": info.spec,
+        "bytes": info.size,
+        "tensors": len(info.tensors),
+        "dtype": info.dtype,
+        "lmcore_version": info.lmcore_version,
+        "torch_version": info.torch_version,
+        "components": {
+            kind: {
+                "name": c.name,
+                "dist": c.dist,
+                "version": c.version,
+                "plugin": c.plugin,
+                "module": c.module,
+            }
+            for kind, c in info.components.items()
+        },
+        "tied": dict(info.tied),
+        "metadata": dict(info.metadata),
+    }
+
+
+def describe_json(found: Description) -> dict[str, Any]:
+    """`lmcore describe --json`: every row, the totals, the FLOPs by part and the memory."""
+    acc, mem = found.accounting, found.memory
+    return {
+        "spec": str(acc.spec),
+        "batch": acc.batch,
+        "seq_len": acc.seq_len,
+        "dtype": mem.dtype,
+        "rows": [
+            {
+                "name": r.name,
+                "part": r.part,
+                "module": r.module,
+                "count": r.count,
+                "params_each": r.params_each,
+                "params": r.params,
+                "params_share": acc.params_share(r),
+                "flops_each": r.flops_each,
+                "flops": r.flops,
+                "flops_share": acc.flops_share(r),
+                "activations_declared": r.activations,
+            }
+            for r in acc.rows
+        ],
+        "per_layer": {"params": acc.layer_params, "flops": acc.layer_flops},
+        "total": {"params": acc.params, "flops": acc.flops},
+        "flops_by_part": {
+            part: {"flops": n, "share": n / acc.flops if acc.flops else 0.0}
+            for part, n in acc.flops_by_part().items()
+        },
+        "memory": {
+            "weights": mem.weights,
+            "gradients": mem.gradients,
+            "optimizer": mem.optimizer,
+            "buffers": mem.buffers,
+            "activations": mem.activations,
+            "activations_source": mem.activations_source,
+            "total": mem.total,
+            "note": mem.note,
+        },
+        "activations_by_part": mem.activations_by_part,
+        "mismatches": list(found.mismatches),
+    }
+
+
+def describe_lines(found: Description) -> list[str]:
+    """`lmcore describe` as text: the spec, one row per module, the FLOPs by part, memory."""
+
+    acc, mem = found.accounting, found.memory
+    table = [("row", "module", "count", "parameters", "share", "forward FLOPs", "share")]
+    for r in acc.rows:
+        table.append((
+            r.name, r.module, str(r.count), f"{r.params:,}", _pct(acc.params_share(r)),
+            f"{r.flops:,}", _pct(acc.flops_share(r)),
+        ))  # fmt: skip
+    table.append(("per layer", "", "", f"{acc.layer_params:,}", "", f"{acc.layer_flops:,}", ""))
+    table.append(("total", "", "", f"{acc.params:,}", _pct(1.0), f"{acc.flops:,}", _pct(1.0)))
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+    left = (True, True, False, False, False, False, False)
+    lines = [
+        f"spec: {acc.spec}",
+        f"input: batch {acc.batch} × seq {acc.seq_len} tokens, {mem.dtype}",
+        "",
+    ]
+    for n, row in enumerate(table):
+        if n == len(table) - 2:
+            lines.append("")
+        cells = [
+            c.ljust(w) if lft else c.rjust(w) for c, w, lft in zip(row, widths, left, strict=True)
+        ]
+        lines.append("  ".join(cells).rstrip())
+    by_part = acc.flops_by_part()
+    lines += ["", f"forward FLOPs by part (total {_flops(acc.flops)}):"]
+    width = max(len(part) for part in by_part)
+    for part, n in by_part.items():
+        lines.append(
+            f"  {part:<{width}}  {_flops(n):>13}  {_pct(n / acc.flops if acc.flops else 0):>6}"
+        )
+    size = mem.weights // acc.params if acc.params else 0
+    lines += [
+        "",
+        f"weights: {show_bytes(mem.weights)} ({acc.params:,} parameters × {size} bytes, "
+        f"{mem.dtype})",
+        "",
+        f"training memory estimate (AdamW, {mem.dtype}, batch {acc.batch} × seq {acc.seq_len}):",
+    ]
+    items: list[tuple[str, int | None, str]] = [
+        ("weights", mem.weights, ""),
+        ("gradients", mem.gradients, ""),
+        ("AdamW moments", mem.optimizer, "two float32 moments per parameter"),
+        ("activations", mem.activations, _activations_note(mem)),
+        ("buffers", mem.buffers, "non-persistent tables, e.g. RoPE cos/sin"),
+        ("total", mem.total, "" if mem.activations is not None else "without activations"),
+    ]
+    for label, amount, why in items:
+        shown = "?" if amount is None else show_bytes(amount)
+        lines.append(f"  {label:<13}  {shown:>10}  {why}".rstrip())
+    if mem.activations:
+        lines += ["", f"activations by part (total {show_bytes(mem.activations)}):"]
+        width = max(len(part) for part in mem.activations_by_part)
+        for part, n in mem.activations_by_part.items():
+            share = _pct(n / mem.activations)
+            lines.append(f"  {part:<{width}}  {show_bytes(n):>10}  {share:>6}")
+    return lines
+
+
+def _activations_note(mem: TrainingMemory) -> str:
+    what = "saved for backward by forward + loss"
+    why = f" ({mem.note})" if mem.note else ""
+    if mem.activations_source == "declared":
+        return f"{what}, declared by the components{why}"
+    if mem.activations_source == "measured":
+        return f"{what}, measured on the meta device{why}"
+    return f"unknown: {mem.note}"
+
+
+def _pct(share: float) -> str:
+    return f"{100 * share:.1f}%"
+
+
+def _flops(n: int) -> str:
+    """Decimal prefixes, as FLOP counts are usually quoted: 4.51 TFLOPs."""
+    scales = (("PFLOPs", 1e15), ("TFLOPs", 1e12), ("GFLOPs", 1e9), ("MFLOPs", 1e6), ("kFLOPs", 1e3))
+    for unit, scale in scales:
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n:,} FLOPs"

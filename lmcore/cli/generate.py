@@ -1,0 +1,236 @@
+"""`lmcore generate SPEC|CHECKPOINT`: text (or token ids) after a prompt, streaming, with a KV
+cache; where a checkpoint's tokenizer is found.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from lmcore.cli.common import (
+    DTYPE_HELP,
+    DTYPES,
+    OR_CHECKPOINT,
+    UsageError,
+    checkpoint_warnings,
+    positive,
+    say,
+    seed_value,
+    source,
+    torch_dtype,
+)
+
+if TYPE_CHECKING:
+    from lmcore.checkpoint import CheckpointInfo
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "generate",
+        help="write text (or token ids) after a prompt, streaming, with a KV cache",
+        description="Generate from a model: a checkpoint (its weights and the tokenizer saved "
+        "with it or its run) or a spec (seeded random weights). New text streams to stdout as "
+        "it is produced; tokens/s go to stderr. Sampling: --temperature 0 is greedy; "
+        "--top-k and --top-p cut the distribution first.",
+    )
+    p.add_argument(
+        "spec",
+        metavar="SPEC|CHECKPOINT",
+        help=f"spec string (random weights), {OR_CHECKPOINT}, a checkpoint directory (holding "
+        "model.safetensors) or a run directory (its latest checkpoint)",
+    )
+    prompt = p.add_mutually_exclusive_group(required=True)
+    prompt.add_argument("--prompt", metavar="TEXT", help="a text prompt (needs a tokenizer)")
+    prompt.add_argument(
+        "--prompt-ids", metavar="1,2,3", type=_ids, help="token ids, comma-separated"
+    )
+    p.add_argument(
+        "--max-new-tokens",
+        type=positive,
+        metavar="N",
+        help="tokens to generate (default: as many as fit in the context, at most 256)",
+    )
+    p.add_argument("--temperature", type=float, default=1.0, help="0 is greedy (default: 1.0)")
+    p.add_argument(
+        "--top-p",
+        type=float,
+        default=1.0,
+        help="keep the most likely tokens making up this probability (default: 1.0, all)",
+    )
+    p.add_argument("--top-k", type=positive, help="keep only the K most likely tokens")
+    p.add_argument(
+        "--stop-token",
+        type=int,
+        metavar="ID",
+        help="end at this token id (default: the tokenizer's <|endoftext|>, if it has one)",
+    )
+    p.add_argument(
+        "--seed",
+        type=seed_value,
+        help="seeds sampling (and a spec's random weights; default: unseeded sampling)",
+    )
+    p.add_argument(
+        "--tokenizer",
+        metavar="PATH",
+        help="tokenizer.json to use (default: found beside the checkpoint or in its run)",
+    )
+    p.add_argument(
+        "--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda:N"
+    )
+    p.add_argument("--dtype", choices=DTYPES, help=DTYPE_HELP)
+    p.add_argument(
+        "--no-cache",
+        action="store_true",
+        help="recompute the whole sequence at every step instead of using a KV cache",
+    )
+    p.add_argument(
+        "--compile",
+        action="store_true",
+        help="compile the decoding step with torch.compile (on a 2-core CPU about 10 s before "
+        "the first token, about 50 s the first time inductor runs on a machine; pays off for "
+        "long outputs)",
+    )
+    p.set_defaults(func=run)
+
+
+def _ids(text: str) -> list[int]:
+    parts = [t.strip() for t in text.split(",")]
+    if not parts or not all(re.fullmatch(r"\d{1,19}", t) for t in parts):
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated token ids such as 1,2,3, got {text!r}"
+        )
+    return [int(t) for t in parts]
+
+
+def model_path(text: str) -> Path | None:
+    """The model file a SPEC|CHECKPOINT argument names: a model file, a checkpoint directory or a
+    run directory (its newest checkpoint; `lmcore.checkpoint.find_checkpoint`); None for a
+    spec."""
+    from lmcore.checkpoint import find_checkpoint, is_checkpoint_path
+
+    p = Path(text)
+    return find_checkpoint(p) if p.is_dir() or is_checkpoint_path(text) else None
+
+
+def _tokenizer(args: argparse.Namespace, info: CheckpointInfo | None) -> Any:
+    """The tokenizer to use: --tokenizer, else the one found for the checkpoint
+    (`lmcore.train.runs.find_tokenizer`); None when the prompt is ids and none is found (ids
+    are then printed)."""
+    from tokenizers import Tokenizer
+
+    from lmcore.train.runs import TOKENIZER_FILE, TokenizerSearch, find_tokenizer
+
+    if args.tokenizer is not None:
+        given = Path(args.tokenizer)
+        if not given.is_file():
+            raise UsageError(f"--tokenizer {args.tokenizer!r} does not exist")
+        search = TokenizerSearch(given, (given,))
+    elif info is not None:
+        search = find_tokenizer(info.path, info)
+    else:
+        search = TokenizerSearch(None, ())
+    if search.found is None:
+        if args.prompt is None:
+            return None
+        where = (
+            f"looked for {TOKENIZER_FILE} in {', '.join(str(p.parent) for p in search.places)}"
+            if search.places
+            else "a spec has no tokenizer"
+        )
+        if search.problem is not None:
+            where += f"; the run's data directory is unknown: {search.problem}"
+        raise UsageError(
+            f"--prompt needs a tokenizer, but none was found for {args.spec!r} ({where}); "
+            "pass --tokenizer PATH (e.g. the tokenizer.json lmcore data prepare wrote), or give "
+            "token ids with --prompt-ids 1,2,3"
+        )
+    try:
+        return Tokenizer.from_file(str(search.found))
+    except Exception as e:  # tokenizers raises a bare Exception for unparsable files
+        raise UsageError(
+            f"{str(search.found)!r} is not a Hugging Face tokenizer.json ({e})"
+        ) from None
+
+
+def run(args: argparse.Namespace) -> int:
+    import time
+
+    import torch
+
+    from lmcore.checkpoint import build_from_checkpoint, read_info, resolve_checkpoint
+    from lmcore.model.inputs import resolve_device
+    from lmcore.model.transformer import build_model
+
+    path = model_path(args.spec)
+    device = resolve_device(args.device)
+    info = None
+    if path is not None:
+        with checkpoint_warnings(args.command):
+            info = read_info(path)
+            bp = resolve_checkpoint(info)
+        model = build_from_checkpoint(info, bp, device=device, dtype=torch_dtype(args, info))
+    else:
+        bp, _ = source(args)
+        torch.manual_seed(args.seed or 0)
+        model = build_model(bp, device=device, dtype=torch_dtype(args, None))
+    tok = _tokenizer(args, info)
+    vocab = model.spec.vocab_size
+    if args.prompt is not None:
+        ids = tok.encode(args.prompt).ids
+        if not ids:
+            raise UsageError("--prompt encodes to no tokens; give some text")
+    else:
+        ids = args.prompt_ids
+    if tok is not None and tok.get_vocab_size() > vocab:
+        raise UsageError(
+            f"the tokenizer has {tok.get_vocab_size():,} tokens but the model's vocab_size is "
+            f"{vocab:,}; use the tokenizer the model was trained with"
+        )
+    stop = args.stop_token
+    if stop is None and tok is not None:
+        stop = tok.token_to_id("<|endoftext|>")
+    n = args.max_new_tokens or max(1, min(256, model.spec.context_length - len(ids) + 1))
+    if args.compile:
+        from lmcore.model.generate import compile_decoding
+
+        compile_decoding(model)
+    start = time.perf_counter()
+    steps = model.stream(
+        torch.tensor(ids),
+        n,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        stop_token=stop,
+        seed=args.seed,
+        cache=not args.no_cache,
+    )
+    out: list[int] = []
+    shown = ""
+    for t in steps:
+        out.append(int(t))
+        if tok is None:
+            sys.stdout.write(f"{' ' if len(out) > 1 else ''}{out[-1]}")
+        else:
+            text = tok.decode(out)
+            if text.endswith("\ufffd"):
+                continue  # a character split across tokens: wait for its other bytes
+            sys.stdout.write(text[len(shown) :])
+            shown = text
+        sys.stdout.flush()
+    if tok is not None:
+        sys.stdout.write(tok.decode(out)[len(shown) :])
+    sys.stdout.write("\n")
+    seconds = time.perf_counter() - start
+    ended = " (stop token)" if stop is not None and out and out[-1] == stop else ""
+    mode = "KV cache" if not args.no_cache else "recomputed each step"
+    mode += ", compiled: the first step compiles" if args.compile else ""
+    say(
+        f"lmcore generate: {len(out)} tokens{ended} in {seconds:.2f} s, "
+        f"{len(out) / seconds:,.0f} tokens/s ({mode}, prompt {len(ids)} tokens, "
+        f"{str(model.lm_head.weight.dtype).removeprefix('torch.')} on {device})"
+    )
+    return 0

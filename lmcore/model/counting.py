@@ -1,0 +1,391 @@
+"""Sizes from the components' declarations, before any weight exists: parameters, forward FLOPs,
+activations and buffers by row, and the size check every build runs first.
+
+`account(spec)` adds up, row by row, what each component declares (`Component.params`,
+`Component.flops`, `Component.activations`, `Component.buffers`) and what lmcore knows about its
+own pieces: the token embeddings, the q/k/v/output projections (k and v sized by
+`num_kv_heads`) and `lm_head`, whose matmuls are counted here by the 2·m·n·p rule, and what the
+next-token loss saves. Nothing is allocated and no model is built: `check_size` runs inside
+`TransformerLM.__init__`, so this module sits below the transformer. What needs a built model
+(the cross-check of declarations against modules, measured activations) is `lmcore.describe`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from typing import Final
+
+import torch
+
+from lmcore.blueprint import Blueprint, resolve
+from lmcore.errors import LmcoreError, LmcoreKeyError, ModelInputError, ModelTooLargeError
+from lmcore.registry import Entry, Registry
+from lmcore.spec import ModelSpec
+
+
+class AccountingError(LmcoreError, ValueError):
+    """A component's declared parameter count disagrees with the module it builds."""
+
+
+# Rows are grouped into parts for the FLOPs breakdown, in this order.
+PARTS: Final = (
+    "embeddings",
+    "norms",
+    "attention projections",
+    "attention kernel",
+    "ffn",
+    "lm_head",
+)
+ACTIVATION_PARTS: Final = (*PARTS, "loss")
+
+
+@dataclass(frozen=True)
+class Row:
+    """One module of the model, counted `count` times (once per layer for per-layer rows).
+
+    `name` is the module's path, with `*` for the layer index (`layers.*.attn.q_proj`).
+    `flops_each` is the forward matmul FLOPs of one instance for the whole batch.
+    """
+
+    name: str
+    part: str
+    module: str  # what sits there: "norm=rmsnorm", "linear 512->512", ...
+    count: int
+    params_each: int
+    flops_each: int
+    entry: Entry | None = None  # the plugin component, or None for lmcore's own pieces
+    # Bytes one instance saves for backward for the whole batch; None: the component declares none.
+    activations_each: int | None = 0
+    # Bytes of the buffers one instance holds; None: the component declares none.
+    buffers_each: int | None = 0
+
+    @property
+    def params(self) -> int:
+        return self.params_each * self.count
+
+    @property
+    def flops(self) -> int:
+        return self.flops_each * self.count
+
+    @property
+    def activations(self) -> int | None:
+        return None if self.activations_each is None else self.activations_each * self.count
+
+    @property
+    def buffers(self) -> int | None:
+        return None if self.buffers_each is None else self.buffers_each * self.count
+
+    @property
+    def per_layer(self) -> bool:
+        return self.name.startswith("layers.*.")
+
+    def instances(self, num_layers: int) -> int:
+        """How many modules this row stands for in a model of `num_layers` layers."""
+        return num_layers if self.per_layer else 1
+
+    def paths(self, num_layers: int) -> Iterator[str]:
+        """The module paths this row stands for in a built `TransformerLM`."""
+        if self.per_layer:
+            for i in range(num_layers):
+                yield self.name.replace("*", str(i), 1)
+        else:
+            yield self.name
+
+
+@dataclass(frozen=True)
+class Accounting:
+    """Parameters, forward FLOPs and declared activations of a blueprint, by row, for `batch`
+    sequences of `seq_len` in `dtype`; `loss_activations` is what the cross-entropy saves."""
+
+    blueprint: Blueprint
+    batch: int
+    seq_len: int
+    dtype: torch.dtype
+    rows: tuple[Row, ...]
+    loss_activations: int
+
+    @property
+    def spec(self) -> ModelSpec:
+        return self.blueprint.spec
+
+    @property
+    def params(self) -> int:
+        return sum(r.params for r in self.rows)
+
+    @property
+    def flops(self) -> int:
+        return sum(r.flops for r in self.rows)
+
+    @property
+    def layer_params(self) -> int:
+        return sum(r.params_each for r in self.rows if r.per_layer)
+
+    @property
+    def layer_flops(self) -> int:
+        return sum(r.flops_each for r in self.rows if r.per_layer)
+
+    @property
+    def undeclared(self) -> tuple[Row, ...]:
+        """Rows whose component declares no activations."""
+        return tuple(r for r in self.rows if r.activations_each is None)
+
+    def undeclared_components(self) -> list[str]:
+        """``norm 'plain'`` for each component that declares no activations, sorted."""
+        return sorted({f"{r.entry.kind} {r.entry.name!r}" for r in self.undeclared if r.entry})
+
+    @property
+    def activations(self) -> int | None:
+        """Declared activation bytes of forward + loss; None if a component declares none."""
+        if self.undeclared:
+            return None
+        return sum(r.activations or 0 for r in self.rows) + self.loss_activations
+
+    def declared_activations(self) -> dict[str, int]:
+        """Declared bytes by row name, plus `loss`; only when every component declares them."""
+        if self.undeclared:
+            names = ", ".join(self.undeclared_components())
+            raise AccountingError(f"no activation declaration from {names}")
+        return {**{r.name: r.activations or 0 for r in self.rows}, "loss": self.loss_activations}
+
+    def row(self, name: str) -> Row:
+        for r in self.rows:
+            if r.name == name:
+                return r
+        raise LmcoreKeyError(f"no row {name!r}; rows are {', '.join(r.name for r in self.rows)}")
+
+    def params_share(self, row: Row) -> float:
+        return row.params / self.params if self.params else 0.0
+
+    def flops_share(self, row: Row) -> float:
+        return row.flops / self.flops if self.flops else 0.0
+
+    def flops_by_part(self) -> dict[str, int]:
+        return {part: sum(r.flops for r in self.rows if r.part == part) for part in PARTS}
+
+
+def activation_kwargs(
+    bp: Blueprint, kind: str, *, batch: int, seq_len: int, dtype: torch.dtype
+) -> dict[str, object]:
+    """`bp.kwargs(kind)` plus what an `activations` declaration also gets, for `batch`
+    sequences of `seq_len` (a plain forward: kv_len = seq_len)."""
+    shape = {"batch": batch, "seq_len": seq_len, "kv_len": seq_len, "dtype": dtype}
+    return {**bp.kwargs(kind), **shape, "num_layers": bp.spec.num_layers}
+
+
+def account(
+    spec: Blueprint | ModelSpec | str,
+    *,
+    batch: int = 1,
+    seq_len: int | None = None,
+    dtype: torch.dtype = torch.float32,
+    registry: Registry | None = None,
+) -> Accounting:
+    """Count parameters, forward FLOPs and activations from the declarations alone; `seq_len`
+    defaults to the context length."""
+    bp = resolve(spec, registry)
+    spec = bp.spec
+    seq = spec.context_length if seq_len is None else seq_len
+    _check_shape(spec, batch, seq)
+
+    d, layers, vocab = spec.d_model, spec.num_layers, spec.vocab_size
+    tokens, size = batch * seq, dtype.itemsize
+
+    def declared(kind: str, name: str, part: str, count: int) -> Row:
+        entry, kwargs = bp.entries[kind], bp.kwargs(kind)
+        # Components declare FLOPs for one sequence; a plain forward has kv_len = seq_len.
+        flops = entry.count("flops", {**kwargs, "seq_len": seq, "kv_len": seq})
+        return Row(
+            name=name,
+            part=part,
+            module=f"{kind}={entry.name}",
+            count=count,
+            params_each=entry.count("params", kwargs) or 0,
+            flops_each=batch * (flops or 0),
+            entry=entry,
+            activations_each=entry.count(
+                "activations", activation_kwargs(bp, kind, batch=batch, seq_len=seq, dtype=dtype)
+            ),
+            buffers_each=entry.count("buffers", {**kwargs, "dtype": dtype}),
+        )
+
+    def linear(name: str, d_in: int, d_out: int, count: int, saves_input: bool) -> Row:
+        return Row(
+            name=name,
+            part="lm_head" if name == "lm_head" else "attention projections",
+            module=f"linear {d_in}->{d_out}",
+            count=count,
+            params_each=d_in * d_out,
+            flops_each=2 * tokens * d_in * d_out,
+            # x @ W.T keeps x for W's gradient; q, k and v share theirs, counted at q_proj.
+            activations_each=tokens * d_in * size if saves_input else 0,
+        )
+
+    kv_width = spec.num_kv_heads * spec.head_dim
+    lm_head = linear("lm_head", d, vocab, 1, saves_input=True)
+    if spec.tie_embeddings:
+        lm_head = replace(lm_head, module=f"{lm_head.module} (tied)", params_each=0)
+    rows = (
+        # A lookup, not a matmul: no FLOPs by the 2·m·n·p rule. Keeps the int64 token ids.
+        Row("token_embeddings", "embeddings", f"embedding {vocab}×{d}", 1, vocab * d, 0,
+            activations_each=8 * tokens),
+        declared("pos", "pos", "embeddings", 1),  # one instance, applied once per forward
+        declared("norm", "layers.*.ln1", "norms", layers),
+        linear("layers.*.attn.q_proj", d, d, layers, saves_input=True),
+        linear("layers.*.attn.k_proj", d, kv_width, layers, saves_input=False),
+        linear("layers.*.attn.v_proj", d, kv_width, layers, saves_input=False),
+        linear("layers.*.attn.output_proj", d, d, layers, saves_input=True),
+        declared("attn", "layers.*.attn.kernel", "attention kernel", layers),
+        declared("norm", "layers.*.ln2", "norms", layers),
+        declared("ffn", "layers.*.ffn", "ffn", layers),
+        declared("norm", "ln_final", "norms", 1),
+        lm_head,
+    )  # fmt: skip
+    # cross_entropy keeps float32 logits, the log-partition per token and the int64 targets.
+    loss = tokens * (4 * vocab + 4 + 8)
+    return Accounting(blueprint=bp, batch=batch, seq_len=seq, dtype=dtype, rows=rows,
+                      loss_activations=loss)  # fmt: skip
+
+
+def _check_shape(spec: ModelSpec, batch: int, seq: int) -> None:
+    if batch < 1:
+        raise ModelInputError(f"batch size must be at least 1, got {batch}")
+    if not 1 <= seq <= spec.context_length:
+        ctx = spec.context_length
+        raise ModelInputError(
+            f"sequence length {seq} does not fit context_length={ctx}; use 1..{ctx} "
+            f"or raise context_length in the spec (e.g. '..., context_length={seq}')"
+        )
+
+
+# ---------------------------------------------------------------------- the size check
+
+# torch indexes a tensor's bytes with a signed 64-bit integer.
+MAX_TENSOR_BYTES: Final = 2**63 - 1
+# Host memory the module objects of one layer take, whatever the device (measured for the
+# built-in components at about 30-45 KiB): a meta build of a million layers still needs ~30 GiB.
+LAYER_OBJECT_BYTES: Final = 32 * 2**10
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """What building a blueprint allocates, from the declarations alone: per row, the weights
+    (parameters × the dtype's size) and the declared buffers of all its modules."""
+
+    accounting: Accounting
+
+    @property
+    def parts(self) -> dict[str, int]:
+        size = self.accounting.dtype.itemsize
+        return {r.name: r.params * size + (r.buffers or 0) for r in self.accounting.rows}
+
+    @property
+    def total(self) -> int:
+        return sum(self.parts.values())
+
+    @property
+    def largest(self) -> tuple[str, int]:
+        return max(self.parts.items(), key=lambda item: item[1])
+
+
+def footprint(bp: Blueprint, dtype: torch.dtype) -> Footprint:
+    """The bytes a build of `bp` in `dtype` allocates, by row; see `Footprint`."""
+    return Footprint(account(bp, batch=1, seq_len=1, dtype=dtype))
+
+
+def check_size(
+    bp: Blueprint, *, device: torch.device, dtype: torch.dtype, max_bytes: int | None = None
+) -> Footprint:
+    """Refuse (`ModelTooLargeError`, naming the total and the largest part) a build whose
+    weights and buffers exceed `max_bytes` (default: the memory available on `device`, none on
+    meta), a module torch could not index, or more layers than the host can hold the module
+    objects of. Nothing is allocated."""
+    found = footprint(bp, dtype)
+    dtype_name = str(dtype).removeprefix("torch.")
+    size = dtype.itemsize
+    for row in found.accounting.rows:
+        each = max(row.params_each * size, row.buffers_each or 0)
+        if each > MAX_TENSOR_BYTES:
+            raise ModelTooLargeError(
+                f"{row.name} ({row.module}) would hold {format_bytes(each)} ({each:,} bytes) in "
+                f"one {dtype_name} module, beyond the 2**63 - 1 bytes torch can index; shrink "
+                f"the dimensions it is built for ({_dims_of(bp, row)})"
+            )
+    total, (name, largest) = found.total, found.largest
+    limit, what = memory_limit(device, max_bytes)
+    if limit is not None and total > limit:
+        raise ModelTooLargeError(
+            f"the model needs {format_bytes(total)} ({total:,} bytes) for its {dtype_name} "
+            f"weights and buffers, more than {what}; the largest part is {name} "
+            f"({format_bytes(largest)}). Shrink the spec, or raise the limit with "
+            "max_bytes= (--max-bytes on the command line)"
+        )
+    layers = bp.spec.num_layers
+    host = available_memory(torch.device("cpu"))
+    if host is not None and layers * LAYER_OBJECT_BYTES > host:
+        raise ModelTooLargeError(
+            f"num_layers={layers:,}: the module objects alone need about "
+            f"{format_bytes(layers * LAYER_OBJECT_BYTES)} of host memory (about "
+            f"{format_bytes(LAYER_OBJECT_BYTES)} per layer, on any device, meta included), "
+            f"more than the {format_bytes(host)} available; lower num_layers"
+        )
+    return found
+
+
+def _dims_of(bp: Blueprint, row: Row) -> str:
+    if row.entry is not None:
+        return ", ".join(f"{k}={v:,}" for k, v in bp.kwargs(row.entry.kind).items())
+    s = bp.spec
+    return f"vocab_size={s.vocab_size:,}, d_model={s.d_model:,}"
+
+
+def memory_limit(device: torch.device, max_bytes: int | None) -> tuple[int | None, str]:
+    """The byte limit of a build and how to name it in a message."""
+    if max_bytes is not None:
+        return max_bytes, f"the limit max_bytes={max_bytes:,} ({format_bytes(max_bytes)})"
+    available = None if device.type == "meta" else available_memory(device)
+    if available is None:
+        return None, ""
+    return available, f"the {format_bytes(available)} of memory available on {device}"
+
+
+def available_memory(device: torch.device) -> int | None:
+    """Bytes that can still be allocated on `device`: for the CPU the kernel's MemAvailable
+    (capped by a cgroup v2 limit), for CUDA the driver's free memory; None when unknown."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0]) if torch.cuda.is_available() else None
+    if device.type != "cpu":
+        return None
+    found = []
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    found.append(int(line.split()[1]) * 1024)
+                    break
+    except (OSError, ValueError):
+        pass
+    try:  # a container's own limit
+        with open("/sys/fs/cgroup/memory.max", encoding="ascii") as f:
+            cap = f.read().strip()
+        with open("/sys/fs/cgroup/memory.current", encoding="ascii") as f:
+            used = int(f.read().strip())
+        if cap != "max":
+            found.append(max(0, int(cap) - used))
+    except (OSError, ValueError):
+        pass
+    if not found and hasattr(os, "sysconf"):
+        with contextlib.suppress(OSError, ValueError):
+            found.append(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    return min(found) if found else None
+
+
+def format_bytes(n: int) -> str:
+    """Binary prefixes, as memory is sized: 7.92 GiB."""
+    for unit, scale in (("EiB", 2**60), ("PiB", 2**50), ("TiB", 2**40), ("GiB", 2**30),
+                        ("MiB", 2**20), ("KiB", 2**10)):  # fmt: skip
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n} B"
