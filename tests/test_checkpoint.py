@@ -684,7 +684,7 @@ def test_the_readme_saving_and_loading_example_runs(tmp_path: Path, monkeypatch)
     """The README's two commands, then its Python block, as written."""
     from lmcore.cli.main import main
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[1] / "docs" / "checkpoints.md").read_text()
     section = readme.split("\n## Saving and loading\n", 1)[1].split("\n### ", 1)[0]
     commands = re.findall(r"```bash\n(.*?)```", section, flags=re.S)[0].splitlines()
     assert commands == [
@@ -696,5 +696,5 @@ def test_the_readme_saving_and_loading_example_runs(tmp_path: Path, monkeypatch)
     assert main(["describe", "m.safetensors"]) == 0
     torch.save(perturbed("cs336-tiny").state_dict(), tmp_path / "ts_state_dict.pt")
     [block] = re.findall(r"```python\n(.*?)```", section, flags=re.S)
-    exec(compile(block, "README.md", "exec"), {})
+    exec(compile(block, "docs/checkpoints.md", "exec"), {})
     assert read_info(tmp_path / "copy.safetensors").metadata == {"note": "strings only"}
