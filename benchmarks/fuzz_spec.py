@@ -3,7 +3,7 @@
 
     python benchmarks/fuzz_spec.py [--count 100000] [--large 300] [--seed 0]
 
-Starting from valid specs (the presets, the README's examples, specs using every component and
+Starting from valid specs (the presets, the manual's examples, specs using every component and
 argument), each input is a valid spec changed by one to four random mutations: characters
 deleted, inserted (from the grammar's alphabet, quotes, escapes, control and non-ASCII
 characters) or replaced; spans duplicated, moved or repeated hundreds of times; numbers

@@ -187,7 +187,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="lmcore",
         description="Build decoder-only transformer LMs from spec strings and plugin components.",
         epilog='Spec example: "tinystories, pos=nope, norm=rmsnorm(eps=1e-6)". '
-        "See the README for the grammar.",
+        "See docs/spec.md for the grammar.",
     )
     parser.add_argument(
         "--version", action=_Version, help="print lmcore's, torch's and Python's versions and exit"
