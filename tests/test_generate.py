@@ -88,7 +88,7 @@ def test_the_example_plugin_generates_the_same_with_and_without_the_cache() -> N
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    registry = Registry()
+    registry = Registry(disabled=["dyt"])  # the copy from the source, not an installed one
     registry.add(*module.lmcore_components(), name="lmcore-dyt")
     with use_registry(registry):
         model = model_of("norm=dyt, num_kv_heads=2", registry=registry)
