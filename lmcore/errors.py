@@ -153,6 +153,11 @@ class GenerationError(LmcoreError, ValueError):
     work with a KV cache, prompts that need a mask the kernel lacks, or no room in the context."""
 
 
+class EvalError(LmcoreError, ValueError):
+    """An evaluation cannot run as asked: no tokenizer for the model, text that encodes to too
+    few tokens, a bad window option, an optional extra (lm-eval, a tracker) not installed, ..."""
+
+
 class LmcoreWarning(UserWarning):
     """Something is off but nothing failed, e.g. LMCORE_DISABLE_PLUGINS names no plugin."""
 

@@ -42,6 +42,7 @@ FLOORS: dict[str, int] = {
     "lmcore.hf": 5,
     "lmcore.train": 6,
     "lmcore.testing": 6,
+    "lmcore.eval": 6,
     "lmcore.cli": 7,
     "lmcore.__main__": 8,
 }

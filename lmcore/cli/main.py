@@ -11,6 +11,7 @@ lmcore sweep BASE --vary    train a baseline and its variants alike; compare the
 lmcore compare RUN...       the comparison table and plot of existing runs
 lmcore quickstart           train a small model on this Python's standard library (a minute)
 lmcore generate SPEC|CKPT   write text (or token ids) from a prompt, streaming, with a KV cache
+lmcore eval MODEL           loss, perplexity, bits per byte; lm-evaluation-harness tasks
 lmcore --version            lmcore's, torch's and Python's versions
 
 Each command is a module of this package (`add_parser(sub)`, `run(args) -> int`), listed in
@@ -47,6 +48,7 @@ from lmcore.cli import (
     convert,
     data,
     describe,
+    eval,
     generate,
     plugins,
     quickstart,
@@ -59,7 +61,7 @@ from lmcore.errors import LmcoreError, LmcoreWarning, SlowPluginWarning, SpecErr
 
 # The commands, in the order `lmcore --help` lists them.
 COMMANDS: tuple[ModuleType, ...] = (
-    build, describe, run, plugins, convert, data, train, sweep, compare, quickstart, generate,
+    build, describe, run, plugins, convert, data, train, sweep, compare, quickstart, generate, eval,
 )  # fmt: skip
 
 

@@ -159,3 +159,16 @@ class KVCache:
 
     def advance(self, seq: int) -> None:
         self.length += seq
+
+    def select(self, rows: Int[Tensor, " N"]) -> KVCache:
+        """A new cache of `len(rows)` sequences, row `i` a copy of this cache's row `rows[i]`:
+        a prefix computed once continues in several ways (scoring the choices of a question)."""
+        new = KVCache.__new__(KVCache)
+        rows = rows.to(self.positions.device)
+        new.k = [k.index_select(0, rows) for k in self.k]
+        new.v = [v.index_select(0, rows) for v in self.v]
+        new.positions = self.positions.index_select(0, rows)
+        new.valid = None if self.valid is None else self.valid.index_select(0, rows)
+        new.pads = None if self.pads is None else self.pads.index_select(0, rows)
+        new.batch, new.context_length, new.length = len(rows), self.context_length, self.length
+        return new

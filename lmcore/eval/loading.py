@@ -1,0 +1,92 @@
+"""A model to evaluate and its tokenizer, found as `lmcore generate` finds them.
+
+    model, info = load_model("runs/quickstart", device="cpu")
+    tokenizer, where = load_tokenizer(info)            # beside it, in its run, in its data
+
+`MODEL` is a model file, a checkpoint directory or a run directory (its newest checkpoint:
+`lmcore.checkpoint.find_checkpoint`); the tokenizer is the one `lmcore.train.runs.find_tokenizer`
+finds for it, unless one is given.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from lmcore.checkpoint import (
+    CheckpointInfo,
+    build_from_checkpoint,
+    find_checkpoint,
+    read_info,
+    resolve_checkpoint,
+)
+from lmcore.errors import EvalError
+from lmcore.model.inputs import resolve_device
+from lmcore.train.runs import TOKENIZER_FILE, find_tokenizer
+
+if TYPE_CHECKING:
+    import torch
+    from tokenizers import Tokenizer
+
+    from lmcore.model.transformer import TransformerLM
+    from lmcore.registry import Registry
+
+__all__ = ["load_model", "load_tokenizer"]
+
+
+def load_model(
+    path: str | os.PathLike[str],
+    *,
+    device: str = "auto",
+    dtype: torch.dtype | None = None,
+    registry: Registry | None = None,
+) -> tuple[TransformerLM, CheckpointInfo]:
+    """The model that `path` names, in eval mode on `device` (auto: cuda if available), in
+    `dtype` (default: the checkpoint's own), and the checkpoint's info."""
+    info = read_info(find_checkpoint(path))
+    bp = resolve_checkpoint(info, registry)
+    model = build_from_checkpoint(info, bp, device=resolve_device(device), dtype=dtype)
+    model.eval()
+    return model, info
+
+
+def load_tokenizer(
+    info: CheckpointInfo, tokenizer: str | os.PathLike[str] | None = None
+) -> tuple[Tokenizer, Path]:
+    """The tokenizer for a checkpoint: `tokenizer` when given, else the one found beside the
+    model file, up to its run directory, or in the data directory its run names; and where it
+    was. `EvalError` naming every place looked in when there is none."""
+    from tokenizers import Tokenizer
+
+    if tokenizer is not None:
+        found = Path(tokenizer)
+        if not found.is_file():
+            raise EvalError(f"tokenizer {str(found)!r} does not exist; give a tokenizer.json")
+    else:
+        search = find_tokenizer(info.path, info)
+        if search.found is None:
+            where = ", ".join(str(p.parent) for p in search.places)
+            problem = f"; the run's data directory is unknown: {search.problem}" * bool(
+                search.problem
+            )
+            raise EvalError(
+                f"no tokenizer found for {str(info.path)!r} (looked for {TOKENIZER_FILE} in "
+                f"{where}){problem}; pass --tokenizer PATH (e.g. the tokenizer.json lmcore data "
+                "prepare wrote)"
+            )
+        found = search.found
+    try:
+        tok = Tokenizer.from_file(str(found))
+    except Exception as e:  # tokenizers raises a bare Exception for unparsable files
+        raise EvalError(f"{str(found)!r} is not a Hugging Face tokenizer.json ({e})") from None
+    return tok, found
+
+
+def check_vocab(tokenizer: Tokenizer, vocab_size: int, where: Path) -> None:
+    """`EvalError` unless every id of `tokenizer` is one the model has."""
+    if tokenizer.get_vocab_size() > vocab_size:
+        raise EvalError(
+            f"the tokenizer {str(where)!r} has {tokenizer.get_vocab_size():,} tokens but the "
+            f"model's vocab_size is {vocab_size:,}; use the tokenizer the model was trained with"
+        )
