@@ -166,9 +166,12 @@ class EvalResult:
 
 
 @torch.inference_mode()
-def window_nats(model: TransformerLM, tokens: np.ndarray, windows: Sequence[Window]) -> list[float]:
-    """The summed nats of each window's scored targets, one forward for all of them."""
-    width = max(w.length for w in windows)
+def window_nats(
+    model: TransformerLM, tokens: np.ndarray, windows: Sequence[Window], width: int
+) -> list[float]:
+    """The summed nats of each window's scored targets, one forward for all of them, each row
+    right-padded to `width` (the same in every batch, so that no row's arithmetic depends on
+    the others')."""
     device = model.lm_head.weight.device
     x = np.zeros((len(windows), width), dtype=np.int64)
     y = np.zeros((len(windows), width), dtype=np.int64)
@@ -218,7 +221,7 @@ def evaluate_stream(
     with bar:
         for i in range(0, len(wins), batch_size):
             batch = wins[i : i + batch_size]
-            nats.extend(window_nats(model, stream.tokens, batch))
+            nats.extend(window_nats(model, stream.tokens, batch, wins[0].length))
             bar.update(len(batch))
     predicted = len(stream.tokens) - 1
     num_bytes = int(stream.bytes[stream.tokens[1:]].sum()) if predicted else 0
