@@ -180,7 +180,7 @@ class LmcoreLM(TemplateLM):  # type: ignore[misc]  # lm-eval ships no type infor
             members.sort(key=lambda n: -len(requests[n].args[0]))
             for i in range(0, len(members), self.batch_size):
                 batch = members[i : i + self.batch_size]
-                texts = self._generate([requests[n].args[0] for n in batch], options)
+                texts = self._generate([requests[n].args[0] for n in batch], dict(options))
                 out.update(zip(batch, texts, strict=True))
                 for n, text in zip(batch, texts, strict=True):
                     self.cache_hook.add_partial("generate_until", requests[n].args, text)
@@ -276,7 +276,7 @@ def task_manager(tasks: Sequence[str], include_path: Sequence[str] | None) -> An
         if not manager.match_tasks([t]):
             where = f" or in {', '.join(paths)}" if paths else ""
             raise EvalError(
-                f"--tasks {t!r}: lm-eval has no such task{where}"
+                f"--tasks {t!r}: no task of that name in lm-eval{where}"
                 f"{did_you_mean(t, manager.all_tasks)}; `lm-eval ls tasks` lists them"
             )
     return manager
