@@ -16,13 +16,22 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("runs", nargs="+", metavar="RUN", help="run directories")
     p.add_argument("--out", metavar="DIR", help="write the table, its JSON and the plot here")
+    p.add_argument(
+        "--sort",
+        metavar="KEY",
+        help="rank the runs, best first: val_loss, val_bpb (bits per byte, lmcore train "
+        "--eval-bpb; comparable across tokenizers), train_loss or tokens_per_s (default: in "
+        "the order given)",
+    )
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from lmcore.train.sweep import compare_runs, table_markdown, write_comparison
+    from lmcore.train.sweep import compare_runs, ranked, table_markdown, write_comparison
 
     rows = compare_runs(args.runs)
+    if args.sort is not None:
+        rows = ranked(rows, args.sort)
     print(table_markdown(rows), end="")
     if args.out is not None:
         md, js, png = write_comparison(rows, args.out, f"{len(rows)} runs")

@@ -32,22 +32,31 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--data", required=True, metavar="DIR", help="prepared data")
     p.add_argument("--out", required=True, metavar="SWEEP", help="the sweep's directory")
     add_budget_options(p)
+    p.add_argument(
+        "--sort",
+        metavar="KEY",
+        help="print the table best first: val_loss, val_bpb (with --eval-bpb), train_loss or "
+        "tokens_per_s (compare.md keeps the order of the runs)",
+    )
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from lmcore.checkpoint import is_checkpoint_path
-    from lmcore.train.sweep import sweep, table_markdown
+    from lmcore.train.sweep import ranked, sweep, table_markdown
 
     if is_checkpoint_path(args.base):
         raise UsageError(
             f"BASE {args.base!r} looks like a checkpoint path; a sweep trains every model from "
             "the start: give a spec (`lmcore describe CKPT` shows a checkpoint's spec)"
         )
+    if args.sort is not None:
+        ranked([], args.sort)  # a bad key fails before any training
     result = sweep(args.base, args.vary, args.data, args.out, train_config(args))
     md, js, png = result.files
     print()
-    print(table_markdown(result.rows), end="")
+    rows = result.rows if args.sort is None else ranked(result.rows, args.sort)
+    print(table_markdown(rows), end="")
     print(f"\ntable: {md} (and {js.name}), validation curves: {png}")
     if result.interrupted is not None:
         print("interrupted; run the same command again to continue the sweep")

@@ -59,7 +59,7 @@ def add_parallel_options(p: argparse.ArgumentParser) -> None:
 
 def add_budget_options(p: argparse.ArgumentParser) -> None:
     """The training options of `train` and `sweep`; each defaults to TrainConfig's."""
-    from lmcore.train.config import AUTOCAST, DTYPES, TrainConfig
+    from lmcore.train.config import AUTOCAST, DTYPES, TRACKERS, TrainConfig
 
     d = TrainConfig()
     budget = p.add_mutually_exclusive_group()
@@ -110,20 +110,43 @@ def add_budget_options(p: argparse.ArgumentParser) -> None:
         help="run the forward under bfloat16 autocast (parameters stay in --dtype)",
     )
     p.add_argument("--compile", action="store_true", default=None, help="torch.compile the model")
+    p.add_argument(
+        "--eval-bpb",
+        action="store_true",
+        default=None,
+        help="evaluations also report bits per byte (val_bpb in metrics.jsonl): the loss in "
+        "bits per UTF-8 byte of the validation text, comparable across tokenizers",
+    )
+    p.add_argument(
+        "--logger",
+        action="append",
+        choices=TRACKERS,
+        dest="loggers",
+        help="also log to this experiment tracker (repeatable; each needs its extra, e.g. "
+        "pip install 'lmcore-registry[tensorboard]'); metrics.jsonl and loss.png are always "
+        "written",
+    )
+    p.add_argument(
+        "--log-group",
+        metavar="NAME",
+        help="the trackers' experiment (MLflow) and group (W&B) (default: lmcore; a sweep's "
+        "directory name in a sweep)",
+    )
 
 
 _CONFIG_KEYS = (
     "steps", "tokens", "batch_size", "lr", "min_lr", "warmup", "weight_decay", "grad_clip",
     "eval_every", "eval_batches", "log_every", "save_every", "keep", "seed", "device", "betas",
-    "dtype", "autocast", "compile",
+    "dtype", "autocast", "compile", "eval_bpb", "loggers", "log_group",
 )  # fmt: skip
 
 
 def given_options(args: argparse.Namespace) -> dict[str, Any]:
     """The training options given on the command line, as TrainConfig fields."""
     given = {k: getattr(args, k) for k in _CONFIG_KEYS if getattr(args, k, None) is not None}
-    if "betas" in given:
-        given["betas"] = tuple(given["betas"])
+    for key in ("betas", "loggers"):
+        if key in given:
+            given[key] = tuple(given[key])
     return given
 
 

@@ -26,7 +26,9 @@ import numpy as np
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
-__all__ = ["bits_per_byte", "is_byte_level", "token_bytes"]
+    from lmcore.data.tokens import EvalBatches
+
+__all__ = ["bits_per_byte", "bytes_per_token", "is_byte_level", "token_bytes"]
 
 _BYTE_FALLBACK = re.compile(r"<0x[0-9A-Fa-f]{2}>")
 
@@ -77,3 +79,17 @@ def bits_per_byte(nats: float, num_bytes: float) -> float:
     if num_bytes <= 0:
         return math.nan
     return nats / (math.log(2) * num_bytes)
+
+
+def bytes_per_token(batches: EvalBatches, tokenizer: Tokenizer) -> float:
+    """The mean bytes per target token of fixed evaluation batches (this rank's rows of every
+    batch): what turns their mean loss into bits per byte, `loss / (ln 2 · bytes_per_token)`."""
+    table = token_bytes(tokenizer)
+    T = batches.context_length
+    total = count = 0
+    for i in range(len(batches)):
+        starts = batches.starts(i)
+        targets = np.asarray(batches.tokens[starts[:, None] + np.arange(1, T + 1)], dtype=np.int64)
+        total += int(table[np.minimum(targets, len(table) - 1)].sum())
+        count += targets.size
+    return total / max(count, 1)

@@ -16,10 +16,11 @@ from typing import Any, Final
 
 from lmcore.errors import TrainError
 
-__all__ = ["AUTOCAST", "DTYPES", "RESUMABLE", "TrainConfig", "cosine_lr"]
+__all__ = ["AUTOCAST", "DTYPES", "RESUMABLE", "TRACKERS", "TrainConfig", "cosine_lr"]
 
 DTYPES: Final = ("float32", "bfloat16", "float16")
 AUTOCAST: Final = ("bfloat16",)
+TRACKERS: Final = ("tensorboard", "mlflow", "wandb")  # lmcore.train.trackers
 
 
 # ------------------------------------------------------------------------------ options
@@ -50,6 +51,9 @@ class TrainConfig:
     dtype: str | None = None  # parameters: float32, or a checkpoint's own dtype
     autocast: str | None = None  # "bfloat16": forward under torch.autocast
     compile: bool = False  # torch.compile the model
+    eval_bpb: bool = False  # evaluations also report bits per byte (val_bpb)
+    loggers: tuple[str, ...] = ()  # trackers beside metrics.jsonl (lmcore.train.trackers)
+    log_group: str | None = None  # the trackers' experiment / group (a sweep's name)
 
     def resolved(self, context_length: int) -> TrainConfig:
         """This config with `steps` (from `tokens`), `min_lr`, `warmup` and `decay_steps` set,
@@ -102,9 +106,15 @@ class TrainConfig:
             _require(self.grad_clip > 0, "grad_clip", self.grad_clip, "> 0 (or 0 for no clipping)")
         _require(self.dtype in (None, *DTYPES), "dtype", self.dtype, f"one of {', '.join(DTYPES)}")
         _require(self.autocast in (None, *AUTOCAST), "autocast", self.autocast, "bfloat16")
+        for name in self.loggers:
+            _require(name in TRACKERS, "logger", name, f"one of {', '.join(TRACKERS)}")
 
     def to_json(self) -> dict[str, Any]:
-        return {**dataclasses.asdict(self), "betas": list(self.betas)}
+        return {
+            **dataclasses.asdict(self),
+            "betas": list(self.betas),
+            "loggers": list(self.loggers),
+        }
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> TrainConfig:
@@ -113,8 +123,9 @@ class TrainConfig:
         if unknown:
             raise TrainError(f"unknown training options {', '.join(unknown)} in a run.json")
         values = dict(data)
-        if "betas" in values:
-            values["betas"] = tuple(values["betas"])
+        for key in ("betas", "loggers"):
+            if key in values:
+                values[key] = tuple(values[key])
         return cls(**values)
 
 
@@ -124,7 +135,8 @@ def _require(ok: bool, name: str, value: object, what: str) -> None:
 
 
 # Options a resumed run may change: none of them changes the steps already taken.
-RESUMABLE: Final = ("steps", "tokens", "device", "eval_every", "save_every", "log_every", "keep")
+RESUMABLE: Final = ("steps", "tokens", "device", "eval_every", "save_every", "log_every", "keep",
+                     "eval_bpb", "loggers", "log_group")  # fmt: skip
 
 
 def cosine_lr(t: float, *, lr: float, min_lr: float, warmup: int, decay_steps: int) -> float:

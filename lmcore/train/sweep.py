@@ -20,7 +20,7 @@ import json
 import math
 import os
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Final
 
@@ -120,6 +120,7 @@ class Row:
     wall_s: float | None
     diverged_at: int | None = None
     error: str | None = None
+    val_bpb: float | None = None  # bits per byte of the last evaluation (train --eval-bpb)
 
     @property
     def status(self) -> str:
@@ -155,7 +156,32 @@ def run_row(path: str | os.PathLike[str], label: str | None = None) -> Row:
         train_s=train_s,
         wall_s=status.get("elapsed_s"),
         diverged_at=status.get("diverged_at"),
+        val_bpb=last_bpb(path),
     )
+
+
+def last_bpb(run: str | os.PathLike[str]) -> float | None:
+    """The `val_bpb` of a run's last evaluation in metrics.jsonl (None without --eval-bpb)."""
+    evals = [r for r in read_metrics(run) if r.get("kind") == "eval" and "val_bpb" in r]
+    return float(evals[-1]["val_bpb"]) if evals else None
+
+
+RANK_KEYS: Final = ("val_loss", "val_bpb", "train_loss", "tokens_per_s")
+
+
+def ranked(rows: Sequence[Row], by: str) -> list[Row]:
+    """`rows` best first by `by` (one of `RANK_KEYS`: the losses ascending, tokens/s
+    descending); runs without the value, or not done, last in their order."""
+    if by not in RANK_KEYS:
+        raise TrainError(f"--sort {by!r}: must be one of {', '.join(RANK_KEYS)}")
+    sign = -1 if by == "tokens_per_s" else 1
+
+    def key(r: Row) -> tuple[bool, float]:
+        v = getattr(r, by)
+        missing = v is None or r.state != "done" or (isinstance(v, float) and math.isnan(v))
+        return missing, 0.0 if missing else sign * v
+
+    return sorted(rows, key=key)
 
 
 def with_deltas(rows: Sequence[Row]) -> list[Row]:
@@ -184,9 +210,10 @@ def _num(x: float | None, fmt: str) -> str:
 
 def table_markdown(rows: Sequence[Row]) -> str:
     """The comparison as a Markdown table."""
-    head = ("run", "parameters", "train loss", "val loss", "Δ val", "tokens/s", "wall time",
-            "status")  # fmt: skip
-    lines = ["| " + " | ".join(head) + " |", "| --- |" + " ---: |" * 6 + " --- |"]
+    bpb = any(r.val_bpb is not None for r in rows)  # a column only when some run measured it
+    head = ("run", "parameters", "train loss", "val loss", *(("val bpb",) if bpb else ()),
+            "Δ val", "tokens/s", "wall time", "status")  # fmt: skip
+    lines = ["| " + " | ".join(head) + " |", "| --- |" + " ---: |" * (6 + bpb) + " --- |"]
     for r in rows:
         delta = "" if r.delta_val is None else f"{r.delta_val:+.3f}"
         cells = (
@@ -194,6 +221,7 @@ def table_markdown(rows: Sequence[Row]) -> str:
             _num(r.parameters, ","),
             _num(r.train_loss, ".3f"),
             _num(r.val_loss, ".3f"),
+            *((_num(r.val_bpb, ".3f"),) if bpb else ()),
             delta or "–",
             _num(r.tokens_per_s, ",.0f"),
             "–" if r.wall_s is None else f"{r.wall_s:.0f} s",
@@ -266,6 +294,8 @@ def sweep(
 
     say = echo or (lambda _line: None)
     cfg = config or TrainConfig()
+    if cfg.loggers and cfg.log_group is None:  # trackers group the variants under the sweep
+        cfg = replace(cfg, log_group=Path(out).resolve().name)
     variants = plan(base, changes, registry)
     tokens = TokenData.open(data)
     for v in variants:  # every model fits the data before the first step

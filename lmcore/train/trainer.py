@@ -55,6 +55,7 @@ from lmcore.blueprint import Blueprint, resolve
 from lmcore.checkpoint import CheckpointInfo, load_weights, read_info, resolve_checkpoint
 from lmcore.data.tokens import TokenData
 from lmcore.errors import TrainError
+from lmcore.eval.bpb import bytes_per_token
 from lmcore.model.inputs import resolve_device
 from lmcore.model.nn import cross_entropy
 from lmcore.model.transformer import TransformerLM
@@ -80,6 +81,7 @@ from lmcore.train.runs import (
     write_json,
 )
 from lmcore.train.state import load_checkpoint, save_checkpoint
+from lmcore.train.trackers import Trackers, check_trackers, open_trackers
 from lmcore.version import versions
 
 __all__ = [
@@ -287,6 +289,7 @@ def train(
     else:
         bp = resolve(source, registry)
     cfg = config.resolved(bp.spec.context_length)
+    check_trackers(cfg.loggers)
     tokens = data if isinstance(data, TokenData) else TokenData.open(data)
     tokens.check(context_length=bp.spec.context_length, vocab_size=bp.spec.vocab_size)
     run = Path(out)
@@ -359,6 +362,7 @@ def resume(
     config = dataclasses.replace(config, **updates)
     bp = resolve(info["spec"], registry)
     cfg = config.resolved(bp.spec.context_length)
+    check_trackers(cfg.loggers)
     status = info.get("status", {})
     if status.get("state") == "diverged":
         raise TrainError(
@@ -531,6 +535,8 @@ class _Loop:
         self.last_train: float | None = None
         self.last_checkpoint: Checkpoint | None = start
         self.tps = 0.0  # tokens/s of the last train record
+        self.val_bpt: float | None = None  # bytes per validation target token (--eval-bpb)
+        self.trackers: Trackers | None = None
 
     # ---------------------------------------------------------------- output
 
@@ -549,6 +555,8 @@ class _Loop:
         self.records.append(fields)
         if self.metrics is not None:
             self.metrics.write(fields)
+        if self.trackers is not None:
+            self.trackers.log(fields)
 
     def elapsed(self) -> float:
         return self.elapsed_before + time.perf_counter() - self.session_start
@@ -588,6 +596,9 @@ class _Loop:
             batch_size=cfg.batch_size, context_length=T, num_batches=cfg.eval_batches,
             rank=rank, world_size=world, device=self.device,
         )  # fmt: skip
+        if cfg.eval_bpb:  # the bytes the fixed validation targets stand for, counted once
+            local = bytes_per_token(self.val, self.data.tokenizer())
+            self.val_bpt = float(self.par.mean(torch.tensor(local, device=self.device)))
         return step
 
     def header(self, step: int) -> None:
@@ -653,12 +664,16 @@ class _Loop:
             self.metrics = MetricsWriter(self.run_dir / METRICS_FILE)
         try:
             self.header(step)
+            if self.par.is_writer:
+                self.trackers = open_trackers(self.cfg, self.run_dir, self.info, self.bp, step)
             with self.stop.installed(), self._bar(step):
                 status, reason, diverged = self.loop(step)
             return self.finish(status, reason, diverged)
         finally:
             if self.metrics is not None:
                 self.metrics.close()
+            if self.trackers is not None:
+                self.trackers.close(self.last_checkpoint)
 
     @contextlib.contextmanager
     def _bar(self, step: int) -> Iterator[None]:
@@ -782,12 +797,14 @@ class _Loop:
         if step == 0:
             self.first_val = loss
         self.last_val = loss
+        bpb = {} if self.val_bpt is None else {"val_bpb": loss / (math.log(2) * self.val_bpt)}
         self.record(kind="eval", step=step, tokens=step * self.tokens_per_step, val_loss=loss,
-                    val_ppl=ppl, eval_s=time.perf_counter() - t0,
+                    val_ppl=ppl, **bpb, eval_s=time.perf_counter() - t0,
                     elapsed_s=self.elapsed())  # fmt: skip
         width = len(str(self.cfg.steps))
         shown = f"{ppl:,.1f}" if ppl < 1e6 else f"{ppl:.3g}"  # an untrained model's can be huge
         line = f"step {step:>{width}}  val {loss:.4f}  ppl {shown}"
+        line += f"  bpb {bpb['val_bpb']:.4f}" if bpb else ""
         if step:
             line += f"  train {self.last_train:.4f}" if self.last_train is not None else ""
             line += f"  {self.tps:,.0f} tok/s" if self.tps else ""  # none before a record
