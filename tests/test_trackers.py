@@ -250,4 +250,7 @@ def test_a_sweep_logs_each_variant_as_its_own_run_grouped_under_the_sweep(
     assert exp is not None
     runs = client.search_runs([exp.experiment_id])
     assert sorted(r.info.run_name for r in runs) == sorted(Path(r.run).name for r in result.rows)
-    assert {r.data.params["norm"] for r in runs} == {"rmsnorm(eps=1e-05)", "layernorm(bias=true,eps=1e-05)"}
+    assert {r.data.params["norm"] for r in runs} == {
+        "rmsnorm(eps=1e-05)",
+        "layernorm(bias=true,eps=1e-05)",
+    }
