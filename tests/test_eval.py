@@ -215,3 +215,19 @@ def test_shared_prefixes_through_the_cache_score_as_whole_sequences() -> None:
             assert max(abs(a - b) for (a, _), (b, _) in zip(got, expected, strict=True)) < 1e-4
     with pytest.raises(EvalError, match="request 0: its continuation of 17 tokens does not fit"):
         loglikelihoods(model, [([1], [2] * 17)])
+
+
+def test_tasks_without_lm_eval_name_the_extra(
+    checkpoint: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "lm_eval", None)  # as if it were not installed
+    monkeypatch.delitem(sys.modules, "lmcore.eval.harness", raising=False)
+    assert main(["eval", str(checkpoint), "--tasks", "hellaswag"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(
+        "lmcore eval: error: --tasks needs the 'eval' extra (lm-evaluation-harness): "
+        "pip install 'lmcore-registry[eval]'"
+    )
+    assert len(err.splitlines()) == 1

@@ -153,7 +153,13 @@ def _windows(args: argparse.Namespace) -> int:
 
 
 def _tasks(args: argparse.Namespace) -> int:
-    from lmcore.eval.harness import run_tasks
+    try:
+        from lmcore.eval.harness import run_tasks
+    except ImportError as e:  # lm-eval is an optional extra
+        raise UsageError(
+            f"--tasks needs the 'eval' extra (lm-evaluation-harness): pip install "
+            f"'lmcore-registry[eval]' ({e.name or e})"
+        ) from None
 
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
     if not tasks:
