@@ -68,11 +68,18 @@ def _items(pairs: Sequence[Pair], context_length: int) -> list[_Item]:
     return out
 
 
+def target_log_probs(logits: Tensor, targets: Tensor) -> Tensor:
+    """`log softmax(logits)[target]` at every position, in float32, as `cross_entropy` computes
+    it: the target's logit minus `logsumexp` (which subtracts the max, so nothing overflows)."""
+    lf = logits.float()
+    picked: Tensor = lf.gather(-1, targets[..., None])[..., 0] - torch.logsumexp(lf, dim=-1)
+    return picked
+
+
 def _score(logits: Tensor, targets: list[int]) -> tuple[float, bool]:
     """`logits` (n, vocab) of the positions that predict `targets` (n)."""
     t = torch.tensor(targets, device=logits.device)
-    logp = logits.float().log_softmax(dim=-1)
-    picked = logp.gather(-1, t[:, None])[:, 0]
+    picked = target_log_probs(logits, t)
     return float(picked.double().sum()), bool((logits.argmax(dim=-1) == t).all())
 
 

@@ -33,6 +33,7 @@ import torch
 
 from lmcore.errors import EvalError
 from lmcore.eval.bpb import bits_per_byte, token_bytes
+from lmcore.eval.scoring import target_log_probs
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -179,8 +180,7 @@ def window_nats(
         x[row, : w.length] = tokens[w.start : w.start + w.length]
         y[row, : w.length] = tokens[w.start + 1 : w.start + w.length + 1]
     logits = model(torch.from_numpy(x).to(device))
-    logp = logits.float().log_softmax(dim=-1)
-    picked = logp.gather(-1, torch.from_numpy(y).to(device)[..., None])[..., 0]  # (B, T)
+    picked = target_log_probs(logits, torch.from_numpy(y).to(device))  # (B, T)
     return [
         float(picked[row, w.length - w.scored : w.length].double().sum().neg())
         for row, w in enumerate(windows)
