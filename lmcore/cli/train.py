@@ -112,16 +112,11 @@ def add_budget_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compile", action="store_true", default=None, help="torch.compile the model")
 
 
-_CONFIG_KEYS = (
-    "steps", "tokens", "batch_size", "lr", "min_lr", "warmup", "weight_decay", "grad_clip",
-    "eval_every", "eval_batches", "log_every", "save_every", "keep", "seed", "device", "betas",
-    "dtype", "autocast", "compile",
-)  # fmt: skip
-
-
 def given_options(args: argparse.Namespace) -> dict[str, Any]:
     """The training options given on the command line, as TrainConfig fields."""
-    given = {k: getattr(args, k) for k in _CONFIG_KEYS if getattr(args, k, None) is not None}
+    from lmcore.train.config import CLI_OPTIONS
+
+    given = {k: getattr(args, k) for k in CLI_OPTIONS if getattr(args, k, None) is not None}
     if "betas" in given:
         given["betas"] = tuple(given["betas"])
     return given
