@@ -389,6 +389,8 @@ def sweep(
             spec, run_cfg = str(v.blueprint.spec), dataclasses.replace(cfg, seed=seed)
             tasks.append(RunTask(v.label, seed, run, spec, run_cfg, action))
     matched = {v.label: v.matched.note for v in variants if v.matched is not None}
+    if match is not None:
+        matched[BASELINE] = f"d_ff {variants[0].blueprint.spec.d_ff} (the target)"
     title = f"{base} ({len(variants) - 1} variants, {seeds} seed{'s' * (seeds > 1)}"
     if match is not None:
         title += f", matched by {WHAT[match]}"

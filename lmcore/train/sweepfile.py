@@ -84,8 +84,10 @@ class SweepDefinition:
         slurm = {"partition": opts.slurm_partition, "time": opts.slurm_time,
                  "extra": dict(opts.slurm_extra) or None,
                  "cluster": opts.slurm_cluster}  # fmt: skip
-        lines += ["", "[launcher.slurm]"]
-        lines += [f"{k} = {_value(v)}" for k, v in slurm.items() if v is not None]
+        if opts.name == "submitit" or any(slurm[k] is not None for k in ("partition", "time",
+                                                                              "extra")):
+            lines += ["", "[launcher.slurm]"]
+            lines += [f"{k} = {_value(v)}" for k, v in slurm.items() if v is not None]
         if opts.ray_address is not None:
             lines += ["", "[launcher.ray]", f"address = {_value(opts.ray_address)}"]
         return "\n".join(lines) + "\n"
