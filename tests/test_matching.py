@@ -74,7 +74,9 @@ class Fixed(nn.Module):
 @pytest.fixture
 def fixed_ffn() -> Iterator[None]:
     with scoped_registry() as registry:
-        registry.add(Component(kind="ffn", name="fixed", build=Fixed, params=lambda d_model: d_model))
+        registry.add(
+            Component(kind="ffn", name="fixed", build=Fixed, params=lambda d_model: d_model)
+        )
         yield
 
 
@@ -89,7 +91,9 @@ def test_the_plan_matches_every_variant_and_refuses_a_given_d_ff() -> None:
     assert runs[1].blueprint.spec.d_ff == 288 and runs[0].matched is None
     assert measure(runs[1].blueprint, "params") == measure(runs[0].blueprint, "params")
     assert sets_d_ff("ffn=silu(d_ff=100)") and sets_d_ff("d_ff=100") and not sets_d_ff("ffn=silu")
-    with pytest.raises(TrainError, match=r"--vary 'ffn=silu, d_ff=300' sets d_ff, the width --match params chooses"):
+    with pytest.raises(
+        TrainError, match=r"--vary 'ffn=silu, d_ff=300' sets d_ff, the width --match params chooses"
+    ):
         plan(BASE, ["ffn=silu, d_ff=300"], match="params")
     with pytest.raises(TrainError, match=r"--match 'size': must be one of params, flops"):
         plan(BASE, ["ffn=silu"], match="size")

@@ -17,7 +17,10 @@ def test_the_paired_interval_is_scipys() -> None:
     iv = paired_interval(variant, baseline)
     ref = stats.ttest_rel(variant, baseline).confidence_interval(0.95)
     assert iv.n == 4 and iv.mean == pytest.approx(sum(variant) / 4 - sum(baseline) / 4)
-    assert (iv.low, iv.high) == (pytest.approx(ref.low, abs=1e-12), pytest.approx(ref.high, abs=1e-12))
+    assert (iv.low, iv.high) == (
+        pytest.approx(ref.low, abs=1e-12),
+        pytest.approx(ref.high, abs=1e-12),
+    )
     assert iv.distinguishable
 
 
@@ -42,7 +45,10 @@ def test_one_pair_gives_no_interval_and_equal_differences_a_point() -> None:
     one = paired_interval([3.9], [3.7])
     assert one.n == 1 and one.low is None and one.high is None and not one.distinguishable
     same = paired_interval([2.5, 3.5], [2.0, 3.0])
-    assert (same.low, same.high) == (pytest.approx(0.5), pytest.approx(0.5)) and same.distinguishable
+    assert (same.low, same.high) == (
+        pytest.approx(0.5),
+        pytest.approx(0.5),
+    ) and same.distinguishable
     assert math.isnan(sample_std([1.0]))
     with pytest.raises(ValueError, match="2 values against 1: pairs need both"):
         paired_interval([1.0, 2.0], [1.0])

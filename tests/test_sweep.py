@@ -265,7 +265,9 @@ def test_a_failed_run_is_reported_and_the_others_go_on(
     assert "| `pos=nope` | 20,640 | " in captured.out and captured.out.count(" | 1/1 done |") == 2
 
 
-def test_the_sweep_file_is_checked_key_by_key(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_sweep_file_is_checked_key_by_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     file = tmp_path / "s.toml"
     file.write_text('base = "cs336-tiny"\nvariants = ["pos=nope"]\nseed = 3\n')
     assert main(["sweep", str(file)]) == 2

@@ -80,8 +80,9 @@ def add_launcher_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--gpus-per-run", type=int, metavar="N", help="GPUs a run holds (default 0)")
     g.add_argument("--slurm-partition", metavar="NAME", help="sbatch --partition")
     g.add_argument(
-        "--slurm-time", metavar="TIME", help="sbatch --time per run: minutes or [D-]HH:MM:SS "
-        "(default 60)"
+        "--slurm-time",
+        metavar="TIME",
+        help="sbatch --time per run: minutes or [D-]HH:MM:SS (default 60)",
     )
     g.add_argument(
         "--slurm-extra",
@@ -90,8 +91,9 @@ def add_launcher_options(p: argparse.ArgumentParser) -> None:
         help="any other sbatch option, e.g. account=cs336 or qos=high; repeatable",
     )
     g.add_argument(
-        "--ray-address", metavar="ADDR", help="join this Ray cluster (e.g. auto); default: a "
-        "local Ray for the sweep"
+        "--ray-address",
+        metavar="ADDR",
+        help="join this Ray cluster (e.g. auto); default: a local Ray for the sweep",
     )
 
 

@@ -117,7 +117,8 @@ def summary_markdown(summaries: Sequence[Summary]) -> str:
     """The summaries as a Markdown table, with a line saying what the interval is."""
     bpb = any(s.val_bpb is not None for s in summaries)
     matched = any(s.matched for s in summaries)
-    head = ["variant", *(["matched"] if matched else []), "non-embedding params", "val loss", "Δ val [95% CI]", *(["val bpb", "Δ bpb [95% CI]"] if bpb else []),
+    head = ["variant", *(["matched"] if matched else []), "non-embedding params", "val loss",
+            "Δ val [95% CI]", *(["val bpb", "Δ bpb [95% CI]"] if bpb else []),
             "status"]  # fmt: skip
     align = [" --- ", *([" --- "] if matched else []), " ---: ", " ---: ", " ---: ",
              *([" ---: ", " ---: "] if bpb else []), " --- "]  # fmt: skip
@@ -135,7 +136,9 @@ def summary_markdown(summaries: Sequence[Summary]) -> str:
         "Δ: the variant minus the baseline, averaged over the seeds both finished (the same "
         "batches in the same order), with its 95% paired t-interval"
     )
-    note += f"; {MARK}: the interval leaves out 0 (distinguishable from zero)." if pairs > 1 else (
-        "; one seed gives no interval (--seeds N)."
+    note += (
+        f"; {MARK}: the interval leaves out 0 (distinguishable from zero)."
+        if pairs > 1
+        else ("; one seed gives no interval (--seeds N).")
     )
     return "\n".join(lines) + f"\n\n{note}\n"

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from lmcore.blueprint import Blueprint, resolve
-from lmcore.errors import LmcoreError, SpecError, TrainError
+from lmcore.errors import SpecError, TrainError
 from lmcore.registry import Registry
 from lmcore.spec import parse_items
 from lmcore.train.matching import WHAT, measure

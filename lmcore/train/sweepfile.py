@@ -84,8 +84,9 @@ class SweepDefinition:
         slurm = {"partition": opts.slurm_partition, "time": opts.slurm_time,
                  "extra": dict(opts.slurm_extra) or None,
                  "cluster": opts.slurm_cluster}  # fmt: skip
-        if opts.name == "submitit" or any(slurm[k] is not None for k in ("partition", "time",
-                                                                              "extra")):
+        if opts.name == "submitit" or any(
+            slurm[k] is not None for k in ("partition", "time", "extra")
+        ):
             lines += ["", "[launcher.slurm]"]
             lines += [f"{k} = {_value(v)}" for k, v in slurm.items() if v is not None]
         if opts.ray_address is not None:
@@ -115,7 +116,8 @@ def _load_toml(path: Path) -> dict[str, Any]:
         import tomli as tomllib
     try:
         with open(path, "rb") as f:
-            return tomllib.load(f)
+            doc: dict[str, Any] = tomllib.load(f)
+            return doc
     except FileNotFoundError:
         raise TrainError(f"sweep file {str(path)!r} does not exist") from None
     except tomllib.TOMLDecodeError as e:

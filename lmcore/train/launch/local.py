@@ -11,7 +11,7 @@ import contextlib
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
-from lmcore.train.launch import Finished, LauncherOptions, Outcome, RunTask
+from lmcore.train.launch.base import Finished, LauncherOptions, Outcome, RunTask
 
 
 @contextlib.contextmanager

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Final
 
-from lmcore.train.launch import Outcome
+from lmcore.train.launch.base import Outcome
 
 SIGNALS: Final = {130: "SIGINT", 143: "SIGTERM", -2: "SIGINT", -15: "SIGTERM"}
 _ERROR = re.compile(r"^lmcore train: error: (.*)$")

@@ -10,13 +10,14 @@ a checkpoint and stops, and the same command again resumes them.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from lmcore.errors import TrainError
-from lmcore.train.launch import Finished, LauncherOptions, Outcome, RunTask
+from lmcore.train.launch.base import Finished, LauncherOptions, Outcome, RunTask
 from lmcore.train.launch.process import outcome_of, run_command
 
 EXTRA = "needs the 'ray' extra: pip install -e '.[ray]' (or pip install 'ray[default]')"
@@ -75,10 +76,8 @@ class RayLauncher:
             for ref in pending:  # each run gets SIGTERM: a checkpoint, then it stops
                 ray.cancel(ref)
             for ref, task in pending.items():
-                try:
+                with contextlib.suppress(Exception):  # cancelled, as asked
                     ray.get(ref, timeout=120)
-                except Exception:  # cancelled, as asked
-                    pass
                 finished(task, Outcome(interrupted="SIGINT"))
             return "SIGINT"
         finally:

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from lmcore.errors import TrainError
-from lmcore.train.launch import (
+from lmcore.train.launch.base import (
     DEFAULT_SLURM_MINUTES,
     Finished,
     LauncherOptions,
