@@ -287,3 +287,15 @@ def test_the_sweep_file_is_checked_key_by_key(
     assert main(["sweep", "cs336-tiny", "--vary", "pos=nope", "--data", "d", "--out", "o",
                  "--slurm-extra", "account"]) == 2  # fmt: skip
     assert "--slurm-extra 'account': expected KEY=VALUE" in capsys.readouterr().err
+
+
+def test_the_manuals_sweep_file_is_the_one_it_shows() -> None:
+    from lmcore.train.sweepfile import read_definition
+
+    docs = Path(__file__).resolve().parents[1] / "docs"
+    page = (docs / "sweeps.md").read_text(encoding="utf-8")
+    shown = page.split("```toml\n", 1)[1].split("```", 1)[0]
+    assert shown == (docs / "positions.toml").read_text(encoding="utf-8")
+    defn = read_definition(docs / "positions.toml")
+    assert (defn.variants, defn.seeds, defn.match) == (("pos=nope", "pos=alibi"), 3, "params")
+    assert defn.train["tokens"] == 409_600 and defn.launcher.threads == 1

@@ -420,9 +420,14 @@ def sweep(
     def finished(task: RunTask, outcome: Outcome) -> None:
         outcomes[task.run] = outcome
         if options.name != "local":
-            state = "failed: " + outcome.error if outcome.error else (
-                f"interrupted ({outcome.interrupted})" if outcome.interrupted else
-                read_run(task.run).get("status", {}).get("state", "?"))  # fmt: skip
+            if outcome.error is not None:
+                state = f"failed: {outcome.error}"
+            elif outcome.interrupted is not None:
+                state = f"interrupted ({outcome.interrupted})"
+            elif is_run(task.run):
+                state = read_run(task.run).get("status", {}).get("state", "?")
+            else:
+                state = "ended without a run.json"
             say(f"  {task.label}, seed {task.seed}: {state}")
         table()
 

@@ -107,10 +107,12 @@ class RunTask:
         return self.run.name
 
     def argv(self, data: str | Path) -> list[str]:
-        """The `lmcore train` arguments that do this task."""
+        """The `lmcore train` arguments that do this task (absolute paths: the process may
+        start in another directory)."""
+        run, data = Path(self.run).resolve(), Path(data).resolve()
         if self.action == "resume":
-            return ["train", "--resume", str(self.run), "--data", str(data)]
-        return ["train", self.spec, "--data", str(data), "--out", str(self.run),
+            return ["train", "--resume", str(run), "--data", str(data)]
+        return ["train", self.spec, "--data", str(data), "--out", str(run),
                 *self.config.cli_args()]  # fmt: skip
 
 

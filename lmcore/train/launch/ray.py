@@ -58,7 +58,7 @@ class RayLauncher:
         try:
             for task in tasks:
                 log = self.logs / f"{task.name}.log"
-                ref = remote.remote(task.argv(data.resolve()), str(log.resolve()), threads)
+                ref = remote.remote(task.argv(data), str(log.resolve()), threads)
                 pending[ref] = task
             self.echo(
                 f"ray: {len(tasks)} tasks on {where} ({resources['num_cpus']} CPU, "

@@ -107,7 +107,7 @@ class SubmititLauncher:
             threads = opts.run_threads()
             with executor.batch():
                 jobs = [
-                    executor.submit(_run, t.argv(data.resolve()),
+                    executor.submit(_run, t.argv(data),
                                     str((self.logs / f"{t.name}.log").resolve()), threads)
                     for t in new
                 ]  # fmt: skip
