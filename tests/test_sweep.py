@@ -205,6 +205,8 @@ def test_seeds_are_paired_and_the_table_shows_their_intervals(
                    echo=None)  # fmt: skip
     base_rows, silu_rows = result.rows[:3], result.rows[3:]
     assert [r.seed for r in result.rows] == [4, 5, 6, 4, 5, 6]
+    assert result.rows[4].label == "ffn=silu, seed 5"  # its Δ: against the baseline's seed 5
+    assert result.rows[4].delta_val == result.rows[4].val_loss - result.rows[1].val_loss  # type: ignore[operator]
     for b, v in zip(base_rows, silu_rows, strict=True):  # a pair: the same seed, so batches
         assert read_run(b.run)["config"] == read_run(v.run)["config"]
         assert Path(v.run).name.endswith(f"-seed{v.seed}") and v.state == "done"

@@ -261,11 +261,11 @@ def write_comparison(
     title: str,
     extra: dict[str, Any] | None = None,
     summaries: Sequence[Summary] | None = None,
-    seeds: int = 1,
+    bands: Sequence[tuple[str, Sequence[Row]]] | None = None,
 ) -> tuple[Path, Path, Path]:
     """`compare.md`, `compare.json` and `val_loss.png` in `out`. With `summaries` (a sweep),
-    the table by variant comes first and, over more than one seed, the plot draws each
-    variant's mean curve in a band."""
+    the table by variant comes first; with `bands` (each variant's label and runs, over more
+    than one seed), the plot draws each variant's mean curve in a band."""
     from lmcore.atomic import atomic_write
     from lmcore.train.plots import Band, Curve, plot_bands, plot_compare
     from lmcore.train.summary import summary_markdown
@@ -287,11 +287,10 @@ def write_comparison(
     def records(r: Row) -> list[dict[str, Any]]:
         return read_metrics(r.run) if Path(r.run).is_dir() else []
 
-    if summaries is not None and seeds > 1:
-        bands = [Band(s.label, [records(r) for r in rows if r.label == s.label
-                                and r.state not in ("failed", "diverged")])
-                 for s in summaries]  # fmt: skip
-        plot_bands(bands, png, title)
+    if bands is not None and max((len(runs) for _, runs in bands), default=0) > 1:
+        plot_bands([Band(label, [records(r) for r in runs
+                                 if r.state not in ("failed", "diverged")])
+                    for label, runs in bands], png, title)  # fmt: skip
     else:
         plot_compare([Curve(r.label, records(r), r.diverged_at) for r in rows], png, title)
     return md, js, png
@@ -406,15 +405,18 @@ def sweep(
             for seed in seed_list:
                 run = root / v.run_name(seed)
                 outcome = outcomes.get(run)
+                label = v.label if seeds == 1 else f"{v.label}, seed {seed}"
                 if outcome is not None and outcome.error is not None:
-                    own.append(_failed_row(v, run, outcome.error, seed))
+                    own.append(_failed_row(v, run, outcome.error, seed, label))
                 elif is_run(run):
-                    own.append(run_row(run, v.label))
+                    own.append(run_row(run, label))
             groups.append((v, own))
             rows += own
-        rows = with_deltas(rows)
+        rows = _paired_deltas(rows, groups[0][1])
+        groups = [(v, [r for r in rows if r.run in {o.run for o in own}]) for v, own in groups]
         summaries = summarize(groups, seeds, matched, sizes)
-        files = write_comparison(rows, root, title, {"sweep": described}, summaries, seeds)
+        bands = [(v.label, own) for v, own in groups]
+        files = write_comparison(rows, root, title, {"sweep": described}, summaries, bands)
         latest[:] = [rows, summaries, files]
 
     def finished(task: RunTask, outcome: Outcome) -> None:
@@ -438,12 +440,26 @@ def sweep(
     return SweepResult(rows, stopped, files, summaries)
 
 
-def _failed_row(v: Variant, run: Path, message: str, seed: int | None = None) -> Row:
+def _paired_deltas(rows: Sequence[Row], baseline: Sequence[Row]) -> list[Row]:
+    """Each finished run's validation loss minus that of the `baseline` run of its seed."""
+    base = {r.seed: r.val_loss for r in baseline if r.state == "done"}
+    out = []
+    for r in rows:
+        b, delta = base.get(r.seed), None
+        if b is not None and r.val_loss is not None and r.state == "done":
+            delta = r.val_loss - b
+        out.append(Row(**{**asdict(r), "delta_val": delta}))
+    return out
+
+
+def _failed_row(
+    v: Variant, run: Path, message: str, seed: int | None = None, label: str | None = None
+) -> Row:
     if (run / RUN_FILE).is_file():
-        row = run_row(run, v.label)
+        row = run_row(run, label or v.label)
         return Row(**{**asdict(row), "state": "failed", "error": message})
-    return Row(v.label, str(run), "", str(v.blueprint.spec), None, "failed", 0, 0, 0, None,
-               None, None, None, None, None, error=message, seed=seed)  # fmt: skip
+    return Row(label or v.label, str(run), "", str(v.blueprint.spec), None, "failed", 0, 0, 0,
+               None, None, None, None, None, None, error=message, seed=seed)  # fmt: skip
 
 
 def _claim(root: Path, described: dict[str, Any]) -> None:
