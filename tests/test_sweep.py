@@ -301,3 +301,18 @@ def test_the_manuals_sweep_file_is_the_one_it_shows() -> None:
     defn = read_definition(docs / "positions.toml")
     assert (defn.variants, defn.seeds, defn.match) == (("pos=nope", "pos=alibi"), 3, "params")
     assert defn.train["tokens"] == 409_600 and defn.launcher.threads == 1
+
+
+def test_a_band_is_the_mean_and_range_of_the_seeds_at_each_evaluation(tmp_path: Path) -> None:
+    from lmcore.train.plots import Band, band_points, plot_bands
+
+    def evals(*losses: float) -> list[dict[str, Any]]:
+        return [{"kind": "eval", "tokens": 100 * i, "val_loss": v} for i, v in enumerate(losses)]
+
+    runs = [evals(7.0, 5.0, 4.0), evals(7.2, 5.3, 4.3), evals(7.1, 5.2)]  # the last still running
+    xs, mean, low, high = band_points(runs)
+    assert xs == [0.0, 100.0, 200.0]
+    assert mean == pytest.approx([7.1, 15.5 / 3, 4.15])
+    assert (low, high) == ([7.0, 5.0, 4.0], [7.2, 5.3, 4.3])
+    plot_bands([Band("baseline", runs)], tmp_path / "b.png", "t")
+    assert (tmp_path / "b.png").read_bytes()[:8] == PNG

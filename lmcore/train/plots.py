@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+import textwrap
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -50,7 +51,7 @@ def _tokens(x: float, _pos: object = None) -> str:
 def _style(ax: Axes, title: str) -> None:
     from matplotlib.ticker import FuncFormatter
 
-    ax.set_title(title, fontsize=10)
+    ax.set_title(textwrap.fill(title, 90), fontsize=10)
     ax.set_xlabel("tokens")
     ax.set_ylabel("loss (nats per token)")
     ax.xaxis.set_major_formatter(FuncFormatter(_tokens))
@@ -144,7 +145,7 @@ def plot_bands(bands: Sequence[Band], path: str | os.PathLike[str], title: str) 
     lows, highs = [], []
     for n, band in enumerate(bands):
         xs, ys, lo, hi = band_points(band.runs)
-        label = f"{band.label} (mean of {len(band.runs)} seeds; band: their range)"
+        label = f"{band.label} ({len(band.runs)} seed{'s' * (len(band.runs) != 1)})"
         (line,) = ax.plot(xs, ys, _STYLES[n % len(_STYLES)], ms=3, lw=1.5, label=label)
         ax.fill_between(xs, lo, hi, color=line.get_color(), alpha=0.2, lw=0)
         if len(ys) > 1:
@@ -155,5 +156,7 @@ def plot_bands(bands: Sequence[Band], path: str | os.PathLike[str], title: str) 
         pad = 0.05 * (high - low or 1.0)
         ax.set_ylim(low - pad, high + pad)
     _style(ax, title)
-    ax.set_ylabel("validation loss (nats per token)")
+    ax.set_ylabel(
+        "validation loss (nats per token): mean,\nband from the lowest to the highest seed"
+    )
     _save(fig, path)
