@@ -51,7 +51,7 @@ def _tokens(x: float, _pos: object = None) -> str:
 def _style(ax: Axes, title: str) -> None:
     from matplotlib.ticker import FuncFormatter
 
-    ax.set_title(textwrap.fill(title, 90), fontsize=10)
+    ax.set_title(textwrap.fill(title, 75), fontsize=10)
     ax.set_xlabel("tokens")
     ax.set_ylabel("loss (nats per token)")
     ax.xaxis.set_major_formatter(FuncFormatter(_tokens))
