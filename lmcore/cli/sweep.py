@@ -20,7 +20,7 @@ def add_parser(sub: Any) -> None:
         description="Train BASE and, for each --vary, BASE with those key=value items "
         "replaced, under --seeds N seeds (seed k of every variant sees the same batches in the "
         "same order), with the same options, into SWEEP/<name>-<hash>-seed<S>; write "
-        "SWEEP/compare.md (mean final validation loss per variant, the 95%% paired "
+        "SWEEP/compare.md (mean final validation loss per variant, the 95% paired "
         "t-interval of its difference from the baseline), compare.json, val_loss.png and "
         "sweep.toml. BASE may be a sweep file (.toml) holding all of it. Runs go where "
         "--launcher says: this process, SLURM (submitit) or Ray. A failed or diverged run is "
