@@ -134,16 +134,11 @@ def add_budget_options(p: argparse.ArgumentParser) -> None:
     )
 
 
-_CONFIG_KEYS = (
-    "steps", "tokens", "batch_size", "lr", "min_lr", "warmup", "weight_decay", "grad_clip",
-    "eval_every", "eval_batches", "log_every", "save_every", "keep", "seed", "device", "betas",
-    "dtype", "autocast", "compile", "eval_bpb", "loggers", "log_group",
-)  # fmt: skip
-
-
 def given_options(args: argparse.Namespace) -> dict[str, Any]:
     """The training options given on the command line, as TrainConfig fields."""
-    given = {k: getattr(args, k) for k in _CONFIG_KEYS if getattr(args, k, None) is not None}
+    from lmcore.train.config import CLI_OPTIONS
+
+    given = {k: getattr(args, k) for k in CLI_OPTIONS if getattr(args, k, None) is not None}
     for key in ("betas", "loggers"):
         if key in given:
             given[key] = tuple(given[key])

@@ -16,7 +16,7 @@ from typing import Any, Final
 
 from lmcore.errors import TrainError
 
-__all__ = ["AUTOCAST", "DTYPES", "RESUMABLE", "TRACKERS", "TrainConfig", "cosine_lr"]
+__all__ = ["AUTOCAST", "CLI_OPTIONS", "DTYPES", "RESUMABLE", "TRACKERS", "TrainConfig", "cosine_lr"]
 
 DTYPES: Final = ("float32", "bfloat16", "float16")
 AUTOCAST: Final = ("bfloat16",)
@@ -116,6 +116,39 @@ class TrainConfig:
             "loggers": list(self.loggers),
         }
 
+    def given(self) -> dict[str, Any]:
+        """The options that differ from the defaults, as `to_json` writes them."""
+        default = TrainConfig().to_json()
+        return {k: v for k, v in self.to_json().items() if v != default[k]}
+
+    def cli_args(self) -> list[str]:
+        """The `lmcore train` options that give this config (those that differ from the
+        defaults); `TrainError` for an option the command line does not have."""
+        default, args = TrainConfig(), []
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if value == getattr(default, f.name) or (f.name == "steps" and self.tokens):
+                continue
+            flag = f"--{f.name.replace('_', '-')}"
+            if f.name not in CLI_OPTIONS:
+                raise TrainError(
+                    f"{f.name}={value}: lmcore train has no option for it (it takes "
+                    f"{', '.join(CLI_OPTIONS)}); leave it at its default {getattr(default, f.name)}"
+                )
+            if f.name == "betas":
+                args += [flag, *(str(b) for b in value)]
+            elif f.name == "grad_clip":
+                args += [flag, "0" if value is None else repr(value)]
+            elif f.name == "autocast":
+                args.append("--bf16")
+            elif f.name in ("compile", "eval_bpb"):
+                args.append(flag)
+            elif f.name == "loggers":
+                args += [a for name in value for a in ("--logger", name)]
+            else:
+                args += [flag, repr(value) if isinstance(value, float) else str(value)]
+        return args
+
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> TrainConfig:
         known = {f.name for f in dataclasses.fields(cls)}
@@ -133,6 +166,13 @@ def _require(ok: bool, name: str, value: object, what: str) -> None:
     if not ok:
         raise TrainError(f"--{name.replace('_', '-')} {value}: must be {what}")
 
+
+# Options `lmcore train` takes on its command line (`eps` and `decay_steps` it does not).
+CLI_OPTIONS: Final = (
+    "steps", "tokens", "batch_size", "lr", "min_lr", "warmup", "weight_decay", "grad_clip",
+    "eval_every", "eval_batches", "log_every", "save_every", "keep", "seed", "device", "betas",
+    "dtype", "autocast", "compile", "eval_bpb", "loggers", "log_group",
+)  # fmt: skip
 
 # Options a resumed run may change: none of them changes the steps already taken.
 RESUMABLE: Final = ("steps", "tokens", "device", "eval_every", "save_every", "log_every", "keep",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+import textwrap
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -50,12 +51,13 @@ def _tokens(x: float, _pos: object = None) -> str:
 def _style(ax: Axes, title: str) -> None:
     from matplotlib.ticker import FuncFormatter
 
-    ax.set_title(title, fontsize=10)
+    ax.set_title(textwrap.fill(title, 75), fontsize=10)
     ax.set_xlabel("tokens")
     ax.set_ylabel("loss (nats per token)")
     ax.xaxis.set_major_formatter(FuncFormatter(_tokens))
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
+    if ax.get_legend_handles_labels()[0]:  # nothing to label before the first evaluation
+        ax.legend(fontsize=8)
 
 
 def _save(fig: Any, path: str | os.PathLike[str]) -> None:
@@ -108,4 +110,53 @@ def plot_compare(curves: Sequence[Curve], path: str | os.PathLike[str], title: s
         ax.set_ylim(low - pad, high + pad)
     _style(ax, title)
     ax.set_ylabel("validation loss (nats per token)")
+    _save(fig, path)
+
+
+@dataclass(frozen=True)
+class Band:
+    """A variant's runs, one list of metrics records per seed."""
+
+    label: str
+    runs: Sequence[Sequence[Record]]
+
+
+def band_points(runs: Sequence[Sequence[Record]]) -> tuple[list[float], list[float],
+                                                           list[float], list[float]]:  # fmt: skip
+    """At each evaluation's token count: the mean validation loss over the runs that reached
+    it, and the lowest and highest."""
+    at: dict[float, list[float]] = {}
+    for records in runs:
+        for x, y in zip(*_points(records, "eval", "val_loss"), strict=True):
+            at.setdefault(x, []).append(y)
+    xs = sorted(at)
+    return (xs, [math.fsum(at[x]) / len(at[x]) for x in xs], [min(at[x]) for x in xs],
+            [max(at[x]) for x in xs])  # fmt: skip
+
+
+def plot_bands(bands: Sequence[Band], path: str | os.PathLike[str], title: str) -> None:
+    """Each variant's mean validation curve over its seeds, in a band from the lowest to the
+    highest seed at each evaluation; the y axis leaves out the untrained start, as
+    `plot_compare` does."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(7.5, 4.5), dpi=100)
+    ax = fig.add_subplot()
+    lows, highs = [], []
+    for n, band in enumerate(bands):
+        xs, ys, lo, hi = band_points(band.runs)
+        label = f"{band.label} ({len(band.runs)} seed{'s' * (len(band.runs) != 1)})"
+        (line,) = ax.plot(xs, ys, _STYLES[n % len(_STYLES)], ms=3, lw=1.5, label=label)
+        ax.fill_between(xs, lo, hi, color=line.get_color(), alpha=0.2, lw=0)
+        if len(ys) > 1:
+            lows.append(min(lo))
+            highs.append(sorted(hi)[-2] if len(hi) > 2 else max(hi))
+    if lows:
+        low, high = min(lows), max(highs)
+        pad = 0.05 * (high - low or 1.0)
+        ax.set_ylim(low - pad, high + pad)
+    _style(ax, title)
+    ax.set_ylabel(
+        "validation loss (nats per token): mean,\nband from the lowest to the highest seed"
+    )
     _save(fig, path)

@@ -1,40 +1,57 @@
 """Ablation sweeps and comparisons: `lmcore sweep` and `lmcore compare`.
 
     result = sweep("cs336-tiny, vocab_size=2048", ["norm=none", "pos=nope"], "data/stdlib",
-                   "sweeps/tiny", TrainConfig(steps=300))
-    rows = compare_runs(["sweeps/tiny/baseline-1a2b3c4d", "runs/other"])
+                   "sweeps/tiny", TrainConfig(steps=300), seeds=3, match="params")
+    rows = compare_runs(["sweeps/tiny/baseline-1a2b3c4d-seed0", "runs/other"])
 
-A sweep trains the baseline and then each variant, one after another, into `SWEEP/<name>-<hash>`
-run directories, all with the same options: the same budget, seed and so the same batches in
-the same order (a batch is a pure function of the seed and the step). A variant is the base spec
-with some `key=value` items replaced: `norm=none` on `tinystories` is `tinystories, norm=none`.
-After each run the comparison is rewritten: `SWEEP/compare.md`, `compare.json` and
-`val_loss.png`. A run that diverges is reported as such and the sweep goes on; one that fails
-with an error is reported with it and the sweep goes on. Running the same command again
-continues an interrupted sweep: finished runs are kept, an interrupted one resumes.
+A sweep trains the baseline and each variant under each of `seeds` seeds (`config.seed`,
+`config.seed + 1`, ...) into `SWEEP/<name>-<hash>-seed<S>` run directories, all with the same
+options: the same budget and, for seed S, the same batches in the same order (a batch is a pure
+function of the seed and the step), so the runs of one seed are paired. A variant is the base
+spec with some `key=value` items replaced: `norm=none` on `tinystories` is `tinystories,
+norm=none`; with `match`, its `d_ff` is then chosen to match the baseline's size
+(`lmcore.train.matching`). The runs execute where the launcher puts them
+(`lmcore.train.launch`: this process, SLURM through submitit, or Ray).
+
+After each run the comparison is rewritten: `SWEEP/compare.md` (the table by variant, with the
+paired intervals of `lmcore.train.summary`, then every run), `compare.json`, `val_loss.png`, and
+`sweep.toml`, the sweep's definition (`lmcore.train.sweepfile`). A run that diverges is reported
+as such and the sweep goes on; one that fails is reported with its reason and the sweep goes on.
+Running the same sweep again continues it: finished runs are kept, interrupted ones resume from
+their last checkpoint, missing ones are trained; nothing is trained twice.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from lmcore.blueprint import Blueprint, resolve
-from lmcore.errors import LmcoreError, SpecError, TrainError
+from lmcore.errors import SpecError, TrainError
 from lmcore.registry import Registry
 from lmcore.spec import parse_items
+from lmcore.train.matching import WHAT, measure
 from lmcore.train.runs import RUN_FILE, is_run, read_metrics, read_run, slug, spec_hash, write_json
+from lmcore.train.summary import summarize
+
+if TYPE_CHECKING:
+    from lmcore.train.launch import LauncherOptions, Outcome, RunTask
+    from lmcore.train.matching import Match
+    from lmcore.train.summary import Summary
 
 SWEEP_FORMAT: Final = "lmcore-sweep"
+SWEEP_VERSION: Final = 2
 SWEEP_FILE: Final = "sweep.json"
 TABLE_MD: Final = "compare.md"
 TABLE_JSON: Final = "compare.json"
 PLOT_FILE: Final = "val_loss.png"
+DEFINITION_FILE: Final = "sweep.toml"
 BASELINE: Final = "baseline"
 
 
@@ -50,6 +67,10 @@ class Variant:
     change: str
     blueprint: Blueprint
     name: str
+    matched: Match | None = None  # what --match did to d_ff
+
+    def run_name(self, seed: int) -> str:
+        return f"{self.name}-seed{seed}"
 
 
 def variant_spec(base: str, change: str) -> str:
@@ -75,16 +96,36 @@ def variant_spec(base: str, change: str) -> str:
     return ", ".join([*kept, *(change[i.start : i.value.end] for i in items)])
 
 
-def plan(base: str, changes: Sequence[str], registry: Registry | None = None) -> list[Variant]:
+def plan(
+    base: str,
+    changes: Sequence[str],
+    registry: Registry | None = None,
+    match: str | None = None,
+) -> list[Variant]:
     """The baseline and every variant, resolved (so a typo fails before any training), with
-    their run-directory names; `TrainError` for a change that leaves the model as it was or
-    repeats another variant."""
+    their run-directory names; with `match` (`params` or `flops`), each variant's `d_ff`
+    matched to the baseline (`MatchError` when none can be). `TrainError` for a change that
+    leaves the model as it was or repeats another variant."""
+    from lmcore.train.matching import MATCH_BY, match_width, sets_d_ff
+
+    if match is not None and match not in MATCH_BY:
+        raise TrainError(f"--match {match!r}: must be one of {', '.join(MATCH_BY)}")
     runs = [
         Variant(BASELINE, "", bp := resolve(base, registry), f"{BASELINE}-{spec_hash(bp.spec)}")
     ]
     for change in changes:
         label = ", ".join(t.strip() for t in change.split(","))
         bp = resolve(variant_spec(base, change), registry)
+        matched = None
+        if match is not None:
+            if sets_d_ff(change):
+                raise TrainError(
+                    f"--vary {change!r} sets d_ff, the width --match {match} chooses; leave "
+                    "d_ff out of the variant, or leave out --match"
+                )
+            matched = match_width(runs[0].blueprint, bp, match, label=f"--vary {change!r}",
+                                  registry=registry)  # fmt: skip
+            bp = matched.blueprint
         for other in runs:
             if other.blueprint.spec == bp.spec:
                 same = "the baseline" if other.label == BASELINE else f"--vary {other.label!r}"
@@ -92,7 +133,7 @@ def plan(base: str, changes: Sequence[str], registry: Registry | None = None) ->
                     f"--vary {change!r} builds the same model as {same} ({bp.spec}); drop it or "
                     "change something else"
                 )
-        runs.append(Variant(label, change, bp, f"{slug(label)}-{spec_hash(bp.spec)}"))
+        runs.append(Variant(label, change, bp, f"{slug(label)}-{spec_hash(bp.spec)}", matched))
     return runs
 
 
@@ -120,7 +161,8 @@ class Row:
     wall_s: float | None
     diverged_at: int | None = None
     error: str | None = None
-    val_bpb: float | None = None  # bits per byte of the last evaluation (train --eval-bpb)
+    seed: int | None = None
+    val_bpb: float | None = None  # bits per byte of the last evaluation, when measured
 
     @property
     def status(self) -> str:
@@ -156,14 +198,16 @@ def run_row(path: str | os.PathLike[str], label: str | None = None) -> Row:
         train_s=train_s,
         wall_s=status.get("elapsed_s"),
         diverged_at=status.get("diverged_at"),
-        val_bpb=last_bpb(path),
+        seed=info["config"].get("seed"),
+        val_bpb=status.get("val_bpb", _last_bpb(path)),
     )
 
 
-def last_bpb(run: str | os.PathLike[str]) -> float | None:
-    """The `val_bpb` of a run's last evaluation in metrics.jsonl (None without --eval-bpb)."""
-    evals = [r for r in read_metrics(run) if r.get("kind") == "eval" and "val_bpb" in r]
-    return float(evals[-1]["val_bpb"]) if evals else None
+def _last_bpb(path: str | os.PathLike[str]) -> float | None:
+    """The `val_bpb` of a run's last evaluation record, when its evaluations measured one."""
+    evals = [r for r in read_metrics(path) if r.get("kind") == "eval"]
+    bpb = evals[-1].get("val_bpb") if evals else None
+    return float(bpb) if isinstance(bpb, int | float) else None
 
 
 RANK_KEYS: Final = ("val_loss", "val_bpb", "train_loss", "tokens_per_s")
@@ -236,23 +280,39 @@ def write_comparison(
     out: str | os.PathLike[str],
     title: str,
     extra: dict[str, Any] | None = None,
+    summaries: Sequence[Summary] | None = None,
+    bands: Sequence[tuple[str, Sequence[Row]]] | None = None,
 ) -> tuple[Path, Path, Path]:
-    """`compare.md`, `compare.json` and `val_loss.png` in `out`."""
-    from lmcore.train.plots import Curve, plot_compare
+    """`compare.md`, `compare.json` and `val_loss.png` in `out`. With `summaries` (a sweep),
+    the table by variant comes first; with `bands` (each variant's label and runs, over more
+    than one seed), the plot draws each variant's mean curve in a band."""
+    from lmcore.atomic import atomic_write
+    from lmcore.train.plots import Band, Curve, plot_bands, plot_compare
+    from lmcore.train.summary import summary_markdown
 
     root = Path(out)
     root.mkdir(parents=True, exist_ok=True)
     md, js, png = root / TABLE_MD, root / TABLE_JSON, root / PLOT_FILE
-    from lmcore.atomic import atomic_write
-
     with atomic_write(md, "w") as f:
-        f.write(f"{title}\n\n{table_markdown(rows)}")
-    write_json(js, {"title": title, **(extra or {}), "runs": [asdict(r) for r in rows]})
-    curves = [
-        Curve(r.label, read_metrics(r.run) if Path(r.run).is_dir() else [], r.diverged_at)
-        for r in rows
-    ]
-    plot_compare(curves, png, title)
+        if summaries is None:
+            f.write(f"{title}\n\n{table_markdown(rows)}")
+        else:
+            f.write(f"{title}\n\n{summary_markdown(summaries)}\nEvery run:\n\n"
+                    f"{table_markdown(rows)}")  # fmt: skip
+    variants = None if summaries is None else [s.to_json() for s in summaries]
+    write_json(js, {"title": title, **(extra or {}),
+                    **({} if variants is None else {"variants": variants}),
+                    "runs": [asdict(r) for r in rows]})  # fmt: skip
+
+    def records(r: Row) -> list[dict[str, Any]]:
+        return read_metrics(r.run) if Path(r.run).is_dir() else []
+
+    if bands is not None and max((len(runs) for _, runs in bands), default=0) > 1:
+        plot_bands([Band(label, [records(r) for r in runs
+                                 if r.state not in ("failed", "diverged")])
+                    for label, runs in bands], png, title)  # fmt: skip
+    else:
+        plot_compare([Curve(r.label, records(r), r.diverged_at) for r in rows], png, title)
     return md, js, png
 
 
@@ -261,11 +321,13 @@ def write_comparison(
 
 @dataclass(frozen=True)
 class SweepResult:
-    """The rows of every run, whether the sweep was interrupted, and its files."""
+    """The rows of every run, the table by variant, whether the sweep was interrupted, and
+    its files."""
 
     rows: list[Row]
     interrupted: str | None  # the signal (or reason) that stopped a run, if one did
     files: tuple[Path, Path, Path]
+    summaries: list[Summary] = field(default_factory=list)
 
     @property
     def failed(self) -> list[Row]:
@@ -279,79 +341,148 @@ def sweep(
     out: str | os.PathLike[str],
     config: Any = None,
     *,
+    seeds: int = 1,
+    match: str | None = None,
+    launcher: LauncherOptions | None = None,
     echo: Any = print,
     progress: bool | None = None,
     registry: Registry | None = None,
+    source: str | None = None,
 ) -> SweepResult:
-    """Train the baseline `base` and each variant of `changes` with the same `config`
-    (`TrainConfig`) on `data`, one after another, into `out`; write the comparison.
+    """Train the baseline `base` and each variant of `changes` under `seeds` seeds with the
+    same `config` (`TrainConfig`) on `data` into `out`, where `launcher` says (default: one
+    after another in this process); with `match` (`params` or `flops`) each variant's `d_ff`
+    matches the baseline's size. Writes the comparison and `out/sweep.toml` (`source`: the
+    sweep file it came from, named in its first line).
 
-    Running it again with the same arguments continues: finished runs are kept, an
-    interrupted one resumes, missing ones are trained. Another sweep in `out` is an error.
+    Running it again with the same arguments continues: finished runs are kept, interrupted
+    ones resume, missing ones are trained. Another sweep in `out` is an error.
     """
     from lmcore.data.tokens import TokenData
-    from lmcore.train.trainer import TrainConfig, TrainResult, resume, train
+    from lmcore.train.launch import LauncherOptions, RunTask, make_launcher
+    from lmcore.train.sweepfile import SweepDefinition, write_definition
+    from lmcore.train.trainer import TrainConfig
 
     say = echo or (lambda _line: None)
     cfg = config or TrainConfig()
     if cfg.loggers and cfg.log_group is None:  # trackers group the variants under the sweep
         cfg = replace(cfg, log_group=Path(out).resolve().name)
-    variants = plan(base, changes, registry)
+    options = launcher or LauncherOptions()
+    options.check()
+    if not isinstance(seeds, int) or seeds < 1:
+        raise TrainError(f"--seeds {seeds}: must be a positive integer")
+    variants = plan(base, changes, registry, match)
     tokens = TokenData.open(data)
     for v in variants:  # every model fits the data before the first step
         tokens.check(context_length=v.blueprint.spec.context_length,
                      vocab_size=v.blueprint.spec.vocab_size)  # fmt: skip
         cfg.resolved(v.blueprint.spec.context_length)
+    if options.name != "local":
+        cfg.cli_args()  # each run is an `lmcore train` command: every option must be one
     root = Path(out)
     described = {
         "format": SWEEP_FORMAT,
-        "version": 1,
+        "version": SWEEP_VERSION,
         "base": base,
         "variants": list(changes),
-        "config": cfg.to_json(),
+        "seeds": seeds,
+        "match": match,
+        # where the numbers are logged does not change them: trackers may change on a re-run
+        "config": {k: v for k, v in cfg.to_json().items() if k not in ("loggers", "log_group")},
         "data": str(tokens.path.resolve()),
     }
     _claim(root, described)
-    rows: list[Row] = []
-    interrupted: str | None = None
-    title = f"{base} ({len(variants) - 1} variants)"
-    files = (root / TABLE_MD, root / TABLE_JSON, root / PLOT_FILE)
-    for n, v in enumerate(variants, 1):
-        run = root / v.name
-        say(f"[{n}/{len(variants)}] {v.label}: {v.blueprint.spec}")
-        row: Row | None = None
-        try:
-            result: TrainResult | None = None
-            if not is_run(run):
-                result = train(v.blueprint, tokens, run, cfg, echo=echo, progress=progress)
-            else:
+    definition = SweepDefinition(base=base, variants=tuple(changes), data=str(data),
+                                 out=str(out), seeds=seeds, match=match,
+                                 train=cfg.given(), launcher=options)  # fmt: skip
+    write_definition(definition, root / DEFINITION_FILE, source)
+    seed_list = [cfg.seed + k for k in range(seeds)]
+    tasks: list[RunTask] = []
+    for v in variants:
+        for seed in seed_list:
+            run = root / v.run_name(seed)
+            action = "train"
+            if is_run(run):
                 state = read_run(run).get("status", {}).get("state")
                 if state in ("done", "diverged"):
-                    say(f"  {run}: {state} before, kept")
-                else:
-                    result = resume(run, data=tokens, echo=echo, progress=progress)
-            if result is not None and result.status == "interrupted":
-                interrupted = result.reason or "interrupted"
-        except LmcoreError:
-            raise
-        except Exception as e:  # one variant failing (out of memory, a plugin's bug) ends only it
-            message = f"{type(e).__name__}: {e}".splitlines()[0]
-            say(f"  {v.label} failed: {message}")
-            row = _failed_row(v, run, message)
-        rows.append(row or run_row(run, v.label))
-        rows = with_deltas(rows)
-        files = write_comparison(rows, root, title, {"sweep": described})
-        if interrupted:
-            break
-    return SweepResult(rows, interrupted, files)
+                    say(f"  {v.label}, seed {seed}: {state} before, kept ({run})")
+                    continue
+                action = "resume"
+            spec, run_cfg = str(v.blueprint.spec), dataclasses.replace(cfg, seed=seed)
+            tasks.append(RunTask(v.label, seed, run, spec, run_cfg, action))
+    matched = {v.label: v.matched.note for v in variants if v.matched is not None}
+    if match is not None:
+        matched[BASELINE] = f"d_ff {variants[0].blueprint.spec.d_ff} (the target)"
+    title = f"{base} ({len(variants) - 1} variants, {seeds} seed{'s' * (seeds > 1)}"
+    if match is not None:
+        title += f", matched by {WHAT[match]}"
+    title += ")"
+    sizes = {v.label: int(measure(v.blueprint, "params")) for v in variants}
+    outcomes: dict[Path, Outcome] = {}
+    latest: list[Any] = []
+
+    def table() -> None:
+        rows, groups = [], []
+        for v in variants:
+            own = []
+            for seed in seed_list:
+                run = root / v.run_name(seed)
+                outcome = outcomes.get(run)
+                label = v.label if seeds == 1 else f"{v.label}, seed {seed}"
+                if outcome is not None and outcome.error is not None:
+                    own.append(_failed_row(v, run, outcome.error, seed, label))
+                elif is_run(run):
+                    own.append(run_row(run, label))
+            groups.append((v, own))
+            rows += own
+        rows = _paired_deltas(rows, groups[0][1])
+        groups = [(v, [r for r in rows if r.run in {o.run for o in own}]) for v, own in groups]
+        summaries = summarize(groups, seeds, matched, sizes)
+        bands = [(v.label, own) for v, own in groups]
+        files = write_comparison(rows, root, title, {"sweep": described}, summaries, bands)
+        latest[:] = [rows, summaries, files]
+
+    def finished(task: RunTask, outcome: Outcome) -> None:
+        outcomes[task.run] = outcome
+        if options.name != "local":
+            if outcome.error is not None:
+                state = f"failed: {outcome.error}"
+            elif outcome.interrupted is not None:
+                state = f"interrupted ({outcome.interrupted})"
+            elif is_run(task.run):
+                state = read_run(task.run).get("status", {}).get("state", "?")
+            else:
+                state = "ended without a run.json"
+            say(f"  {task.label}, seed {task.seed}: {state}")
+        table()
+
+    table()
+    stopped = make_launcher(options, root, say, progress).run(tasks, tokens.path, finished)
+    table()
+    rows, summaries, files = latest
+    return SweepResult(rows, stopped, files, summaries)
 
 
-def _failed_row(v: Variant, run: Path, message: str) -> Row:
+def _paired_deltas(rows: Sequence[Row], baseline: Sequence[Row]) -> list[Row]:
+    """Each finished run's validation loss minus that of the `baseline` run of its seed."""
+    base = {r.seed: r.val_loss for r in baseline if r.state == "done"}
+    out = []
+    for r in rows:
+        b, delta = base.get(r.seed), None
+        if b is not None and r.val_loss is not None and r.state == "done":
+            delta = r.val_loss - b
+        out.append(Row(**{**asdict(r), "delta_val": delta}))
+    return out
+
+
+def _failed_row(
+    v: Variant, run: Path, message: str, seed: int | None = None, label: str | None = None
+) -> Row:
     if (run / RUN_FILE).is_file():
-        row = run_row(run, v.label)
+        row = run_row(run, label or v.label)
         return Row(**{**asdict(row), "state": "failed", "error": message})
-    return Row(v.label, str(run), "", str(v.blueprint.spec), None, "failed", 0, 0, 0, None,
-               None, None, None, None, None, error=message)  # fmt: skip
+    return Row(label or v.label, str(run), "", str(v.blueprint.spec), None, "failed", 0, 0, 0,
+               None, None, None, None, None, None, error=message, seed=seed)  # fmt: skip
 
 
 def _claim(root: Path, described: dict[str, Any]) -> None:
@@ -363,7 +494,8 @@ def _claim(root: Path, described: dict[str, Any]) -> None:
             diff = [k for k in described if found.get(k) != described[k]]
             raise TrainError(
                 f"--out {root} holds another sweep (its {', '.join(diff)} differ); re-run that "
-                "sweep's own command to continue it, or choose another --out"
+                f"sweep's own command (or lmcore sweep --resume {root}) to continue it, or "
+                "choose another --out"
             )
         return
     if root.exists() and (not root.is_dir() or any(root.iterdir())):

@@ -1,0 +1,216 @@
+"""A sweep in one TOML file: `lmcore sweep sweep.toml`, and `SWEEP/sweep.toml` it writes.
+
+    base = "vocab_size=2048, context_length=128, d_model=128, num_layers=4, num_heads=4"
+    variants = ["pos=nope", "pos=alibi"]
+    data = "data/stdlib-2k"
+    out = "sweeps/pos"
+    seeds = 3
+    match = "params"            # or "flops"; leave out for none
+
+    [train]                     # TrainConfig's fields, as lmcore train's options
+    steps = 300
+    batch_size = 16
+    lr = 3e-3
+
+    [launcher]
+    name = "local"              # or "submitit", "ray"
+    threads = 1                 # torch threads per run
+    cpus_per_run = 1
+    gpus_per_run = 0
+
+    [launcher.slurm]            # with name = "submitit"
+    partition = "gpu"
+    time = "1:00:00"
+    extra = { account = "cs336" }
+    cluster = "slurm"           # or "local": submitit's local executor
+
+    [launcher.ray]
+    address = "auto"            # leave out for a local Ray
+
+Every key is checked (an unknown one is an error with a suggestion); the command line's
+options, given too, override the file's. The sweep writes its whole definition back as
+`SWEEP/sweep.toml`, so `lmcore sweep SWEEP/sweep.toml` (or `lmcore sweep --resume SWEEP`) runs
+it again from its own directory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+from lmcore.errors import TrainError, did_you_mean
+from lmcore.train.config import CLI_OPTIONS
+from lmcore.train.launch import LauncherOptions
+
+TOP: Final = ("base", "variants", "data", "out", "seeds", "match", "train", "launcher")
+LAUNCHER: Final = ("name", "threads", "cpus_per_run", "gpus_per_run", "slurm", "ray")
+SLURM: Final = ("partition", "time", "extra", "cluster")
+RAY: Final = ("address",)
+
+
+@dataclass(frozen=True)
+class SweepDefinition:
+    """Everything a sweep is: what it trains, how long, how it compares, where it runs."""
+
+    base: str | None = None
+    variants: tuple[str, ...] = ()
+    data: str | None = None
+    out: str | None = None
+    seeds: int = 1
+    match: str | None = None
+    train: Mapping[str, Any] = field(default_factory=dict)  # TrainConfig fields given
+    launcher: LauncherOptions = field(default_factory=LauncherOptions)
+
+    def to_toml(self) -> str:
+        lines = []
+        for key in ("base", "variants", "data", "out", "seeds", "match"):
+            value = getattr(self, key)
+            if value is not None and value != ():
+                lines.append(f"{key} = {_value(value)}")
+        train = {k: 0 if k == "grad_clip" and v is None else v for k, v in self.train.items()}
+        lines += ["", "[train]"]
+        lines += [f"{k} = {_value(v)}" for k, v in train.items() if v is not None]
+        opts = self.launcher
+        lines += ["", "[launcher]", f"name = {_value(opts.name)}"]
+        for key in ("threads", "cpus_per_run", "gpus_per_run"):
+            if getattr(opts, key) is not None:
+                lines.append(f"{key} = {_value(getattr(opts, key))}")
+        slurm = {"partition": opts.slurm_partition, "time": opts.slurm_time,
+                 "extra": dict(opts.slurm_extra) or None,
+                 "cluster": opts.slurm_cluster}  # fmt: skip
+        if opts.name == "submitit" or any(
+            slurm[k] is not None for k in ("partition", "time", "extra")
+        ):
+            lines += ["", "[launcher.slurm]"]
+            lines += [f"{k} = {_value(v)}" for k, v in slurm.items() if v is not None]
+        if opts.ray_address is not None:
+            lines += ["", "[launcher.ray]", f"address = {_value(opts.ray_address)}"]
+        return "\n".join(lines) + "\n"
+
+
+def _value(v: Any) -> str:
+    """A TOML value: strings and keys through JSON's escapes (a subset of TOML's)."""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int | float):
+        return repr(v)
+    if isinstance(v, str):
+        return json.dumps(v, ensure_ascii=False)
+    if isinstance(v, list | tuple):
+        return "[" + ", ".join(_value(x) for x in v) + "]"
+    if isinstance(v, Mapping):
+        return "{ " + ", ".join(f"{json.dumps(str(k))} = {_value(x)}" for k, x in v.items()) + " }"
+    raise TypeError(f"no TOML for {v!r}")
+
+
+def _load_toml(path: Path) -> dict[str, Any]:
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - Python 3.10
+        import tomli as tomllib
+    try:
+        with open(path, "rb") as f:
+            doc: dict[str, Any] = tomllib.load(f)
+            return doc
+    except FileNotFoundError:
+        raise TrainError(f"sweep file {str(path)!r} does not exist") from None
+    except tomllib.TOMLDecodeError as e:
+        raise TrainError(f"{path}: not a TOML file: {e}") from None
+
+
+def _known(table: Mapping[str, Any], keys: tuple[str, ...], where: str) -> None:
+    for key in table:
+        if key not in keys:
+            raise TrainError(
+                f"{where}: unknown key {key!r}{did_you_mean(key, keys)}; the keys are "
+                f"{', '.join(keys)}"
+            )
+
+
+def _typed(value: Any, kind: type | tuple[type, ...], where: str, what: str) -> Any:
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+        raise TrainError(f"{where}: must be {what}, got {value!r}")
+    return value
+
+
+def read_definition(path: str | os.PathLike[str]) -> SweepDefinition:
+    """The sweep file at `path`, checked key by key."""
+    file = Path(path)
+    doc = _load_toml(file)
+    _known(doc, TOP, str(file))
+    variants = _typed(doc.get("variants", []), list, f"{file}: variants", "a list of strings")
+    for v in variants:
+        _typed(v, str, f"{file}: variants", 'a list of strings such as ["pos=nope"]')
+    train = _typed(doc.get("train", {}), dict, f"{file}: [train]", "a table")
+    _known(train, CLI_OPTIONS, f"{file}: [train]")
+    if "betas" in train:
+        train["betas"] = list(train["betas"])
+    launcher = _typed(doc.get("launcher", {}), dict, f"{file}: [launcher]", "a table")
+    _known(launcher, LAUNCHER, f"{file}: [launcher]")
+    slurm = _typed(launcher.get("slurm", {}), dict, f"{file}: [launcher.slurm]", "a table")
+    _known(slurm, SLURM, f"{file}: [launcher.slurm]")
+    ray = _typed(launcher.get("ray", {}), dict, f"{file}: [launcher.ray]", "a table")
+    _known(ray, RAY, f"{file}: [launcher.ray]")
+    extra = _typed(slurm.get("extra", {}), dict, f"{file}: [launcher.slurm] extra", "a table")
+    time = slurm.get("time")
+    options = LauncherOptions(
+        name=_typed(launcher.get("name", "local"), str, f"{file}: launcher.name", "a string"),
+        threads=launcher.get("threads"),
+        cpus_per_run=launcher.get("cpus_per_run"),
+        gpus_per_run=launcher.get("gpus_per_run", 0),
+        slurm_partition=slurm.get("partition"),
+        slurm_time=None if time is None else str(time),
+        slurm_extra={str(k): str(v) for k, v in extra.items()},
+        slurm_cluster=slurm.get("cluster", "slurm"),
+        ray_address=ray.get("address"),
+    )
+    seeds = _typed(doc.get("seeds", 1), int, f"{file}: seeds", "a positive integer")
+    match = doc.get("match")
+    if match is not None:
+        _typed(match, str, f"{file}: match", '"params" or "flops"')
+    for key in ("base", "data", "out"):
+        if key in doc:
+            _typed(doc[key], str, f"{file}: {key}", "a string")
+    return SweepDefinition(base=doc.get("base"), variants=tuple(variants), data=doc.get("data"),
+                           out=doc.get("out"), seeds=seeds, match=match, train=train,
+                           launcher=options)  # fmt: skip
+
+
+def train_config(train: Mapping[str, Any]) -> Any:
+    """The `TrainConfig` of a definition's `train` table (`grad_clip = 0`: no clipping)."""
+    from lmcore.train.config import TrainConfig
+
+    values = dict(train)
+    if values.get("grad_clip") == 0:
+        values["grad_clip"] = None
+    return TrainConfig.from_json(values)
+
+
+def merged(file: SweepDefinition, **given: Any) -> SweepDefinition:
+    """`file` with the values `given` (not None) in place of its own; `train` and `launcher`
+    are merged key by key (`given["train"]`: a dict, `given["launcher"]`: a dict of
+    `LauncherOptions` fields)."""
+    values: dict[str, Any] = {k: v for k, v in given.items()
+                              if v is not None and k not in ("train", "launcher")}  # fmt: skip
+    train = {**file.train, **(given.get("train") or {})}
+    launcher = dataclasses.replace(file.launcher, **(given.get("launcher") or {}))
+    return dataclasses.replace(file, **values, train=train, launcher=launcher)
+
+
+def write_definition(
+    definition: SweepDefinition, path: str | os.PathLike[str], source: str | None = None
+) -> None:
+    """`definition` as TOML at `path`, atomically; its first line names `source`."""
+    from lmcore.atomic import atomic_write
+
+    head = "# lmcore sweep's definition of this sweep"
+    head += f", from {source}" if source else ""
+    head += "; `lmcore sweep --resume DIR` continues it\n"
+    with atomic_write(Path(path), "w") as f:
+        f.write(head + definition.to_toml())
