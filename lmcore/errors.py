@@ -148,6 +148,11 @@ class TrainError(LmcoreError, ValueError):
     run (or holds none), a resumed run whose options or data changed, ..."""
 
 
+class TrainMemoryError(TrainError):
+    """Training ran out of memory; the message names the batch and what to lower. A sweep
+    records it as that variant's failure and goes on."""
+
+
 class GenerationError(LmcoreError, ValueError):
     """Generation cannot run as asked: a sampling option out of range, a component that cannot
     work with a KV cache, prompts that need a mask the kernel lacks, or no room in the context."""

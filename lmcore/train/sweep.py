@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any, Final
 
 from lmcore.blueprint import Blueprint, resolve
-from lmcore.errors import LmcoreError, SpecError, TrainError
+from lmcore.errors import LmcoreError, SpecError, TrainError, TrainMemoryError
+from lmcore.locks import LOCK_FILE, DirectoryLock, lock_file
 from lmcore.registry import Registry
 from lmcore.spec import parse_items
 from lmcore.train.runs import RUN_FILE, is_run, read_metrics, read_run, slug, spec_hash, write_json
@@ -262,7 +263,7 @@ def sweep(
     interrupted one resumes, missing ones are trained. Another sweep in `out` is an error.
     """
     from lmcore.data.tokens import TokenData
-    from lmcore.train.trainer import TrainConfig, TrainResult, resume, train
+    from lmcore.train.trainer import TrainConfig
 
     say = echo or (lambda _line: None)
     cfg = config or TrainConfig()
@@ -281,7 +282,26 @@ def sweep(
         "config": cfg.to_json(),
         "data": str(tokens.path.resolve()),
     }
-    _claim(root, described)
+    lock = _claim(root, described)
+    try:
+        return _sweep(root, variants, described, tokens, cfg, say, echo, progress, base)
+    finally:
+        lock.release()
+
+
+def _sweep(
+    root: Path,
+    variants: list[Variant],
+    described: dict[str, Any],
+    tokens: Any,
+    cfg: Any,
+    say: Any,
+    echo: Any,
+    progress: bool | None,
+    base: str,
+) -> SweepResult:
+    from lmcore.train.trainer import TrainResult, resume, train
+
     rows: list[Row] = []
     interrupted: str | None = None
     title = f"{base} ({len(variants) - 1} variants)"
@@ -302,6 +322,10 @@ def sweep(
                     result = resume(run, data=tokens, echo=echo, progress=progress)
             if result is not None and result.status == "interrupted":
                 interrupted = result.reason or "interrupted"
+        except TrainMemoryError as e:
+            message = str(e)
+            say(f"  {v.label} failed: {message}")
+            row = _failed_row(v, run, message)
         except LmcoreError:
             raise
         except Exception as e:  # one variant failing (out of memory, a plugin's bug) ends only it
@@ -324,8 +348,22 @@ def _failed_row(v: Variant, run: Path, message: str) -> Row:
                None, None, None, None, None, error=message)  # fmt: skip
 
 
-def _claim(root: Path, described: dict[str, Any]) -> None:
-    """Make `root` this sweep's directory, or check that it already is."""
+def _claim(root: Path, described: dict[str, Any]) -> DirectoryLock:
+    """Make `root` this sweep's directory, or check that it already is, holding its lock
+    (`SWEEP/.lock`): a second sweep of it meanwhile is refused, naming this process."""
+    if root.exists() and not root.is_dir():
+        raise TrainError(f"--out {root} is a file, not a directory; choose another --out")
+    root.mkdir(parents=True, exist_ok=True)
+    lock = lock_file(root / LOCK_FILE, what=f"sweep directory {root}", error=TrainError)
+    try:
+        _check(root, described)
+    except BaseException:
+        lock.release()
+        raise
+    return lock
+
+
+def _check(root: Path, described: dict[str, Any]) -> None:
     file = root / SWEEP_FILE
     if file.is_file():
         found = json.loads(file.read_text(encoding="utf-8"))
@@ -336,10 +374,9 @@ def _claim(root: Path, described: dict[str, Any]) -> None:
                 "sweep's own command to continue it, or choose another --out"
             )
         return
-    if root.exists() and (not root.is_dir() or any(root.iterdir())):
+    if any(p.name != LOCK_FILE for p in root.iterdir()):
         raise TrainError(
             f"--out {root} is not an empty directory and holds no sweep; choose a new or empty "
             "directory"
         )
-    root.mkdir(parents=True, exist_ok=True)
     write_json(file, described)
