@@ -171,6 +171,12 @@ class CheckpointWarning(LmcoreWarning):
     the one that saved it. `LMCORE_STRICT_PLUGINS=1` makes this a `CheckpointError`."""
 
 
+class NonFiniteWeightsWarning(CheckpointWarning):
+    """A checkpoint's weights hold NaN or infinite values; the message names the tensors.
+    `lmcore.load(..., nonfinite="error")` makes this a `CheckpointError` (LMCORE_STRICT_PLUGINS
+    does not: it concerns plugins)."""
+
+
 def clip(text: str, limit: int = 60, *, quote: bool = True) -> str:
     """`repr(text)` (`text` itself without `quote`), cut in the middle when longer than
     `limit`: user input echoed in a message never makes the message long."""

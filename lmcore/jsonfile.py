@@ -39,6 +39,10 @@ def read_versioned(
         data = json.loads(file.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise error(f"cannot read {file}: {e}{end}") from None
+    except RecursionError:
+        raise error(
+            f"cannot read {file}: it nests deeper than Python's parser follows{end}"
+        ) from None
     if not isinstance(data, dict) or data.get("format") != format:
         raise error(f"{file} is not {what} (no format {format!r}){end}")
     if data.get("version") != version:

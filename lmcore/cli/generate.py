@@ -171,7 +171,7 @@ def run(args: argparse.Namespace) -> int:
         with checkpoint_warnings(args.command):
             info = read_info(path)
             bp = resolve_checkpoint(info)
-        model = build_from_checkpoint(info, bp, device=device, dtype=torch_dtype(args, info))
+            model = build_from_checkpoint(info, bp, device=device, dtype=torch_dtype(args, info))
     else:
         bp, _ = source(args)
         torch.manual_seed(args.seed or 0)

@@ -92,7 +92,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         except OSError as e:
             if e.filename is not None:  # a path the command was given (--save, --out, ...)
-                say(f"{prog}: error: {e.filename}: {e.strerror or e}")
+                fix = _FULL.get(e.errno or 0, "")
+                say(f"{prog}: error: {e.filename}: {e.strerror or e}{fix}")
                 return 2
             if not _is_stdout_error(e):
                 raise
@@ -116,6 +117,10 @@ def _is_stdout_error(e: OSError) -> bool:
 
 
 _WRITE_ERRORS = {errno.ENOSPC, errno.EIO, errno.EBADF, errno.EFBIG, errno.EPIPE}
+_FULL = dict.fromkeys(
+    (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC), errno.EFBIG),
+    "; nothing was replaced: free space there, or write elsewhere",
+)
 
 
 def _silence_stdout() -> None:

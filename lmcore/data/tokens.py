@@ -45,9 +45,9 @@ def _inside(root: Path, name: str, field: str, fix: str) -> Path:
     real, home = os.path.realpath(file), os.path.realpath(root)
     if os.path.commonpath([real, home]) != home or real == home:
         raise DataError(
-            f"{root / META_FILE}: {field} is {clip(name)}, which resolves to {clip(real)}, "
-            f"outside the data directory {str(root)!r}; a data directory holds its own files: "
-            f"{fix} --force"
+            f"{root / META_FILE}: {field} is {clip(name, 200)}, which resolves to "
+            f"{clip(real, 200)}, outside the data directory {str(root)!r}; a data directory "
+            f"holds its own files: {fix} --force"
         )
     return file
 
