@@ -45,6 +45,7 @@ from lmcore.errors import (
     NonFiniteWeightsWarning,
     RegistryError,
     SpecError,
+    clip,
 )
 from lmcore.model.saving import CHECKSUM, FORMAT_VERSION, KEYS, PREFIX, SUFFIX, checksum, dtype_of
 from lmcore.model.transformer import TransformerLM, unwrap
@@ -92,6 +93,7 @@ _ITEMSIZE: Final = {
     "I64": 8, "U64": 8, "F64": 8, "C64": 8,
 }  # fmt: skip
 _LISTED: Final = 12  # names shown per group in a mismatch message
+_MAX_NAME: Final = 200  # characters of a name or version lmcore's metadata may hold
 
 
 # ------------------------------------------------------------------------------ the header
@@ -340,6 +342,19 @@ def read_info(path: str | os.PathLike[str]) -> CheckpointInfo:
         raise bad(
             KEYS["tied"], f"names tensors the file does not hold: {', '.join(missing_stored)}"
         )
+    for key, value in [
+        (KEYS["lmcore_version"], meta.get(KEYS["lmcore_version"], "?")),
+        (KEYS["torch_version"], meta.get(KEYS["torch_version"], "?")),
+        *(
+            (f"{KEYS['components']} ({c.kind})", v)
+            for c in components.values()
+            for v in (c.name, c.plugin, c.module, c.dist or "", c.version or "")
+        ),
+    ]:
+        if len(value) > _MAX_NAME or not value.isprintable():
+            # lmcore writes names and versions; control characters (terminal escapes) or
+            # megabytes in their place would reach every terminal that shows them
+            raise bad(key, f"is not a short printable string ({clip(value)})")
     dtype = meta.get(KEYS["dtype"], "")
     _dtype(dtype, p)
     return CheckpointInfo(
@@ -686,7 +701,13 @@ def load_weights(
     _apply_ties(info, tensors, expected)
     if not convert:
         check_dtypes(tensors, expected, info.path)
-    load_strict(lm, tensors, info.path, f"the model its spec builds ({info.spec})")
+    into = str(getattr(lm, "spec", info.spec))
+    what = (
+        f"the model its spec builds ({info.spec})"
+        if into == info.spec
+        else f"the model it is loaded into ({into}; the file's spec is {info.spec})"
+    )
+    load_strict(lm, tensors, info.path, what)
     check_finite(tensors, info.path, nonfinite)
 
 

@@ -335,18 +335,20 @@ def test_a_third_party_rmsnorm_is_not_taken_for_llamas(tmp_path: Path) -> None:
 # ------------------------------------------------------------------ damaged directories
 
 
-def test_missing_and_unexpected_tensors_are_listed(tmp_path: Path) -> None:
+def test_missing_unexpected_and_misshapen_tensors_are_listed(tmp_path: Path) -> None:
     random_llama(tmp_path)
     state = load_file(str(tmp_path / "model.safetensors"))
     del state["model.layers.1.mlp.up_proj.weight"]
     state["model.layers.0.self_attn.q_proj.bias"] = torch.zeros(32)
     state["model.layers.0.self_attn.rotary_emb.inv_freq"] = torch.zeros(4)  # derived: skipped
+    state["model.norm.weight"] = torch.ones(31)  # the probe: this one went unmentioned
     save_file(state, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
     with pytest.raises(
         ConversionError,
         match=r"the tensors are not those of a LlamaForCausalLM with this config: missing \(1\): "
         r"model.layers.1.mlp.up_proj.weight; unexpected \(1\): "
-        r"model.layers.0.self_attn.q_proj.bias$",
+        r"model.layers.0.self_attn.q_proj.bias; wrong shape \(1\): model.norm.weight \(file "
+        r"\(31,\), model \(32,\)\)$",
     ):
         load_llama(tmp_path)
 

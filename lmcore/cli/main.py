@@ -71,6 +71,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         except SystemExit as e:  # --help, or a usage error already reported in one line
             return int(e.code or 0)
         prog = f"lmcore {args.command}"
+        if sys.stdout is None:  # started with stdout closed (`lmcore plugins >&-`)
+            say(f"{prog}: error: cannot write the output: stdout is closed; redirect it, e.g. "
+                "> /dev/null to discard it")  # fmt: skip
+            return 1
         warnings.simplefilter("ignore", LmcoreWarning)  # `lmcore plugins` prints them itself
         warnings.simplefilter("always", SlowPluginWarning)  # ... but not a plugin still loading
         warnings.showwarning = lambda message, *_: say(f"{prog}: warning: {message}")

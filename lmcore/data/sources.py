@@ -21,6 +21,7 @@ there can the ids differ from those of the whole text (no token spans that cut).
 from __future__ import annotations
 
 import codecs
+import errno
 import fnmatch
 import os
 from collections.abc import Callable, Iterator, Sequence
@@ -125,6 +126,18 @@ def _walk(
 
 
 def _missing(source: Path) -> str:
+    if source.is_symlink():  # it exists, as a link to nothing: a loop, or a missing target
+        try:
+            source.resolve(strict=True)
+            why = "cannot be followed"
+        except RuntimeError:  # Python 3.11-3.12 report a loop so
+            why = "is part of a loop of links"
+        except OSError as e:
+            why = "is part of a loop of links" if e.errno == errno.ELOOP else "points to nothing"
+        return (
+            f"source {str(source)!r} is a symbolic link that {why} (it links to "
+            f"{os.readlink(source)!r}); fix or remove the link"
+        )
     parent = source.parent if str(source.parent) else Path(".")
     try:
         siblings = [p.name for p in parent.iterdir()] if parent.is_dir() else []

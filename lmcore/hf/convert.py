@@ -156,7 +156,8 @@ def _load(
     tensors = _read_weights(directory, where)
     saved = getattr(torch, dtype_of(tensors))
     model = TransformerLM(spec, device=device, dtype=dtype or saved, registry=registry)
-    state = from_hf_state_dict(tensors, model.spec, str(directory))
+    shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    state = from_hf_state_dict(tensors, model.spec, str(directory), shapes)
     if dtype is None:
         check_dtypes(state, model.state_dict(), directory, ConversionError)
     load_strict(model, state, directory, f"the model of {model.spec}")

@@ -181,11 +181,24 @@ def claim_new_run(run: Path) -> tuple[DirectoryLock, bool]:
         created = False
     lock = lock_run(run)
     try:
+        if _is_stub(run):
+            remove_stub(run, created=False)
         check_new_run(run)
     except BaseException:
         lock.release()
         raise
     return lock, created
+
+
+def _is_stub(run: Path) -> bool:
+    """Whether `run` holds only what a start that never took a step wrote (killed before it
+    could remove it, e.g. a torchrun job aborted on another rank): run.json still "starting",
+    no checkpoint, no metrics. Nothing in it is worth keeping; the caller holds the lock."""
+    try:
+        state = read_run(run).get("status", {}).get("state")
+    except TrainError:
+        return False
+    return state == "starting" and not step_dirs(run) and not (run / METRICS_FILE).exists()
 
 
 L = TypeVar("L")
