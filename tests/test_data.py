@@ -341,7 +341,6 @@ def test_a_failure_leaves_nothing_half_written(
     # commit): the old data stays whole, and nothing is left beside it.
     real_replace = os.replace
     for last in ("train.bin", "meta.json", out.name):
-
         failed: list[str] = []
 
         def crash_at(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
