@@ -419,12 +419,18 @@ KILLED_PREPARE = textwrap.dedent("""
     words('big/a.txt', 30)
     p = subprocess.Popen([LMCORE, 'data', 'prepare', 'big', '--out', 'out', '--vocab-size', '300'],
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    time.sleep(8); p.send_signal(signal.SIGKILL); p.wait()
+    def growing():  # a temporary token file being written: the encoding pass is under way
+        return [q for q in Path('.').rglob('*.tmp') if q.is_file() and q.stat().st_size > 0]
+    end = time.time() + 100
+    while not growing() and time.time() < end and p.poll() is None:
+        time.sleep(0.1)
+    p.send_signal(signal.SIGKILL); p.wait()
+    killed = sum(q.stat().st_size for q in growing())
     r = subprocess.run([LMCORE, 'data', 'prepare', str(text()), '--out', 'out', '--vocab-size',
                         '300', '--force'], capture_output=True, text=True)
     left = [str(q) for q in Path('.').rglob('*.tmp')]
-    print(f"exit {r.returncode}; temporary files left: {len(left)} "
-          f"({sum(Path(q).stat().st_size if Path(q).is_file() else 0 for q in left):,} bytes)")
+    print(f"killed with {killed:,} bytes of temporary files; the next prepare exit "
+          f"{r.returncode}; left: {len(left)} ({sum(Path(q).stat().st_size if Path(q).is_file() else 0 for q in left):,} bytes)")
 """)
 
 
@@ -676,8 +682,9 @@ class _Popen(subprocess.Popen):  # type: ignore[type-arg]
 
 
 def _cell(text: str) -> str:
+    """The outcome, its middle left out when long: the end of a message often holds the fix."""
     text = text.replace("|", "\\|")
-    return text if len(text) <= SHOW else text[: SHOW - 3] + "..."
+    return text if len(text) <= SHOW else f"{text[: SHOW // 2 - 2]} ... {text[-(SHOW // 2 - 2) :]}"
 
 
 def main() -> None:
