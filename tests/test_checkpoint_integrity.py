@@ -19,7 +19,7 @@ from safetensors.torch import load_file, save_file
 
 import lmcore
 from lmcore import CheckpointError
-from lmcore.checkpoint import read_header, read_info, verify_checksums
+from lmcore.checkpoint import load_weights, read_header, read_info, verify_checksums
 from lmcore.cli.main import main
 from lmcore.errors import NonFiniteWeightsWarning
 from lmcore.model.saving import checksums_json
@@ -273,3 +273,14 @@ def test_metadata_nested_too_deep_is_one_line(
     for command in (["describe", str(bad)], ["run", str(bad), "--steps", "1"]):
         assert main(command) == 2
         assert capsys.readouterr().err == f"lmcore {command[0]}: error: {expected}\n"
+
+
+def test_loading_into_another_model_names_both_specs(saved: Path) -> None:
+    # The probe: a resumed run whose model differed from its checkpoint's was told about the
+    # checkpoint's spec only, as if that were the model being loaded.
+    other = lmcore.build_model(SPEC.replace("d_ff=64", "d_ff=96"))
+    with pytest.raises(CheckpointError, match=re.escape(
+        f"{saved}: its tensors do not fit the model it is loaded into ({other.spec}; the file's "
+        f"spec is {read_info(saved).spec}): wrong shape (3)"
+    )):  # fmt: skip
+        load_weights(other, saved)
