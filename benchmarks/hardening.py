@@ -1,7 +1,7 @@
 # ruff: noqa: E501  (the table of cases reads best one case a line)
 """Every hostile-input reproduction (no input may hang, crash or silently mislead), run as written.
 
-    python benchmarks/hardening.py [--timeout 30] [--only R4] [--pythonpath DIR]
+    python benchmarks/hardening.py [--timeout 30] [--only R4] [--pythonpath DIR] [--before DIR]
 
 Each case runs in a fresh process (the CLI through the installed `lmcore` script, the rest
 through `python -c`), with the fake distributions it needs on PYTHONPATH. The table gives the
@@ -10,7 +10,11 @@ said (stderr for the CLI, the printed outcome for Python snippets). `lmcore buil
 --device meta` and `python -c "import lmcore.model.transformer"` are timed too: the least a command costs.
 
 `--pythonpath DIR` puts DIR (and DIR/plugins) first on the children's path, to run the same
-cases against another checkout (e.g. `git archive main | tar -x -C /tmp/base`).
+cases against another checkout (e.g. `git archive main | tar -x -C /tmp/base`); `--before DIR`
+runs each case against DIR first and prints one before -> after table. The H cases (files,
+runs and data directories, checkpoint integrity, the command-line contract) prepare their
+files first; H3, H5f's generation aside, H6a-b, H7k and H8e-f need transformers (the test
+extra), H7a-b mount a 2 MB tmpfs (root only; else they report the setup's error).
 
 Never run by the test suite; the tests reproduce each case on its own.
 """
@@ -39,8 +43,10 @@ class Case:
     code: str | None = None  # a Python snippet
     env: dict[str, str] = field(default_factory=dict)
     sites: tuple[str, ...] = ()  # fake distributions to put on the path
-    stdout: str | None = None  # a file to send stdout to (e.g. /dev/full)
+    stdout: str | None = None  # a file to send stdout to (e.g. /dev/full), or "closed"
     timeout: float | None = None  # seconds, when the default is too short (torch.compile)
+    setup: str | None = None  # Python run first in the case's directory (PRELUDE's helpers)
+    teardown: str | None = None  # Python run after it, whatever happened
 
 
 # ------------------------------------------------------------------ fake distributions
@@ -273,6 +279,231 @@ def compiled(backend: str, token: int) -> str:
     """)
 
 
+# ------------------------------------------------------------------ files, runs and data
+# The cases below reproduce "Nothing lost, nothing silently wrong": run and data directories,
+# overwrites, checkpoint integrity, confinement and the command-line contract. Each prepares
+# its files with PRELUDE's helpers (run with the checkout under test), then runs as written.
+
+S = "vocab_size=300, context_length=32, d_model=32, num_layers=1, num_heads=2"
+TRAIN = ["--steps", "100000", "--batch-size", "2", "--eval-every", "0", "--eval-batches", "1",
+         "--save-every", "1", "--keep", "0", "--log-every", "1"]  # fmt: skip
+PRELUDE = textwrap.dedent(f"""
+    import json, os, shutil, signal, struct, subprocess, sys, time
+    from pathlib import Path
+    S = {S!r}
+    TRAIN = {TRAIN!r}
+    LMCORE = str(Path(sys.executable).parent / "lmcore")
+
+    def text(root="text", n=24):
+        root = Path(root); root.mkdir(exist_ok=True)
+        for i in range(n):
+            lines = [f"def f{{(i + k) % 5}}(x):\\n    return x * {{k % 3}} + {{(i * k) % 4}}\\n"
+                     for k in range(12)]
+            (root / f"doc{{i:02d}}.py").write_text("".join(lines))
+        return root
+
+    def data(out="d300"):
+        subprocess.run([LMCORE, "data", "prepare", str(text()), "--out", out, "--vocab-size",
+                        "300", "--val-fraction", "0.2", "--split-block", "64"], check=True,
+                       capture_output=True)
+        return out
+
+    def words(path, mb):  # mb megabytes of random words, slow enough to overlap another run
+        import random
+        rng = random.Random(0)
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "w") as f:
+            for _ in range(mb * 100):
+                f.write(" ".join("".join(rng.choices("abcdefgh", k=rng.randint(1, 8)))
+                                 for _ in range(2000)) + "\\n")
+
+    def ckpt(path="m.safetensors", spec=S, change=None):
+        import torch, lmcore
+        torch.manual_seed(0)
+        model = lmcore.build_model(spec)
+        if change:
+            with torch.no_grad():
+                change(model)
+        return str(model.save(path))
+
+    def edit(src, out, header=None, data=None):  # the bytes changed, the checksums not
+        raw = Path(src).read_bytes(); (n,) = struct.unpack("<Q", raw[:8])
+        h, body = json.loads(raw[8:8 + n]), bytearray(raw[8 + n:])
+        header and header(h); data and data(h, body)
+        t = json.dumps(h).encode(); t += b" " * (-len(t) % 8)
+        Path(out).write_bytes(struct.pack("<Q", len(t)) + t + bytes(body))
+
+    def llama(d, shard=False):
+        import torch
+        from transformers import LlamaConfig, LlamaForCausalLM
+        torch.manual_seed(0)
+        cfg = LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=48,
+                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                          max_position_embeddings=32, rms_norm_eps=1e-5)
+        m = LlamaForCausalLM(cfg)
+        m.save_pretrained(d, max_shard_size="20KB" if shard else "5GB")
+        m.generation_config.save_pretrained(d)
+
+    def background(*argv, wait_for=None, seconds=60):  # a second process, recorded for teardown
+        p = subprocess.Popen([LMCORE, *argv], stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+        Path("background.pid").write_text(str(p.pid))
+        end = time.time() + seconds
+        while wait_for is not None and not wait_for() and time.time() < end:
+            time.sleep(0.2)
+        return p
+
+    def stop_background():
+        f = Path("background.pid")
+        if f.exists():
+            try:
+                os.kill(int(f.read_text()), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def running(run):
+        try:
+            return json.loads(Path(run, "run.json").read_text())["status"]["state"] == "running"
+        except Exception:
+            return False
+
+    def tmpfs(d, size="2m"):  # a small full-able disk; needs root
+        Path(d).mkdir(exist_ok=True)
+        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={{size}}", "tmpfs", d], check=True)
+""")
+
+
+def integrity(tensor_change: str) -> str:
+    return f"data(); ckpt(); edit('m.safetensors', 'bad.safetensors', {tensor_change})"
+
+
+FLIP = "data=lambda h, b: b.__setitem__(h['lm_head.weight']['data_offsets'][0] + 100, 0)"
+NAN_BYTES = ("data=lambda h, b: b.__setitem__(slice(h['ln_final.weight']['data_offsets'][0], "
+             "h['ln_final.weight']['data_offsets'][0] + 4), struct.pack('<f', float('nan')))")  # fmt: skip
+SWAP = textwrap.dedent("""
+    def swap(h):
+        q, k = h['layers.0.attn.q_proj.weight'], h['layers.0.attn.k_proj.weight']
+        q['data_offsets'], k['data_offsets'] = k['data_offsets'], q['data_offsets']
+    data(); ckpt(); edit('m.safetensors', 'bad.safetensors', header=swap)
+""")
+TIE = ("data(); ckpt(); edit('m.safetensors', 'bad.safetensors', header=lambda h: "
+       "h['__metadata__'].__setitem__('lmcore.tied', json.dumps({'lm_head.weight': "
+       "'token_embeddings.weight'})))")  # fmt: skip
+INT32 = textwrap.dedent("""
+    import torch
+    from safetensors.torch import load_file, save_file
+    from safetensors import safe_open
+    ckpt()
+    with safe_open('m.safetensors', 'pt') as f:
+        meta = dict(f.metadata())
+    t = load_file('m.safetensors'); t['ln_final.weight'] = torch.full((32,), 2, dtype=torch.int32)
+    if 'lmcore.checksums' in meta:  # a file consistent in itself: only the dtype is wrong
+        from lmcore.model.saving import checksums_json
+        meta['lmcore.checksums'] = checksums_json(t)
+    save_file(t, 'bad.safetensors', metadata=meta)
+""")
+NAN_SAVED = (
+    "data(); ckpt('nan.safetensors', change=lambda m: m.ln_final.weight.fill_(float('nan')))"
+)
+SHARD = textwrap.dedent("""
+    llama('hf', shard=True)
+    index = Path('hf/model.safetensors.index.json'); d = json.loads(index.read_text())
+    last = sorted(set(d['weight_map'].values()))[-1]
+    Path('hf', last).rename('other.safetensors')
+    target = {target!r} or str(Path('other.safetensors').resolve())
+    d['weight_map'] = {{k: target if v == last else v for k, v in d['weight_map'].items()}}
+    index.write_text(json.dumps(d))
+""")
+META_EDIT = "data(); m = json.loads(Path('d300/meta.json').read_text()); {0}; Path('d300/meta.json').write_text(json.dumps(m))"
+KILLED_PREPARE = textwrap.dedent("""
+    words('big/a.txt', 30)
+    p = subprocess.Popen([LMCORE, 'data', 'prepare', 'big', '--out', 'out', '--vocab-size', '300'],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    def growing():  # a temporary token file being written: the encoding pass is under way
+        return [q for q in Path('.').rglob('*.tmp') if q.is_file() and q.stat().st_size > 0]
+    end = time.time() + 100
+    while not growing() and time.time() < end and p.poll() is None:
+        time.sleep(0.1)
+    p.send_signal(signal.SIGKILL); p.wait()
+    killed = sum(q.stat().st_size for q in growing())
+    r = subprocess.run([LMCORE, 'data', 'prepare', str(text()), '--out', 'out', '--vocab-size',
+                        '300', '--force'], capture_output=True, text=True)
+    left = [str(q) for q in Path('.').rglob('*.tmp')]
+    print(f"killed with {killed:,} bytes of temporary files; the next prepare exit "
+          f"{r.returncode}; left: {len(left)} ({sum(Path(q).stat().st_size if Path(q).is_file() else 0 for q in left):,} bytes)")
+""")
+
+
+def file_cases() -> list[Case]:
+    return [
+        Case("H1a", "train --resume RUN while RUN trains", ["train", "--resume", "runs/dual", "--steps", "100000"],
+             setup="data(); background('train', S, '--data', 'd300', '--out', 'runs/dual', *TRAIN, wait_for=lambda: running('runs/dual'))",
+             teardown="stop_background()", timeout=20),
+        Case("H1b", "data prepare into DIR while another prepares it",
+             ["data", "prepare", "text", "--out", "shared", "--vocab-size", "300"],
+             setup="text(); words('big/a.txt', 30); background('data', 'prepare', 'big', '--out', 'shared', '--vocab-size', '300'); time.sleep(3)",
+             teardown="stop_background()", timeout=60),
+        Case("H2", "prepare --force from a non-UTF-8 path over good data",
+             ["data", "prepare", os.fsdecode(b"src/dir\xff"), "--out", "d300", "--vocab-size", "300", "--force"],
+             setup="data(); shutil.copytree('text', os.fsdecode(b'src/dir\\xff'))",
+             teardown="print(sorted(os.listdir('d300')))"),
+        Case("H3a", "convert --to-hf into a copy of another model's directory", ["convert", "--to-hf", "m.safetensors", "hf"],
+             setup="ckpt(); llama('hf')", teardown="print(sorted(os.listdir('hf')))"),
+        Case("H3b", "convert --to-hf into a directory with an unrelated config.json", ["convert", "--to-hf", "m.safetensors", "u"],
+             setup="ckpt(); Path('u').mkdir(); Path('u/config.json').write_text('{}')"),
+        Case("H4", "prepare 50 MB of letters without whitespace",
+             ["data", "prepare", "nows", "--out", "d", "--vocab-size", "10000"], timeout=300,
+             setup="import numpy as np; Path('nows').mkdir(); Path('nows/a.txt').write_bytes(np.random.default_rng(0).integers(97, 123, 50_000_000, dtype=np.uint8).tobytes())"),
+        Case("H5a", "a flipped byte in lm_head.weight: load", code="lmcore.load('bad.safetensors'); print('loaded')", setup=integrity(FLIP)),
+        Case("H5b", "a NaN written into ln_final's bytes: load", code="lmcore.load('bad.safetensors'); print('loaded')", setup=integrity(NAN_BYTES)),
+        Case("H5c", "q_proj and k_proj offsets swapped: load", code="lmcore.load('bad.safetensors'); print('loaded')", setup=SWAP),
+        Case("H5d", "lmcore.tied added to an untied model: load",
+             code="import torch; m = lmcore.load('bad.safetensors'); print('loaded; lm_head kept:', torch.equal(m.lm_head.weight, lmcore.load('m.safetensors').lm_head.weight))",
+             setup=TIE),
+        Case("H5e", "an int32 tensor: load", code="m = lmcore.load('bad.safetensors'); print('loaded as', m.ln_final.weight.dtype)", setup=INT32),
+        Case("H5f", "NaN in ln_final (saved so): greedy generate",
+             ["generate", "nan.safetensors", "--prompt-ids", "1,2", "--temperature", "0", "--max-new-tokens", "4", "--tokenizer", "d300/tokenizer.json"],
+             setup=NAN_SAVED),
+        Case("H6a", "an index naming /abs/other.safetensors: --from-hf", ["convert", "--from-hf", "hf", "out.safetensors"], setup=SHARD.format(target=None)),
+        Case("H6b", "an index naming ../other.safetensors: --from-hf", ["convert", "--from-hf", "hf", "out.safetensors"], setup=SHARD.format(target="../other.safetensors")),
+        Case("H6c", "meta.json's train split an absolute path elsewhere: train", ["train", S, "--data", "d300", "--out", "r", "--steps", "1"],
+             setup=META_EDIT.format("shutil.copy('d300/train.bin', 'elsewhere.bin'); m['splits']['train']['file'] = str(Path('elsewhere.bin').resolve())")),
+        Case("H7a", "a checkpoint save onto a full disk (2 MB tmpfs)", ["train", S.replace("d_model=32", "d_model=256"), "--data", "d300", "--out", "full/run", "--steps", "3", "--batch-size", "2", "--eval-batches", "1", "--save-every", "1"],
+             setup="data(); tmpfs('full')", teardown="subprocess.run(['umount', 'full'])"),
+        Case("H7b", "build --save onto a full disk (2 MB tmpfs)", ["build", "vocab_size=2000, context_length=32, d_model=512, num_layers=1, num_heads=2", "--save", "full/m.safetensors"],
+             setup="tmpfs('full')", teardown="subprocess.run(['umount', 'full'])"),
+        Case("H7c", "data prepare --vocab-size 1000000000", ["data", "prepare", "text", "--out", "d", "--vocab-size", "1000000000"], setup="text()"),
+        Case("H7d", "train --batch-size 1000000000", ["train", S, "--data", "d300", "--out", "r", "--batch-size", "1000000000"],
+             setup="data()", teardown="print('run left:', os.path.exists('r'))"),
+        Case("H7e", "generate --temperature 1e-40", ["generate", "m.safetensors", "--prompt-ids", "1,2", "--temperature", "1e-40", "--max-new-tokens", "3"], setup="ckpt()"),
+        Case("H7f", "generate --temperature 5e-324", ["generate", "m.safetensors", "--prompt-ids", "1,2", "--temperature", "5e-324", "--max-new-tokens", "3"], setup="ckpt()"),
+        Case("H7g", "invalid UTF-8 in --prompt", ["generate", "m.safetensors", "--prompt", os.fsdecode(b"a\xffb"), "--tokenizer", "d300/tokenizer.json"], setup="data(); ckpt()"),
+        Case("H7h", "generate with stdout closed", ["generate", "m.safetensors", "--prompt-ids", "1,2", "--max-new-tokens", "2"], setup="ckpt()", stdout="closed"),
+        Case("H7i", "plugins with stdout closed", ["plugins"], stdout="closed"),
+        Case("H7j", "lmcore.components nested 50,000 deep: describe", ["describe", "bad.safetensors"],
+             setup="ckpt(); edit('m.safetensors', 'bad.safetensors', header=lambda h: h['__metadata__'].__setitem__('lmcore.components', '[' * 50000 + ']' * 50000))"),
+        Case("H7k", "config.json nested 100,000 deep: --from-hf", ["convert", "--from-hf", "hf", "o.safetensors"],
+             setup="llama('hf'); Path('hf/config.json').write_text('{\"a\": ' * 100000 + '1' + '}' * 100000)"),
+        Case("H8a", "meta.json eot_id = vocab_size: train", ["train", S, "--data", "d300", "--out", "r", "--steps", "1"],
+             setup=META_EDIT.format("m['eot_id'] = m['vocab_size']")),
+        Case("H8b", "a spec vocab of 200 on 277-token data", ["train", S.replace("vocab_size=300", "vocab_size=200"), "--data", "d300", "--out", "r"], setup="data()"),
+        Case("H8c", "a self-looping symlink as SOURCE", ["data", "prepare", "self", "--out", "d"], setup="Path('a.txt').write_text('x'); os.symlink('self', 'self')"),
+        Case("H8d", "build --save onto a directory", ["build", S, "--save", "adir"], setup="Path('adir').mkdir()"),
+        Case("H8e", "rms_norm_eps NaN in config.json: --from-hf", ["convert", "--from-hf", "hf", "o.safetensors"],
+             setup="llama('hf'); c = json.loads(Path('hf/config.json').read_text()); c['rms_norm_eps'] = float('nan'); Path('hf/config.json').write_text(json.dumps(c))"),
+        Case("H8f", "missing + extra + misshapen tensors: --from-hf", ["convert", "--from-hf", "hf", "o.safetensors"],
+             setup="import torch; from safetensors.torch import load_file, save_file; llama('hf'); t = load_file('hf/model.safetensors'); del t['model.layers.1.mlp.up_proj.weight']; t['x.bias'] = torch.zeros(3); t['model.norm.weight'] = torch.ones(31); save_file(t, 'hf/model.safetensors', metadata={'format': 'pt'})"),
+        Case("H8h", "a prompt longer than the context", ["generate", "m.safetensors", "--prompt-ids", ",".join(["1"] * 40)], setup="ckpt()"),
+        Case("H8i", "an ANSI escape in lmcore.lmcore_version: describe", ["describe", "bad.safetensors"],
+             setup="ckpt(); edit('m.safetensors', 'bad.safetensors', header=lambda h: h['__metadata__'].__setitem__('lmcore.lmcore_version', '\x1b[31mred\x1b[0m' + '9' * 1000))"),
+        Case("H8j", "a SIGKILLed prepare, then prepare --force", code=KILLED_PREPARE, timeout=120),
+        Case("H8k", "train into a stub run left by a killed start", ["train", S, "--data", "d300", "--out", "r", "--steps", "1", "--eval-batches", "1"],
+             setup="data(); Path('r').mkdir(); Path('r/run.json').write_text(json.dumps({'format': 'lmcore-run', 'version': 1, 'tag': 't', 'status': {'state': 'starting'}}))"),
+        Case("H8l", "meta vocab 100 with a 277-token tokenizer: train", ["train", S, "--data", "d300", "--out", "r", "--steps", "1", "--eval-batches", "1"],
+             setup=META_EDIT.format("m['vocab_size'] = 100")),
+    ]  # fmt: skip
+
+
 def cases() -> list[Case]:
     sp = "lmcore.parse_spec"
     return [
@@ -348,6 +579,7 @@ def cases() -> list[Case]:
              sites=("quiet",)),
         Case("R14c", "a plugin that sleeps 4 s at import", ["build", "cs336-tiny"], sites=("sleepy",)),
         Case("R15", "CS336 state dict into tie_embeddings=true", code=TIED),
+        *file_cases(),
     ]  # fmt: skip
 
 
@@ -362,32 +594,57 @@ def run(
         command = [script or "lmcore", *case.argv]
     else:
         wrapped = (
-            "import lmcore\ntry:\n"
+            PRELUDE
+            + "import lmcore\ntry:\n"
             + textwrap.indent(textwrap.dedent(case.code or ""), "    ")
             + "\nexcept BaseException as e:\n"
             "    line = (str(e).splitlines() or [''])[0]\n"
             "    print(f'{type(e).__name__}: {line}')\n"
         )
         command = [sys.executable, "-c", wrapped]
-    paths = [*pythonpath, *(str(make_site(root / case.id, s)) for s in case.sites)]
+    # From a directory of its own: `python -c` would otherwise import ./lmcore of the checkout.
+    here = root / case.id
+    here.mkdir(parents=True, exist_ok=True)
+    paths = [*pythonpath, *(str(make_site(here, s)) for s in case.sites)]
     env = {**os.environ, **case.env}
     env["PYTHONPATH"] = os.pathsep.join([*paths, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    out_file = open(case.stdout, "w") if case.stdout else subprocess.PIPE  # noqa: SIM115
+    if case.setup is not None:
+        done = subprocess.run([sys.executable, "-c", PRELUDE + case.setup], env=env, cwd=here,
+                              capture_output=True, text=True, check=False)  # fmt: skip
+        if done.returncode:
+            return "setup", 0.0, float("nan"), _last_error(done.stderr.splitlines())
+    try:
+        code, seconds, rss, shown = _run(case, command, env, here, timeout)
+    finally:
+        after = ""
+        if case.teardown is not None:
+            done = subprocess.run([sys.executable, "-c", PRELUDE + case.teardown], env=env,
+                                  cwd=here, capture_output=True, text=True, check=False)  # fmt: skip
+            after = done.stdout.strip().replace("\n", "; ")
+    return code, seconds, rss, shown + (f" [then: {after}]" if after else "")
+
+
+def _run(
+    case: Case, command: list[str], env: dict[str, str], here: Path, timeout: float
+) -> tuple[str, float, float, str]:
+    closed = case.stdout == "closed"
+    out_file = open(case.stdout, "w") if case.stdout and not closed else subprocess.PIPE  # noqa: SIM115
     start = time.perf_counter()
-    # From a directory of its own: `python -c` would otherwise import ./lmcore of the checkout.
-    proc = _Popen(command, env=env, stdout=out_file, stderr=subprocess.PIPE, cwd=root)
+    proc = _Popen(command, env=env, stdout=None if closed else out_file, stderr=subprocess.PIPE,
+                  cwd=here, preexec_fn=(lambda: os.close(1)) if closed else None)  # fmt: skip
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.communicate()
-        return "timeout", timeout, float("nan"), f"still running after {timeout:.0f} s (killed)"
+        return "timeout", timeout, _child_rss(proc), f"still running after {timeout:.0f} s (killed)"
     finally:
-        if case.stdout:
+        if case.stdout and not closed:
             out_file.close()  # type: ignore[union-attr]
     seconds = time.perf_counter() - start
     # Peak RSS of that child alone: ru_maxrss of RUSAGE_CHILDREN is a max over all of them.
     rss = _child_rss(proc)
+    out = out or b""
     text = (err if case.argv is not None else out or err).decode(errors="replace")
     lines = [line for line in text.splitlines() if line.strip()]
     if case.argv is not None and proc.returncode == 0 and out:
@@ -424,23 +681,46 @@ class _Popen(subprocess.Popen):  # type: ignore[type-arg]
         return pid, status
 
 
+def _cell(text: str) -> str:
+    """The outcome, its middle left out when long: the end of a message often holds the fix."""
+    text = text.replace("|", "\\|")
+    return text if len(text) <= SHOW else f"{text[: SHOW // 2 - 2]} ... {text[-(SHOW // 2 - 2) :]}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--timeout", type=float, default=30.0)
     parser.add_argument("--only", nargs="*", default=[], help="case ids, e.g. R4a R10")
     parser.add_argument("--pythonpath", help="a checkout to run instead of the installed lmcore")
+    parser.add_argument(
+        "--before", help="a checkout to run first: one table of before -> after per case"
+    )
     args = parser.parse_args()
-    extra = [args.pythonpath, str(Path(args.pythonpath) / "plugins")] if args.pythonpath else []
+
+    def path(checkout: str | None) -> list[str]:
+        return [checkout, str(Path(checkout) / "plugins")] if checkout else []
+
     chosen = [c for c in cases() if not args.only or any(c.id.startswith(o) for o in args.only)]
-    print("| case | input | exit | s | peak RSS MB | outcome |\n|---|---|---:|---:|---:|---|")
     with tempfile.TemporaryDirectory() as tmp:
+        if args.before is None:
+            print(
+                "| case | input | exit | s | peak RSS MB | outcome |\n|---|---|---:|---:|---:|---|"
+            )
+        else:
+            print("| case | input | before: exit, peak RSS MB, outcome | after: exit, peak RSS MB, "
+                  "outcome |\n|---|---|---|---|")  # fmt: skip
         for case in chosen:
-            code, seconds, rss, shown = run(case, Path(tmp), case.timeout or args.timeout, extra)
-            shown = shown.replace("|", "\\|")
-            if len(shown) > SHOW:
-                shown = shown[: SHOW - 3] + "..."
-            print(f"| {case.id} | {case.what} | {code} | {seconds:.2f} | {rss:.0f} | {shown} |",
-                  flush=True)  # fmt: skip
+            timeout = case.timeout or args.timeout
+            if args.before is None:
+                code, seconds, rss, shown = run(case, Path(tmp), timeout, path(args.pythonpath))
+                print(f"| {case.id} | {case.what} | {code} | {seconds:.2f} | {rss:.0f} | "
+                      f"{_cell(shown)} |", flush=True)  # fmt: skip
+                continue
+            cells = []
+            for name, checkout in (("before", args.before), ("after", args.pythonpath)):
+                code, _, rss, shown = run(case, Path(tmp) / name, timeout, path(checkout))
+                cells.append(f"{code}, {rss:.0f} MB: {_cell(shown)}")
+            print(f"| {case.id} | {case.what} | {cells[0]} | {cells[1]} |", flush=True)
 
 
 if __name__ == "__main__":

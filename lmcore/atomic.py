@@ -8,9 +8,11 @@
 The temporary file lives in the destination's directory (a rename is atomic only within one file
 system) under a hidden name, `.NAME.<random>.tmp`. When the block ends without an exception the
 file is flushed to disk (fsync), renamed over the destination (`os.replace`), and the directory is
-fsync'ed so that the rename itself survives a power loss. When the block raises, the temporary file
-is removed and the destination is untouched. A process killed outright (SIGKILL, power loss) may
-leave a stale temporary file beside the destination, never a partial file under its name.
+fsync'ed so that the rename itself survives a power loss. When the block raises, the temporary
+file is removed and the destination is untouched; an `OSError` about the temporary file (a full
+disk) names the destination instead. A destination that is a directory is refused first. A
+process killed outright (SIGKILL, power loss) may leave a stale temporary file beside the
+destination, never a partial file under its name.
 
 No torch here: the training runner uses these helpers for its own files too.
 """
@@ -18,6 +20,7 @@ No torch here: the training runner uses these helpers for its own files too.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import secrets
 from collections.abc import Iterator
@@ -35,12 +38,20 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     `open(path, "w")` would give (0o666 less the umask).
     """
     dest = Path(path)
+    if dest.is_dir():
+        raise IsADirectoryError(errno.EISDIR, "is a directory; give a file path", str(dest))
     directory = dest.parent
     tmp = _create_temporary(directory, dest.name)
     try:
         yield tmp
         _fsync_file(tmp)
         os.replace(tmp, dest)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        if e.filename in (str(tmp), tmp):  # name the file the caller asked for, not ours
+            raise type(e)(e.errno, e.strerror, str(dest)) from None
+        raise
     except BaseException:
         with contextlib.suppress(OSError):
             tmp.unlink()

@@ -21,6 +21,7 @@ file gets a message that says what is wrong with it.
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import pickle
 import re
@@ -38,8 +39,15 @@ from torch import Tensor, nn
 
 from lmcore.blueprint import Blueprint, resolve
 from lmcore.components import KINDS
-from lmcore.errors import CheckpointError, CheckpointWarning, RegistryError, SpecError
-from lmcore.model.saving import FORMAT_VERSION, KEYS, PREFIX, SUFFIX, dtype_of
+from lmcore.errors import (
+    CheckpointError,
+    CheckpointWarning,
+    NonFiniteWeightsWarning,
+    RegistryError,
+    SpecError,
+    clip,
+)
+from lmcore.model.saving import CHECKSUM, FORMAT_VERSION, KEYS, PREFIX, SUFFIX, checksum, dtype_of
 from lmcore.model.transformer import TransformerLM, unwrap
 from lmcore.registry import Entry, Registry, get_registry, normalize_dist
 from lmcore.spec import SLOTS, ModelSpec, parse_items
@@ -54,6 +62,8 @@ __all__ = [
     "SavedComponent",
     "TensorInfo",
     "build_from_checkpoint",
+    "check_dtypes",
+    "check_finite",
     "find_checkpoint",
     "is_checkpoint_path",
     "load",
@@ -65,6 +75,7 @@ __all__ = [
     "save",
     "spec_or_checkpoint",
     "step_dirs",
+    "verify_checksums",
 ]
 
 # Where model files sit: a checkpoint directory holds MODEL_FILE; a run directory (marked by
@@ -82,6 +93,7 @@ _ITEMSIZE: Final = {
     "I64": 8, "U64": 8, "F64": 8, "C64": 8,
 }  # fmt: skip
 _LISTED: Final = 12  # names shown per group in a mismatch message
+_MAX_NAME: Final = 200  # characters of a name or version lmcore's metadata may hold
 
 
 # ------------------------------------------------------------------------------ the header
@@ -89,10 +101,12 @@ _LISTED: Final = 12  # names shown per group in a mismatch message
 
 @dataclass(frozen=True)
 class TensorInfo:
-    """One tensor as the header describes it: safetensors dtype code (e.g. "F32") and shape."""
+    """One tensor as the header describes it: safetensors dtype code (e.g. "F32"), shape, and
+    where its bytes lie (offsets from the start of the data, which follows the header)."""
 
     dtype: str
     shape: tuple[int, ...]
+    offsets: tuple[int, int] = (0, 0)
 
 
 @dataclass(frozen=True)
@@ -103,6 +117,12 @@ class Header:
     metadata: Mapping[str, str]
     tensors: Mapping[str, TensorInfo]
     size: int  # of the whole file, in bytes
+    data_start: int = 0  # the byte of the file where the tensors' data begins
+
+    @property
+    def checksums(self) -> Mapping[str, str] | None:
+        """`lmcore.checksums`' table {tensor: CRC-32 hex}; None when the file has none."""
+        return _checksums(self.path, self.metadata)
 
 
 def read_header(path: str | os.PathLike[str]) -> Header:
@@ -149,6 +169,8 @@ def read_header(path: str | os.PathLike[str]) -> Header:
         parsed = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise corrupted(f"it is not valid JSON ({e})") from None
+    except RecursionError:
+        raise corrupted("its JSON nests deeper than Python's parser follows") from None
     if not isinstance(parsed, dict):
         raise corrupted(f"it is a JSON {type(parsed).__name__}, not an object")
     metadata = parsed.pop("__metadata__", None) or {}
@@ -179,7 +201,7 @@ def read_header(path: str | os.PathLike[str]) -> Header:
                 f"tensor {name!r} ({dtype}, shape {tuple(shape)}) should take "
                 f"{numel * _ITEMSIZE[dtype]:,} bytes, its offsets give {offsets[1] - offsets[0]:,}"
             )
-        tensors[name] = TensorInfo(dtype, tuple(shape))
+        tensors[name] = TensorInfo(dtype, tuple(shape), (offsets[0], offsets[1]))
         spans.append((offsets[0], offsets[1], name))
     end = 0
     for start, stop, name in sorted(spans):
@@ -194,7 +216,7 @@ def read_header(path: str | os.PathLike[str]) -> Header:
         )
     if end < data:
         raise corrupted(f"{data - end:,} bytes follow the last tensor")
-    return Header(p, metadata, tensors, size)
+    return Header(p, metadata, tensors, size, 8 + length)
 
 
 def _not_safetensors(p: Path, head: bytes, size: int) -> CheckpointError:
@@ -256,6 +278,8 @@ class CheckpointInfo:
     metadata: Mapping[str, str]  # the caller's own keys (everything outside lmcore.*)
     tensors: Mapping[str, TensorInfo]  # as stored: a tied alias is not among them
     size: int  # bytes
+    checksums: Mapping[str, str] | None = None  # CRC-32 per stored tensor; None: saved without
+    data_start: int = 0  # the byte where the tensors' data begins
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -294,7 +318,7 @@ def read_info(path: str | os.PathLike[str]) -> CheckpointInfo:
         )
     components: dict[str, SavedComponent] = {}
     try:
-        table = json.loads(meta.get(KEYS["components"], ""))
+        table = _json(meta.get(KEYS["components"], ""))
         for kind in KINDS:
             row = table[kind]
             components[kind] = SavedComponent(
@@ -308,7 +332,7 @@ def read_info(path: str | os.PathLike[str]) -> CheckpointInfo:
     except (json.JSONDecodeError, KeyError, TypeError) as e:
         raise bad(KEYS["components"], f"cannot be read ({type(e).__name__}: {e})") from None
     try:
-        tied = json.loads(meta.get(KEYS["tied"], "{}"))
+        tied = _json(meta.get(KEYS["tied"], "{}"))
         if not isinstance(tied, dict) or not all(isinstance(v, str) for v in tied.values()):
             raise TypeError("not a mapping of names")
     except (json.JSONDecodeError, TypeError) as e:
@@ -318,6 +342,19 @@ def read_info(path: str | os.PathLike[str]) -> CheckpointInfo:
         raise bad(
             KEYS["tied"], f"names tensors the file does not hold: {', '.join(missing_stored)}"
         )
+    for key, value in [
+        (KEYS["lmcore_version"], meta.get(KEYS["lmcore_version"], "?")),
+        (KEYS["torch_version"], meta.get(KEYS["torch_version"], "?")),
+        *(
+            (f"{KEYS['components']} ({c.kind})", v)
+            for c in components.values()
+            for v in (c.name, c.plugin, c.module, c.dist or "", c.version or "")
+        ),
+    ]:
+        if len(value) > _MAX_NAME or not value.isprintable():
+            # lmcore writes names and versions; control characters (terminal escapes) or
+            # megabytes in their place would reach every terminal that shows them
+            raise bad(key, f"is not a short printable string ({clip(value)})")
     dtype = meta.get(KEYS["dtype"], "")
     _dtype(dtype, p)
     return CheckpointInfo(
@@ -332,7 +369,73 @@ def read_info(path: str | os.PathLike[str]) -> CheckpointInfo:
         metadata={k: v for k, v in meta.items() if not k.startswith(PREFIX) and k != "format"},
         tensors=header.tensors,
         size=header.size,
+        checksums=header.checksums,
+        data_start=header.data_start,
     )
+
+
+def _json(text: str) -> Any:
+    """`json.loads`, with nesting too deep for Python's parser a `json.JSONDecodeError` too."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise json.JSONDecodeError("nested deeper than Python's parser follows", text, 0) from None
+
+
+def _checksums(path: Path, metadata: Mapping[str, str]) -> Mapping[str, str] | None:
+    raw = metadata.get(KEYS["checksums"])
+    if raw is None:
+        return None
+    try:
+        parsed = _json(raw)
+        table = parsed["tensors"]
+        if parsed.get("algorithm") != CHECKSUM or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in table.items()
+        ):
+            raise TypeError(f"not a {CHECKSUM} table of strings")
+    except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
+        raise CheckpointError(
+            f"{path}: has damaged lmcore metadata: {KEYS['checksums']} cannot be read "
+            f"({type(e).__name__}: {e}); the file was edited or damaged after lmcore saved it"
+        ) from None
+    return dict(table)
+
+
+def verify_checksums(source: Header | CheckpointInfo) -> None:
+    """Check every stored tensor's bytes against the CRC-32 saved with it (`lmcore.checksums`),
+    reading the file once, through a memory map. `CheckpointError` naming each tensor whose
+    bytes differ (flipped bytes; two tensors' offsets swapped; data of another tensor), and each
+    one the table lacks or names without the file holding it. A file saved without checksums
+    (before lmcore wrote them) has nothing to verify and passes."""
+    sums = source.checksums
+    if sums is None:
+        return
+    problems = []
+    stored = set(source.tensors)
+    extra = sorted(set(sums) - stored)
+    if extra:
+        problems.append(f"checksums of tensors it does not hold: {_listed(extra)}")
+    lacking = sorted(stored - set(sums))
+    if lacking:
+        problems.append(f"no checksum for {_listed(lacking)}")
+    differ: list[str] = []
+    with open(source.path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+        view = memoryview(m)
+        try:
+            for name, t in source.tensors.items():
+                start, end = (source.data_start + o for o in t.offsets)
+                if name in sums and checksum(view[start:end]) != sums[name]:
+                    differ.append(name)
+        finally:
+            view.release()
+    if differ:
+        problems.insert(0, f"the bytes of {_listed(differ)} do not match their {CHECKSUM}")
+    if problems:
+        raise CheckpointError(
+            f"{source.path}: fails its integrity check: {'; '.join(problems)}. The file was "
+            "damaged or changed after lmcore saved it (a bad disk or copy?): restore it from a "
+            "good copy (lmcore.load(..., verify=False) loads it unchecked)"
+        )
 
 
 def _dtype(name: str, path: Path) -> torch.dtype:
@@ -527,17 +630,29 @@ def load(
     device: torch.device | str | None = None,
     dtype: torch.dtype | None = None,
     registry: Registry | None = None,
+    *,
+    verify: bool = True,
+    nonfinite: str = "warn",
 ) -> TransformerLM:
     """Rebuild the model a checkpoint describes and load its weights, strictly and without pickle.
 
     `path` is a model file, a checkpoint directory or a run directory (`find_checkpoint`).
     The model is built from the embedded spec through `registry` (default: the one in use) on
-    `device` (default CPU) in `dtype` (default: the dtype it was saved in; another converts).
-    Raises `CheckpointError` naming the file and what to do: an unreadable or damaged file, a
-    component whose plugin is not installed, tensors that are missing, unexpected or misshapen.
+    `device` (default CPU) in `dtype` (default: the dtype it was saved in; giving one converts
+    every tensor to it). Raises `CheckpointError` naming the file and what to do: an unreadable
+    or damaged file, a component whose plugin is not installed, tensors that are missing,
+    unexpected, misshapen or of another kind (integers where the model holds floats), a tie the
+    stored tensors contradict.
+
+    `verify` (default on) first checks each tensor's bytes against the CRC-32 saved with it
+    (`verify_checksums`; about the cost of copying the file once); files saved before lmcore
+    wrote checksums have none to check. `nonfinite`: what a NaN or infinite weight does:
+    "warn" (a `NonFiniteWeightsWarning` naming the tensors), "error" (a `CheckpointError`) or
+    "ignore".
     """
     info = read_info(find_checkpoint(path))
-    return build_from_checkpoint(info, resolve_checkpoint(info, registry), device, dtype)
+    bp = resolve_checkpoint(info, registry)
+    return build_from_checkpoint(info, bp, device, dtype, verify=verify, nonfinite=nonfinite)
 
 
 def build_from_checkpoint(
@@ -546,28 +661,139 @@ def build_from_checkpoint(
     device: torch.device | str | None = None,
     dtype: torch.dtype | None = None,
     max_bytes: int | None = None,
+    *,
+    verify: bool = True,
+    nonfinite: str = "warn",
 ) -> TransformerLM:
     """`load`'s second half, for a caller that has resolved the checkpoint already
     (`resolve_checkpoint`): build `blueprint` and load the checkpoint's weights into it.
-    `max_bytes`: as `build_model`'s size check."""
+    `max_bytes`: as `build_model`'s size check; `verify`, `nonfinite`: as `load`'s."""
+    if verify:
+        verify_checksums(info)  # before anything is allocated
     model = TransformerLM(
         blueprint, device=device, dtype=dtype or info.torch_dtype, max_bytes=max_bytes
     )
-    load_weights(model, info)
+    load_weights(model, info, verify=False, convert=dtype is not None, nonfinite=nonfinite)
     return model
 
 
-def load_weights(model: nn.Module, source: str | os.PathLike[str] | CheckpointInfo) -> None:
+def load_weights(
+    model: nn.Module,
+    source: str | os.PathLike[str] | CheckpointInfo,
+    *,
+    verify: bool = True,
+    convert: bool = False,
+    nonfinite: str = "warn",
+) -> None:
     """Copy an lmcore checkpoint's tensors into `model` (in place), strictly: any missing,
-    unexpected or misshapen tensor raises `CheckpointError` listing them all. Values convert to
-    the model's dtype and device."""
+    unexpected or misshapen tensor raises `CheckpointError` listing them all, as does a tensor
+    of another kind than the model's (`check_dtypes`; `convert` allows any) and a tie
+    (`lmcore.tied`) that the stored tensors or the model contradict. `verify`: check the
+    checksums first (`verify_checksums`). Values move to the model's device; a floating tensor
+    is widened to the model's dtype. `nonfinite`: as `load`'s."""
     info = source if isinstance(source, CheckpointInfo) else read_info(source)
+    if verify:
+        verify_checksums(info)
     lm = unwrap(model)
-    device = next((t.device for t in lm.state_dict().values()), torch.device("cpu"))
+    expected = lm.state_dict()
+    device = next((t.device for t in expected.values()), torch.device("cpu"))
     tensors = read_tensors(info.path, device)
+    _apply_ties(info, tensors, expected)
+    if not convert:
+        check_dtypes(tensors, expected, info.path)
+    into = str(getattr(lm, "spec", info.spec))
+    what = (
+        f"the model its spec builds ({info.spec})"
+        if into == info.spec
+        else f"the model it is loaded into ({into}; the file's spec is {info.spec})"
+    )
+    load_strict(lm, tensors, info.path, what)
+    check_finite(tensors, info.path, nonfinite)
+
+
+def _apply_ties(
+    info: CheckpointInfo, tensors: dict[str, Tensor], expected: Mapping[str, Tensor]
+) -> None:
+    """Give each tied alias its stored tensor, when the tie is true: the model shares the two
+    parameters, or the file stores the alias too with the same values (never replacing a stored
+    tensor by another's)."""
     for alias, stored in info.tied.items():
-        tensors[alias] = tensors[stored]
-    load_strict(lm, tensors, info.path, f"the model its spec builds ({info.spec})")
+        mine, theirs = expected.get(alias), expected.get(stored)
+        shared = mine is not None and theirs is not None and mine.data_ptr() == theirs.data_ptr()
+        if alias in tensors:
+            if not torch.equal(tensors[alias], tensors[stored]):
+                raise CheckpointError(
+                    f"{info.path}: its metadata ties {alias} to {stored} ({KEYS['tied']}), but "
+                    f"the file stores a different {alias}; the metadata was edited after lmcore "
+                    f"saved it: remove {alias!r} from {KEYS['tied']}, or restore the file"
+                )
+        elif not shared:
+            raise CheckpointError(
+                f"{info.path}: its metadata ties {alias} to {stored} ({KEYS['tied']}) and the "
+                f"file does not store {alias}, but the model its spec builds keeps the two "
+                f"apart ({info.spec}); the file was changed after lmcore saved it"
+            )
+        else:
+            tensors[alias] = tensors[stored]
+
+
+def check_dtypes(
+    tensors: Mapping[str, Tensor],
+    expected: Mapping[str, Tensor],
+    path: Path,
+    error: type[CheckpointError] = CheckpointError,
+) -> None:
+    """`CheckpointError` naming each tensor whose dtype would change in a way that loses
+    something: integers, booleans or complex numbers into floats, or a float narrowed (float32
+    into bfloat16). Widening a float (bfloat16 into float32) is exact and allowed."""
+    changed = []
+    for name, t in tensors.items():
+        want = expected.get(name)
+        if want is None or t.dtype == want.dtype:
+            continue
+        exact = (
+            t.is_floating_point()
+            and want.is_floating_point()
+            and torch.promote_types(t.dtype, want.dtype) == want.dtype
+            and t.element_size() < want.element_size()
+        )
+        if not exact:
+            changed.append(f"{name} ({_short(t.dtype)}, model {_short(want.dtype)})")
+    if changed:
+        raise error(
+            f"{path}: tensors of another dtype than the model's, which loading would convert "
+            f"without asking: {_listed(changed)}; lmcore never changes a dtype silently: load "
+            "with dtype= (--dtype) to convert every tensor, or fix the file"
+        )
+
+
+def check_finite(tensors: Mapping[str, Tensor], path: Path, nonfinite: str = "warn") -> None:
+    """Report floating tensors holding NaN or infinite values: `NonFiniteWeightsWarning`
+    ("warn"), `CheckpointError` ("error"), nothing ("ignore")."""
+    if nonfinite not in ("warn", "error", "ignore"):
+        raise ValueError(f"nonfinite must be 'warn', 'error' or 'ignore', not {nonfinite!r}")
+    if nonfinite == "ignore":
+        return
+    bad = []
+    for name, t in tensors.items():
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            nan = int(torch.isnan(t).sum())
+            inf = int(torch.isinf(t).sum())
+            counts = ", ".join(f"{n:,} {w}" for n, w in ((nan, "NaN"), (inf, "inf")) if n)
+            bad.append(f"{name} ({counts})")
+    if not bad:
+        return
+    message = (
+        f"{path}: holds weights that are not finite: {_listed(bad)}; the model's outputs will "
+        "not be finite either (a run that diverged? a damaged file?)"
+    )
+    if nonfinite == "error":
+        raise CheckpointError(message)
+    warnings.warn(message, NonFiniteWeightsWarning, stacklevel=4)
+
+
+def _short(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
 
 
 def read_tensors(path: Path, device: torch.device) -> dict[str, Tensor]:
@@ -650,13 +876,17 @@ def load_state_dict_file(
             "tensors) nor a CS336 checkpoint with a 'model' state dict"
         )
     state = {k.removeprefix("_orig_mod."): v for k, v in state.items()}
+    convert = dtype is not None
     if dtype is None:
         dtype = torch.float32
         floats = {k: v for k, v in state.items() if v.is_floating_point()}
         if floats:
             dtype = getattr(torch, dtype_of(floats))
     model = TransformerLM(bp, device=device, dtype=dtype)
+    if not convert:
+        check_dtypes(state, model.state_dict(), p)
     load_strict(model, state, p, f"the model of {bp.spec}")
+    check_finite(state, p)
     return model
 
 

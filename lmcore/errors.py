@@ -148,6 +148,11 @@ class TrainError(LmcoreError, ValueError):
     run (or holds none), a resumed run whose options or data changed, ..."""
 
 
+class TrainMemoryError(TrainError):
+    """Training ran out of memory; the message names the batch and what to lower. A sweep
+    records it as that variant's failure and goes on."""
+
+
 class GenerationError(LmcoreError, ValueError):
     """Generation cannot run as asked: a sampling option out of range, a component that cannot
     work with a KV cache, prompts that need a mask the kernel lacks, or no room in the context."""
@@ -169,6 +174,12 @@ class SlowPluginWarning(LmcoreWarning):
 class CheckpointWarning(LmcoreWarning):
     """A checkpoint loaded, but a component now comes from another version (or distribution) than
     the one that saved it. `LMCORE_STRICT_PLUGINS=1` makes this a `CheckpointError`."""
+
+
+class NonFiniteWeightsWarning(CheckpointWarning):
+    """A checkpoint's weights hold NaN or infinite values; the message names the tensors.
+    `lmcore.load(..., nonfinite="error")` makes this a `CheckpointError` (LMCORE_STRICT_PLUGINS
+    does not: it concerns plugins)."""
 
 
 def clip(text: str, limit: int = 60, *, quote: bool = True) -> str:

@@ -30,7 +30,7 @@ from lmcore.checkpoint import (
     read_info,
     resolve_checkpoint,
 )
-from lmcore.model.saving import FORMAT_VERSION
+from lmcore.model.saving import FORMAT_VERSION, checksums_json
 
 SMALL = "vocab_size=97, context_length=16, d_model=32, num_layers=2, num_heads=4, d_ff=64"
 
@@ -57,12 +57,16 @@ def builtins(kind: str) -> list[str]:
 
 
 def rewrite(path: Path, *, metadata=None, tensors=None, out: Path | None = None) -> Path:
-    """Write a copy of a safetensors file with its metadata and/or tensors changed."""
+    """Write a copy of a safetensors file with its metadata and/or tensors changed; changed
+    tensors get checksums of their own, so that the checks after the integrity check see them."""
     with safe_open(str(path), "pt") as f:
         meta = dict(f.metadata())
     state = load_file(str(path))
     meta = metadata(meta) if metadata else meta
-    state = tensors(state) if tensors else state
+    if tensors:
+        state = tensors(state)
+        if "lmcore.checksums" in meta:
+            meta["lmcore.checksums"] = checksums_json(state)
     out = out or path
     save_file(state, str(out), metadata=meta)
     return out

@@ -337,25 +337,24 @@ def test_a_failure_leaves_nothing_half_written(
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     TokenData.open(out)
 
-    # A crash between renaming the token files and writing meta.json (the commit):
+    # A failure at any rename, of a file in the new directory or of the directory itself (the
+    # commit): the old data stays whole, and nothing is left beside it.
     real_replace = os.replace
+    for last in ("train.bin", "meta.json", out.name):
+        failed: list[str] = []
 
-    def crash_after_train(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
-        real_replace(src, dst)
-        if str(dst).endswith("train.bin"):
-            raise OSError("disk full")
+        def crash_at(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
+            if Path(dst).name == last and not failed:  # noqa: B023 (within this iteration)
+                failed.append(last)  # noqa: B023
+                raise OSError("disk full")
+            real_replace(src, dst)
 
-    monkeypatch.setattr(os, "replace", crash_after_train)
-    with pytest.raises(OSError, match="disk full"):
-        small([corpus], out, force=True, val_fraction=0.3)
-    monkeypatch.undo()
-    assert not (out / "meta.json").exists() and not list(out.glob(".*.tmp"))
-    with pytest.raises(DataError, match=re.escape(
-        f"{str(out)!r} is not a prepared data directory: it holds train.bin, val.bin but no "
-        "meta.json: an interrupted prepare, or files not written by lmcore; run: lmcore data "
-        f"prepare SOURCE... --out {out} --force"
-    )):  # fmt: skip
-        TokenData.open(out)
+        monkeypatch.setattr(os, "replace", crash_at)
+        with pytest.raises(OSError, match="disk full"):
+            small([corpus], out, force=True, val_fraction=0.3)
+        monkeypatch.undo()
+        assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+        assert sorted(p.name for p in tmp_path.glob(".out*")) == [".out.lock"]
     with pytest.raises(DataError, match="already holds prepared data"):
         small([corpus], out)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -334,18 +335,20 @@ def test_a_third_party_rmsnorm_is_not_taken_for_llamas(tmp_path: Path) -> None:
 # ------------------------------------------------------------------ damaged directories
 
 
-def test_missing_and_unexpected_tensors_are_listed(tmp_path: Path) -> None:
+def test_missing_unexpected_and_misshapen_tensors_are_listed(tmp_path: Path) -> None:
     random_llama(tmp_path)
     state = load_file(str(tmp_path / "model.safetensors"))
     del state["model.layers.1.mlp.up_proj.weight"]
     state["model.layers.0.self_attn.q_proj.bias"] = torch.zeros(32)
     state["model.layers.0.self_attn.rotary_emb.inv_freq"] = torch.zeros(4)  # derived: skipped
+    state["model.norm.weight"] = torch.ones(31)  # the probe: this one went unmentioned
     save_file(state, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
     with pytest.raises(
         ConversionError,
         match=r"the tensors are not those of a LlamaForCausalLM with this config: missing \(1\): "
         r"model.layers.1.mlp.up_proj.weight; unexpected \(1\): "
-        r"model.layers.0.self_attn.q_proj.bias$",
+        r"model.layers.0.self_attn.q_proj.bias; wrong shape \(1\): model.norm.weight \(file "
+        r"\(31,\), model \(32,\)\)$",
     ):
         load_llama(tmp_path)
 
@@ -384,14 +387,105 @@ def test_directories_without_usable_weights(tmp_path: Path) -> None:
         load_llama(tmp_path)
 
 
-def test_to_hf_refuses_a_directory_with_other_weights(tmp_path: Path) -> None:
-    (tmp_path / "model-00001-of-00002.safetensors").write_bytes(b"")
+def test_to_hf_refuses_a_directory_that_is_not_empty_and_force_replaces_it_whole(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The probe: into a copy of another model's directory --to-hf exited 0, replaced
+    # config.json and model.safetensors and left its generation_config.json mixed in; into a
+    # directory with an unrelated config.json, the same.
+    ckpt = lmcore.build_model(SMALL).save(tmp_path / "m.safetensors")
+    other = tmp_path / "other"
+    random_llama(other)
+    (other / "generation_config.json").write_text("{}")
+    before = {p.name: p.read_bytes() for p in other.iterdir()}
+    unrelated = tmp_path / "unrelated"
+    unrelated.mkdir()
+    (unrelated / "config.json").write_text('{"x": 1}')
+    for target, held in ((other, "config.json, generation_config.json, model.safetensors"),
+                         (unrelated, "config.json")):  # fmt: skip
+        assert main(["convert", "--to-hf", str(ckpt), str(target)]) == 2
+        assert capsys.readouterr().err == (
+            f"lmcore convert: error: target directory {str(target)!r} is not empty (it holds "
+            f"{held}); nothing was written: pass --force to replace it whole, or choose an "
+            "empty directory\n"
+        )
+    assert {p.name: p.read_bytes() for p in other.iterdir()} == before
+    assert main(["convert", "--to-hf", str(ckpt), str(other), "--force"]) == 0
+    assert sorted(p.name for p in other.iterdir()) == ["config.json", "model.safetensors"]
+    assert LlamaForCausalLM.from_pretrained(other).config.vocab_size == 97
+    # The checkpoint itself inside the directory --force would replace: refused, kept
+    inside = tmp_path / "inside"
+    inside.mkdir()
+    kept = lmcore.build_model(SMALL).save(inside / "m.safetensors")
+    assert main(["convert", "--to-hf", str(kept), str(inside), "--force"]) == 2
+    assert f"the checkpoint {str(kept)!r} is inside target directory" in capsys.readouterr().err
+    assert kept.is_file()
+    assert main(["convert", "--from-hf", str(other), str(tmp_path / "x.safetensors"),
+                 "--force"]) == 2  # fmt: skip
+    assert "--force applies to --to-hf only" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["/abs/other.safetensors", "../../x.safetensors", "link"])
+def test_shards_outside_the_directory_are_refused(tmp_path: Path, name: str) -> None:
+    # The probe: an index whose weight_map names /abs/other.safetensors or ../../x.safetensors
+    # was read and converted (exit 0).
+    model = tmp_path / "llama"
+    random_llama(model, shard=True)
+    index = model / "model.safetensors.index.json"
+    data = json.loads(index.read_text())
+    last = sorted(set(data["weight_map"].values()))[-1]
+    outside = tmp_path / "elsewhere.safetensors"
+    (model / last).rename(outside)
+    target = {"/abs/other.safetensors": str(outside), "../../x.safetensors": "../elsewhere.safetensors",
+              "link": "link.safetensors"}[name]  # fmt: skip
+    if name == "link":
+        (model / target).symlink_to(outside)
+    data["weight_map"] = {k: target if v == last else v for k, v in data["weight_map"].items()}
+    index.write_text(json.dumps(data))
+    with pytest.raises(ConversionError, match=re.escape(
+        f"{index}: names {target!r}, which resolves to {str(outside)!r}, outside the model "
+        f"directory {model}; a model directory holds its own weights: copy the shards into it"
+    )):  # fmt: skip
+        load_llama(model)
+
+
+def test_the_hub_caches_links_into_blobs_are_its_own(tmp_path: Path) -> None:
+    # models--org--name/snapshots/REV/* link to ../../blobs/<hash>, as huggingface_hub lays out
+    repo = tmp_path / "models--org--tiny"
+    snapshot, blobs = repo / "snapshots" / "abc123", repo / "blobs"
+    random_llama(tmp_path / "plain")
+    snapshot.mkdir(parents=True)
+    blobs.mkdir()
+    for i, p in enumerate(sorted((tmp_path / "plain").iterdir())):
+        p.rename(blobs / f"blob{i}")
+        (snapshot / p.name).symlink_to(f"../../blobs/blob{i}")
+    assert load_llama(snapshot).spec.vocab_size == 97
+
+
+def test_integer_tensors_convert_only_when_asked(tmp_path: Path) -> None:
+    # The probe: int32 tensors were cast to float silently by --from-hf.
+    random_llama(tmp_path)
+    weights = tmp_path / "model.safetensors"
+    state = load_file(str(weights))
+    state["model.norm.weight"] = torch.ones(32, dtype=torch.int32)
+    save_file(state, str(weights), metadata={"format": "pt"})
+    with pytest.raises(ConversionError, match=re.escape(
+        f"{tmp_path}: tensors of another dtype than the model's, which loading would convert "
+        "without asking: ln_final.weight (int32, model float32); lmcore never changes a dtype "
+        "silently: load with dtype= (--dtype) to convert every tensor, or fix the file"
+    )):  # fmt: skip
+        load_llama(tmp_path)
+    converted = load_llama(tmp_path, dtype=torch.float32)
+    assert torch.equal(converted.ln_final.weight, torch.ones(32))
+
+
+def test_a_config_nested_too_deep_is_refused_in_one_line(tmp_path: Path) -> None:
+    random_llama(tmp_path)
+    (tmp_path / "config.json").write_text('{"a": ' * 100_000 + "1" + "}" * 100_000)
     with pytest.raises(
-        ConversionError,
-        match=r"already holds other weights \(model-00001-of-00002.safetensors\), which "
-        r"from_pretrained could pick instead; choose an empty directory",
+        ConversionError, match=r"config.json: nests deeper than Python's parser follows"
     ):
-        save_llama(lmcore.build_model(SMALL), tmp_path)
+        load_llama(tmp_path)
 
 
 def test_product_code_never_imports_transformers() -> None:

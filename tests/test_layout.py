@@ -28,6 +28,7 @@ FLOORS: dict[str, int] = {
     "lmcore.errors": 0,
     "lmcore.atomic": 0,
     "lmcore.jsonfile": 0,
+    "lmcore.locks": 0,
     "lmcore.version": 0,
     "lmcore.spec": 1,
     "lmcore.components": 1,

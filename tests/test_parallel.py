@@ -146,7 +146,7 @@ def test_only_rank_zero_writes(two_ranks: Path) -> None:
     assert steps == [1, 2, 3, 4]  # once each, not once per rank
     assert [r["event"] for r in records if r["kind"] == "event"] == ["start", "done"]
     assert sorted(p.name for p in run.iterdir()) == [
-        "checkpoints", "loss.png", "metrics.jsonl", "run.json", "tokenizer.json"
+        ".lock", "checkpoints", "loss.png", "metrics.jsonl", "run.json", "tokenizer.json"
     ]  # fmt: skip
     assert [c.step for c in checkpoints(run)] == [2, 4]
     assert sorted(p.name for p in (run / CHECKPOINTS).iterdir()) == ["step-000002", "step-000004"]

@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 import lmcore
 from lmcore.data import TokenData
 from lmcore.errors import CheckpointError, DataError, TrainError
-from lmcore.train import state as train_state
+from lmcore.model import saving
 from lmcore.train.config import TrainConfig, cosine_lr
 from lmcore.train.runs import (
     CHECKPOINTS,
@@ -238,24 +238,24 @@ def test_a_failed_save_leaves_the_previous_checkpoint(
 ) -> None:
     run = tmp_path / "run"
     calls = {"n": 0}
-    real = train_state.save_file
+    real = saving.save_file  # every safetensors file of a checkpoint is written through it
 
     def failing(tensors: dict[str, torch.Tensor], path: str, **kw: object) -> None:
         calls["n"] += 1
-        if calls["n"] == 2:  # the second checkpoint: its model file is written, then this fails
+        if calls["n"] == 4:  # the second checkpoint: its model file is written, then this fails
             real(tensors, path, **kw)
             with open(path, "r+b") as f:
                 f.truncate(100)
             raise OSError(28, "No space left on device")
         real(tensors, path, **kw)
 
-    monkeypatch.setattr(train_state, "save_file", failing)
-    with pytest.raises(OSError, match="No space left"):
+    monkeypatch.setattr(saving, "save_file", failing)
+    with pytest.raises(TrainError, match=r"cannot save checkpoint .*step-000010: No space left"):
         train(TINY_SPEC, tiny_data, run, config(steps=20, save_every=5), echo=None)
     assert [c.step for c in checkpoints(run)] == [5]
     assert sorted(p.name for p in (run / CHECKPOINTS).iterdir()) == ["step-000005"]  # no debris
     assert lmcore.load(latest_checkpoint(run).model).spec == lmcore.parse_spec(TINY_SPEC)  # type: ignore[union-attr]
-    monkeypatch.setattr(train_state, "save_file", real)
+    monkeypatch.setattr(saving, "save_file", real)
     result = resume(run, echo=None)  # and the run goes on from it
     assert result.status == "done" and result.step == 20
     assert [r["step"] for r in read_metrics(run) if r["kind"] == "train"] == list(range(1, 21))

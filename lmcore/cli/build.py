@@ -13,6 +13,7 @@ from lmcore.cli.common import (
     MAX_BYTES_HELP,
     OR_CHECKPOINT,
     byte_count,
+    checkpoint_warnings,
     seed_value,
     show_bytes,
     source,
@@ -54,9 +55,10 @@ def run(args: argparse.Namespace) -> int:
     dtype = torch_dtype(args, info)
     device = check_device(args.device)
     if info is not None and device.type != "meta":
-        model = build_from_checkpoint(
-            info, bp, device=device, dtype=dtype, max_bytes=args.max_bytes
-        )
+        with checkpoint_warnings(args.command):
+            model = build_from_checkpoint(
+                info, bp, device=device, dtype=dtype, max_bytes=args.max_bytes
+            )
     else:
         torch.manual_seed(args.seed)
         model = build_model(bp, device=device, dtype=dtype, max_bytes=args.max_bytes)

@@ -27,6 +27,11 @@ def add_parser(sub: Any) -> None:
         help="--from-hf: store the weights in this dtype (default: as is)",
     )
     p.add_argument(
+        "--force",
+        action="store_true",
+        help="--to-hf: replace DIR whole when it is not empty (without it, that is an error)",
+    )
+    p.add_argument(
         "--ignore-field",
         action="append",
         default=[],
@@ -46,6 +51,11 @@ def run(args: argparse.Namespace) -> int:
 
     with checkpoint_warnings(args.command):
         if args.from_hf is not None:
+            if args.force:
+                raise UsageError(
+                    "--force applies to --to-hf only (a directory replaced whole); --from-hf "
+                    "writes one file, which replaces OUT atomically"
+                )
             directory, out = args.from_hf
             dtype = None if args.dtype is None else getattr(torch, args.dtype)
             written = convert_from_hf(directory, out, dtype=dtype, ignore=args.ignore_field)
@@ -59,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
                     "checkpoint's dtype and a config of its own"
                 )
             checkpoint, directory = args.to_hf
-            written = convert_to_hf(checkpoint, directory)
+            written = convert_to_hf(checkpoint, directory, force=args.force)
             print(f"spec: {read_info(checkpoint).spec}")
             print(
                 f"wrote: {written / 'config.json'} and {written / WEIGHTS} "

@@ -19,6 +19,7 @@ from lmcore.cli.common import (
     source,
     torch_dtype,
 )
+from lmcore.errors import clip
 
 if TYPE_CHECKING:
     from lmcore.checkpoint import CheckpointInfo
@@ -98,8 +99,14 @@ def checkpoint_lines(info: CheckpointInfo) -> list[str]:
         lines.append(f"  {kind:<4}  {saved.name:<{width}}  {saved}")
     for alias, stored in info.tied.items():
         lines.append(f"  tied: {alias} is stored once, as {stored}")
+    lines.append(
+        f"  checksums: crc32 of each of the {len(info.checksums)} tensors, verified on load"
+        if info.checksums is not None
+        else "  checksums: none (saved before lmcore wrote them): nothing to verify on load"
+    )
     for key, value in info.metadata.items():
-        shown = value if len(value) <= 60 else value[:57] + "..."
+        # the caller's own strings: escapes shown, not sent to the terminal; long ones cut
+        shown = value if len(value) <= 60 and value.isprintable() else clip(value, 60)
         lines.append(f"  metadata: {key} = {shown}")
     return [*lines, ""]
 

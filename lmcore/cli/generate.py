@@ -105,6 +105,17 @@ def _ids(text: str) -> list[int]:
     return [int(t) for t in parts]
 
 
+def _check_utf8(prompt: str) -> None:
+    """Bytes of the command line that are not UTF-8 reach Python as lone surrogates (PEP 383)."""
+    bad = next((i for i, c in enumerate(prompt) if "\udc80" <= c <= "\udcff"), None)
+    if bad is not None:
+        byte = ord(prompt[bad]) - 0xDC00
+        raise UsageError(
+            f"--prompt holds a byte that is not UTF-8 (0x{byte:02x} at character {bad}); give "
+            "the prompt as UTF-8 text (e.g. convert it with iconv), or its ids with --prompt-ids"
+        )
+
+
 def model_path(text: str) -> Path | None:
     """The model file a SPEC|CHECKPOINT argument names: a model file, a checkpoint directory or a
     run directory (its newest checkpoint; `lmcore.checkpoint.find_checkpoint`); None for a
@@ -171,7 +182,7 @@ def run(args: argparse.Namespace) -> int:
         with checkpoint_warnings(args.command):
             info = read_info(path)
             bp = resolve_checkpoint(info)
-        model = build_from_checkpoint(info, bp, device=device, dtype=torch_dtype(args, info))
+            model = build_from_checkpoint(info, bp, device=device, dtype=torch_dtype(args, info))
     else:
         bp, _ = source(args)
         torch.manual_seed(args.seed or 0)
@@ -179,6 +190,7 @@ def run(args: argparse.Namespace) -> int:
     tok = _tokenizer(args, info)
     vocab = model.spec.vocab_size
     if args.prompt is not None:
+        _check_utf8(args.prompt)
         ids = tok.encode(args.prompt).ids
         if not ids:
             raise UsageError("--prompt encodes to no tokens; give some text")

@@ -73,6 +73,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         except SystemExit as e:  # --help, or a usage error already reported in one line
             return int(e.code or 0)
         prog = f"lmcore {args.command}"
+        if sys.stdout is None:  # started with stdout closed (`lmcore plugins >&-`)
+            say(f"{prog}: error: cannot write the output: stdout is closed; redirect it, e.g. "
+                "> /dev/null to discard it")  # fmt: skip
+            return 1
         warnings.simplefilter("ignore", LmcoreWarning)  # `lmcore plugins` prints them itself
         warnings.simplefilter("always", SlowPluginWarning)  # ... but not a plugin still loading
         warnings.showwarning = lambda message, *_: say(f"{prog}: warning: {message}")
@@ -94,7 +98,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         except OSError as e:
             if e.filename is not None:  # a path the command was given (--save, --out, ...)
-                say(f"{prog}: error: {e.filename}: {e.strerror or e}")
+                fix = _FULL.get(e.errno or 0, "")
+                say(f"{prog}: error: {e.filename}: {e.strerror or e}{fix}")
                 return 2
             if not _is_stdout_error(e):
                 raise
@@ -118,6 +123,10 @@ def _is_stdout_error(e: OSError) -> bool:
 
 
 _WRITE_ERRORS = {errno.ENOSPC, errno.EIO, errno.EBADF, errno.EFBIG, errno.EPIPE}
+_FULL = dict.fromkeys(
+    (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC), errno.EFBIG),
+    "; nothing was replaced: free space there, or write elsewhere",
+)
 
 
 def _silence_stdout() -> None:

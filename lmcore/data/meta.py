@@ -10,7 +10,6 @@ One schema, written by `prepare` and read by `TokenData.open`:
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -29,6 +28,8 @@ SPLITS = ("train", "val")
 META_FILE = "meta.json"
 TOKENIZER_FILE = "tokenizer.json"
 DATA_FILES = (*(f"{s}.bin" for s in SPLITS), TOKENIZER_FILE, META_FILE)
+BYTES = 256  # a byte-level BPE starts from every byte value
+MIN_VOCAB = BYTES + 1  # ... plus <|endoftext|>
 DEFAULT_VOCAB_SIZE = 10_000  # the `tinystories` preset's vocabulary, as in CS336
 DEFAULT_VAL_FRACTION = 0.1
 DEFAULT_SPLIT_BLOCK = 8192  # tokens
@@ -115,9 +116,10 @@ class DataMeta:
     def write(self, path: Path) -> None:
         """Write `meta.json` atomically."""
         from lmcore.atomic import atomic_write
+        from lmcore.jsonfile import dumps
 
         with atomic_write(path, "w") as f:
-            f.write(json.dumps(self.to_json(), indent=2, ensure_ascii=False) + "\n")
+            f.write(dumps(self.to_json()) + "\n")
 
     @classmethod
     def read(cls, path: Path) -> DataMeta:

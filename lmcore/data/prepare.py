@@ -11,16 +11,25 @@ Two streaming passes over the sources, each holding one chunk of text at a time:
    the id stream into blocks and append each block to `train.bin` or `val.bin` (meta.py states
    the document and split rules).
 
-Everything is written under temporary names in the output directory (`lmcore.atomic`) and renamed
-into place at the end, `meta.json` last: an interrupted run leaves the old files, or no
-`meta.json`, which `TokenData.open` reports; never a shorter `train.bin` that looks complete.
+The new directory is built whole in a hidden directory beside the output directory
+(`.DIR.<random>.tmp`) and takes its place only when complete (`lmcore.locks.new_directory`):
+an interrupted or failed run leaves the old data as it was (with `force` too), never a mix or a
+shorter `train.bin` that looks complete; what a killed run left beside it is removed by the
+next. A lock (`.DIR.lock` beside it) keeps a second `prepare` of the same directory out while
+one runs: it is refused at once, naming the process.
+
+Memory does not grow with the corpus: text is read in chunks (`lmcore.data.sources`), encoded
+in batches of `batch_bytes`, and the tokenizer's trainer, which holds every distinct word, is
+fed at most `LONG_RUNS` characters of runs that are not words (`_training_text`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
+import re
 import sys
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -32,12 +41,14 @@ import numpy as np
 
 from lmcore.atomic import atomic_path
 from lmcore.data.meta import (
+    BYTES,
     DATA_FILES,
     DEFAULT_SPLIT_BLOCK,
     DEFAULT_VAL_FRACTION,
     DEFAULT_VOCAB_SIZE,
     EOT,
     META_FILE,
+    MIN_VOCAB,
     SPLITS,
     TOKENIZER_FILE,
     DataMeta,
@@ -57,18 +68,25 @@ from lmcore.data.sources import (
     safe_cut,
 )
 from lmcore.errors import DataError
+from lmcore.locks import new_directory
 from lmcore.version import versions
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
-BYTES = 256  # a byte-level BPE starts from every byte value
-MIN_VOCAB = BYTES + 1  # ... plus <|endoftext|>
 MAX_VOCAB = 2**32  # ids must fit uint32
 # Text encoded per call of encode_batch_fast, which runs its inputs (chunks, files) in parallel.
 # Every token of a batch is held as an Encoding with its string, ~100 bytes per token, so a
 # batch bounds the memory of the encoding pass: 2 MiB of text holds ~130 MiB at the peak.
 BATCH_BYTES = 2 << 20
+# Runs of letters (or of digits, or of punctuation) this long are not words: the tokenizer
+# trains on at most LONG_RUNS characters of them, in pieces of RUN_PIECE (`_training_text`), so
+# its trainer holds at most some 250 MB for them however much such text there is.
+RUN_PIECE = 256
+LONG_RUNS = 2 << 20
+_LONG_RUN = re.compile(  # letters; digits; punctuation: as GPT-2's pre-tokens group them
+    rf"[^\W\d_]{{{RUN_PIECE},}}|\d{{{RUN_PIECE},}}|[^\w\s]{{{RUN_PIECE},}}"
+)
 
 
 @dataclass(frozen=True)
@@ -113,7 +131,8 @@ def prepare(
     val_fraction: share of the tokens that goes to val.bin, in (0, 1).
     tokenizer: a tokenizer.json to reuse instead of training one: a GPT-2-style byte-level
         BPE (no normaliser) with <|endoftext|> as an added token, e.g. one this command wrote.
-    force: replace the prepared data already in `out_dir`; without it, that is an error.
+    force: replace what `out_dir` holds, whole, once the new data is complete; without it a
+        directory that is not empty is an error.
     split_block: longest run of tokens kept together when assigning blocks to the splits.
     context_length: each split must hold at least one window of `context_length + 1` tokens.
     skip_undecodable: leave out files that are not UTF-8 (listed in meta.json) instead of
@@ -132,6 +151,41 @@ def prepare(
     exts = normalise_extensions(extensions)
     _check_out_dir(out, force)
     source_paths = [Path(s) for s in sources]
+    keep_out = [("SOURCE", s) for s in source_paths]  # a reused tokenizer is copied, so it may be
+    # Everything is built in a hidden directory beside `out`, which takes its place when
+    # complete (under a lock: a second prepare of `out` meanwhile is refused, naming this one).
+    with new_directory(
+        out,
+        force=force,
+        what="--out",
+        error=DataError,
+        fix="pass --force to replace it whole, or choose another --out",
+        keep_out=keep_out,
+    ) as tmp:
+        result = _prepare(
+            source_paths, out, tmp, vocab_size, val_fraction, tokenizer, exts, exclude,
+            split_block, context_length, skip_undecodable, progress, chunk_bytes, batch_bytes,
+        )  # fmt: skip
+    return dataclasses.replace(result, seconds=time.perf_counter() - start)
+
+
+def _prepare(
+    source_paths: list[Path],
+    out: Path,
+    tmp: Path,
+    vocab_size: int | None,
+    val_fraction: float,
+    tokenizer: str | os.PathLike[str] | None,
+    exts: tuple[str, ...],
+    exclude: Sequence[str],
+    split_block: int,
+    context_length: int,
+    skip_undecodable: bool,
+    progress: bool | None,
+    chunk_bytes: int,
+    batch_bytes: int,
+) -> PrepareResult:
+    """`prepare`'s work, writing into `tmp` (which becomes `out`)."""
     files = find_files(source_paths, extensions=exts, exclude=exclude, skip=out)
     skipped: list[str] = []
     if skip_undecodable:
@@ -156,9 +210,12 @@ def prepare(
         tok = load_tokenizer(Path(tokenizer))
     else:
         t0 = time.perf_counter()
+        wanted = DEFAULT_VOCAB_SIZE if vocab_size is None else vocab_size
+        # No text of B bytes yields more than B merges: asking the trainer for more only makes
+        # it reserve memory for tokens that cannot exist (a vocabulary of 10**9 aborts it).
         tok = train_tokenizer(
             _training_text(files, chunk_bytes, _bar("tokenizer", total_bytes, progress)),
-            DEFAULT_VOCAB_SIZE if vocab_size is None else vocab_size,
+            min(wanted, MIN_VOCAB + total_bytes),
         )
         tokenizer_seconds = time.perf_counter() - t0
     vocab = tok.get_vocab_size()
@@ -166,56 +223,39 @@ def prepare(
     assert eot_id is not None  # train_tokenizer adds it; load_tokenizer checks it
     dtype = dtype_for(vocab)
 
-    created = not out.exists()
-    out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    done = False
-    try:
-        with contextlib.ExitStack() as stack:
-            # Each .bin file grows under a temporary name (lmcore.atomic); leaving this block
-            # renames both into place, or, on an error, removes them and leaves the old files.
-            writers: dict[str, _SplitWriter] = {}
-            for name in SPLITS:
-                tmp = stack.enter_context(atomic_path(out / f"{name}.bin"))
-                writers[name] = stack.enter_context(_SplitWriter(tmp, name, dtype, eot_id))
-            splitter = _Splitter(
-                val_fraction, split_block, eot_id, writers["train"], writers["val"]
-            )
-            bar = _bar("encode", total_bytes, progress)
-            _encode(files, tok, eot_id, splitter, chunk_bytes, batch_bytes, bar)
-            bar.close()
-            encode_seconds = time.perf_counter() - t0
-            _check_windows(writers, context_length, val_fraction, split_block)
-            meta = DataMeta(
-                vocab_size=vocab,
-                dtype=dtype,
-                eot_id=eot_id,
-                splits={
-                    n: SplitInfo(f"{n}.bin", w.tokens, w.documents) for n, w in writers.items()
-                },
-                val_fraction=val_fraction,
-                split_block=split_block,
-                sources=_source_info(source_paths, files),
-                extensions=exts,
-                exclude=tuple(exclude),
-                skipped=tuple(skipped),
-                tokenizer_from=None if tokenizer is None else os.path.abspath(tokenizer),
-                versions=versions("tokenizers", "numpy"),
-            )
-            # From here until the new meta.json lands the directory holds none, so a crash in
-            # between leaves data `TokenData.open` refuses, never old metadata over new files.
-            (out / META_FILE).unlink(missing_ok=True)
-        with atomic_path(out / TOKENIZER_FILE) as tmp:
-            tok.save(str(tmp))
-        meta.write(out / META_FILE)  # last: its presence marks a complete directory
-        done = True
-    finally:
-        if created and not done and not any(out.iterdir()):
-            out.rmdir()  # leave no empty directory behind
+    with contextlib.ExitStack() as stack:
+        writers: dict[str, _SplitWriter] = {}
+        for name in SPLITS:
+            path = stack.enter_context(atomic_path(tmp / f"{name}.bin"))
+            writers[name] = stack.enter_context(_SplitWriter(path, name, dtype, eot_id))
+        splitter = _Splitter(val_fraction, split_block, eot_id, writers["train"], writers["val"])
+        bar = _bar("encode", total_bytes, progress)
+        _encode(files, tok, eot_id, splitter, chunk_bytes, batch_bytes, bar)
+        bar.close()
+        encode_seconds = time.perf_counter() - t0
+        _check_windows(writers, context_length, val_fraction, split_block)
+    meta = DataMeta(
+        vocab_size=vocab,
+        dtype=dtype,
+        eot_id=eot_id,
+        splits={n: SplitInfo(f"{n}.bin", w.tokens, w.documents) for n, w in writers.items()},
+        val_fraction=val_fraction,
+        split_block=split_block,
+        sources=_source_info(source_paths, files),
+        extensions=exts,
+        exclude=tuple(exclude),
+        skipped=tuple(skipped),
+        tokenizer_from=None if tokenizer is None else os.path.abspath(tokenizer),
+        versions=versions("tokenizers", "numpy"),
+    )
+    with atomic_path(tmp / TOKENIZER_FILE) as path:
+        tok.save(str(path))
+    meta.write(tmp / META_FILE)
     return PrepareResult(
         out_dir=out,
         meta=meta,
-        seconds=time.perf_counter() - start,
+        seconds=0.0,
         tokenizer_seconds=tokenizer_seconds,
         encode_seconds=encode_seconds,
     )
@@ -369,9 +409,30 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int) -> Tokenizer:
 
 
 def _training_text(files: Sequence[SourceFile], chunk_bytes: int, bar: Any) -> Iterator[str]:
-    """The text of every file, in chunks."""
+    """The text of every file, in chunks, less the long runs past `LONG_RUNS`' budget.
+
+    The trainer holds every distinct word (pre-token) it sees, about 120 bytes per character,
+    and in long runs of letters, digits or punctuation with no space (random or DNA-like text)
+    every word is distinct: 50 MB of them would need some 6 GB. So the first `LONG_RUNS`
+    characters of such runs are fed in `RUN_PIECE`-character pieces, and later ones are left
+    out of training (they are still encoded, with the merges learnt from the rest).
+    """
+    budget = LONG_RUNS
     for f in files:
-        yield from read_chunks(f.path, chunk_bytes, bar.update)
+        for text in read_chunks(f.path, chunk_bytes, bar.update):
+            # most text has no long run: a cheap check first (str.split runs at C speed, the
+            # regex below at a tenth of it)
+            if len(text) < RUN_PIECE or max(map(len, text.split()), default=0) < RUN_PIECE:
+                yield text
+                continue
+            pos = 0
+            for m in _LONG_RUN.finditer(text):
+                yield text[pos : m.start()]
+                run = m.group()[:budget]
+                budget -= len(run)
+                yield from (run[i : i + RUN_PIECE] for i in range(0, len(run), RUN_PIECE))
+                pos = m.end()
+            yield text[pos:]
     bar.set_postfix_str("read; computing merges")
     bar.close()
 
@@ -525,9 +586,10 @@ def _encode(
             flush()
             held = 0
 
+    protect = tuple(t.content for t in tok.get_added_tokens_decoder().values()) or (EOT,)
     for f in files:
         previous: str | None = None
-        for chunk in read_chunks(f.path, chunk_bytes, bar.update):
+        for chunk in read_chunks(f.path, chunk_bytes, bar.update, protect=protect):
             if previous is not None:
                 add(previous, False)
             previous = chunk

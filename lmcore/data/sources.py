@@ -12,22 +12,29 @@ cut just before a space or newline that follows a non-space character. No pre-to
 byte-level BPE (GPT-2's pattern) spans such a point and none looks past it, so encoding the
 pieces one by one gives exactly the ids of encoding the whole text (a test holds this for
 arbitrary Unicode), and a file larger than memory is read in bounded pieces. A piece grows past
-`chunk_bytes` only while no cut point appears (text with no whitespace at all).
+`chunk_bytes` only while no cut point appears; after `MAX_RUN` characters without one (a
+megabyte with no space or newline: minified code, random or DNA-like text) it is cut where it
+is, but never inside an added token such as `<|endoftext|>`, so that memory stays bounded. Only
+there can the ids differ from those of the whole text (no token spans that cut).
 """
 
 from __future__ import annotations
 
 import codecs
+import errno
 import fnmatch
 import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from lmcore.data.meta import EOT
 from lmcore.errors import DataError, did_you_mean, one_of
 
 DEFAULT_EXTENSIONS = (".txt", ".md", ".rst", ".py")
 CHUNK_BYTES = 1 << 16  # read per block; a chunk of text is about this long
+MAX_RUN = 1 << 20  # characters without a cut point after which a piece is cut where it is
+PROTECTED = (EOT,)  # added tokens a forced cut never splits (a reused tokenizer may add more)
 
 
 @dataclass(frozen=True)
@@ -119,6 +126,18 @@ def _walk(
 
 
 def _missing(source: Path) -> str:
+    if source.is_symlink():  # it exists, as a link to nothing: a loop, or a missing target
+        try:
+            source.resolve(strict=True)
+            why = "cannot be followed"
+        except RuntimeError:  # Python 3.11-3.12 report a loop so
+            why = "is part of a loop of links"
+        except OSError as e:
+            why = "is part of a loop of links" if e.errno == errno.ELOOP else "points to nothing"
+        return (
+            f"source {str(source)!r} is a symbolic link that {why} (it links to "
+            f"{os.readlink(source)!r}); fix or remove the link"
+        )
     parent = source.parent if str(source.parent) else Path(".")
     try:
         siblings = [p.name for p in parent.iterdir()] if parent.is_dir() else []
@@ -165,15 +184,22 @@ class UndecodableError(DataError):
 
 
 def read_chunks(
-    path: Path, chunk_bytes: int = CHUNK_BYTES, on_bytes: Callable[[int], None] | None = None
+    path: Path,
+    chunk_bytes: int = CHUNK_BYTES,
+    on_bytes: Callable[[int], None] | None = None,
+    *,
+    max_run: int = MAX_RUN,
+    protect: Sequence[str] = PROTECTED,
 ) -> Iterator[str]:
     """The text of `path` in pieces that encode exactly like the whole (see the module doc).
 
     `on_bytes(n)` is called as each block of `n` bytes is read (for a progress bar). Bytes that
-    are not UTF-8 raise `DataError` naming the file and the byte offset.
+    are not UTF-8 raise `DataError` naming the file and the byte offset. A piece of `max_run`
+    characters without a cut point is cut where it is, outside every token of `protect`.
     """
     decoder = codecs.getincrementaldecoder("utf-8")("strict")
     pending = ""
+    start = 0  # where `pending` may hold a cut point
     consumed = 0
     try:
         f = path.open("rb")
@@ -196,27 +222,49 @@ def read_chunks(
             pending += text
             if not block:
                 break
-            cut = safe_cut(pending)
+            cut = safe_cut(pending, start)
+            if not cut and len(pending) >= max_run:
+                cut = forced_cut(pending, protect)
             if cut:
                 yield pending[:cut]
                 pending = pending[cut:]
+                start = 0
+            else:  # no cut point so far: next time look only where the new text joins it
+                start = max(len(pending) - 1, 0)
     if pending:
         yield pending
 
 
-def safe_cut(text: str) -> int:
-    """The last index `i` where `text[i]` is a space or newline and `text[i-1]` is not
-    whitespace, preferring a newline; 0 when there is none.
+def safe_cut(text: str, start: int = 0) -> int:
+    """The last index `i` (at or after `start`) where `text[i]` is a space or newline and
+    `text[i-1]` is not whitespace, preferring a newline; 0 when there is none.
 
     Python's `str.isspace` accepts every character the tokenizer's `\\s` does (and a few
     more, which only makes the rule stricter), so no pre-token crosses `i`.
     """
     for mark in ("\n", " "):
         i = len(text)
-        while (i := text.rfind(mark, 1, i)) > 0:
+        while (i := text.rfind(mark, max(start, 1), i)) > 0:
             if not text[i - 1].isspace():
                 return i
     return 0
+
+
+def forced_cut(text: str, protect: Sequence[str] = PROTECTED) -> int:
+    """Where to cut `text`, which has no cut point, so that no token of `protect` is split: near
+    its end, leaving room for a token that the next block may complete, and before any
+    occurrence of one that would span the cut. At least 1, for a non-empty `text`."""
+    longest = max((len(t) for t in protect), default=1)
+    cut = max(len(text) - longest + 1, 1)
+    for _ in range(4 * len(protect)):  # overlapping tokens could move it back and forth
+        spans = [j for t in protect
+                 if 0 <= (j := text.find(t, max(cut - len(t) + 1, 0), cut + len(t) - 1)) < cut
+                 and cut < j + len(t)]  # fmt: skip
+        if not spans:
+            break
+        j = min(spans)  # before the token, or after it when it starts the text
+        cut = j if j > 0 else len(next(t for t in protect if text.startswith(t)))
+    return cut
 
 
 def check_utf8(path: Path, chunk_bytes: int = CHUNK_BYTES) -> UndecodableError | None:

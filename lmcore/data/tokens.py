@@ -27,8 +27,8 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
-from lmcore.data.meta import META_FILE, SPLITS, DataMeta, file_dtype
-from lmcore.errors import DataError, did_you_mean, one_of
+from lmcore.data.meta import META_FILE, MIN_VOCAB, SPLITS, DataMeta, file_dtype
+from lmcore.errors import DataError, clip, did_you_mean, one_of
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -36,6 +36,39 @@ if TYPE_CHECKING:
 Split = Literal["train", "val"]
 Batch = tuple[Int[Tensor, "batch seq"], Int[Tensor, "batch seq"]]
 _MAX_ID = {"uint16": 2**16, "uint32": 2**32}
+
+
+def _inside(root: Path, name: str, field: str, fix: str) -> Path:
+    """`root / name`, which must stay inside `root` after symbolic links are followed: the
+    files of a data directory are its own, never a path that `meta.json` points elsewhere."""
+    file = root / name
+    real, home = os.path.realpath(file), os.path.realpath(root)
+    if os.path.commonpath([real, home]) != home or real == home:
+        raise DataError(
+            f"{root / META_FILE}: {field} is {clip(name, 200)}, which resolves to "
+            f"{clip(real, 200)}, outside the data directory {str(root)!r}; a data directory "
+            f"holds its own files: {fix} --force"
+        )
+    return file
+
+
+def _check_tokenizer(file: Path, meta: DataMeta, where: Path, fix: str) -> None:
+    """The tokenizer's vocabulary must be the one `meta.json` states, <|endoftext|> included."""
+    from tokenizers import Tokenizer
+
+    try:
+        tok = Tokenizer.from_file(str(file))
+    except Exception as e:  # tokenizers raises a bare Exception for unparsable files
+        raise DataError(
+            f"{file}: is not a Hugging Face tokenizer.json ({e}); {fix} --force"
+        ) from None
+    size, eot = tok.get_vocab_size(), tok.token_to_id(meta.eot_token)
+    if size != meta.vocab_size or eot != meta.eot_id:
+        raise DataError(
+            f"{where} says vocab_size {meta.vocab_size:,} with {meta.eot_token} = "
+            f"{meta.eot_id}, but {file.name} has {size:,} tokens with {meta.eot_token} = {eot}: "
+            f"the files do not belong together; {fix} --force"
+        )
 
 
 class TokenData:
@@ -64,18 +97,25 @@ class TokenData:
         meta = DataMeta.read(root / META_FILE)
         if meta.dtype not in _MAX_ID:
             raise DataError(f"{root / META_FILE}: dtype {meta.dtype!r} is not uint16 or uint32")
-        if meta.vocab_size > _MAX_ID[meta.dtype] or meta.eot_id >= meta.vocab_size:
+        if meta.vocab_size > _MAX_ID[meta.dtype]:
             raise DataError(
-                f"{root / META_FILE}: vocab_size {meta.vocab_size} with eot_id {meta.eot_id} "
-                f"does not fit dtype {meta.dtype}; {fix} --force"
+                f"{root / META_FILE}: vocab_size {meta.vocab_size:,} does not fit dtype "
+                f"{meta.dtype} (at most {_MAX_ID[meta.dtype]:,} ids); {fix} --force"
             )
-        if not (root / meta.tokenizer_file).is_file():
+        if meta.eot_id >= meta.vocab_size:
+            raise DataError(
+                f"{root / META_FILE}: eot_id {meta.eot_id:,} is not an id of the vocabulary "
+                f"(vocab_size {meta.vocab_size:,}: ids 0 to {meta.vocab_size - 1:,}); {fix} --force"
+            )
+        tokenizer = _inside(root, meta.tokenizer_file, "tokenizer_file", fix)
+        if not tokenizer.is_file():
             raise DataError(f"{root / meta.tokenizer_file} is missing; {fix} --force")
+        _check_tokenizer(tokenizer, meta, root / META_FILE, fix)
         dtype = file_dtype(meta.dtype)
         splits: dict[str, np.ndarray] = {}
         for name in SPLITS:
             info = meta.splits[name]
-            file = root / info.file
+            file = _inside(root, info.file, f"splits.{name}.file", fix)
             expected = info.tokens * dtype.itemsize
             size = file.stat().st_size if file.is_file() else None
             if size != expected:
@@ -125,12 +165,17 @@ class TokenData:
         for name in SPLITS:
             need_window(len(self._splits[name]), context_length, self._where(name))
         if vocab_size is not None and vocab_size < self.vocab_size:
+            other = (
+                f"or prepare the data with --vocab-size {vocab_size}"
+                if vocab_size >= MIN_VOCAB
+                else f"(a prepared vocabulary has at least {MIN_VOCAB} tokens: the 256 bytes and "
+                f"{self.meta.eot_token})"
+            )
             raise DataError(
                 f"the model's vocab_size={vocab_size:,} is smaller than the data's "
                 f"{self.vocab_size:,} tokens ({self.path / self.meta.tokenizer_file}), so ids "
                 f"≥ {vocab_size:,} would be out of range; use vocab_size={self.vocab_size} in the "
-                f'spec (e.g. "tinystories, vocab_size={self.vocab_size}") or prepare the data '
-                f"with --vocab-size {vocab_size}"
+                f'spec (e.g. "tinystories, vocab_size={self.vocab_size}") {other}'
             )
 
     def sampler(

@@ -19,12 +19,13 @@ from pathlib import Path
 from typing import Any, Final
 
 import torch
-from safetensors.torch import save_file
 from torch import Tensor, nn
 
 from lmcore.atomic import atomic_path, atomic_write
 from lmcore.checkpoint import (
     build_from_checkpoint,
+    check_dtypes,
+    check_finite,
     load_strict,
     read_header,
     read_info,
@@ -32,9 +33,10 @@ from lmcore.checkpoint import (
     resolve_checkpoint,
     save,
 )
-from lmcore.errors import ConversionError
+from lmcore.errors import ConversionError, clip
 from lmcore.hf.llama import config_to_spec, from_hf_state_dict, spec_to_config, to_hf_state_dict
-from lmcore.model.saving import dtype_of
+from lmcore.locks import new_directory
+from lmcore.model.saving import dtype_of, save_tensors
 from lmcore.model.transformer import TransformerLM, unwrap
 from lmcore.registry import Registry
 
@@ -62,6 +64,8 @@ def _read_config(directory: Path) -> dict[str, Any]:
         raise ConversionError(f"{directory}: is not a directory (a Hugging Face model directory)")
     try:
         config = json.loads(path.read_text(encoding="utf-8"))
+    except RecursionError:
+        raise ConversionError(f"{path}: nests deeper than Python's parser follows") from None
     except FileNotFoundError:
         raise ConversionError(
             f"{directory}: has no config.json; a Hugging Face model directory holds config.json "
@@ -75,23 +79,29 @@ def _read_config(directory: Path) -> dict[str, Any]:
 
 
 def _weight_files(directory: Path) -> list[Path]:
-    """The safetensors files holding a model's weights: one file, or the shards of an index."""
+    """The safetensors files holding a model's weights: one file, or the shards of an index,
+    each inside `directory` (`_inside`)."""
     index = directory / INDEX
     if index.is_file():
         try:
             weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
             shards = sorted(set(weight_map.values()))
+            if not all(isinstance(s, str) for s in shards):
+                raise TypeError("a shard name is not a string")
         except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, AttributeError):
             raise ConversionError(f"{index}: is not a valid safetensors index") from None
-        missing = [s for s in shards if not (directory / s).is_file()]
+        except RecursionError:
+            raise ConversionError(f"{index}: nests deeper than Python's parser follows") from None
+        files = [_inside(directory, s, index) for s in shards]
+        missing = [s for s, f in zip(shards, files, strict=True) if not f.is_file()]
         if missing:
             raise ConversionError(
                 f"{index}: names shards that are not in the directory: {', '.join(missing)}; "
                 "copy the whole model directory"
             )
-        return [directory / s for s in shards]
+        return files
     if (directory / WEIGHTS).is_file():
-        return [directory / WEIGHTS]
+        return [_inside(directory, WEIGHTS, directory / WEIGHTS)]
     pickled = sorted(p.name for p in directory.glob("*.bin"))
     hint = (
         f" (found {', '.join(pickled)}: pickle files, which lmcore never loads; re-save the "
@@ -100,6 +110,26 @@ def _weight_files(directory: Path) -> list[Path]:
         else ""
     )
     raise ConversionError(f"{directory}: has no {WEIGHTS} and no {INDEX}{hint}")
+
+
+def _inside(directory: Path, name: str, where: Path) -> Path:
+    """`directory / name`, which must lie inside `directory` once symbolic links are followed:
+    a model directory's weights are its own, never a path its index points elsewhere
+    (`/abs/other.safetensors`, `../x.safetensors`). The one exception is the layout of the
+    Hugging Face hub cache, whose `snapshots/REV/` links each file to the repository's
+    `blobs/`."""
+    file = directory / name
+    real, home = Path(os.path.realpath(file)), Path(os.path.realpath(directory))
+    cache = home.parent.parent / "blobs" if home.parent.name == "snapshots" else None
+    if home in real.parents or (
+        cache is not None and real.parent == cache and Path(os.path.normpath(file)).parent == home
+    ):
+        return file
+    raise ConversionError(
+        f"{where}: names {clip(name, 200)}, which resolves to {clip(str(real), 200)}, outside "
+        f"the model directory {directory}; a model directory holds its own weights: copy the "
+        "shards into it"
+    )
 
 
 def _read_weights(directory: Path, device: torch.device) -> dict[str, Tensor]:
@@ -126,8 +156,12 @@ def _load(
     tensors = _read_weights(directory, where)
     saved = getattr(torch, dtype_of(tensors))
     model = TransformerLM(spec, device=device, dtype=dtype or saved, registry=registry)
-    state = from_hf_state_dict(tensors, model.spec, str(directory))
+    shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    state = from_hf_state_dict(tensors, model.spec, str(directory), shapes)
+    if dtype is None:
+        check_dtypes(state, model.state_dict(), directory, ConversionError)
     load_strict(model, state, directory, f"the model of {model.spec}")
+    check_finite(state, directory)
     return model, config
 
 
@@ -161,14 +195,19 @@ def convert_from_hf(
 
 
 def save_llama(
-    model: nn.Module, directory: str | os.PathLike[str], *, base: Mapping[str, Any] | None = None
+    model: nn.Module,
+    directory: str | os.PathLike[str],
+    *,
+    base: Mapping[str, Any] | None = None,
+    force: bool = False,
 ) -> Path:
     """Write `model` as a Hugging Face Llama directory (config.json and model.safetensors) that
     `transformers.LlamaForCausalLM.from_pretrained` loads. `base`: passive config fields to keep
-    (see `spec_to_config`). Refuses a directory that already holds other weights."""
+    (see `spec_to_config`). A directory that is not empty is refused unless `force`, which
+    replaces it whole once the new one is written (no old file stays beside the new ones)."""
     lm = unwrap(model)
     config = spec_to_config(lm.blueprint, lm.lm_head.weight.dtype, base)
-    _write(lm, config, Path(directory))
+    _write(lm, config, Path(directory), force)
     return Path(directory)
 
 
@@ -177,35 +216,39 @@ def convert_to_hf(
     directory: str | os.PathLike[str],
     *,
     registry: Registry | None = None,
+    force: bool = False,
 ) -> Path:
     """`lmcore convert --to-hf CKPT DIR`: an lmcore checkpoint to a Llama directory. The spec is
-    checked before any weight is read."""
+    checked before any weight is read; `force` as `save_llama`'s."""
     info = read_info(checkpoint)
     bp = resolve_checkpoint(info, registry)
     base = json.loads(info.metadata.get(CONFIG_KEY, "{}"))
     config = spec_to_config(bp, info.torch_dtype, base if isinstance(base, dict) else None)
     out = Path(directory)
-    _write(build_from_checkpoint(info, bp), config, out)
+    _write(build_from_checkpoint(info, bp), config, out, force, keep=info.path)
     return out
 
 
-def _write(model: TransformerLM, config: Mapping[str, Any], out: Path) -> None:
-    if out.exists() and not out.is_dir():
-        raise ConversionError(f"{out}: exists and is not a directory")
-    others = sorted(
-        p.name
-        for pattern in ("*.safetensors", "*.bin", "*.index.json", "*.pt", "*.pth")
-        for p in (out.glob(pattern) if out.is_dir() else [])
-        if p.name != WEIGHTS
-    )
-    if others:
-        raise ConversionError(
-            f"{out}: already holds other weights ({', '.join(others)}), which from_pretrained "
-            "could pick instead; choose an empty directory"
-        )
-    out.mkdir(parents=True, exist_ok=True)
+def _write(
+    model: TransformerLM,
+    config: Mapping[str, Any],
+    out: Path,
+    force: bool,
+    keep: Path | None = None,
+) -> None:
+    """Write the directory whole, beside `out`, and put it in `out`'s place (`new_directory`);
+    `keep`: the checkpoint being converted, which must not be inside a directory replaced."""
     state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
-    with atomic_path(out / WEIGHTS) as tmp:
-        save_file(to_hf_state_dict(state, model.spec), tmp, metadata={"format": "pt"})
-    with atomic_write(out / "config.json", "w") as f:
-        f.write(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    tensors = to_hf_state_dict(state, model.spec)
+    with new_directory(
+        out,
+        force=force,
+        what="target directory",
+        error=ConversionError,
+        fix="pass --force to replace it whole, or choose an empty directory",
+        keep_out=[] if keep is None else [("the checkpoint", keep)],
+    ) as tmp:
+        with atomic_path(tmp / WEIGHTS) as path:
+            save_tensors(tensors, path, {"format": "pt"}, out / WEIGHTS)
+        with atomic_write(tmp / "config.json", "w") as f:
+            f.write(json.dumps(config, indent=2, sort_keys=True) + "\n")

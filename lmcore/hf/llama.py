@@ -19,6 +19,7 @@ metadata under "hf.config" and written back by `--to-hf`.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
@@ -144,7 +145,10 @@ def config_to_spec(
         elif f.type is bool and type(value) is not bool:
             problems.append(f"{f.name}={json.dumps(value)} is not true or false")
         elif f.type is not bool and (
-            type(value) not in (f.type, int) or isinstance(value, bool) or value <= 0
+            type(value) not in (f.type, int)
+            or isinstance(value, bool)
+            or not math.isfinite(value)  # NaN and Infinity, which Python's JSON reads
+            or value <= 0
         ):
             problems.append(f"{f.name}={json.dumps(value)} is not a positive {f.type.__name__}")
         else:
@@ -316,9 +320,14 @@ def _pairs(spec: ModelSpec) -> list[tuple[str, str, int | None]]:
 
 
 def from_hf_state_dict(
-    tensors: Mapping[str, Tensor], spec: ModelSpec, where: str = "the Hugging Face weights"
+    tensors: Mapping[str, Tensor],
+    spec: ModelSpec,
+    where: str = "the Hugging Face weights",
+    shapes: Mapping[str, tuple[int, ...]] | None = None,
 ) -> dict[str, Tensor]:
-    """Rename (and permute) a `LlamaForCausalLM` state dict to lmcore's keys, strictly."""
+    """Rename (and permute) a `LlamaForCausalLM` state dict to lmcore's keys, strictly: every
+    missing, unexpected and (given the model's `shapes` by lmcore key) misshapen tensor is
+    listed in one `ConversionError`."""
     tensors = {k: v for k, v in tensors.items() if not k.endswith(_DERIVED_SUFFIX)}
     pairs = _pairs(spec)
     embed = tensors.get("model.embed_tokens.weight")
@@ -331,10 +340,17 @@ def from_hf_state_dict(
             )
     missing = [theirs for _, theirs, _ in pairs if theirs not in tensors]
     unexpected = sorted(set(tensors) - {theirs for _, theirs, _ in pairs})
-    if missing or unexpected:
+    misshapen = [
+        f"{theirs} (file {tuple(tensors[theirs].shape)}, model {tuple(shapes[ours])})"
+        for ours, theirs, _ in pairs
+        if shapes is not None and theirs in tensors and ours in shapes
+        and tuple(tensors[theirs].shape) != tuple(shapes[ours])
+    ]  # fmt: skip
+    if missing or unexpected or misshapen:
+        groups = (("missing", missing), ("unexpected", unexpected), ("wrong shape", misshapen))
         shown = "; ".join(
             f"{label} ({len(names)}): {', '.join(names[:12])}{' ...' if len(names) > 12 else ''}"
-            for label, names in (("missing", missing), ("unexpected", unexpected))
+            for label, names in groups
             if names
         )
         raise ConversionError(

@@ -88,7 +88,14 @@ def sample(
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
     if sampling.greedy:
         return logits.argmax(dim=-1)  # the first maximum: the lowest id
-    probs = softmax(logits / sampling.temperature, dim=-1)
+    # Shift before scaling: the largest logit becomes 0 and the others stay finite or -inf, so a
+    # temperature as small as 5e-324 cannot turn them into inf - inf = NaN.
+    # Below float32's smallest normal number the division is done in float64 (where 5e-324
+    # is still a number, not 0).
+    shifted = logits - logits.amax(dim=-1, keepdim=True)
+    if sampling.temperature < torch.finfo(shifted.dtype).tiny:
+        shifted = shifted.double()
+    probs = softmax(shifted / sampling.temperature, dim=-1)
     if sampling.top_k is not None or sampling.top_p < 1:
         # One stable sort ranks tokens by probability, ties by id; both cuts are by rank.
         ranked, order = probs.sort(dim=-1, descending=True, stable=True)
@@ -137,6 +144,7 @@ def prompt_batch(
                 f"{tuple(prompt_ids.shape)}; give prompts of different lengths as a list"
             )
         single = prompt_ids.ndim == 1
+        _check_room(prompt_ids.shape[-1], spec.context_length)
         ids = check_ids(
             prompt_ids[None] if single else prompt_ids,
             vocab_size=spec.vocab_size,
@@ -161,6 +169,7 @@ def prompt_batch(
                 raise ModelInputError(
                     f"prompt {n} has shape {tuple(row.shape)}; each prompt in a list is 1-d"
                 )
+            _check_room(row.shape[-1] if row.ndim else 0, spec.context_length)
             check = check_ids(
                 row, vocab_size=spec.vocab_size, context_length=spec.context_length, device=device
             )
@@ -178,6 +187,18 @@ def prompt_batch(
         f"prompt_ids must be a tensor of token ids or a list of prompts, got "
         f"{type(prompt_ids).__name__}"
     )
+
+
+def _check_room(length: int, context_length: int) -> None:
+    """A prompt longer than the context: say how to shorten it so that tokens can follow."""
+    if length > context_length:
+        keep = max(context_length // 2, 1)
+        raise GenerationError(
+            f"the prompt is {length:,} tokens, more than context_length={context_length:,}; a "
+            f"prompt of P tokens leaves room for {context_length + 1:,} - P new ones: shorten "
+            f"it, e.g. to its last {keep:,} tokens (room for {context_length + 1 - keep:,}); "
+            "lmcore never drops tokens silently"
+        )
 
 
 def _as_ids(item: object, n: int) -> Tensor:

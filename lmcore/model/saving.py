@@ -12,19 +12,32 @@ The file's string metadata says how to rebuild the model:
     lmcore.torch_version    the torch that wrote it
     lmcore.dtype            the model's dtype, e.g. "float32"; `load` keeps it unless told otherwise
     lmcore.tied             JSON {alias: stored name}, when parameters are shared (tied embeddings)
+    lmcore.checksums        JSON {"algorithm": "crc32", "tensors": {name: 8 hex digits}}: the CRC-32
+                            (zlib.crc32) of each stored tensor's bytes, as they lie in the file
     anything else           the caller's `metadata=`, e.g. a trainer's step count
+
+`lmcore.load` verifies the checksums by default (`lmcore.checkpoint.verify_checksums`), so that
+flipped bytes, tensors whose offsets were swapped and data of the wrong tensor are refused,
+naming the tensor. CRC-32 detects accidental damage (a bad disk or copy), not a deliberate
+edit: whoever can change the bytes can change the metadata too. It costs about as much as
+copying the bytes once. Files written before checksums were added have no `lmcore.checksums`
+and load as before, with nothing to verify; readers that predate the key ignore it (it is one
+more `lmcore.*` string), so the format version stays 1.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import zlib
 from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import save_file
 from torch import Tensor
 
@@ -34,7 +47,20 @@ from lmcore.components import KINDS
 from lmcore.errors import CheckpointError
 from lmcore.version import __version__
 
-__all__ = ["FORMAT_VERSION", "KEYS", "PREFIX", "SUFFIX", "dtype_of", "store_once", "write"]
+__all__ = [
+    "CHECKSUM",
+    "FORMAT_VERSION",
+    "KEYS",
+    "PREFIX",
+    "SUFFIX",
+    "checksum",
+    "checksums_json",
+    "dtype_of",
+    "save_tensors",
+    "store_once",
+    "tensor_bytes",
+    "write",
+]
 
 FORMAT_VERSION: Final = 1
 PREFIX: Final = "lmcore."
@@ -46,7 +72,9 @@ KEYS: Final = {
     "torch_version": "lmcore.torch_version",
     "dtype": "lmcore.dtype",
     "tied": "lmcore.tied",
+    "checksums": "lmcore.checksums",
 }
+CHECKSUM: Final = "crc32"  # the algorithm `lmcore.checksums` names
 SUFFIX: Final = ".safetensors"
 
 
@@ -101,10 +129,49 @@ def write(
     }
     if tied:
         header[KEYS["tied"]] = json.dumps(tied, sort_keys=True)
+    header[KEYS["checksums"]] = checksums_json(tensors)
     dest = Path(path)
+    if dest.is_dir():
+        raise CheckpointError(
+            f"{dest}: is a directory; save to a file, e.g. {dest / ('model' + SUFFIX)}"
+        )
     with atomic_path(dest) as tmp:
-        save_file(tensors, tmp, metadata=header)
+        save_tensors(tensors, tmp, header, dest)
     return dest
+
+
+def save_tensors(
+    tensors: Mapping[str, Tensor], tmp: Path, metadata: Mapping[str, str], dest: Path
+) -> None:
+    """`safetensors.torch.save_file` into `tmp` (which will become `dest`). A write the system
+    refuses (a full disk, ...) raises `OSError` naming `dest`, as Python's own writes do, not
+    safetensors' error naming nothing."""
+    try:
+        save_file(dict(tensors), tmp, metadata=dict(metadata))
+    except SafetensorError as e:
+        found = re.search(r"os error (\d+)", str(e))
+        if found is None:
+            raise CheckpointError(f"{dest}: cannot be written: {e}") from None
+        code = int(found.group(1))
+        raise OSError(code, os.strerror(code), str(dest)) from None
+
+
+def checksum(data: Any) -> str:
+    """The CRC-32 of a buffer's bytes, as 8 hex digits."""
+    return f"{zlib.crc32(data):08x}"
+
+
+def tensor_bytes(t: Tensor) -> Any:
+    """A CPU tensor's bytes as safetensors writes them (contiguous, little-endian), no copy
+    when it is contiguous already."""
+    flat = t.detach().contiguous().reshape(-1)
+    return flat.view(torch.uint8).numpy() if flat.numel() else b""
+
+
+def checksums_json(tensors: Mapping[str, Tensor]) -> str:
+    """`lmcore.checksums` for these tensors."""
+    sums = {name: checksum(tensor_bytes(t)) for name, t in tensors.items()}
+    return json.dumps({"algorithm": CHECKSUM, "tensors": sums}, sort_keys=True)
 
 
 def store_once(state: Mapping[str, Tensor]) -> tuple[dict[str, Tensor], dict[str, str]]:

@@ -1,6 +1,7 @@
 """Run directories: what `lmcore train` writes, and how to find a run's checkpoints and tokenizer.
 
     RUN/
+      .lock                 held (fcntl.flock) by the process training the run, with its PID
       run.json              the experiment: tag, canonical spec, data, resolved options, status
       tokenizer.json        a copy of the data's tokenizer
       metrics.jsonl         one JSON object per line: train, eval and event records
@@ -14,6 +15,12 @@
 
 A run is tagged by its canonical spec: `spec_tag(spec)` is a readable slug and a hash of
 `str(spec)`, equal for equal models, so runs of the same model are recognisably one experiment.
+
+One process at a time writes a run: `train` and `--resume` hold the OS lock on `RUN/.lock`
+(`lmcore.locks`) for as long as they run, and a second one is refused naming the first; the
+kernel releases the lock when the process ends, however it ends. A new run's directory is
+created and checked under that lock (`claim_new_run`), so two starts into one `--out` cannot
+both pass the check.
 
 Nothing here is pickled: tensors are safetensors, the rest JSON. A checkpoint appears whole or
 not at all: its files are written (and fsync'ed) into a hidden directory beside the others,
@@ -34,10 +41,10 @@ import os
 import re
 import secrets
 import shutil
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 from lmcore.atomic import atomic_write, fsync_directory
 from lmcore.checkpoint import (
@@ -49,8 +56,9 @@ from lmcore.checkpoint import (
     read_info,
     step_dirs,
 )
-from lmcore.errors import TrainError
-from lmcore.jsonfile import read_versioned
+from lmcore.errors import LmcoreError, TrainError, TrainMemoryError, clip
+from lmcore.jsonfile import dumps, read_versioned
+from lmcore.locks import LOCK_FILE, DirectoryLock, lock_file
 
 __all__ = [
     "CHECKPOINTS",
@@ -147,7 +155,125 @@ def read_run(path: str | os.PathLike[str]) -> dict[str, Any]:
 def write_json(path: Path, data: Mapping[str, Any]) -> None:
     """`data` as indented JSON, written atomically."""
     with atomic_write(path, "w") as f:
-        f.write(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+        f.write(dumps(data) + "\n")
+
+
+# ------------------------------------------------------------------------------ the lock
+
+
+def lock_run(run: Path) -> DirectoryLock:
+    """Hold `RUN/.lock` while this process writes the run: a second `train`, `--resume` or
+    sweep of it meanwhile gets `TrainError` naming this process (PID, host, start time)."""
+    return lock_file(run / LOCK_FILE, what=f"run directory {run}", error=TrainError)
+
+
+def claim_new_run(run: Path) -> tuple[DirectoryLock, bool]:
+    """Create the run directory `run` (or take an empty one) and lock it; `TrainError` when it
+    holds a run or other files, or another process holds it. The check is made with the lock
+    held, so two processes starting the same new run never both pass it. Returns the lock and
+    whether this call created the directory."""
+    if run.exists() and not run.is_dir():
+        raise TrainError(f"--out {run} is a file, not a directory; choose another --out")
+    try:
+        run.mkdir(parents=True)
+        created = True
+    except FileExistsError:
+        created = False
+    lock = lock_run(run)
+    try:
+        if _is_stub(run):
+            remove_stub(run, created=False)
+        check_new_run(run)
+    except BaseException:
+        lock.release()
+        raise
+    return lock, created
+
+
+def _is_stub(run: Path) -> bool:
+    """Whether `run` holds only what a start that never took a step wrote (killed before it
+    could remove it, e.g. a torchrun job aborted on another rank): run.json still "starting",
+    no checkpoint, no metrics. Nothing in it is worth keeping; the caller holds the lock."""
+    try:
+        state = read_run(run).get("status", {}).get("state")
+    except TrainError:
+        return False
+    return state == "starting" and not step_dirs(run) and not (run / METRICS_FILE).exists()
+
+
+L = TypeVar("L")
+
+
+def claim(par: Any, take: Callable[[], tuple[L, bool]], what: str) -> tuple[L | None, bool]:
+    """`take()` on the writing process of `par` (a `Parallel`: it locks the run directory);
+    every process raises when it fails there, so that none waits at a barrier for a writer that
+    stopped. `(None, False)` on the others."""
+    taken: tuple[L | None, bool] = (None, False)
+    problem: LmcoreError | None = None
+    if par.is_writer:
+        try:
+            taken = take()
+        except LmcoreError as e:
+            problem = e
+    if par.any(problem is not None):
+        raise problem or TrainError(f"{what}: the writing process (rank 0) could not take it")
+    return taken
+
+
+def memory_error(
+    e: BaseException, batch_size: int, context_length: int, device: object
+) -> TrainMemoryError | None:
+    """The `TrainMemoryError` to raise for `e` when it says the run ran out of memory (numpy's
+    and torch's errors, on the CPU and on CUDA), naming the batch and what to lower; else
+    None."""
+    text = str(e).strip()
+    if not (
+        isinstance(e, MemoryError)
+        or type(e).__name__ == "OutOfMemoryError"  # torch.OutOfMemoryError (CUDA)
+        or "can't allocate memory" in text  # torch's CPU allocator
+        or "out of memory" in text.lower()
+    ):
+        return None
+    what = clip(text.splitlines()[0] if text else type(e).__name__, 160, quote=False)
+    return TrainMemoryError(
+        f"out of memory with --batch-size {batch_size:,} × context_length {context_length:,} = "
+        f"{batch_size * context_length:,} tokens a step on {device} ({what}); use a smaller "
+        "--batch-size (a run that had not started is not kept)"
+    )
+
+
+def check_new_run(run: Path) -> None:
+    """`TrainError` unless `run` is missing or an empty directory (its lock file aside)."""
+    if (run / RUN_FILE).is_file():
+        try:
+            info = read_run(run)
+            status = info.get("status", {})
+            what = f"{info.get('tag')}, {status.get('state')} at step {status.get('step')}"
+        except TrainError:
+            what = "unreadable run.json"
+        raise TrainError(
+            f"--out {run} already holds a run ({what}); continue it with "
+            f"`lmcore train --resume {run}`, or choose another --out"
+        )
+    if run.exists() and (not run.is_dir() or any(p.name != LOCK_FILE for p in run.iterdir())):
+        raise TrainError(
+            f"--out {run} is not an empty directory and holds no run; choose a new or empty "
+            "directory for the run"
+        )
+
+
+def remove_stub(run: Path, created: bool) -> None:
+    """Delete what a run that never took a step wrote (a start that failed): the whole
+    directory when this process created it, else its contents, the lock file aside."""
+    if created:
+        shutil.rmtree(run, ignore_errors=True)
+        return
+    for p in run.iterdir():
+        if p.name != LOCK_FILE:
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                p.unlink(missing_ok=True)
 
 
 # ------------------------------------------------------------------------------ metrics

@@ -11,7 +11,8 @@ One checkpoint is one directory (`lmcore.train.runs` names the files):
   checkpoint read it as it is.
 - `trainer.safetensors`: the optimizer's tensors (`optimizer.{index}.{name}`: AdamW's
   `exp_avg`, `exp_avg_sq` and `step` per parameter) and the RNG states (`rng.torch`,
-  `rng.cuda.{device}`, `rng.numpy`).
+  `rng.cuda.{device}`, `rng.numpy`), with their CRC-32s (`lmcore.checksums`, as the model
+  file's), verified when the checkpoint is resumed.
 - `trainer.json`: the step, tokens and times, the data position (the sampler's batch `step` is
   a pure function of its seed and step, so the position is the step), the optimizer's
   parameter groups with each group's parameter names (checked on load), and the Python and
@@ -32,13 +33,14 @@ from typing import Any, Final
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from torch import Tensor, nn
 
 from lmcore.atomic import atomic_path, atomic_write
-from lmcore.checkpoint import load_weights, read_info, save
-from lmcore.errors import CheckpointError
+from lmcore.checkpoint import load_weights, read_header, read_info, save, verify_checksums
+from lmcore.errors import CheckpointError, TrainError
 from lmcore.jsonfile import read_versioned
+from lmcore.model.saving import KEYS, checksums_json, save_tensors
 from lmcore.train.runs import (
     META_STEP,
     META_TAG,
@@ -77,6 +79,30 @@ def save_checkpoint(
     opt_state = optimizer if isinstance(optimizer, Mapping) else optimizer.state_dict()
     opt_tensors, opt_json = flatten_optimizer(opt_state, param_names)
     rng_tensors, rng_json = rng_state()
+    try:
+        _write(run, step, model, opt_tensors, opt_json, rng_tensors, rng_json, state, tag, tokens)
+    except OSError as e:  # a full disk: the checkpoints before this one are whole
+        raise TrainError(
+            f"cannot save checkpoint {run / 'checkpoints' / step_dir(step)}: "
+            f"{e.strerror or e}; the checkpoints before it are whole: free space (or move the "
+            f"run), then continue with lmcore train --resume {run}"
+        ) from None
+    prune(run, keep)
+    return Checkpoint(run / "checkpoints" / step_dir(step), step)
+
+
+def _write(
+    run: Path,
+    step: int,
+    model: nn.Module,
+    opt_tensors: Mapping[str, Tensor],
+    opt_json: Mapping[str, Any],
+    rng_tensors: Mapping[str, Tensor],
+    rng_json: Mapping[str, Any],
+    state: Mapping[str, Any],
+    tag: str,
+    tokens: int,
+) -> None:
     with new_checkpoint_dir(run, step) as tmp:
         save(
             model,
@@ -88,8 +114,10 @@ def save_checkpoint(
                 META_TOKENIZER: TOKENIZER_FILE,
             },
         )
+        state_tensors = {**opt_tensors, **rng_tensors}
         with atomic_path(tmp / STATE_TENSORS) as p:
-            save_file({**opt_tensors, **rng_tensors}, str(p))
+            sums = {KEYS["checksums"]: checksums_json(state_tensors)}
+            save_tensors(state_tensors, p, sums, run / "checkpoints" / step_dir(step) / p.name)
         with atomic_path(tmp / TOKENIZER_FILE) as p:
             shutil.copyfile(run / TOKENIZER_FILE, p)
         with atomic_write(tmp / STATE_JSON, "w") as f:
@@ -102,8 +130,6 @@ def save_checkpoint(
                 "rng": rng_json,
             }
             f.write(json.dumps(body, indent=1) + "\n")
-    prune(run, keep)
-    return Checkpoint(run / "checkpoints" / step_dir(step), step)
 
 
 def load_checkpoint(
@@ -124,6 +150,7 @@ def load_checkpoint(
         what="an lmcore trainer state",
         error=CheckpointError,
     )
+    verify_checksums(read_header(ckpt.path / STATE_TENSORS))
     try:
         tensors = load_file(str(ckpt.path / STATE_TENSORS), device="cpu")
     except Exception as e:  # safetensors raises its own error types

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from lmcore.blueprint import Blueprint, resolve
 from lmcore.errors import SpecError, TrainError
+from lmcore.locks import LOCK_FILE, DirectoryLock, lock_file
 from lmcore.registry import Registry
 from lmcore.spec import parse_items
 from lmcore.train.matching import WHAT, measure
@@ -391,76 +392,79 @@ def sweep(
         "config": {k: v for k, v in cfg.to_json().items() if k not in ("loggers", "log_group")},
         "data": str(tokens.path.resolve()),
     }
-    _claim(root, described)
-    definition = SweepDefinition(base=base, variants=tuple(changes), data=str(data),
-                                 out=str(out), seeds=seeds, match=match,
-                                 train=cfg.given(), launcher=options)  # fmt: skip
-    write_definition(definition, root / DEFINITION_FILE, source)
-    seed_list = [cfg.seed + k for k in range(seeds)]
-    tasks: list[RunTask] = []
-    for v in variants:
-        for seed in seed_list:
-            run = root / v.run_name(seed)
-            action = "train"
-            if is_run(run):
-                state = read_run(run).get("status", {}).get("state")
-                if state in ("done", "diverged"):
-                    say(f"  {v.label}, seed {seed}: {state} before, kept ({run})")
-                    continue
-                action = "resume"
-            spec, run_cfg = str(v.blueprint.spec), dataclasses.replace(cfg, seed=seed)
-            tasks.append(RunTask(v.label, seed, run, spec, run_cfg, action))
-    matched = {v.label: v.matched.note for v in variants if v.matched is not None}
-    if match is not None:
-        matched[BASELINE] = f"d_ff {variants[0].blueprint.spec.d_ff} (the target)"
-    title = f"{base} ({len(variants) - 1} variants, {seeds} seed{'s' * (seeds > 1)}"
-    if match is not None:
-        title += f", matched by {WHAT[match]}"
-    title += ")"
-    sizes = {v.label: int(measure(v.blueprint, "params")) for v in variants}
-    outcomes: dict[Path, Outcome] = {}
-    latest: list[Any] = []
-
-    def table() -> None:
-        rows, groups = [], []
+    lock = _claim(root, described)
+    try:
+        definition = SweepDefinition(base=base, variants=tuple(changes), data=str(data),
+                                     out=str(out), seeds=seeds, match=match,
+                                     train=cfg.given(), launcher=options)  # fmt: skip
+        write_definition(definition, root / DEFINITION_FILE, source)
+        seed_list = [cfg.seed + k for k in range(seeds)]
+        tasks: list[RunTask] = []
         for v in variants:
-            own = []
             for seed in seed_list:
                 run = root / v.run_name(seed)
-                outcome = outcomes.get(run)
-                label = v.label if seeds == 1 else f"{v.label}, seed {seed}"
-                if outcome is not None and outcome.error is not None:
-                    own.append(_failed_row(v, run, outcome.error, seed, label))
-                elif is_run(run):
-                    own.append(run_row(run, label))
-            groups.append((v, own))
-            rows += own
-        rows = _paired_deltas(rows, groups[0][1])
-        groups = [(v, [r for r in rows if r.run in {o.run for o in own}]) for v, own in groups]
-        summaries = summarize(groups, seeds, matched, sizes)
-        bands = [(v.label, own) for v, own in groups]
-        files = write_comparison(rows, root, title, {"sweep": described}, summaries, bands)
-        latest[:] = [rows, summaries, files]
+                action = "train"
+                if is_run(run):
+                    state = read_run(run).get("status", {}).get("state")
+                    if state in ("done", "diverged"):
+                        say(f"  {v.label}, seed {seed}: {state} before, kept ({run})")
+                        continue
+                    action = "resume"
+                spec, run_cfg = str(v.blueprint.spec), dataclasses.replace(cfg, seed=seed)
+                tasks.append(RunTask(v.label, seed, run, spec, run_cfg, action))
+        matched = {v.label: v.matched.note for v in variants if v.matched is not None}
+        if match is not None:
+            matched[BASELINE] = f"d_ff {variants[0].blueprint.spec.d_ff} (the target)"
+        title = f"{base} ({len(variants) - 1} variants, {seeds} seed{'s' * (seeds > 1)}"
+        if match is not None:
+            title += f", matched by {WHAT[match]}"
+        title += ")"
+        sizes = {v.label: int(measure(v.blueprint, "params")) for v in variants}
+        outcomes: dict[Path, Outcome] = {}
+        latest: list[Any] = []
 
-    def finished(task: RunTask, outcome: Outcome) -> None:
-        outcomes[task.run] = outcome
-        if options.name != "local":
-            if outcome.error is not None:
-                state = f"failed: {outcome.error}"
-            elif outcome.interrupted is not None:
-                state = f"interrupted ({outcome.interrupted})"
-            elif is_run(task.run):
-                state = read_run(task.run).get("status", {}).get("state", "?")
-            else:
-                state = "ended without a run.json"
-            say(f"  {task.label}, seed {task.seed}: {state}")
+        def table() -> None:
+            rows, groups = [], []
+            for v in variants:
+                own = []
+                for seed in seed_list:
+                    run = root / v.run_name(seed)
+                    outcome = outcomes.get(run)
+                    label = v.label if seeds == 1 else f"{v.label}, seed {seed}"
+                    if outcome is not None and outcome.error is not None:
+                        own.append(_failed_row(v, run, outcome.error, seed, label))
+                    elif is_run(run):
+                        own.append(run_row(run, label))
+                groups.append((v, own))
+                rows += own
+            rows = _paired_deltas(rows, groups[0][1])
+            groups = [(v, [r for r in rows if r.run in {o.run for o in own}]) for v, own in groups]
+            summaries = summarize(groups, seeds, matched, sizes)
+            bands = [(v.label, own) for v, own in groups]
+            files = write_comparison(rows, root, title, {"sweep": described}, summaries, bands)
+            latest[:] = [rows, summaries, files]
+
+        def finished(task: RunTask, outcome: Outcome) -> None:
+            outcomes[task.run] = outcome
+            if options.name != "local":
+                if outcome.error is not None:
+                    state = f"failed: {outcome.error}"
+                elif outcome.interrupted is not None:
+                    state = f"interrupted ({outcome.interrupted})"
+                elif is_run(task.run):
+                    state = read_run(task.run).get("status", {}).get("state", "?")
+                else:
+                    state = "ended without a run.json"
+                say(f"  {task.label}, seed {task.seed}: {state}")
+            table()
+
         table()
-
-    table()
-    stopped = make_launcher(options, root, say, progress).run(tasks, tokens.path, finished)
-    table()
-    rows, summaries, files = latest
-    return SweepResult(rows, stopped, files, summaries)
+        stopped = make_launcher(options, root, say, progress).run(tasks, tokens.path, finished)
+        table()
+        rows, summaries, files = latest
+        return SweepResult(rows, stopped, files, summaries)
+    finally:
+        lock.release()
 
 
 def _paired_deltas(rows: Sequence[Row], baseline: Sequence[Row]) -> list[Row]:
@@ -485,8 +489,22 @@ def _failed_row(
                None, None, None, None, None, None, error=message, seed=seed)  # fmt: skip
 
 
-def _claim(root: Path, described: dict[str, Any]) -> None:
-    """Make `root` this sweep's directory, or check that it already is."""
+def _claim(root: Path, described: dict[str, Any]) -> DirectoryLock:
+    """Make `root` this sweep's directory, or check that it already is, holding its lock
+    (`SWEEP/.lock`): a second sweep of it meanwhile is refused, naming this process."""
+    if root.exists() and not root.is_dir():
+        raise TrainError(f"--out {root} is a file, not a directory; choose another --out")
+    root.mkdir(parents=True, exist_ok=True)
+    lock = lock_file(root / LOCK_FILE, what=f"sweep directory {root}", error=TrainError)
+    try:
+        _check(root, described)
+    except BaseException:
+        lock.release()
+        raise
+    return lock
+
+
+def _check(root: Path, described: dict[str, Any]) -> None:
     file = root / SWEEP_FILE
     if file.is_file():
         found = json.loads(file.read_text(encoding="utf-8"))
@@ -498,10 +516,9 @@ def _claim(root: Path, described: dict[str, Any]) -> None:
                 "choose another --out"
             )
         return
-    if root.exists() and (not root.is_dir() or any(root.iterdir())):
+    if any(p.name != LOCK_FILE for p in root.iterdir()):
         raise TrainError(
             f"--out {root} is not an empty directory and holds no sweep; choose a new or empty "
             "directory"
         )
-    root.mkdir(parents=True, exist_ok=True)
     write_json(file, described)

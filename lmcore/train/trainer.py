@@ -71,10 +71,16 @@ from lmcore.train.runs import (
     TOKENIZER_FILE,
     Checkpoint,
     MetricsWriter,
+    claim,
+    claim_new_run,
+    is_run,
     latest_checkpoint,
+    lock_run,
+    memory_error,
     read_metrics,
     read_run,
     remove_stale,
+    remove_stub,
     spec_hash,
     spec_tag,
     truncate_metrics,
@@ -293,8 +299,7 @@ def train(
     tokens = data if isinstance(data, TokenData) else TokenData.open(data)
     tokens.check(context_length=bp.spec.context_length, vocab_size=bp.spec.vocab_size)
     run = Path(out)
-    _check_new_run(run)
-    par.barrier()  # every rank checks before the writer creates the run
+    lock, created = claim(par, lambda: claim_new_run(run), f"--out {run}")
     dtype = cfg.dtype or (init.dtype if init is not None else "float32")
     info = {
         "format": RUN_FORMAT,
@@ -310,14 +315,21 @@ def train(
         "versions": versions("torch"),
         "status": {"state": "starting", "step": 0},
     }
-    if par.is_writer:
-        run.mkdir(parents=True, exist_ok=True)
-        with atomic_path(run / TOKENIZER_FILE) as tmp:
-            shutil.copyfile(tokens.path / tokens.meta.tokenizer_file, tmp)
-        write_json(run / RUN_FILE, info)
-    par.barrier()
-    loop = _Loop(run, info, bp, tokens, par, echo, progress, init, None, stop_after)
-    return loop.run()
+    try:
+        if par.is_writer:
+            with atomic_path(run / TOKENIZER_FILE) as tmp:
+                shutil.copyfile(tokens.path / tokens.meta.tokenizer_file, tmp)
+            write_json(run / RUN_FILE, info)
+        par.barrier()
+        loop = _Loop(run, info, bp, tokens, par, echo, progress, init, None, stop_after)
+        return _run(loop)
+    except BaseException:
+        if par.is_writer and info["status"] == {"state": "starting", "step": 0}:
+            remove_stub(run, created)  # it never took a step: leave no run to trip over
+        raise
+    finally:
+        if lock is not None:
+            lock.release()
 
 
 def resume(
@@ -341,6 +353,24 @@ def resume(
     """
     par = parallel or Parallel()
     root = Path(run)
+    lock, _ = claim(par, lambda: (lock_run(root) if is_run(root) else None, False), str(root))
+    try:
+        return _resume(root, par, data, echo, progress, registry, stop_after, changes)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _resume(
+    root: Path,
+    par: Parallel,
+    data: str | os.PathLike[str] | TokenData | None,
+    echo: Echo | None,
+    progress: bool | None,
+    registry: Registry | None,
+    stop_after: int | None,
+    changes: dict[str, Any],
+) -> TrainResult:
     info = read_run(root)
     refused = sorted(set(changes) - set(RESUMABLE))
     if refused:
@@ -393,30 +423,22 @@ def resume(
         write_json(root / RUN_FILE, info)
     par.barrier()
     loop = _Loop(root, info, bp, tokens, par, echo, progress, init, last, stop_after)
-    return loop.run()
+    return _run(loop)
+
+
+def _run(loop: _Loop) -> TrainResult:
+    """`loop.run()`, running out of memory reported as a `TrainMemoryError` naming the batch."""
+    try:
+        return loop.run()
+    except (MemoryError, RuntimeError) as e:
+        error = memory_error(e, loop.cfg.batch_size, loop.spec.context_length, loop.device)
+        if error is None:
+            raise
+        raise error from None
 
 
 def _shown(value: Any) -> str:
     return " ".join(map(str, value)) if isinstance(value, list | tuple) else str(value)
-
-
-def _check_new_run(run: Path) -> None:
-    if (run / RUN_FILE).is_file():
-        try:
-            info = read_run(run)
-            status = info.get("status", {})
-            what = f"{info.get('tag')}, {status.get('state')} at step {status.get('step')}"
-        except TrainError:
-            what = "unreadable run.json"
-        raise TrainError(
-            f"--out {run} already holds a run ({what}); continue it with "
-            f"`lmcore train --resume {run}`, or choose another --out"
-        )
-    if run.exists() and (not run.is_dir() or any(run.iterdir())):
-        raise TrainError(
-            f"--out {run} is not an empty directory and holds no run; choose a new or empty "
-            "directory for the run"
-        )
 
 
 def _data_json(data: TokenData) -> dict[str, Any]:

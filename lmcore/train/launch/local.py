@@ -50,7 +50,7 @@ class LocalLauncher:
                         result = trainer.train(task.spec, tokens, task.run, task.config,
                                                echo=self.echo, progress=self.progress)  # fmt: skip
                 except Exception as e:  # one run failing (out of memory, a bug) ends only it
-                    message = f"{type(e).__name__}: {e}".splitlines()[0]
+                    message = _one_line(e)
                     self.echo(f"  {task.label}, seed {task.seed} failed: {message}")
                     finished(task, Outcome(error=message))
                     continue
@@ -60,3 +60,13 @@ class LocalLauncher:
                     return stopped
                 finished(task, Outcome())
         return None
+
+
+def _one_line(e: Exception) -> str:
+    """What a failed run reports: lmcore's own message (out of memory names the batch; a run
+    in use names its holder), else the exception's type and first line (a plugin's bug)."""
+    from lmcore.errors import LmcoreError
+
+    if isinstance(e, LmcoreError):
+        return "; ".join(line.strip() for line in str(e).splitlines() if line.strip())
+    return f"{type(e).__name__}: {e}".splitlines()[0]
