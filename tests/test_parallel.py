@@ -24,6 +24,7 @@ import lmcore
 from lmcore.data import TokenData
 from lmcore.describe import describe
 from lmcore.model.transformer import TransformerLM
+from lmcore.train.optim import make_optimizer
 from lmcore.train.parallel import (
     ParallelError,
     by_index,
@@ -34,7 +35,7 @@ from lmcore.train.parallel import (
     tensor_parallel_plan,
 )
 from lmcore.train.runs import CHECKPOINTS, checkpoints, latest_checkpoint, read_metrics, read_run
-from lmcore.train.trainer import Parallel, make_optimizer, train
+from lmcore.train.trainer import Parallel, train
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

@@ -19,6 +19,7 @@ from lmcore.data import TokenData
 from lmcore.errors import CheckpointError, DataError, TrainError
 from lmcore.model import saving
 from lmcore.train.config import TrainConfig, cosine_lr
+from lmcore.train.optim import clip_gradients, param_groups
 from lmcore.train.runs import (
     CHECKPOINTS,
     PLOT_FILE,
@@ -31,7 +32,7 @@ from lmcore.train.runs import (
     spec_hash,
     spec_tag,
 )
-from lmcore.train.trainer import clip_gradients, param_groups, resume, train
+from lmcore.train.trainer import resume, train
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
