@@ -74,7 +74,13 @@ _RESERVED_ARGS: Final = frozenset(
 )
 _ARG_TYPES: Final = (int, float, bool, str)
 # Declarations a component may leave out (None).
-OPTIONAL_DECLARATIONS: Final = ("activations", "default_d_ff", "validate", "buffers")
+OPTIONAL_DECLARATIONS: Final = (
+    "activations",
+    "default_d_ff",
+    "validate",
+    "buffers",
+    "active_params",
+)
 
 
 class _Required:
@@ -158,6 +164,13 @@ class Component:
         RoPE's cos/sin tables) in a model of `dtype`. lmcore's size check adds them to the
         weights before anything is allocated. None (the default): unknown until built;
         `lmcore describe` reads them off a meta-device build.
+    active_params(**dims, **args) -> int: the parameters one token's forward uses, where
+        that is fewer than `params` (a mixture of experts: the router, the top-k experts and
+        the shared ones). None (the default): all of them. `flops` counts the work actually
+        done, i.e. that of the active parameters.
+
+    `activations` and `buffers` may also give None for particular arguments, meaning unknown
+    (e.g. a mixture whose expert declares none): they are then measured as if undeclared.
 
     lmcore calls these through `invoke` / `count`: an exception, or a count that is not a whole
     number, becomes a `PluginError` naming the component (and, from the registry, its
@@ -176,6 +189,7 @@ class Component:
     default_d_ff: Callable[[int], int] | None = None
     validate: Callable[..., None] | None = None
     buffers: Callable[..., int] | None = None
+    active_params: Callable[..., int] | None = None
 
     def arg(self, name: str) -> Arg | None:
         return next((a for a in self.args if a.name == name), None)
@@ -191,12 +205,19 @@ class Component:
         return count(self, "flops", kwargs)
 
     def count_activations(self, **kwargs: Any) -> int | None:
-        """Declared activation bytes, or None when the component declares none."""
-        return None if self.activations is None else count(self, "activations", kwargs)
+        """Declared activation bytes, or None when the component declares none (or says they
+        are unknown for these arguments)."""
+        return None if self.activations is None else count_or_unknown(self, "activations", kwargs)
+
+    def count_active_params(self, **kwargs: Any) -> int:
+        """Declared parameters one token uses; all of them when the component declares none."""
+        if self.active_params is None:
+            return self.count_params(**kwargs)
+        return count(self, "active_params", kwargs)
 
     def count_buffers(self, **kwargs: Any) -> int | None:
-        """Declared buffer bytes, or None when the component declares none."""
-        return None if self.buffers is None else count(self, "buffers", kwargs)
+        """Declared buffer bytes, or None when the component declares none (or unknown)."""
+        return None if self.buffers is None else count_or_unknown(self, "buffers", kwargs)
 
     def check_shape(self, **kwargs: Any) -> None:
         """Raise ValueError (the component's own sentence) when the shape cannot work."""
@@ -219,6 +240,7 @@ _ROLES: Final[Mapping[str, str]] = {
     "flops": "flops declaration",
     "activations": "activations declaration",
     "buffers": "buffers declaration",
+    "active_params": "active_params declaration",
     "validate": "validate",
     "default_d_ff": "default_d_ff",
 }
@@ -249,10 +271,29 @@ def invoke(
         ) from e
 
 
+# Declarations that may answer None (unknown for these arguments: measured instead).
+MAY_BE_UNKNOWN: Final = ("activations", "buffers")
+
+
 def count(c: Component, what: str, kwargs: Mapping[str, Any], where: object = None) -> int:
-    """A declared count (params, flops, activations, buffers, default_d_ff): a whole number,
-    at least 0 (at least 1 for default_d_ff); an integral float is taken as its integer."""
+    """A declared count (params, flops, activations, buffers, default_d_ff, active_params): a
+    whole number, at least 0 (at least 1 for default_d_ff); an integral float is taken as its
+    integer."""
+    return _whole(c, what, kwargs, where, invoke(c, what, kwargs, where))
+
+
+def count_or_unknown(
+    c: Component, what: str, kwargs: Mapping[str, Any], where: object = None
+) -> int | None:
+    """`count`, except that activations and buffers may give None: unknown for these
+    arguments (see `Component`)."""
     value = invoke(c, what, kwargs, where)
+    if value is None and what in MAY_BE_UNKNOWN:
+        return None
+    return _whole(c, what, kwargs, where, value)
+
+
+def _whole(c: Component, what: str, kwargs: Mapping[str, Any], where: object, value: Any) -> int:
     n = whole_number(value)
     least = 1 if what == "default_d_ff" else 0
     if n is None or n < least:

@@ -61,10 +61,17 @@ class Row:
     activations_each: int | None = 0
     # Bytes of the buffers one instance holds; None: the component declares none.
     buffers_each: int | None = 0
+    # Parameters one token uses (a mixture of experts: fewer than all); None: all of them.
+    active_params_each: int | None = None
 
     @property
     def params(self) -> int:
         return self.params_each * self.count
+
+    @property
+    def active_params(self) -> int:
+        each = self.params_each if self.active_params_each is None else self.active_params_each
+        return each * self.count
 
     @property
     def flops(self) -> int:
@@ -116,8 +123,19 @@ class Accounting:
         return sum(r.params for r in self.rows)
 
     @property
+    def active_params(self) -> int:
+        """Parameters one token's forward uses: `params` but for the experts a mixture of
+        experts does not route it to."""
+        return sum(r.active_params for r in self.rows)
+
+    @property
     def flops(self) -> int:
         return sum(r.flops for r in self.rows)
+
+    @property
+    def flops_per_token(self) -> float:
+        """Forward FLOPs per token of the batch (`flops` counts what is actually computed)."""
+        return self.flops / (self.batch * self.seq_len)
 
     @property
     def layer_params(self) -> int:
@@ -209,6 +227,7 @@ def account(
                 "activations", activation_kwargs(bp, kind, batch=batch, seq_len=seq, dtype=dtype)
             ),
             buffers_each=entry.count("buffers", {**kwargs, "dtype": dtype}),
+            active_params_each=entry.count("active_params", kwargs),
         )
 
     def linear(name: str, d_in: int, d_out: int, count: int, saves_input: bool) -> Row:

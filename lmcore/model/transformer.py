@@ -310,6 +310,19 @@ class TransformerLM(nn.Module):
         logits: Tensor = self.lm_head(self.ln_final(x))  # (B, T, vocab_size)
         return logits
 
+    def aux_loss(self) -> Tensor | None:
+        """The sum of the auxiliary losses the last forward left on its modules (an `aux_loss`
+        tensor each, e.g. a mixture of experts' load balancing, already weighted by its
+        coefficient), or None when none did: no such module, or a forward in eval mode or
+        without gradients. A training loop adds it to the loss; `lmcore train` does, and logs
+        it as `aux_loss`. Outside the compiled forward, so `torch.compile` sees none of it."""
+        total: Tensor | None = None
+        for module in self.modules():
+            found = getattr(module, "aux_loss", None)
+            if isinstance(found, Tensor):
+                total = found if total is None else total + found
+        return total
+
 
 def refuse_untied_state_dict(
     module: nn.Module, state_dict: dict[str, Tensor], prefix: str, *_: Any
