@@ -155,7 +155,12 @@ def describe_json(found: Description) -> dict[str, Any]:
             for r in acc.rows
         ],
         "per_layer": {"params": acc.layer_params, "flops": acc.layer_flops},
-        "total": {"params": acc.params, "flops": acc.flops},
+        "total": {
+            "params": acc.params,
+            "active_params": acc.active_params,
+            "flops": acc.flops,
+            "flops_per_token": acc.flops_per_token,
+        },
         "flops_by_part": {
             part: {"flops": n, "share": n / acc.flops if acc.flops else 0.0}
             for part, n in acc.flops_by_part().items()
@@ -208,6 +213,13 @@ def describe_lines(found: Description) -> list[str]:
         lines.append(
             f"  {part:<{width}}  {_flops(n):>13}  {_pct(n / acc.flops if acc.flops else 0):>6}"
         )
+    if acc.active_params != acc.params:  # a mixture of experts: a token uses some of them
+        lines += [
+            "",
+            f"active parameters: {acc.active_params:,} of {acc.params:,} "
+            f"({_pct(acc.active_params / acc.params)}) per token; forward FLOPs per token: "
+            f"{_flops(round(acc.flops_per_token))}",
+        ]
     size = mem.weights // acc.params if acc.params else 0
     lines += [
         "",
