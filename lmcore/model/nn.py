@@ -15,9 +15,10 @@ from torch import Tensor, nn
 
 
 class Linear(nn.Module):
-    """`y = x @ W.T` without bias; `W` is `(out_features, in_features)`.
+    """`y = x @ W.T` (CS336: no bias), or `x @ W.T + b` with `bias=True`; `W` is
+    `(out_features, in_features)`.
 
-    Initialised from a normal with σ² = 2 / (in + out), truncated at ±3σ.
+    `W` is initialised from a normal with σ² = 2 / (in + out), truncated at ±3σ; `b` at zeros.
     """
 
     def __init__(
@@ -26,6 +27,8 @@ class Linear(nn.Module):
         out_features: int,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
+        *,
+        bias: bool = False,
     ):
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
@@ -34,13 +37,18 @@ class Linear(nn.Module):
         )
         std = math.sqrt(2.0 / (in_features + out_features))
         nn.init.trunc_normal_(self.weight, mean=0.0, std=std, a=-3 * std, b=3 * std)
+        self.bias = (
+            nn.Parameter(torch.zeros(out_features, device=device, dtype=dtype)) if bias else None
+        )
 
     def forward(self, x: Float[Tensor, "... d_in"]) -> Float[Tensor, "... d_out"]:
         # Plain matmul: einsum("...i,oi->...o") is the same maths but slower on CPU (benchmarks/).
-        return x @ self.weight.T
+        y = x @ self.weight.T
+        return y if self.bias is None else y + self.bias
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}"
+        bias = ", bias=True" if self.bias is not None else ""
+        return f"in_features={self.in_features}, out_features={self.out_features}{bias}"
 
 
 class Embedding(nn.Module):
