@@ -13,13 +13,21 @@ kind     model dimensions on offer (plus every declared argument)
 norm     ``d_model``
 ffn      ``d_model``, ``d_ff``
 pos      ``d_model``, ``num_heads``, ``head_dim``, ``context_length``
-attn     ``num_heads``, ``num_kv_heads``, ``head_dim``
+attn     ``num_heads``, ``num_kv_heads``, ``head_dim``, ``window`` (0: none)
+block    ``d_model``; its factory also gets the modules it wires: ``attn``, ``ffn`` and
+         ``norm`` (a function building one more norm per call)
 =======  ===========================================================================
 
 Factories also get ``device`` and ``dtype``; ``flops`` also gets ``seq_len`` (query tokens of one
 sequence) and ``kv_len`` (key tokens; equal to ``seq_len`` in a plain forward pass).
 ``activations`` gets those two plus ``batch`` (sequences) and ``dtype`` (the model's
 ``torch.dtype``); a pos component's ``activations`` also gets ``num_layers``.
+
+An argument may itself take a component (``Arg("expert", "ffn", "swiglu", ...)``: its type is a
+kind): the spec writes it nested, ``moe(expert=swiglu(d_ff=512))``, it is checked against that
+component's declaration, and the factory and declarations receive it resolved, as a
+`lmcore.blueprint.Part` (``part.create(d_model=..., device=..., dtype=...)``,
+``part.count("params", d_model=...)``).
 """
 
 from __future__ import annotations
@@ -28,7 +36,7 @@ import inspect
 import keyword
 import operator
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, cast
 
@@ -43,15 +51,19 @@ from lmcore.errors import (
 
 Scalar = int | float | bool | str
 
-KINDS: Final = ("norm", "ffn", "pos", "attn")
+KINDS: Final = ("norm", "ffn", "pos", "attn", "block")
 
 # The model dimensions each kind may ask for, in the order the docs list them.
 DIMS: Final[Mapping[str, tuple[str, ...]]] = {
     "norm": ("d_model",),
     "ffn": ("d_model", "d_ff"),
     "pos": ("d_model", "num_heads", "head_dim", "context_length"),
-    "attn": ("num_heads", "num_kv_heads", "head_dim"),
+    "attn": ("num_heads", "num_kv_heads", "head_dim", "window"),
+    "block": ("d_model",),
 }
+# What a block's factory receives besides its dimensions and arguments: the attention sub-layer,
+# the feed-forward network, and `norm()`, which builds one more norm of the model's kind per call.
+BLOCK_PARTS: Final = ("attn", "ffn", "norm")
 
 # What a component may declare it can do. Unknown words are a declaration error, so a typo
 # cannot silently switch a check off.
@@ -64,8 +76,13 @@ FEATURES: Final[Mapping[str, frozenset[str]]] = {
     # bias; relative: q.k after the encoding depends only on the offset between positions.
     "pos": frozenset({"rotary", "absolute", "bias", "relative", "compile", "nocache"}),
     # gqa: takes k, v with fewer heads than q; bias: accepts an additive bias; mask: accepts a
-    # boolean mask (True = may attend).
-    "attn": frozenset({"gqa", "bias", "mask", "compile", "nocache"}),
+    # boolean mask (True = may attend); scale: takes the query scale (`scale=`, else the model
+    # multiplies q itself); softcap: caps the scores, cap·tanh(s / cap) (`softcap=`); window: a
+    # sliding window, each query sees its last `window` keys (`window=`).
+    "attn": frozenset({"gqa", "bias", "mask", "scale", "softcap", "window", "compile", "nocache"}),
+    # residual: with both sub-layers giving zeros the block returns its input unchanged (the
+    # stream passes through; the kit checks it).
+    "block": frozenset({"residual", "compile", "nocache"}),
 }
 
 NAME_RE: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]*\Z")
@@ -75,12 +92,14 @@ _RESERVED_ARGS: Final = frozenset(
 _ARG_TYPES: Final = (int, float, bool, str)
 # Declarations a component may leave out (None).
 OPTIONAL_DECLARATIONS: Final = (
-    "activations",
-    "default_d_ff",
-    "validate",
-    "buffers",
+    "activations", "default_d_ff", "validate", "buffers", "norms", "shared_input",
     "active_params",
-)
+)  # fmt: skip
+# How an argument appears in the canonical form: every value ("always", the rule since the
+# first release), or only a value other than the default ("changed": for arguments added to a
+# released component, so that the canonical strings of specs that do not use them stay as
+# they were).
+WRITTEN: Final = ("always", "changed")
 
 
 class _Required:
@@ -97,24 +116,42 @@ REQUIRED: Final = _Required()
 class Arg:
     """One argument a component accepts from the spec, e.g. ``Arg("eps", float, 1e-5, "...")``.
 
-    ``type`` is int, float, bool or str. ``gt`` / ``ge`` bound numbers from below; ``choices``
-    restricts strings.
+    ``type`` is int, float, bool or str, or a component kind (``"norm"``, ``"ffn"``, ...) for an
+    argument whose value is itself a component: its default is then spec text (``"swiglu"``,
+    ``"rmsnorm(eps=1e-6)"``) or None (optional: written ``none``, the factory gets None).
+    ``gt`` / ``ge`` bound numbers from below; ``choices`` restricts strings.
+    ``written="changed"`` leaves the argument out of the canonical form while it has its
+    default: declare every argument added to an already released component so, and the
+    canonical strings (run names, hashes) of specs that do not use it stay what they were.
     """
 
     name: str
-    type: type
+    type: type | str
     default: Any = REQUIRED
     help: str = ""
     gt: float | None = None
     ge: float | None = None
     choices: tuple[str, ...] | None = None
+    written: str = "always"
 
     @property
     def required(self) -> bool:
         return self.default is REQUIRED
 
+    @property
+    def kind(self) -> str | None:
+        """The component kind this argument takes, or None for a plain value."""
+        return self.type if isinstance(self.type, str) else None
+
+    @property
+    def type_name(self) -> str:
+        return self.type if isinstance(self.type, str) else self.type.__name__
+
     def check(self, value: Any) -> Scalar:
-        """Return `value` converted to this argument's type, or raise ValueError/TypeError."""
+        """Return `value` converted to this argument's type, or raise ValueError/TypeError.
+        (A component-valued argument is checked by `lmcore.blueprint`, against the registry.)"""
+        if isinstance(self.type, str):
+            raise TypeError(f"takes a {self.type} component, checked against the registry")
         expected = self.type.__name__
         if self.type is float and type(value) is int:
             value = float(value)  # 10000 is a fine theta; canonical form writes 10000.0
@@ -137,8 +174,13 @@ class Arg:
 
     def describe(self) -> str:
         """`name: type = default` as shown by `lmcore plugins`."""
-        default = "required" if self.required else format_scalar(self.default)
-        return f"{self.name}: {self.type.__name__} = {default}"
+        if self.required:
+            default = "required"
+        elif self.default is None:
+            default = "none"
+        else:
+            default = self.default if self.kind else format_scalar(self.default)
+        return f"{self.name}: {self.type_name} = {default}"
 
 
 def _zero(**_: Any) -> int:
@@ -159,6 +201,13 @@ class Component:
         meta device, which is exact but costs about a second. `lmcore.testing` checks a
         declaration against that measurement.
     default_d_ff(d_model) -> int: for ffn components, the hidden width used when a spec gives none.
+    norms(**args) -> sequence of str: for block components, the attribute names of the norms the
+        block builds with its `norm()` argument, in the order it calls it (``("ln1", "ln2")``);
+        lmcore accounts one norm row per name and the kit holds the block to it.
+    shared_input(**args) -> bool: for block components, True when the block hands the attention
+        and the feed-forward network the same tensor and runs the feed-forward network first
+        (a parallel block with one norm): the attention's projections then keep no input of
+        their own for backward, the feed-forward network's counts it.
     validate(**dims, **args): raise ValueError with a sentence when the shape cannot work.
     buffers(**dims, **args, dtype) -> int: bytes of the buffers one built module holds (e.g.
         RoPE's cos/sin tables) in a model of `dtype`. lmcore's size check adds them to the
@@ -189,6 +238,8 @@ class Component:
     default_d_ff: Callable[[int], int] | None = None
     validate: Callable[..., None] | None = None
     buffers: Callable[..., int] | None = None
+    norms: Callable[..., Sequence[str]] | None = None
+    shared_input: Callable[..., bool] | None = None
     active_params: Callable[..., int] | None = None
 
     def arg(self, name: str) -> Arg | None:
@@ -243,6 +294,8 @@ _ROLES: Final[Mapping[str, str]] = {
     "active_params": "active_params declaration",
     "validate": "validate",
     "default_d_ff": "default_d_ff",
+    "norms": "norms declaration",
+    "shared_input": "shared_input declaration",
 }
 
 
@@ -265,6 +318,8 @@ def invoke(
         return call_with(fn, kwargs)
     except allow:
         raise
+    except PluginError:
+        raise  # already names its component: a norm a block's factory builds
     except Exception as e:
         raise PluginError(
             f"{_who(c, where)}: its {_ROLES[what]} raised {describe_exception(e)}"
@@ -415,14 +470,37 @@ def validate_component(item: object) -> Component:
             raise InvalidComponentError(f"{what}: argument name {a.name!r} is not an identifier")
         if a.name in seen:
             raise InvalidComponentError(f"{what}: argument {a.name!r} is declared twice")
-        if a.name in _RESERVED_ARGS or a.name in DIMS[c.kind]:
+        passed = (
+            _RESERVED_ARGS | set(DIMS[c.kind]) | (set(BLOCK_PARTS) if c.kind == "block" else set())
+        )
+        if a.name in passed:
             raise InvalidComponentError(
                 f"{what}: argument {a.name!r} clashes with a name lmcore passes itself "
-                f"({one_of(_RESERVED_ARGS | set(DIMS[c.kind]))})"
+                f"({one_of(passed)})"
             )
+        if a.written not in WRITTEN:
+            raise InvalidComponentError(
+                f"{what}: argument {a.name!r} has written={a.written!r}; use one of "
+                f"{one_of(WRITTEN)}" + did_you_mean(str(a.written), WRITTEN)
+            )
+        if a.kind is not None:
+            if a.kind not in KINDS:
+                raise InvalidComponentError(
+                    f"{what}: argument {a.name!r} has type {a.kind!r}; a component-valued "
+                    f"argument names a kind: {one_of(KINDS)}" + did_you_mean(a.kind, KINDS)
+                )
+            if not (a.required or a.default is None or isinstance(a.default, str)):
+                raise InvalidComponentError(
+                    f"{what}: default of argument {a.name!r} must be spec text naming a "
+                    f'{a.kind} (e.g. {a.name}="name" or "name(arg=1)") or None, '
+                    f"got {a.default!r}"
+                )
+            seen.add(a.name)
+            continue
         if a.type not in _ARG_TYPES:
             raise InvalidComponentError(
-                f"{what}: argument {a.name!r} has type {a.type!r}; use int, float, bool or str"
+                f"{what}: argument {a.name!r} has type {a.type!r}; use int, float, bool, str "
+                f"or a component kind ({one_of(KINDS)})"
             )
         if not a.required:
             try:

@@ -99,7 +99,7 @@ def build(
 
 def args(row: Row) -> tuple[Arg, ...]:
     """What a row's spec takes: `bias` always, `approximate` for the GELU rows."""
-    found = [Arg("bias", bool, False, "learn a bias on each of w1, w3 and w2")]
+    found = [Arg("bias", bool, False, "learn a bias on each of w1, w3 and w2", written="changed")]
     if row.tanh:
         found.append(
             Arg(
@@ -108,6 +108,7 @@ def args(row: Row) -> tuple[Arg, ...]:
                 "none",
                 "none: the exact erf GELU; tanh: its tanh approximation",
                 choices=("none", "tanh"),
+                written="changed",
             )
         )
     return tuple(found)

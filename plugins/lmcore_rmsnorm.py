@@ -101,6 +101,7 @@ def lmcore_components() -> list[Component]:
                     bool,
                     False,
                     "the gain is 1 + weight, weight starting at 0 (Gemma)",
+                    written="changed",
                 ),
             ),
             help="RMSNorm with a learned gain, computed in float32",

@@ -246,6 +246,7 @@ ARGS: Final = (
         1.0,
         "share of each head rotated: the first int(head_dim · fraction) dimensions",
         gt=0.0,
+        written="changed",
     ),
     Arg(
         "scaling",
@@ -253,17 +254,31 @@ ARGS: Final = (
         "none",
         "frequency scaling: none, linear (all / factor) or llama3 (Llama 3.1's)",
         choices=SCALINGS,
+        written="changed",
     ),
-    Arg("factor", float, 1.0, "linear and llama3: how much longer the context gets", gt=0.0),
+    Arg(
+        "factor",
+        float,
+        1.0,
+        "linear and llama3: how much longer the context gets",
+        gt=0.0,
+        written="changed",
+    ),
     Arg(
         "low_freq_factor",
         float,
         1.0,
         "llama3: wavelengths above original / this are scaled",
         gt=0.0,
+        written="changed",
     ),
     Arg(
-        "high_freq_factor", float, 4.0, "llama3: wavelengths below original / this are kept", gt=0.0
+        "high_freq_factor",
+        float,
+        4.0,
+        "llama3: wavelengths below original / this are kept",
+        gt=0.0,
+        written="changed",
     ),
     Arg(
         "original_context_length",
@@ -271,6 +286,7 @@ ARGS: Final = (
         8192,
         "llama3: the context length the model was trained at",
         ge=1,
+        written="changed",
     ),
 )
 

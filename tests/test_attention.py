@@ -182,8 +182,10 @@ def test_flops_are_counted_over_the_whole_score_matrix_as_torch_counts_its_own(m
 def test_the_plan_covers_every_score_a_query_may_see_once(key_block, sq, sk, causal) -> None:
     plan = Plan(3, 4, 2, sq, sk, 8, causal, key_block)
     seen = torch.zeros(3, sq, sk, dtype=torch.int64)
-    for (b0, b1), (i0, i1, kend) in itertools.product(plan.batch_blocks(), plan.query_blocks()):
-        for j0, j1 in plan.key_blocks(kend):
+    for (b0, b1), (i0, i1, kbeg, kend) in itertools.product(
+        plan.batch_blocks(), plan.query_blocks()
+    ):
+        for j0, j1 in plan.key_blocks(kbeg, kend):
             seen[b0:b1, i0:i1, j0:j1] += 1
     allowed = torch.ones(sq, sk, dtype=torch.bool).tril(sk - sq) if causal else True
     assert bool((seen[:, allowed] == 1).all())  # every allowed score exactly once

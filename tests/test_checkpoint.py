@@ -121,7 +121,7 @@ def test_the_metadata_holds_spec_provenance_versions_and_dtype(tmp_path: Path) -
         "plugin": "nope",
         "module": "lmcore_nope",
     }
-    assert set(components) == {"norm", "ffn", "pos", "attn"}
+    assert set(components) == {"norm", "ffn", "pos", "attn", "block"}
     assert "lmcore.tied" not in meta  # nothing shared
 
     info = read_info(path)
@@ -441,7 +441,8 @@ def test_an_lmcore_upgrade_is_one_sentence_for_all_its_components(saved: Path) -
         lmcore.load(saved)
     [warning] = caught
     assert str(warning.message) == (
-        f"{saved}: norm 'rmsnorm', ffn 'swiglu', pos 'rope' and attn 'sdpa' were saved with "
+        f"{saved}: norm 'rmsnorm', ffn 'swiglu', pos 'rope', attn 'sdpa' and block 'prenorm' were "
+        "saved with "
         f"lmcore-registry 0.0.9, and lmcore-registry {lmcore.__version__} is installed. Loading "
         "it anyway; if its tensors no longer fit, or to reproduce it exactly, pip install "
         "lmcore-registry==0.0.9"

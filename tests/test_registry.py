@@ -190,7 +190,7 @@ def test_an_unknown_name_mentions_failed_plugins(make_dist, registry: Registry) 
             def lmcore_components():
                 return [Component(kind="nrom", name="x", build=Module)]
             """,
-            r"component 'x' has kind 'nrom'; kinds are attn, ffn, norm, pos \(did you mean 'norm'\?\)",
+            r"component 'x' has kind 'nrom'; kinds are attn, block, ffn, norm, pos \(did you mean 'norm'\?\)",
         ),
         (
             """

@@ -25,7 +25,7 @@ def test_preset_expands_to_the_canonical_string() -> None:
     assert str(spec) == TINY
     assert spec == ModelSpec(
         vocab_size=10000, context_length=16, d_model=64, num_layers=3, num_heads=4,
-        num_kv_heads=4, d_ff=128, block="prenorm", tie_embeddings=False,
+        num_kv_heads=4, d_ff=128, block=ComponentSpec("prenorm"), tie_embeddings=False,
         norm=ComponentSpec("rmsnorm", (("eps", 1e-5),)), ffn=ComponentSpec("swiglu"),
         pos=ComponentSpec("rope", (("theta", 10000.0),)), attn=ComponentSpec("sdpa"),
     )  # fmt: skip
@@ -163,7 +163,7 @@ def test_without_a_preset_the_ffns_default_width_applies() -> None:
         ("tinystories, num_kv_heads=3", r"num_kv_heads=3 must divide num_heads=16", "^"),
         (
             "tinystories, block=postnrom",
-            r"block must be one of postnorm, prenorm, got 'postnrom' \(did you mean 'postnorm'\?\)",
+            r"no installed plugin provides block 'postnrom' \(did you mean 'postnorm'\?\); available block: .*parallel, postnorm, prenorm",
             "^^^^^^^^",
         ),
         (
@@ -179,8 +179,8 @@ def test_without_a_preset_the_ffns_default_width_applies() -> None:
         ),
         (
             "tinystories, pos=rope(theta=x(y=1))",
-            r"argument values are plain values, not components",
-            "^",
+            r"argument 'theta' of pos 'rope' expects float, got a component",
+            "^^^^^^^^^^^^",
         ),
         ("tinystories; d_model=1", r"unexpected character ';'", "^"),
         ('tinystories, norm=rmsnorm(eps="1)', r"unterminated string: add the closing \"", "^^^"),

@@ -17,7 +17,6 @@ from lmcore.errors import SpecError
 from lmcore.model.counting import account
 from lmcore.model.moe import MixtureOfExperts
 from lmcore.testing import CHECKS, Case, Settings, Target
-from lmcore_moe import build as build_moe
 
 D, D_FF = 16, 24
 BASE = "vocab_size=97, context_length=16, d_model=32, num_heads=2, d_ff=48"
@@ -25,13 +24,13 @@ SMALL = f"{BASE}, num_layers=2"
 
 
 def moe(**kw: Any) -> MixtureOfExperts:
-    args: dict[str, Any] = dict(
-        experts=4, top_k=2, expert="swiglu", softmax="before", renormalize=False,
-        shared_d_ff=0, shared_gate="none", aux_loss_coef=0.01,
-    )  # fmt: skip
-    args.update(kw)
-    d_ff = args.pop("d_ff", D_FF)
-    return build_moe(D, d_ff, **args)
+    """A mixture built as a model builds it, from `moe(...)` with these arguments."""
+    args = ", ".join(f"{k}={v}" for k, v in kw.items())
+    bp = lmcore.resolve(f"vocab_size=97, context_length=16, d_model={D}, num_layers=1, "
+                        f"num_heads=2, d_ff={D_FF}, ffn=moe({args})")  # fmt: skip
+    layer = bp.create("ffn")
+    assert isinstance(layer, MixtureOfExperts)
+    return layer
 
 
 def per_token(layer: MixtureOfExperts, x: torch.Tensor) -> torch.Tensor:
@@ -68,12 +67,12 @@ def per_token(layer: MixtureOfExperts, x: torch.Tensor) -> torch.Tensor:
 
 ROUTINGS = [
     {},
-    {"renormalize": True},
+    {"renormalize": "true"},
     {"softmax": "after", "top_k": 3},
-    {"top_k": 1, "experts": 5},
-    {"shared_d_ff": 32},
-    {"shared_d_ff": 32, "shared_gate": "sigmoid", "renormalize": True},
-    {"expert": "gelu", "experts": 3},
+    {"top_k": 1, "num_experts": 5},
+    {"shared": "swiglu(d_ff=32)"},
+    {"shared": "swiglu", "shared_gate": "sigmoid", "renormalize": "true"},
+    {"expert": "gelu(bias=true, approximate=tanh)", "num_experts": 3},
 ]
 
 
@@ -87,7 +86,7 @@ def test_the_router_and_dispatch_equal_a_per_token_loop(kw: dict[str, Any]) -> N
 
 def test_each_expert_runs_once_per_forward_on_its_tokens_and_idle_ones_on_none() -> None:
     torch.manual_seed(0)
-    layer = moe(experts=6, top_k=2)
+    layer = moe(num_experts=6, top_k=2)
     with torch.no_grad():
         layer.router.weight[5] = -100.0  # a large negative logit: expert 5 is never chosen
     seen: list[int] = []
@@ -105,7 +104,7 @@ def test_the_load_balancing_loss_is_the_switch_formula_and_hugging_faces() -> No
     from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func
 
     torch.manual_seed(0)
-    layer = moe(experts=4, top_k=2, aux_loss_coef=0.3)
+    layer = moe(num_experts=4, top_k=2, aux_loss_coef=0.3)
     x = torch.randn(2, 11, D)
     layer(x)
     logits = x.reshape(-1, D) @ layer.router.weight.T
@@ -137,7 +136,7 @@ def test_no_aux_loss_in_eval_mode_without_gradients_or_with_a_zero_coefficient()
 
 
 def test_the_model_sums_the_layers_aux_losses() -> None:
-    model = build_model(f"{SMALL}, ffn=moe(experts=4, top_k=2)")
+    model = build_model(f"{SMALL}, ffn=moe(num_experts=4, top_k=2)")
     model(torch.randint(0, 97, (2, 8)))
     first, second = (layer.ffn.aux_loss for layer in model.layers)
     total = model.aux_loss()
@@ -169,7 +168,7 @@ def test_the_layer_equals_transformers_block_on_the_same_weights(family: str) ->
         config: Any = MixtralConfig(hidden_size=D, intermediate_size=D_FF, num_local_experts=E,
                                     num_experts_per_tok=k)  # fmt: skip
         hf: Any = MixtralSparseMoeBlock(config)
-        layer = moe(experts=E, top_k=k, renormalize=True)
+        layer = moe(num_experts=E, top_k=k, renormalize="true")
     elif family.startswith("qwen3_moe"):
         from transformers import Qwen3MoeConfig
         from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
@@ -178,7 +177,7 @@ def test_the_layer_equals_transformers_block_on_the_same_weights(family: str) ->
         config = Qwen3MoeConfig(hidden_size=D, moe_intermediate_size=D_FF, num_experts=E,
                                 num_experts_per_tok=k, norm_topk_prob=norm)  # fmt: skip
         hf = Qwen3MoeSparseMoeBlock(config)
-        layer = moe(experts=E, top_k=k, renormalize=norm)
+        layer = moe(num_experts=E, top_k=k, renormalize=str(norm).lower())
     else:
         from transformers import Qwen2MoeConfig
         from transformers.models.qwen2_moe.modeling_qwen2_moe import Qwen2MoeSparseMoeBlock
@@ -186,7 +185,7 @@ def test_the_layer_equals_transformers_block_on_the_same_weights(family: str) ->
         config = Qwen2MoeConfig(hidden_size=D, moe_intermediate_size=D_FF, num_experts=E,
                                 num_experts_per_tok=k, shared_expert_intermediate_size=40)  # fmt: skip
         hf = Qwen2MoeSparseMoeBlock(config)
-        layer = moe(experts=E, top_k=k, shared_d_ff=40, shared_gate="sigmoid")
+        layer = moe(num_experts=E, top_k=k, shared="swiglu(d_ff=40)", shared_gate="sigmoid")
         with torch.no_grad():
             s = layer.shared
             assert s is not None and layer.shared_gate is not None
@@ -204,7 +203,7 @@ def test_the_layer_equals_transformers_block_on_the_same_weights(family: str) ->
 
 def test_state_dict_keys_map_one_to_one_onto_mixtrals_checkpoint_names() -> None:
     model = build_model(
-        f"{SMALL}, ffn=moe(experts=3, top_k=2, shared_d_ff=16, shared_gate=sigmoid)"
+        f"{SMALL}, ffn=moe(num_experts=3, top_k=2, shared=swiglu(d_ff=16), shared_gate=sigmoid)"
     )
     keys = {k for k in model.state_dict() if k.startswith("layers.0.ffn.")}
     experts = {f"layers.0.ffn.experts.{e}.{w}.weight" for e in range(3) for w in ("w1", "w2", "w3")}
@@ -215,7 +214,7 @@ def test_state_dict_keys_map_one_to_one_onto_mixtrals_checkpoint_names() -> None
 
 
 def test_total_and_active_parameters_and_flops_per_token() -> None:
-    spec = f"{SMALL}, ffn=moe(experts=8, top_k=2, shared_d_ff=16, shared_gate=sigmoid)"
+    spec = f"{SMALL}, ffn=moe(num_experts=8, top_k=2, shared=swiglu(d_ff=16), shared_gate=sigmoid)"
     acc = account(spec, seq_len=8)
     model = build_model(spec)
     d, f = 32, 48
@@ -234,8 +233,8 @@ def test_describe_prints_total_and_active_parameters() -> None:
     from lmcore.cli.describe import describe_lines
     from lmcore.describe import describe
 
-    lines = describe_lines(describe(f"{SMALL}, ffn=moe(experts=8, top_k=2, renormalize=true)"))
-    acc = account(f"{SMALL}, ffn=moe(experts=8, top_k=2, renormalize=true)")
+    lines = describe_lines(describe(f"{SMALL}, ffn=moe(num_experts=8, top_k=2, renormalize=true)"))
+    acc = account(f"{SMALL}, ffn=moe(num_experts=8, top_k=2, renormalize=true)")
     line = next(x for x in lines if x.startswith("active parameters:"))
     assert f"{acc.active_params:,} of {acc.params:,}" in line and "FLOPs per token" in line
     assert not any(x.startswith("active parameters:") for x in describe_lines(describe(SMALL)))
@@ -244,11 +243,12 @@ def test_describe_prints_total_and_active_parameters() -> None:
 @pytest.mark.parametrize(
     ("ffn", "message"),
     [
-        ("moe(experts=4, top_k=5)", r"top_k=5 exceeds experts=4"),
+        ("moe(num_experts=4, top_k=5)", r"top_k=5 exceeds num_experts=4"),
         ("moe(softmax=after, renormalize=true)", r"softmax=after already gives top-k weights"),
-        ("moe(shared_gate=sigmoid)", r"shared_gate=sigmoid gates the shared expert; give"),
-        ("moe(expert=swiglo)", r"expert='swiglo'.*did you mean 'swiglu'"),
-        ("moe(expert=moe)", r"an expert is a plain feed-forward component"),
+        ("moe(shared_gate=sigmoid)", r"shared_gate=sigmoid gates the shared expert; give one"),
+        ("moe(expert=swiglo)", r"swiglo.*did you mean 'swiglu'"),
+        ("moe(expert=moe)", r"expert=moe.*: an expert is a plain feed-forward network"),
+        ("moe(expert=swiglu(d_ff=64))", r"the experts' width is the moe's d_ff .*moe\(d_ff=64\)"),
         ("moe(softmax=later)", r"'softmax' of ffn 'moe' must be one of .*before"),
     ],
 )
@@ -261,8 +261,8 @@ def test_spec_errors_name_the_problem(ffn: str, message: str) -> None:
 
 KIT_VARIANTS = [
     (("softmax", "after"), ("top_k", 3)),
-    (("shared_d_ff", 32), ("shared_gate", "sigmoid")),
-    (("expert", "gelu"), ("experts", 3), ("top_k", 1)),
+    (("shared", "gelu"), ("shared_gate", "sigmoid")),
+    (("expert", "geglu"), ("num_experts", 3), ("top_k", 1)),
 ]
 
 
@@ -276,8 +276,8 @@ def test_variants_pass_the_conformance_kit(overrides: tuple[tuple[str, Any], ...
 
 
 MODELS = [
-    f"{SMALL}, ffn=moe(experts=4, top_k=2, renormalize=true)",
-    f"{SMALL}, num_kv_heads=1, ffn=moe(experts=3, top_k=1, softmax=after, shared_d_ff=16)",
+    f"{SMALL}, ffn=moe(num_experts=4, top_k=2, renormalize=true)",
+    f"{SMALL}, num_kv_heads=1, ffn=moe(num_experts=3, top_k=1, softmax=after, shared=gelu(d_ff=16))",
 ]
 
 
@@ -309,7 +309,7 @@ def test_compiled_forward_and_aux_loss_match_eager_without_recompiling_per_routi
     from torch._dynamo.utils import counters
 
     torch.manual_seed(0)
-    model = build_model(f"{BASE}, num_layers=1, ffn=moe(experts=4, top_k=2)")
+    model = build_model(f"{BASE}, num_layers=1, ffn=moe(num_experts=4, top_k=2)")
     compiled = torch.compile(model, backend="aot_eager")
     torch.compiler.reset()
     compiles = []
@@ -336,9 +336,9 @@ def test_lmcore_train_adds_and_logs_the_aux_loss(tiny_data: Path, tmp_path: Path
     spec = "vocab_size=300, context_length=16, d_model=32, num_layers=2, num_heads=2"
     config = TrainConfig(steps=4, batch_size=4, eval_batches=1, eval_every=0, log_every=2,
                          save_every=0, device="cpu", lr=3e-3, warmup=1)  # fmt: skip
-    with_aux = train(f"{spec}, ffn=moe(experts=4, top_k=2, aux_loss_coef=0.5)", tiny_data,
+    with_aux = train(f"{spec}, ffn=moe(num_experts=4, top_k=2, aux_loss_coef=0.5)", tiny_data,
                      tmp_path / "aux", config, echo=None)  # fmt: skip
-    without = train(f"{spec}, ffn=moe(experts=4, top_k=2, aux_loss_coef=0.0)", tiny_data,
+    without = train(f"{spec}, ffn=moe(num_experts=4, top_k=2, aux_loss_coef=0.0)", tiny_data,
                     tmp_path / "none", config, echo=None)  # fmt: skip
     train_records = [r for r in read_metrics(with_aux.run) if r["kind"] == "train"]
     assert [r["step"] for r in train_records] == [2, 4]

@@ -642,7 +642,7 @@ def test_k_and_m_select_among_generated_tests(pytester: pytest.Pytester) -> None
     [
         (
             ["--lmcore-kind", "nrom"],
-            r"--lmcore-kind 'nrom' is not a component kind \(did you mean 'norm'\?\); kinds are attn, ffn, norm, pos",
+            r"--lmcore-kind 'nrom' is not a component kind \(did you mean 'norm'\?\); kinds are attn, block, ffn, norm, pos",
         ),
         (
             ["--lmcore-component", "leaki"],
