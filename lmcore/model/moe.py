@@ -83,8 +83,8 @@ class _Combine(torch.autograd.Function):
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
         y, w, token = ctx.saved_tensors
         rows = grad.index_select(0, token)  # (T·k, d_model): each assignment's token's grad
-        dy = rows * w[:, None] if ctx.needs_input_grad[0] else None
-        dw = (rows * y).sum(dim=-1) if ctx.needs_input_grad[1] else None
+        dw = torch.linalg.vecdot(rows, y) if ctx.needs_input_grad[1] else None  # one pass
+        dy = rows.mul_(w[:, None]) if ctx.needs_input_grad[0] else None  # rows is ours
         return dy, dw, None, None
 
 

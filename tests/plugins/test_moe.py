@@ -80,8 +80,16 @@ ROUTINGS = [
 def test_the_router_and_dispatch_equal_a_per_token_loop(kw: dict[str, Any]) -> None:
     torch.manual_seed(0)
     layer = moe(**kw).double()
-    x = torch.randn(3, 7, D, dtype=torch.float64)
-    torch.testing.assert_close(layer(x), per_token(layer, x), rtol=1e-10, atol=1e-12)
+    x = torch.randn(3, 7, D, dtype=torch.float64, requires_grad=True)
+    got, want = layer(x), per_token(layer, x)
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+    g = torch.randn_like(got)  # and the same gradients, for the input and every parameter
+    inputs = [x, *layer.parameters()]
+    for a, b in zip(torch.autograd.grad(got, inputs, g, allow_unused=True),
+                    torch.autograd.grad(want, inputs, g, allow_unused=True), strict=True):  # fmt: skip
+        assert (a is None) == (b is None) or float(a.abs().sum()) == 0
+        if b is not None:
+            torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11)
 
 
 def test_each_expert_runs_once_per_forward_on_its_tokens_and_idle_ones_on_none() -> None:
