@@ -125,7 +125,9 @@ class MixtureOfExperts(nn.Module):
         if softmax not in SOFTMAX_ORDERS:
             raise ValueError(f"softmax={softmax!r} must be 'before' or 'after' the top-k")
         self.d_model, self.num_experts, self.top_k = d_model, len(experts), top_k
-        self.softmax, self.renormalize, self.aux_loss_coef = softmax, renormalize, aux_loss_coef
+        # softmax over all experts, then the top-k (else the top-k logits, then a softmax)
+        self.softmax_first = softmax == "before"
+        self.renormalize, self.aux_loss_coef = renormalize, aux_loss_coef
         self.router = Linear(d_model, len(experts), device=device, dtype=dtype)
         self.experts = nn.ModuleList(experts)
         self.shared = shared
@@ -140,7 +142,7 @@ class MixtureOfExperts(nn.Module):
     ) -> tuple[Float[Tensor, "T k"], Int[Tensor, "T k"], Float[Tensor, "T E"] | None]:
         """The top-k weights (float32), the chosen experts, and the float32 softmax over all
         experts when it was computed (softmax before the top-k)."""
-        if self.softmax == "before":
+        if self.softmax_first:
             probs = softmax_float32(logits)
             weights, chosen = probs.topk(self.top_k, dim=-1)
             if self.renormalize:
@@ -208,8 +210,9 @@ class MixtureOfExperts(nn.Module):
 
     def extra_repr(self) -> str:
         shared = ", shared" + ("(gated)" if self.shared_gate is not None else "")
+        order = "before" if self.softmax_first else "after"
         return (
-            f"experts={self.num_experts}, top_k={self.top_k}, softmax={self.softmax}, "
+            f"experts={self.num_experts}, top_k={self.top_k}, softmax={order}, "
             f"renormalize={self.renormalize}{shared if self.shared is not None else ''}, "
             f"aux_loss_coef={self.aux_loss_coef}"
         )

@@ -38,7 +38,7 @@ def per_token(layer: MixtureOfExperts, x: torch.Tensor) -> torch.Tensor:
     out = []
     for token in x.reshape(-1, D):
         logits = token @ layer.router.weight.T  # (E,)
-        if layer.softmax == "before":
+        if layer.softmax_first:
             probs = torch.exp(logits - logits.max()) / torch.exp(logits - logits.max()).sum()
             top = sorted(range(layer.num_experts), key=lambda e: -float(probs[e].detach()))[
                 : layer.top_k
