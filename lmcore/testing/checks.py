@@ -20,8 +20,8 @@ import torch
 from torch import Tensor, nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from lmcore.components import KINDS, accepted_kwargs, format_scalar
-from lmcore.interfaces import PROTOCOLS, PositionalEncoding
+from lmcore.components import KINDS, accepted_kwargs
+from lmcore.interfaces import PROTOCOLS, LayerContext, PositionalEncoding
 
 if TYPE_CHECKING:
     from lmcore.model.transformer import TransformerLM
@@ -42,6 +42,7 @@ from lmcore.testing.core import (
     hooks,
     make_inputs,
     mismatch,
+    model_around,
     output_names,
     positions,
     run,
@@ -89,6 +90,9 @@ def forward(target: Target, variant: str, settings: Settings) -> None:
     if target.kind in TOKENWISE:
         x = make_inputs(target, dtype, lead=(3,))["x"]  # (B, 3, T, d_model)
         _expect(module(x), x.shape, dtype, "the output")
+    elif target.kind == "block":
+        x = make_inputs(target, dtype)["x"]  # (B, T, d_model)
+        _expect(module(x, LayerContext()), x.shape, dtype, "the output")
     elif target.kind == "attn":
         for (sq, sk), causal in itertools.product(ATTN_LENGTHS, (False, True)):
             i = make_inputs(target, dtype, seq=sq, kv_seq=sk)
@@ -135,7 +139,7 @@ def gradients(target: Target, variant: str, settings: Settings) -> None:
             t.requires_grad_()
     outs = run(target.kind, module, inputs)
     _backward(outs)
-    used = ["x"] if target.kind in TOKENWISE else ["q", "k", "v"]
+    used = ["x"] if target.kind in (*TOKENWISE, "block") else ["q", "k", "v"]
     if target.kind == "pos":
         rotates = hooks(module).rotation(inputs["positions"]) is not None
         used = ["x", "q", "k"] if rotates else ["x"]
@@ -245,15 +249,35 @@ def params(target: Target, variant: str, settings: Settings) -> None:
         kwargs = target.kwargs(shape)
         declared = target.component.count_params(**kwargs)
         module = target.build(shape)
-        actual = sum(p.numel() for p in module.parameters())
+        own = _own_parameters(target, module)
+        actual = sum(p.numel() for _, p in own)
         if declared != actual:
-            found = ", ".join(f"{n} {tuple(p.shape)}" for n, p in module.named_parameters())
+            found = ", ".join(f"{n} {tuple(p.shape)}" for n, p in own)
             shown = call("params", accepted_kwargs(target.component.params, kwargs))
             fail(
                 f"declares {shown} = {declared:,}, but the built module has {actual:,} "
                 f"parameters ({found or 'none'}); fix the params function of the Component"
             )
         _buffers(target, shape)
+
+
+def _own_parameters(target: Target, module: nn.Module) -> list[tuple[str, nn.Parameter]]:
+    """The module's parameters; for a block, those outside the parts it is given (its attn, ffn
+    and the norms its `norms` declaration names), which lmcore accounts for on their own."""
+    named = list(module.named_parameters())
+    if target.kind != "block":
+        return named
+    parts = ("attn", "ffn", *_norm_names(target))
+    return [(n, p) for n, p in named if n.split(".", 1)[0] not in parts]
+
+
+def _norm_names(target: Target) -> tuple[str, ...]:
+    names = target.component.norms
+    return tuple(accepted_call(names, target.arg_values())) if names is not None else ()
+
+
+def accepted_call(fn: Any, available: Mapping[str, Any]) -> Any:
+    return fn(**accepted_kwargs(fn, available))
 
 
 def _buffers(target: Target, shape: int) -> None:
@@ -263,7 +287,11 @@ def _buffers(target: Target, shape: int) -> None:
         return
     kwargs = target.kwargs(shape)
     for dtype in DTYPES.values():
-        held = target.build(shape, dtype=dtype).named_buffers()
+        built = target.build(shape, dtype=dtype)
+        held = built.named_buffers()
+        if target.kind == "block":
+            parts = ("attn", "ffn", *_norm_names(target))
+            held = ((n, b) for n, b in built.named_buffers() if n.split(".", 1)[0] not in parts)
         sizes = {n: b.numel() * b.element_size() for n, b in held}
         stated = target.component.count_buffers(**kwargs, dtype=dtype)
         if stated != sum(sizes.values()):
@@ -282,6 +310,8 @@ def flops(target: Target, variant: str, settings: Settings) -> None:
     lengths = [(SEQ, SEQ), (2 * SEQ, 2 * SEQ)]
     if target.kind == "attn":
         lengths.append((SHORT, 2 * SEQ))
+    if target.kind == "block":
+        return _block_flops(target, lengths)
     for shape, (seq, kv) in itertools.product(range(len(SHAPES)), lengths):
         module = target.build(shape)
         inputs = make_inputs(target, shape=shape, batch=1, seq=seq, kv_seq=kv)
@@ -299,6 +329,32 @@ def flops(target: Target, variant: str, settings: Settings) -> None:
             )
 
 
+def _block_flops(target: Target, lengths: list[tuple[int, int]]) -> None:
+    """A block's forward does the FLOPs lmcore accounts for one layer: its parts' and its own."""
+    from lmcore.blueprint import resolve
+    from lmcore.model.counting import account
+
+    for shape, (seq, _) in itertools.product(range(len(SHAPES)), lengths):
+        bp = resolve(model_around(target, shape, num_layers=1), target.registry)
+        module = target.build(shape)
+        x = torch.randn(1, seq, SHAPES[shape]["d_model"])
+        with FlopCounterMode(display=False) as counter, torch.no_grad():
+            module(x, LayerContext())
+        measured = counter.get_total_flops()
+        rows = [r for r in account(bp, seq_len=seq).rows if r.per_layer]
+        expected = sum(r.flops_each for r in rows)
+        if measured != expected:
+            own = sum(r.flops_each for r in rows if r.entry == target.entry)
+            kwargs = {**target.kwargs(shape), "seq_len": seq, "kv_len": seq}
+            shown = call("flops", accepted_kwargs(target.component.flops, kwargs))
+            fail(
+                f"one forward of a single sequence of {seq} tokens does {measured:,} matmul "
+                f"FLOPs (torch.utils.flop_counter.FlopCounterMode), but its parts account for "
+                f"{expected - own:,} and it declares {shown} = {own:,} of its own; fix the "
+                "flops function of the Component (2·m·n·p per matmul it does itself)"
+            )
+
+
 @check("activations", ALL, declaration="activations")
 def activations(target: Target, variant: str, settings: Settings) -> None:
     """Declared activations equal the bytes autograd keeps for the component in a small model's
@@ -312,7 +368,7 @@ def activations(target: Target, variant: str, settings: Settings) -> None:
 
     cases = ((1, SEQ), (BATCH, SEQ - 1))  # an odd length too: block sizes rarely divide it
     for shape, dtype, (batch, seq) in itertools.product(range(len(SHAPES)), DTYPES.values(), cases):
-        spec = _model_around(target, shape)
+        spec = model_around(target, shape)
         try:
             bp = resolve(spec, target.registry)
             acc = account(bp, batch=batch, seq_len=seq, dtype=dtype)
@@ -329,7 +385,12 @@ def activations(target: Target, variant: str, settings: Settings) -> None:
             got = measured[row.name] // row.count
             if got * row.count == measured[row.name] and got == row.activations_each:
                 continue
-            kwargs = activation_kwargs(bp, row.entry.kind, batch=batch, seq_len=seq, dtype=dtype)
+            shape_kw = {"batch": batch, "seq_len": seq, "kv_len": seq, "dtype": dtype}
+            kwargs = (
+                {**dict(row.kwargs), **shape_kw}
+                if row.kwargs
+                else activation_kwargs(bp, row.entry.kind, batch=batch, seq_len=seq, dtype=dtype)
+            )
             declaration = target.component.activations
             assert declaration is not None  # rows without one were skipped above
             shown = call("activations", accepted_kwargs(declaration, kwargs))
@@ -349,20 +410,7 @@ def activations(target: Target, variant: str, settings: Settings) -> None:
             )
 
 
-def _model_around(target: Target, shape: int) -> str:
-    """A two-layer model spec at test shape `shape` with `target` in its slot; the other
-    components are the registry's defaults. Shape 1 uses grouped-query heads."""
-    s = SHAPES[shape]
-    kv_heads = s["num_heads"] if shape == 0 else s["num_heads"] // 2
-    args = ", ".join(f"{k}={format_scalar(v)}" for k, v in target.overrides)
-    name = target.entry.name
-    if target.qualified:
-        name = f"{target.entry.provenance.qualifier}:{name}"
-    return (
-        f"vocab_size=97, context_length={s['context_length']}, d_model={s['d_model']}, "
-        f"num_layers=2, num_heads={s['num_heads']}, num_kv_heads={kv_heads}, d_ff={s['d_ff']}, "
-        f"{target.kind}={name}" + (f"({args})" if args else "")
-    )
+_model_around = model_around
 
 
 @check("compile", ALL, feature="compile", defaults_only=True)
@@ -437,7 +485,7 @@ def cache(target: Target, variant: str, settings: Settings) -> None:
     if "nocache" in target.features:
         return  # declared: generation refuses it before starting
     for shape in range(len(SHAPES)):
-        spec = _model_around(target, shape)
+        spec = model_around(target, shape)
         try:
             model = TransformerLM(spec, registry=target.registry)
         except (LmcoreError, RuntimeError, TypeError, ValueError) as e:
@@ -518,6 +566,99 @@ def per_token(target: Target, variant: str, settings: Settings) -> None:
         )
 
 
+# ------------------------------------------------------------------------------ blocks
+
+
+def _block_buildable(target: Target) -> str | None:
+    """Why a block cannot be checked: it is built with the registry's default parts."""
+    return _model_buildable(target)
+
+
+@check("keys", ("block",), needs=_block_buildable)
+def keys(target: Target, variant: str, settings: Settings) -> None:
+    """The state dict holds `attn.*`, `ffn.*`, one set of norm keys per name its `norms`
+    declaration gives, and its own parameters: the parts it is given, each once, where the
+    declaration says."""
+    module = target.build()
+    names = _norm_names(target)
+    state = module.state_dict()
+    tops = {key.split(".", 1)[0] for key in state}
+    for part in ("attn", "ffn"):
+        if part not in tops:
+            fail(
+                f"its state dict has no {part}.* keys (it has {sorted(tops)}); keep the "
+                f"{part} it is given as the attribute `{part}`"
+            )
+    missing = [
+        n for n in names if n not in tops and any(True for _ in _norm(module, n).parameters())
+    ]
+    if missing:
+        fail(
+            f"its norms declaration names {list(names)}, but the state dict has no keys under "
+            f"{missing}; keep each norm built with norm() as the attribute of that name"
+        )
+    parts = {id(m) for n in ("attn", "ffn", *names) for m in _norm(module, n).modules()}
+    stray = [
+        n
+        for n, child in module.named_children()
+        if n not in ("attn", "ffn", *names) and any(id(m) in parts for m in child.modules())
+    ]
+    if stray:
+        fail(
+            f"it holds its parts a second time, as {stray}: each of attn, ffn and the norms "
+            "appears once in the state dict"
+        )
+
+
+def _norm(module: nn.Module, name: str) -> nn.Module:
+    found = getattr(module, name, None)
+    if not isinstance(found, nn.Module):
+        fail(f"it has no submodule {name!r}, which its norms declaration names")
+    return found
+
+
+class _Zero(nn.Module):
+    """A sub-layer that gives zeros (of its input's shape, through the input for autograd)."""
+
+    def forward(self, x: Tensor, *rest: Any) -> Tensor:
+        return x * 0
+
+
+@check("residual", ("block",), needs=_block_buildable)
+def residual(target: Target, variant: str, settings: Settings) -> None:
+    """Tokens mix only through attention, causally: the output at a position does not change
+    when a later position's input does, and changes with its own. With the 'residual' feature,
+    the block returns its input exactly when attn and ffn give zeros."""
+    module = target.build()
+    x = make_inputs(target)["x"]  # (B, T, d_model)
+    cut = SEQ // 2
+    later = x.clone()
+    later[:, cut:] += torch.randn_like(later[:, cut:])
+    with torch.no_grad():
+        base, moved = module(x, LayerContext()), module(later, LayerContext())
+    early = (moved[:, :cut] - base[:, :cut]).abs().max().item()
+    if early > CHANGED:
+        fail(
+            f"changing the inputs from position {cut} on changed the output before it (by "
+            f"{early:.3g}): a block mixes tokens only through its attention sub-layer, "
+            "which is causal"
+        )
+    if not (moved[:, cut:] - base[:, cut:]).abs().max().item() > CHANGED:
+        fail(f"changing the inputs from position {cut} on left the output there unchanged")
+    if "residual" not in target.features:
+        return
+    module.attn, module.ffn = _Zero(), _Zero()
+    with torch.no_grad():
+        out = module(x, LayerContext())
+    problem = mismatch(out, x, atol=0.0, rtol=0.0)
+    if problem:
+        fail(
+            f"declares 'residual', but with attn and ffn giving zeros the output is not its "
+            f"input: {problem}; the residual stream must pass through the block unchanged, or "
+            "drop 'residual' from the Component's features"
+        )
+
+
 # ------------------------------------------------------------------------------ attention
 
 
@@ -529,22 +670,34 @@ def reference_attention(
     causal: bool,
     mask: Tensor | None = None,
     bias: Tensor | None = None,
+    scale: float | None = None,
+    softcap: float | None = None,
+    window: int | None = None,
 ) -> Tensor:
-    """`softmax(q kᵀ / sqrt(D) + bias) v` in float64, written out step by step and sharing no
+    """`softmax(cap(scale · q kᵀ) + bias) v` in float64 (`scale` 1 / sqrt(D) by default;
+    `cap(s) = softcap · tanh(s / softcap)` when given), written out step by step and sharing no
     code with lmcore's kernels: k, v repeated to q's heads (head h uses kv head h // group),
-    masked keys and, with `causal`, keys after the query's position (query i sits at Sk - Sq + i,
-    aligned to the end) get no weight; a query with no visible key gets zeros. The softmax
-    subtracts each row's maximum, so it stays exact for scores far beyond exp's range."""
+    masked keys, with `causal` keys after the query's position (query i sits at Sk - Sq + i,
+    aligned to the end), and with `window` keys `window` or more positions behind it get no
+    weight; a query with no visible key gets zeros. The softmax subtracts each row's maximum,
+    so it stays exact for scores far beyond exp's range. Differentiable (for the gradient
+    checks): pass tensors that require grad."""
     group = q.shape[1] // k.shape[1]
     q, k, v = q.double(), k.double(), v.double()
     k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
     sq, sk, d = q.shape[-2], k.shape[-2], q.shape[-1]
-    scores = (q @ k.transpose(-2, -1)) / math.sqrt(d)  # (B, H, Sq, Sk)
+    factor = 1.0 / math.sqrt(d) if scale is None else scale
+    scores = (q @ k.transpose(-2, -1)) * factor  # (B, H, Sq, Sk)
+    if softcap:
+        scores = softcap * torch.tanh(scores / softcap)
     if bias is not None:
         scores = scores + bias.double()
     keep = torch.ones(sq, sk, dtype=torch.bool)
+    position = torch.arange(sq)[:, None] + (sk - sq)  # each query's position among the keys
     if causal:
-        keep = torch.arange(sk)[None, :] <= torch.arange(sq)[:, None] + (sk - sq)
+        keep = torch.arange(sk)[None, :] <= position
+    if window:
+        keep = keep & (torch.arange(sk)[None, :] > position - window)
     if mask is not None:
         keep = keep & mask
     scores = torch.where(keep, scores, -math.inf)
@@ -693,6 +846,55 @@ def bias(target: Target, variant: str, settings: Settings) -> None:
                 )
 
 
+def _option_case(
+    target: Target, option: str, value: float, sq: int, sk: int, causal: bool, large: float = 1.0
+) -> None:
+    """The kernel with `option=value` against the float64 reference, output and gradients."""
+    module = target.build()
+    i = make_inputs(target, seq=sq, kv_seq=sk)
+    q, k, v = large * i["q"], large * i["k"], i["v"]
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    out = module(q, k, v, causal=causal, **{option: value})
+    refs = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    options: dict[str, Any] = {option: value}
+    expected = reference_attention(*refs, causal=causal, **options)
+    what = f"with {option}={value!r} (causal={causal}, Sq={sq}, Sk={sk})"
+    problem = mismatch(out, expected, *tolerance(torch.float32))
+    if problem:
+        fail(f"{what}, the output differs from the float64 reference: {problem}")
+    cotangent = torch.randn(out.shape)
+    torch.autograd.backward((out.float() * cotangent).sum())
+    torch.autograd.backward((expected * cotangent.double()).sum())
+    for name, got, ref in zip("qkv", (q, k, v), refs, strict=True):
+        assert got.grad is not None and ref.grad is not None
+        problem = mismatch(got.grad, ref.grad, atol=1e-4, rtol=1e-3)
+        if problem:
+            fail(f"{what}, the gradient of {name} differs from the float64 reference's: {problem}")
+
+
+@check("scale", ("attn",), feature="scale")
+def scale(target: Target, variant: str, settings: Settings) -> None:
+    """`scale=s` multiplies q kᵀ by s instead of 1 / sqrt(D) (output and gradients)."""
+    for (sq, sk), causal, factor in itertools.product(ATTN_LENGTHS, (False, True), (0.05, 0.5)):
+        _option_case(target, "scale", factor, sq, sk, causal)
+
+
+@check("softcap", ("attn",), feature="softcap")
+def softcap(target: Target, variant: str, settings: Settings) -> None:
+    """`softcap=c` caps the scores to c·tanh(s / c) before the softmax (output and gradients),
+    tried with large logits so that the cap bites."""
+    for (sq, sk), causal, cap in itertools.product(ATTN_LENGTHS, (False, True), (5.0, 50.0)):
+        _option_case(target, "softcap", cap, sq, sk, causal, large=LARGE)
+
+
+@check("window", ("attn",), feature="window")
+def window(target: Target, variant: str, settings: Settings) -> None:
+    """`window=w`: the query at position p sees only keys p - w + 1 .. p (and, causal, none
+    after it), output and gradients, for Sq = Sk and Sq < Sk."""
+    for (sq, sk), causal, w in itertools.product(ATTN_LENGTHS, (False, True), (1, 3, 2 * SEQ)):
+        _option_case(target, "window", w, sq, sk, causal)
+
+
 @check("gqa", ("attn",), feature="gqa")
 def gqa(target: Target, variant: str, settings: Settings) -> None:
     """With Hkv < H key/value heads, query head h uses kv head h // (H / Hkv), with or without
@@ -713,7 +915,9 @@ def gqa(target: Target, variant: str, settings: Settings) -> None:
             keep[..., torch.arange(sq), torch.arange(sq) + sk - sq] = True
             extra["mask"] = keep
         out = _attend(module, q, k, v, causal=causal, **extra)
-        expected = reference_attention(q, k, v, causal=causal, **extra)
+        expected = reference_attention(
+            q, k, v, causal=causal, mask=extra["mask"], bias=extra["bias"]
+        )
         problem = mismatch(out, expected, *tolerance(torch.float32))
         if problem:
             given = ", ".join(f"per-head {n}" for n, t in extra.items() if t is not None)
