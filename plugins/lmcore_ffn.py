@@ -114,7 +114,7 @@ def args(row: Row) -> tuple[Arg, ...]:
     return tuple(found)
 
 
-def params(row: Row, d_model: int, d_ff: int, bias: bool) -> int:
+def params(row: Row, d_model: int, d_ff: int, bias: bool = False) -> int:
     matrices = 3 if row.gated else 2
     biases = (matrices - 1) * d_ff + d_model if bias else 0
     return matrices * d_model * d_ff + biases

@@ -47,6 +47,8 @@ class RotaryPositionalEmbedding(PositionalEncodingBase):
         original_context_length: int = 8192,
     ):
         super().__init__()
+        if d_k % 2 and rotary_dim in (None, d_k):
+            raise ValueError(f"RoPE rotates pairs of dimensions; d_k={d_k} is odd")
         rotary_dim = d_k if rotary_dim is None else rotary_dim
         if rotary_dim % 2 or not 0 < rotary_dim <= d_k:
             raise ValueError(
@@ -180,16 +182,16 @@ def _check(
             f"fraction={fraction} is the share of each head to rotate, at most 1.0 (all of it)"
         )
     rot = rotary_dim(head_dim, fraction)
-    if rot % 2 or rot < 2:
-        what = (
-            f"head_dim = {head_dim}"
-            if fraction == 1.0
-            else (f"int(head_dim · fraction) = int({head_dim} · {fraction}) = {rot}")
-        )
+    if fraction == 1.0 and head_dim % 2:
         raise ValueError(
-            f"RoPE rotates pairs of dimensions, but {what} is "
-            f"{'odd' if rot % 2 else 'less than 2'}; pick a head_dim (d_model / num_heads) "
-            "and fraction whose rotated width is even, or use pos=nope"
+            f"RoPE rotates pairs of dimensions, but head_dim = d_model / num_heads = {head_dim} "
+            "is odd; pick d_model and num_heads with an even quotient, or use pos=nope"
+        )
+    if rot % 2 or rot < 2:
+        raise ValueError(
+            f"RoPE rotates pairs of dimensions, but int(head_dim · fraction) = "
+            f"int({head_dim} · {fraction}) = {rot} is {'odd' if rot % 2 else 'less than 2'}; "
+            "pick a fraction whose rotated width is even, or use pos=nope"
         )
     given = {
         "factor": (factor, 1.0),

@@ -89,7 +89,9 @@ def test_json_shape(capsys: pytest.CaptureFixture[str]) -> None:
         "flops_each", "flops", "flops_share", "activations_declared",
     }  # fmt: skip
     layer = 8 * 8 * 64**2 + 4 * 8**2 * 64 + 6 * 8 * 64 * 128  # S=8, d=64, d_ff=128
-    assert found["total"] == {"params": 1_403_328, "flops": 2 * (3 * layer + 2 * 8 * 64 * 10_000)}
+    flops = 2 * (3 * layer + 2 * 8 * 64 * 10_000)
+    assert found["total"] == {"params": 1_403_328, "active_params": 1_403_328, "flops": flops,
+                              "flops_per_token": flops / 16}  # fmt: skip
     assert sum(r["params"] for r in found["rows"]) == found["total"]["params"]
     assert sum(r["flops_share"] for r in found["rows"]) == pytest.approx(1.0)
     assert list(found["flops_by_part"]) == [
@@ -189,7 +191,9 @@ def test_console_script_describes_gpt2_xl() -> None:
         [script, "describe", "gpt2-xl", "--json"], capture_output=True, text=True, check=True
     )
     found = json.loads(out.stdout)
-    assert found["total"] == {"params": 2_127_057_600, "flops": 4_513_336_524_800}
+    assert found["total"] == {"params": 2_127_057_600, "active_params": 2_127_057_600,
+                              "flops": 4_513_336_524_800,
+                              "flops_per_token": 4_513_336_524_800 / 1024}  # fmt: skip
 
 
 def test_activations_text_says_where_they_come_from(capsys: pytest.CaptureFixture[str]) -> None:

@@ -356,3 +356,13 @@ def test_lmcore_train_adds_and_logs_the_aux_loss(tiny_data: Path, tmp_path: Path
     assert not any("aux_loss" in r for r in others)
     # the same first batch and initial weights: only the added loss makes the runs differ
     assert train_records[0]["loss"] != next(r for r in others if r["kind"] == "train")["loss"]
+
+
+def test_lmcore_plugins_lists_the_component_valued_arguments(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from lmcore.cli.main import main
+
+    assert main(["plugins", "--kind", "ffn"]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.split()[1:2] == ["moe"])
+    assert "expert: ffn = swiglu" in line and "shared: ffn = none" in line
