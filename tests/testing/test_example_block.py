@@ -56,6 +56,9 @@ def test_run_refuses_a_case_that_pytest_would_skip_and_says_why(ngpt) -> None:
         registry.register(ngpt, name="ngpt")
         [case, *_] = cases(registry, components=["ngpt"])
         assert case.skip_reason is not None
-        with pytest.raises(CaseSkipped, match=r"test_build\[block:ngpt\] cannot run: the check builds a model around block:ngpt, but the registry lacks the default norm 'rmsnorm'") as caught:
+        with pytest.raises(
+            CaseSkipped,
+            match=r"test_build\[block:ngpt\] cannot run: the check builds a model around block:ngpt, but the registry lacks the default norm 'rmsnorm'",
+        ) as caught:
             case.run()
         assert caught.value.reason == case.skip_reason and caught.value.case is case
