@@ -250,7 +250,8 @@ def format_layers(layers: Sequence[int], num_layers: int) -> str:
     """The canonical spelling of a set of layer indices: ranges found by a greedy scan from the
     lowest index left, each with the step to the next index left (`2:5`, `1::2`, `0:7:3`); a
     step above 1 needs three indices, or the last two left when they reach the last layer; an
-    index on its own otherwise. A range that reaches the last layer is written open (`4:`, `1::2`)."""
+    index on its own otherwise. A range that reaches the last layer is written open (`4:`,
+    `1::2`)."""
     left = sorted(set(layers))
     todo = set(left)
     parts = []

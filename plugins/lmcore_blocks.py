@@ -96,12 +96,10 @@ class Parallel(nn.Module):
 
     def forward(self, x: Float[Tensor, "B T d"], context: LayerContext) -> Float[Tensor, "B T d"]:
         h = self.ln1(x)
-        if self.ln2 is None:
-            g = h
-        else:
-            # Each norm keeps its own input for backward, so that each keeps what it declares:
-            # the second reads a copy when there is a backward to keep it for.
-            g = self.ln2(x.clone() if torch.is_grad_enabled() else x)
+        # Each norm keeps its own input for backward, so that each keeps what it declares: a
+        # second norm reads a copy when there is a backward to keep it for.
+        copy = x.clone() if torch.is_grad_enabled() and self.ln2 is not None else x
+        g = h if self.ln2 is None else self.ln2(copy)
         # The ffn first: with one norm, the tensor both read is then kept for backward as the
         # ffn's input (declared `shared_input`), and the attention's projections keep no copy.
         f = self.ffn(g)

@@ -30,7 +30,7 @@ def perturbed(spec: str, seed: int = 0) -> lmcore.TransformerLM:
     torch.manual_seed(seed)
     model = build_model(spec)
     with torch.no_grad():
-        for name, p in model.named_parameters():
+        for p in model.parameters():
             if p.ndim == 1:
                 p.add_(0.3 * torch.randn_like(p))
     return model
@@ -42,7 +42,7 @@ def reference(model: lmcore.TransformerLM, ids: Tensor) -> Tensor:
     multiplication of interleaved pairs), each option applied as its family's code does."""
     w = {k: v.detach() for k, v in model.state_dict().items()}
     spec = model.spec
-    d, hd, t = spec.d_model, spec.head_dim, ids.shape[-1]
+    hd, t = spec.head_dim, ids.shape[-1]
     theta = float(spec.pos.kwargs.get("theta", 10000.0))
     freqs = theta ** (-torch.arange(0, hd, 2, dtype=torch.float64) / hd)
     rot = torch.polar(torch.ones(t, hd // 2, dtype=torch.float64),
