@@ -94,8 +94,8 @@ def checkpoint_lines(info: CheckpointInfo) -> list[str]:
         f"{info.lmcore_version} with torch {info.torch_version})",
     ]
     width = max(len(c.name) for c in info.components.values())
-    for kind, saved in info.components.items():
-        lines.append(f"  {kind:<4}  {saved.name:<{width}}  {saved}")
+    for saved in info.components.values():
+        lines.append(f"  {saved.kind:<4}  {saved.name:<{width}}  {saved}")
     for alias, stored in info.tied.items():
         lines.append(f"  tied: {alias} is stored once, as {stored}")
     for key, value in info.metadata.items():
@@ -117,6 +117,7 @@ def checkpoint_json(info: CheckpointInfo) -> dict[str, Any]:
         "torch_version": info.torch_version,
         "components": {
             kind: {
+                "kind": c.kind,
                 "name": c.name,
                 "dist": c.dist,
                 "version": c.version,
