@@ -822,11 +822,14 @@ class _Resolver:
                 except PluginError as e:
                     raise self.at_slot(slot, str(e), layers) from e
                 except ValueError as e:
-                    # Blame what the user wrote: the slot, else the dimensions it is built for.
+                    # Blame what the user wrote: the slot (for these layers), else the
+                    # dimensions it is built for.
                     dims = spec.dims(SLOT_KINDS[slot]) if slot in SLOTS else {}
                     culprit = next(
                         (k for k in (slot, "num_heads", "d_model", *dims) if self.by_user(k)), slot
                     )
+                    if (slot, layers[0]) in self.blame:
+                        culprit = slot
                     raise self.at_slot(
                         culprit, f"{SLOT_KINDS[slot]} {comp.name!r}: {e}", layers
                     ) from None

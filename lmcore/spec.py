@@ -249,8 +249,9 @@ MAX_LAYERED: Final = 4096
 def format_layers(layers: Sequence[int], num_layers: int) -> str:
     """The canonical spelling of a set of layer indices: ranges found by a greedy scan from the
     lowest index left, each with the step to the next index left (`2:5`, `1::2`, `0:7:3`); a
-    step above 1 needs three indices, or two reaching the last layer; an index on its own
-    otherwise. A range that reaches the last layer is written open (`4:`, `1::2`)."""
+    step above 1 needs three indices, or the last two left when they reach the last layer; an
+    index on its own otherwise. A range that reaches the last layer is written open (`4:`,
+    `1::2`)."""
     left = sorted(set(layers))
     todo = set(left)
     parts = []
@@ -264,7 +265,8 @@ def format_layers(layers: Sequence[int], num_layers: int) -> str:
             while run[-1] + step in todo:
                 run.append(run[-1] + step)
             open_end = run[-1] + step >= num_layers
-            if step > 1 and len(run) < 3 and not (open_end and len(run) == 2):
+            last_two = open_end and len(run) == 2 == len(todo)  # the two indices left
+            if step > 1 and len(run) < 3 and not last_two:
                 run = [first]
         todo.difference_update(run)
         if len(run) == 1:
@@ -562,7 +564,7 @@ class _Parser:
                 self.take()
                 return Item(tok.text, tok.start, tok.end, self.value())
             layers, span = self.layers()
-            self.expect("=", f"'=' after {clip(tok.text)}[...]")
+            self.expect("=", f"'=' after {_short(tok.text)}[...]")
             return Item(tok.text, tok.start, tok.end, self.value(), layers, span)
         if tok.kind == "name" or self.qualifier_ahead():
             value = self.value()

@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import torch
 from jaxtyping import Float
 from torch import Tensor, nn
 
@@ -95,9 +96,13 @@ class Parallel(nn.Module):
 
     def forward(self, x: Float[Tensor, "B T d"], context: LayerContext) -> Float[Tensor, "B T d"]:
         h = self.ln1(x)
+        # Each norm keeps its own input for backward, so that each keeps what it declares: a
+        # second norm reads a copy when there is a backward to keep it for.
+        copy = x.clone() if torch.is_grad_enabled() and self.ln2 is not None else x
+        g = h if self.ln2 is None else self.ln2(copy)
         # The ffn first: with one norm, the tensor both read is then kept for backward as the
         # ffn's input (declared `shared_input`), and the attention's projections keep no copy.
-        f = self.ffn(h if self.ln2 is None else self.ln2(x))
+        f = self.ffn(g)
         a = self.attn(h, context)
         z: Tensor = f + a + x  # GPT-NeoX's order of the sum
         return z
