@@ -169,7 +169,7 @@ class MixtureOfExperts(nn.Module):
                 extra = extra * torch.sigmoid(self.shared_gate(flat))
             out = out + extra
         self.aux_loss = None
-        if self.training and torch.is_grad_enabled() and self.aux_loss_coef > 0:
+        if self.training and torch.is_grad_enabled() and self.aux_loss_coef > 0 and len(flat):
             if probs is None:
                 probs = softmax_float32(logits)
             self.aux_loss = self.balance_loss(probs, counts)

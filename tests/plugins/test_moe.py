@@ -141,6 +141,8 @@ def test_no_aux_loss_in_eval_mode_without_gradients_or_with_a_zero_coefficient()
     zero = moe(aux_loss_coef=0.0)
     zero(x)
     assert zero.aux_loss is None
+    empty = layer(torch.randn(0, D))  # no token: nothing routed, nothing to balance
+    assert empty.shape == (0, D) and layer.aux_loss is None
 
 
 def test_the_model_sums_the_layers_aux_losses() -> None:
