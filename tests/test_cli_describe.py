@@ -79,9 +79,15 @@ def test_gpt2_xl_reports_cs336s_parameter_and_flop_counts(
 def test_json_shape(capsys: pytest.CaptureFixture[str]) -> None:
     found = describe_json(capsys, "cs336-tiny", "--batch", "2", "--seq", "8", "--dtype", "bfloat16")
     assert set(found) == {
-        "spec", "batch", "seq_len", "dtype", "rows", "per_layer", "total", "flops_by_part", "memory",
-        "activations_by_part", "mismatches",
+        "spec", "batch", "seq_len", "dtype", "rows", "per_layer", "layers", "total", "flops_by_part",
+        "memory", "activations_by_part", "mismatches",
     }  # fmt: skip
+    [every] = found["layers"]  # every layer alike: one kind, written *
+    assert (every["layers"], every["count"], every["values"]) == ("*", 3, {})
+    assert (every["params"], every["flops"]) == (
+        found["per_layer"]["params"],
+        found["per_layer"]["flops"],
+    )
     assert (found["batch"], found["seq_len"], found["dtype"]) == (2, 8, "bfloat16")
     assert [r["name"] for r in found["rows"]] == ROWS
     assert set(found["rows"][0]) == {

@@ -347,3 +347,19 @@ def test_describe_measures_what_the_options_declare() -> None:
         for dtype in (torch.float32, torch.bfloat16):
             found = describe(f"{BASE}, {option}", batch=2, seq_len=7, dtype=dtype, measure=True)
             assert found.mismatches == (), (option, dtype, found.mismatches)
+
+
+def test_compiled_decoding_with_the_options_gives_the_same_tokens_in_one_graph_per_call() -> None:
+    """fullgraph: the window, the caps, a per-layer encoding and the embedding scale trace
+    without a graph break."""
+    from lmcore.model.generate import compile_decoding
+
+    model = perturbed(f"{BASE}, {CACHED[0]}, pos[1]=nope, query_scale=0.3")
+    prompt = torch.randint(0, 97, (2, 5))
+    eager = model.generate(prompt, 6, temperature=0.0)
+    torch.compiler.reset()
+    try:
+        compile_decoding(model, backend="eager", fullgraph=True)
+        assert torch.equal(model.generate(prompt, 6, temperature=0.0), eager)
+    finally:
+        torch.compiler.reset()

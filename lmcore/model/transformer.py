@@ -250,6 +250,9 @@ class TransformerLM(nn.Module):
         self.ln_final = bp.create("norm", **factory)
         self.lm_head = Linear(spec.d_model, spec.vocab_size, **factory)
         self.logit_cap = LogitCap(spec.logit_softcap) if spec.logit_softcap else None
+        # The embedding scale in each dtype the model may run in, worked out here: no struct
+        # call in the forward for torch.compile to trace.
+        self.embed_scales = {dt: rounded(spec.embed_scale, dt) for dt in _FLOATS}
         if spec.tie_embeddings:
             # The shared matrix keeps lm_head's initialisation: σ=1 rows would make the initial
             # logits sqrt(d_model) times too large.
@@ -364,7 +367,7 @@ class TransformerLM(nn.Module):
         spec = self.spec
         x = self.token_embeddings(ids)  # (B, T, d_model)
         if spec.embed_scale != 1.0:  # Gemma: the scale rounded to the model's dtype, as there
-            x = x * rounded(spec.embed_scale, x.dtype)
+            x = x * self.embed_scales.get(x.dtype, spec.embed_scale)
         x = self.pos.embed(x, positions)  # absolute encodings embed at the given positions
         mask = None
         if cache is None:
@@ -407,10 +410,13 @@ class TransformerLM(nn.Module):
         return total
 
 
+_FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
 def rounded(value: float, dtype: torch.dtype) -> float:
     """`value` rounded to `dtype`, as `torch.tensor(value, dtype=dtype)` holds it (a bfloat16
     model multiplies by bfloat16's nearest value, as a reference multiplying by a tensor of the
-    model's dtype does); plain Python, so torch.compile folds it into a constant."""
+    model's dtype does)."""
     if dtype == torch.float64:
         return value
     if dtype == torch.float16:

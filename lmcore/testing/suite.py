@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+import lmcore.testing.attention_checks as _attention_checks  # noqa: F401  (registers its checks)
 import lmcore.testing.checks as _checks  # registers the checks
 from lmcore.components import KINDS
 from lmcore.errors import LmcoreError, did_you_mean, one_of
