@@ -256,7 +256,7 @@ def timed(fn: Callable[[], None], device: torch.device) -> float:
 
 def compatible(spec: ModelSpec) -> str | None:
     """Why the fused reference cannot build `spec`'s architecture, or None."""
-    if spec.pos.name != "rope" or spec.block != "prenorm":
+    if spec.pos.name != "rope" or spec.block.name != "prenorm":
         return f"pos={spec.pos.name}, block={spec.block} (the reference is pre-norm with RoPE)"
     if spec.norm.name not in ("rmsnorm", "torch_rmsnorm"):
         return f"norm={spec.norm.name} (the reference uses RMSNorm)"

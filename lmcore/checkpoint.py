@@ -270,7 +270,9 @@ class CheckpointInfo:
     path: Path
     format_version: int
     spec: str  # canonical, as saved
-    components: Mapping[str, SavedComponent]  # by kind
+    # By kind (the whole model's; a checkpoint older than the block kind has no "block"),
+    # then "kind name" for every other component the model uses.
+    components: Mapping[str, SavedComponent]
     lmcore_version: str
     torch_version: str
     dtype: str  # e.g. "float32"
@@ -319,17 +321,22 @@ def read_info(path: str | os.PathLike[str]) -> CheckpointInfo:
     components: dict[str, SavedComponent] = {}
     try:
         table = _json(meta.get(KEYS["components"], ""))
-        for kind in KINDS:
-            row = table[kind]
-            components[kind] = SavedComponent(
-                kind=kind,
+        for kind in ("norm", "ffn", "pos", "attn"):  # a checkpoint has each; older ones no block
+            table[kind]
+        kinds = [k for k in KINDS if k in table]
+        for key in [*kinds, *(k for k in table if k not in kinds)]:
+            row = table[key]
+            components[key] = SavedComponent(
+                kind=str(row.get("kind", key)),
                 name=str(row["name"]),
                 plugin=str(row["plugin"]),
                 module=str(row["module"]),
                 dist=None if row["dist"] is None else str(row["dist"]),
                 version=None if row["version"] is None else str(row["version"]),
             )
-    except (json.JSONDecodeError, KeyError, TypeError) as e:
+            if components[key].kind not in KINDS:
+                raise KeyError(f"kind {components[key].kind!r}")
+    except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
         raise bad(KEYS["components"], f"cannot be read ({type(e).__name__}: {e})") from None
     try:
         tied = _json(meta.get(KEYS["tied"], "{}"))
@@ -511,17 +518,17 @@ def resolve_checkpoint(
     chosen: dict[str, Entry] = {}
     changed: dict[tuple[str, str], list[str]] = {}  # (saved with, installed now): components
     pins: set[str] = set()  # what to install to get the saved providers back
-    for kind in KINDS:
-        saved = info.components[kind]
-        chosen[kind] = entry = _provider(info, saved, registry)
+    for key, saved in info.components.items():
+        chosen[key] = entry = _provider(info, saved, registry)
+        kind = saved.kind
         now = entry.provenance
         if normalize_dist(now.qualifier) != normalize_dist(saved.dist or saved.plugin):
-            key = (str(saved), str(now))
+            pair = (str(saved), str(now))
         elif now.version != saved.version:
-            key = (f"{saved.dist} {saved.version}", f"{now.dist} {now.version}")
+            pair = (f"{saved.dist} {saved.version}", f"{now.dist} {now.version}")
         else:
             continue
-        changed.setdefault(key, []).append(f"{kind} {saved.name!r}")
+        changed.setdefault(pair, []).append(f"{kind} {saved.name!r}")
         if saved.requirement is not None:
             pins.add(saved.requirement)
     if changed:
@@ -596,8 +603,13 @@ def _qualified(spec: str, chosen: Mapping[str, Entry], registry: Registry) -> st
     out = []
     for item in items:
         text = spec[item.start : item.value.end]
-        kind = item.key
-        if kind is not None and kind in SLOTS and registry.is_ambiguous(kind, chosen[kind].name):
+        kind = item.key or ""
+        if (
+            kind in SLOTS
+            and kind in chosen  # a checkpoint older than the block kind has none
+            and item.layers is None
+            and registry.is_ambiguous(kind, chosen[kind].name)
+        ):
             value = spec[item.value.start : item.value.end]
             if item.value.provider is not None:
                 value = value.split(":", 1)[1]

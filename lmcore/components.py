@@ -13,13 +13,21 @@ kind     model dimensions on offer (plus every declared argument)
 norm     ``d_model``
 ffn      ``d_model``, ``d_ff``
 pos      ``d_model``, ``num_heads``, ``head_dim``, ``context_length``
-attn     ``num_heads``, ``num_kv_heads``, ``head_dim``
+attn     ``num_heads``, ``num_kv_heads``, ``head_dim``, ``window`` (0: none)
+block    ``d_model``; its factory also gets the modules it wires: ``attn``, ``ffn`` and
+         ``norm`` (a function building one more norm per call)
 =======  ===========================================================================
 
 Factories also get ``device`` and ``dtype``; ``flops`` also gets ``seq_len`` (query tokens of one
 sequence) and ``kv_len`` (key tokens; equal to ``seq_len`` in a plain forward pass).
 ``activations`` gets those two plus ``batch`` (sequences) and ``dtype`` (the model's
 ``torch.dtype``); a pos component's ``activations`` also gets ``num_layers``.
+
+An argument may itself take a component (``Arg("expert", "ffn", "swiglu", ...)``: its type is a
+kind): the spec writes it nested, ``moe(expert=swiglu(d_ff=512))``, it is checked against that
+component's declaration, and the factory and declarations receive it resolved, as a
+`lmcore.blueprint.Part` (``part.create(d_model=..., device=..., dtype=...)``,
+``part.count("params", d_model=...)``).
 """
 
 from __future__ import annotations
@@ -28,7 +36,7 @@ import inspect
 import keyword
 import operator
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, cast
 
@@ -43,15 +51,19 @@ from lmcore.errors import (
 
 Scalar = int | float | bool | str
 
-KINDS: Final = ("norm", "ffn", "pos", "attn")
+KINDS: Final = ("norm", "ffn", "pos", "attn", "block")
 
 # The model dimensions each kind may ask for, in the order the docs list them.
 DIMS: Final[Mapping[str, tuple[str, ...]]] = {
     "norm": ("d_model",),
     "ffn": ("d_model", "d_ff"),
     "pos": ("d_model", "num_heads", "head_dim", "context_length"),
-    "attn": ("num_heads", "num_kv_heads", "head_dim"),
+    "attn": ("num_heads", "num_kv_heads", "head_dim", "window"),
+    "block": ("d_model",),
 }
+# What a block's factory receives besides its dimensions and arguments: the attention sub-layer,
+# the feed-forward network, and `norm()`, which builds one more norm of the model's kind per call.
+BLOCK_PARTS: Final = ("attn", "ffn", "norm")
 
 # What a component may declare it can do. Unknown words are a declaration error, so a typo
 # cannot silently switch a check off.
@@ -64,8 +76,13 @@ FEATURES: Final[Mapping[str, frozenset[str]]] = {
     # bias; relative: q.k after the encoding depends only on the offset between positions.
     "pos": frozenset({"rotary", "absolute", "bias", "relative", "compile", "nocache"}),
     # gqa: takes k, v with fewer heads than q; bias: accepts an additive bias; mask: accepts a
-    # boolean mask (True = may attend).
-    "attn": frozenset({"gqa", "bias", "mask", "compile", "nocache"}),
+    # boolean mask (True = may attend); scale: takes the query scale (`scale=`, else the model
+    # multiplies q itself); softcap: caps the scores, cap·tanh(s / cap) (`softcap=`); window: a
+    # sliding window, each query sees its last `window` keys (`window=`).
+    "attn": frozenset({"gqa", "bias", "mask", "scale", "softcap", "window", "compile", "nocache"}),
+    # residual: with both sub-layers giving zeros the block returns its input unchanged (the
+    # stream passes through; the kit checks it).
+    "block": frozenset({"residual", "compile", "nocache"}),
 }
 
 NAME_RE: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]*\Z")
@@ -74,7 +91,15 @@ _RESERVED_ARGS: Final = frozenset(
 )
 _ARG_TYPES: Final = (int, float, bool, str)
 # Declarations a component may leave out (None).
-OPTIONAL_DECLARATIONS: Final = ("activations", "default_d_ff", "validate", "buffers")
+OPTIONAL_DECLARATIONS: Final = (
+    "activations", "default_d_ff", "validate", "buffers", "norms", "shared_input",
+    "active_params",
+)  # fmt: skip
+# How an argument appears in the canonical form: every value ("always", the rule since the
+# first release), or only a value other than the default ("changed": for arguments added to a
+# released component, so that the canonical strings of specs that do not use them stay as
+# they were).
+WRITTEN: Final = ("always", "changed")
 
 
 class _Required:
@@ -91,24 +116,42 @@ REQUIRED: Final = _Required()
 class Arg:
     """One argument a component accepts from the spec, e.g. ``Arg("eps", float, 1e-5, "...")``.
 
-    ``type`` is int, float, bool or str. ``gt`` / ``ge`` bound numbers from below; ``choices``
-    restricts strings.
+    ``type`` is int, float, bool or str, or a component kind (``"norm"``, ``"ffn"``, ...) for an
+    argument whose value is itself a component: its default is then spec text (``"swiglu"``,
+    ``"rmsnorm(eps=1e-6)"``) or None (optional: written ``none``, the factory gets None).
+    ``gt`` / ``ge`` bound numbers from below; ``choices`` restricts strings.
+    ``written="changed"`` leaves the argument out of the canonical form while it has its
+    default: declare every argument added to an already released component so, and the
+    canonical strings (run names, hashes) of specs that do not use it stay what they were.
     """
 
     name: str
-    type: type
+    type: type | str
     default: Any = REQUIRED
     help: str = ""
     gt: float | None = None
     ge: float | None = None
     choices: tuple[str, ...] | None = None
+    written: str = "always"
 
     @property
     def required(self) -> bool:
         return self.default is REQUIRED
 
+    @property
+    def kind(self) -> str | None:
+        """The component kind this argument takes, or None for a plain value."""
+        return self.type if isinstance(self.type, str) else None
+
+    @property
+    def type_name(self) -> str:
+        return self.type if isinstance(self.type, str) else self.type.__name__
+
     def check(self, value: Any) -> Scalar:
-        """Return `value` converted to this argument's type, or raise ValueError/TypeError."""
+        """Return `value` converted to this argument's type, or raise ValueError/TypeError.
+        (A component-valued argument is checked by `lmcore.blueprint`, against the registry.)"""
+        if isinstance(self.type, str):
+            raise TypeError(f"takes a {self.type} component, checked against the registry")
         expected = self.type.__name__
         if self.type is float and type(value) is int:
             value = float(value)  # 10000 is a fine theta; canonical form writes 10000.0
@@ -131,8 +174,13 @@ class Arg:
 
     def describe(self) -> str:
         """`name: type = default` as shown by `lmcore plugins`."""
-        default = "required" if self.required else format_scalar(self.default)
-        return f"{self.name}: {self.type.__name__} = {default}"
+        if self.required:
+            default = "required"
+        elif self.default is None:
+            default = "none"
+        else:
+            default = self.default if self.kind else format_scalar(self.default)
+        return f"{self.name}: {self.type_name} = {default}"
 
 
 def _zero(**_: Any) -> int:
@@ -153,11 +201,25 @@ class Component:
         meta device, which is exact but costs about a second. `lmcore.testing` checks a
         declaration against that measurement.
     default_d_ff(d_model) -> int: for ffn components, the hidden width used when a spec gives none.
+    norms(**args) -> sequence of str: for block components, the attribute names of the norms the
+        block builds with its `norm()` argument, in the order it calls it (``("ln1", "ln2")``);
+        lmcore accounts one norm row per name and the kit holds the block to it.
+    shared_input(**args) -> bool: for block components, True when the block hands the attention
+        and the feed-forward network the same tensor and runs the feed-forward network first
+        (a parallel block with one norm): the attention's projections then keep no input of
+        their own for backward, the feed-forward network's counts it.
     validate(**dims, **args): raise ValueError with a sentence when the shape cannot work.
     buffers(**dims, **args, dtype) -> int: bytes of the buffers one built module holds (e.g.
         RoPE's cos/sin tables) in a model of `dtype`. lmcore's size check adds them to the
         weights before anything is allocated. None (the default): unknown until built;
         `lmcore describe` reads them off a meta-device build.
+    active_params(**dims, **args) -> int: the parameters one token's forward uses, where
+        that is fewer than `params` (a mixture of experts: the router, the top-k experts and
+        the shared ones). None (the default): all of them. `flops` counts the work actually
+        done, i.e. that of the active parameters.
+
+    `activations` and `buffers` may also give None for particular arguments, meaning unknown
+    (e.g. a mixture whose expert declares none): they are then measured as if undeclared.
 
     lmcore calls these through `invoke` / `count`: an exception, or a count that is not a whole
     number, becomes a `PluginError` naming the component (and, from the registry, its
@@ -176,6 +238,9 @@ class Component:
     default_d_ff: Callable[[int], int] | None = None
     validate: Callable[..., None] | None = None
     buffers: Callable[..., int] | None = None
+    norms: Callable[..., Sequence[str]] | None = None
+    shared_input: Callable[..., bool] | None = None
+    active_params: Callable[..., int] | None = None
 
     def arg(self, name: str) -> Arg | None:
         return next((a for a in self.args if a.name == name), None)
@@ -191,12 +256,19 @@ class Component:
         return count(self, "flops", kwargs)
 
     def count_activations(self, **kwargs: Any) -> int | None:
-        """Declared activation bytes, or None when the component declares none."""
-        return None if self.activations is None else count(self, "activations", kwargs)
+        """Declared activation bytes, or None when the component declares none (or says they
+        are unknown for these arguments)."""
+        return None if self.activations is None else count_or_unknown(self, "activations", kwargs)
+
+    def count_active_params(self, **kwargs: Any) -> int:
+        """Declared parameters one token uses; all of them when the component declares none."""
+        if self.active_params is None:
+            return self.count_params(**kwargs)
+        return count(self, "active_params", kwargs)
 
     def count_buffers(self, **kwargs: Any) -> int | None:
-        """Declared buffer bytes, or None when the component declares none."""
-        return None if self.buffers is None else count(self, "buffers", kwargs)
+        """Declared buffer bytes, or None when the component declares none (or unknown)."""
+        return None if self.buffers is None else count_or_unknown(self, "buffers", kwargs)
 
     def check_shape(self, **kwargs: Any) -> None:
         """Raise ValueError (the component's own sentence) when the shape cannot work."""
@@ -219,8 +291,11 @@ _ROLES: Final[Mapping[str, str]] = {
     "flops": "flops declaration",
     "activations": "activations declaration",
     "buffers": "buffers declaration",
+    "active_params": "active_params declaration",
     "validate": "validate",
     "default_d_ff": "default_d_ff",
+    "norms": "norms declaration",
+    "shared_input": "shared_input declaration",
 }
 
 
@@ -243,16 +318,37 @@ def invoke(
         return call_with(fn, kwargs)
     except allow:
         raise
+    except PluginError:
+        raise  # already names its component: a norm a block's factory builds
     except Exception as e:
         raise PluginError(
             f"{_who(c, where)}: its {_ROLES[what]} raised {describe_exception(e)}"
         ) from e
 
 
+# Declarations that may answer None (unknown for these arguments: measured instead).
+MAY_BE_UNKNOWN: Final = ("activations", "buffers")
+
+
 def count(c: Component, what: str, kwargs: Mapping[str, Any], where: object = None) -> int:
-    """A declared count (params, flops, activations, buffers, default_d_ff): a whole number,
-    at least 0 (at least 1 for default_d_ff); an integral float is taken as its integer."""
+    """A declared count (params, flops, activations, buffers, default_d_ff, active_params): a
+    whole number, at least 0 (at least 1 for default_d_ff); an integral float is taken as its
+    integer."""
+    return _whole(c, what, kwargs, where, invoke(c, what, kwargs, where))
+
+
+def count_or_unknown(
+    c: Component, what: str, kwargs: Mapping[str, Any], where: object = None
+) -> int | None:
+    """`count`, except that activations and buffers may give None: unknown for these
+    arguments (see `Component`)."""
     value = invoke(c, what, kwargs, where)
+    if value is None and what in MAY_BE_UNKNOWN:
+        return None
+    return _whole(c, what, kwargs, where, value)
+
+
+def _whole(c: Component, what: str, kwargs: Mapping[str, Any], where: object, value: Any) -> int:
     n = whole_number(value)
     least = 1 if what == "default_d_ff" else 0
     if n is None or n < least:
@@ -374,14 +470,37 @@ def validate_component(item: object) -> Component:
             raise InvalidComponentError(f"{what}: argument name {a.name!r} is not an identifier")
         if a.name in seen:
             raise InvalidComponentError(f"{what}: argument {a.name!r} is declared twice")
-        if a.name in _RESERVED_ARGS or a.name in DIMS[c.kind]:
+        passed = (
+            _RESERVED_ARGS | set(DIMS[c.kind]) | (set(BLOCK_PARTS) if c.kind == "block" else set())
+        )
+        if a.name in passed:
             raise InvalidComponentError(
                 f"{what}: argument {a.name!r} clashes with a name lmcore passes itself "
-                f"({one_of(_RESERVED_ARGS | set(DIMS[c.kind]))})"
+                f"({one_of(passed)})"
             )
+        if a.written not in WRITTEN:
+            raise InvalidComponentError(
+                f"{what}: argument {a.name!r} has written={a.written!r}; use one of "
+                f"{one_of(WRITTEN)}" + did_you_mean(str(a.written), WRITTEN)
+            )
+        if a.kind is not None:
+            if a.kind not in KINDS:
+                raise InvalidComponentError(
+                    f"{what}: argument {a.name!r} has type {a.kind!r}; a component-valued "
+                    f"argument names a kind: {one_of(KINDS)}" + did_you_mean(a.kind, KINDS)
+                )
+            if not (a.required or a.default is None or isinstance(a.default, str)):
+                raise InvalidComponentError(
+                    f"{what}: default of argument {a.name!r} must be spec text naming a "
+                    f'{a.kind} (e.g. {a.name}="name" or "name(arg=1)") or None, '
+                    f"got {a.default!r}"
+                )
+            seen.add(a.name)
+            continue
         if a.type not in _ARG_TYPES:
             raise InvalidComponentError(
-                f"{what}: argument {a.name!r} has type {a.type!r}; use int, float, bool or str"
+                f"{what}: argument {a.name!r} has type {a.type!r}; use int, float, bool, str "
+                f"or a component kind ({one_of(KINDS)})"
             )
         if not a.required:
             try:

@@ -27,7 +27,6 @@ from torch import Tensor, nn
 from lmcore.blueprint import Blueprint
 from lmcore.errors import LmcoreError
 from lmcore.model.counting import (
-    ACTIVATION_PARTS,
     Accounting,
     AccountingError,
     Row,
@@ -210,26 +209,27 @@ def measure_activations(acc: Accounting, model: TransformerLM) -> dict[str, int]
     def leave(*_: object) -> None:
         stack.pop()
 
+    encodings = {"pos": model.pos, **{f"layer_pos.{j}": m for j, m in enumerate(model.layer_pos)}}
     for path, module in model.named_modules():
-        if path in where and path != "pos":
+        if path in where and path not in encodings:
             handles.append(module.register_forward_pre_hook(enter(where[path])))
             handles.append(module.register_forward_hook(leave))
 
-    def as_pos(fn: Callable[..., object]) -> Callable[..., object]:
+    def as_pos(fn: Callable[..., object], row: str) -> Callable[..., object]:
         def wrapped(*args: object, **kwargs: object) -> object:
-            stack.append("pos")
+            stack.append(row)
             try:
                 out = fn(*args, **kwargs)
             finally:
                 stack.pop()
-            return as_pos(out) if callable(out) and not isinstance(out, Tensor) else out
+            return as_pos(out, row) if callable(out) and not isinstance(out, Tensor) else out
 
         return wrapped
 
-    pos = model.pos
     hooks = ("embed", "rotation", "attention_bias")
-    for name in hooks:  # instance attributes shadow the methods for this one run
-        setattr(pos, name, as_pos(getattr(pos, name)))
+    for row, pos in encodings.items():
+        for name in hooks:  # instance attributes shadow the methods for this one run
+            setattr(pos, name, as_pos(getattr(pos, name), where.get(row, row)))
     device = next(model.parameters()).device
     shape = (acc.batch, acc.seq_len)
     inputs = torch.zeros(shape, dtype=torch.long, device=device)
@@ -245,8 +245,9 @@ def measure_activations(acc: Accounting, model: TransformerLM) -> dict[str, int]
     finally:
         for h in handles:
             h.remove()
-        for name in hooks:
-            delattr(pos, name)
+        for pos in encodings.values():
+            for name in hooks:
+                delattr(pos, name)
     return {**{r.name: found.get(r.name, 0) for r in acc.rows},
             "loss": found.get("loss", 0), "other": found.get("other", 0)}  # fmt: skip
 
@@ -255,7 +256,7 @@ def by_part(acc: Accounting, by_row: dict[str, int]) -> dict[str, int]:
     """Activation bytes by row (as `measure_activations` or `declared_activations` give them)
     summed into `ACTIVATION_PARTS`, plus a part `other` when something was saved outside every
     row (lmcore's own code never does; the tests check it)."""
-    parts = dict.fromkeys(ACTIVATION_PARTS, 0)
+    parts = dict.fromkeys((*acc.parts(), "loss"), 0)
     for row in acc.rows:
         parts[row.part] += by_row.get(row.name, 0)
     parts["loss"] += by_row.get("loss", 0)
@@ -319,8 +320,11 @@ def describe(
     acc = account(spec, batch=batch, seq_len=seq_len, dtype=dtype, registry=registry)
     bp = acc.blueprint
     # Layers are identical, so at most two are built to check the declarations against: the
-    # cost does not grow with num_layers (measuring activations builds them all).
-    probe = replace(bp, spec=replace(bp.spec, num_layers=min(bp.spec.num_layers, 2)))
+    # cost does not grow with num_layers (measuring activations builds them all). Layers that
+    # differ are all built.
+    probe = bp
+    if not bp.spec.layers:
+        probe = replace(bp, spec=replace(bp.spec, num_layers=min(bp.spec.num_layers, 2)))
     model = build_model(probe, device="meta", dtype=dtype)
     check_params(acc, model)
     check_buffers(acc, model)

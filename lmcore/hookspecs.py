@@ -25,9 +25,10 @@ hookimpl = pluggy.HookimplMarker(PROJECT)
 def lmcore_components() -> Sequence[Component]:
     """Return the components this plugin provides.
 
-    Each item is a `lmcore.Component`: its kind (``norm``, ``ffn``, ``pos`` or ``attn``), its name,
-    a factory taking flat keyword arguments, its declared arguments, and its parameter and FLOP
-    counts as functions of the model shape. Called once per registry, when the registry loads.
+    Each item is a `lmcore.Component`: its kind (``norm``, ``ffn``, ``pos``, ``attn`` or
+    ``block``), its name, a factory taking flat keyword arguments, its declared arguments, and its
+    parameter and FLOP counts as functions of the model shape. Called once per registry, when
+    the registry loads.
     """
     raise NotImplementedError
 

@@ -1,4 +1,5 @@
-"""The four component contracts. A component's factory returns an `nn.Module` that fits one of them.
+"""The five component contracts. A component's factory returns an `nn.Module` that fits one of
+them: norm, ffn, pos, attn (the attention kernel) and block (the wiring of one layer).
 
 Shapes: B batch, T / S sequence, H query heads, Hkv key/value heads, D head dim.
 """
@@ -6,7 +7,7 @@ Shapes: B batch, T / S sequence, H query heads, Hkv key/value heads, D head dim.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 from jaxtyping import Bool, Float, Int
 from torch import Tensor, nn
@@ -36,6 +37,13 @@ class AttentionKernel(Protocol):
     queries to the end of the keys (query i sits at position Sk - Sq + i). `mask` is boolean,
     True = may attend, broadcastable to `(B, H, Sq, Sk)`; `bias` is added to the scores and
     broadcastable likewise. A kernel without the "gqa" feature is handed k, v with H heads.
+
+    The scores are `s = scale · q kᵀ` (`scale` 1 / sqrt(D) unless given), then
+    `softcap · tanh(s / softcap)` when `softcap` is given, then `+ bias`; with `window` a
+    query at position p sees only the keys at positions p - window + 1 .. p (and, causal,
+    none after it). The model passes `scale`, `softcap` and `window` only when the spec sets
+    them, and only to a kernel declaring the feature of that name (a kernel without "scale"
+    gets q multiplied instead; one without "softcap" or "window" is refused at spec time).
     """
 
     def __call__(
@@ -70,6 +78,46 @@ class PositionalEncoding(Protocol):
     ) -> Float[Tensor, "... H Sq Sk"] | None: ...
 
 
+class LayerContext(NamedTuple):
+    """What one forward hands each layer for its attention, besides the layer's input: the
+    positional rotation and bias, the padding mask and the layer's KV cache. A block passes it
+    to its attention sub-layer unchanged: `self.attn(h, context)`."""
+
+    rotation: Rotation | None = None
+    bias: Tensor | None = None
+    mask: Tensor | None = None
+    cache: Any = None  # the layer's `lmcore.model.cache.LayerCache`, or None
+
+
+@runtime_checkable
+class AttentionLayer(Protocol):
+    """What a block gets as `attn`: projections, positional rotation, the kernel and the KV
+    cache together; maps `(B, T, d_model)` to `(B, T, d_model)`, mixing tokens causally."""
+
+    def __call__(
+        self, x: Float[Tensor, "B T d_model"], context: LayerContext
+    ) -> Float[Tensor, "B T d_model"]: ...
+
+
+@runtime_checkable
+class Block(Protocol):
+    """One layer's wiring of the residual stream: maps `(B, T, d_model)` to the same shape and
+    dtype.
+
+    Its factory gets `attn` (an `AttentionLayer`), `ffn` (a `FeedForward`) and `norm`, a
+    function that builds one more norm of the model's kind each call; the block keeps them as
+    attributes `attn`, `ffn` and the names its `norms` declaration lists (so the state-dict
+    keys are `attn.*`, `ffn.*` and `<name>.*`, plus its own parameters), calls
+    `self.attn(h, context)` with the `context` it is given, and mixes tokens through `attn`
+    only. With the "residual" feature, it returns its input unchanged when both sub-layers
+    return zeros.
+    """
+
+    def __call__(
+        self, x: Float[Tensor, "B T d_model"], context: LayerContext
+    ) -> Float[Tensor, "B T d_model"]: ...
+
+
 class PositionalEncodingBase(nn.Module):
     """A `PositionalEncoding` whose three hooks do nothing; override the ones you need."""
 
@@ -92,4 +140,5 @@ PROTOCOLS: dict[str, type] = {
     "ffn": FeedForward,
     "pos": PositionalEncoding,
     "attn": AttentionKernel,
+    "block": Block,
 }

@@ -43,7 +43,7 @@ import lmcore.hookspecs as hookspecs
 from lmcore.components import (
     Component,
     Preset,
-    count,
+    count_or_unknown,
     format_qualified,
     invoke,
     validate_component,
@@ -123,11 +123,12 @@ class Entry:
         return invoke(self.component, what, kwargs, self.provenance, allow=allow)
 
     def count(self, what: str, kwargs: Mapping[str, Any]) -> int | None:
-        """A declared count (params, flops, activations, buffers, default_d_ff) as a checked
-        whole number, or None when the component does not declare `what`."""
+        """A declared count (params, flops, activations, buffers, default_d_ff, active_params)
+        as a checked whole number, or None when the component does not declare `what` (or, for
+        activations and buffers, says it is unknown for these arguments)."""
         if getattr(self.component, what) is None:
             return None
-        return count(self.component, what, kwargs, self.provenance)
+        return count_or_unknown(self.component, what, kwargs, self.provenance)
 
 
 @dataclass(frozen=True)

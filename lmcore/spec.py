@@ -1,27 +1,39 @@
 """The spec grammar and its data: `ModelSpec`, `ComponentSpec` and the parser behind them.
 
     spec      := item ("," item)*             the first item may be a preset name
-    item      := qualname | key "=" value
+    item      := qualname | key [layers] "=" value
+    layers    := "[" range ("," range)* "]"   layer indices: 3, -1, 2:5, 1::2, :4 (Python slices)
     value     := scalar | qualname ["(" [arg ("," arg)*] ")"]
-    arg       := name "=" scalar
+    arg       := name "=" value               a value may be a component: expert=swiglu(d_ff=64)
     scalar    := integer | float | true | false | name | quoted string
     qualname  := [dist ":"] name              dist: a name, or quoted ("2norms":rmsnorm)
 
 Integers lie within ±(2**63 - 1) and a number has at most 64 characters, so no value can
-overflow and no work grows with a value's size; parsing is linear in the text's length.
-This module knows the syntax only; `lmcore.blueprint.resolve` gives the items their meaning
-against the registry (presets, components, defaults). `str(spec)` is canonical: preset expanded,
-every key in a fixed order, every component argument written out, no spaces. Nothing in a spec is
-evaluated or imported.
+overflow and no work grows with a value's size; parsing is linear in the text's length, and
+components nest at most `MAX_DEPTH` deep. This module knows the syntax only;
+`lmcore.blueprint.resolve` gives the items their meaning against the registry (presets,
+components, defaults, layer indices). Nothing in a spec is evaluated or imported.
+
+The canonical form, `str(spec)`: the preset expanded, keys in the fixed order of `ORDER`, no
+spaces. The keys and component arguments of the first release (`ALWAYS`, and every `Arg` with
+``written="always"``) are always written, defaults filled in; every key or argument added
+since (``written="changed"``: `head_dim`, `qkv_bias`, `window`, ...) is written only when it
+differs from its default, so the canonical string of a spec that does not use it is the one it
+always had. A key that differs by layer is written once for the whole model and then as
+``key[layers]=value`` for the layers that differ, right after it: the whole-model value is the
+key's default when some layer has it, else the value most layers have (the earliest on a tie);
+for `norm`, whose whole-model value is also `ln_final`'s, it is that one. Layers are written as
+the fewest ranges a greedy scan finds (`0::2`, `3`, `2:5`; a range reaching the last layer is
+left open). So equal models have equal canonical strings, and `parse_spec(str(s)) == s`.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass, fields
-from typing import Any, Final, NamedTuple
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Final, NamedTuple, Union
 
 from lmcore.components import (
     DIMS,
@@ -36,33 +48,64 @@ from lmcore.errors import SpecError, clip
 
 # ------------------------------------------------------------------------------ data
 
+# A component argument's value: a scalar, a component, or None (an optional component left out).
+ArgValue = Union[Scalar, "ComponentSpec", None]
+
+
+def format_value(value: ArgValue) -> str:
+    """The canonical spelling of a key's or argument's value."""
+    if value is None:
+        return "none"
+    if isinstance(value, ComponentSpec):
+        return str(value)
+    return format_scalar(value)
+
 
 @dataclass(frozen=True)
 class ComponentSpec:
-    """One component slot: ``rope(theta=10000.0)``; `provider` only when the name is ambiguous."""
+    """One component: ``rope(theta=10000.0)``; `provider` only when the name is ambiguous.
+
+    `args` holds the arguments the canonical form writes (an argument declared
+    ``written="changed"`` is left out while it has its default); a value may itself be a
+    `ComponentSpec` (``moe(expert=swiglu)``). `lmcore.blueprint.Blueprint.kwargs` gives every
+    argument, defaults included.
+    """
 
     name: str
-    args: tuple[tuple[str, Scalar], ...] = ()
+    args: tuple[tuple[str, ArgValue], ...] = ()
     provider: str | None = None
 
     @property
-    def kwargs(self) -> dict[str, Scalar]:
+    def kwargs(self) -> dict[str, ArgValue]:
         return dict(self.args)
 
     def __str__(self) -> str:
         qualified = format_qualified(self.provider, self.name)
         if not self.args:
             return qualified
-        inner = ",".join(f"{k}={format_scalar(v)}" for k, v in self.args)
+        inner = ",".join(f"{k}={format_value(v)}" for k, v in self.args)
         return f"{qualified}({inner})"
 
 
 @dataclass(frozen=True)
+class LayerValue:
+    """`key` takes `value` on `layers` (ascending indices), not the whole-model value."""
+
+    key: str
+    layers: tuple[int, ...]
+    value: Any
+
+    def format(self, num_layers: int) -> str:
+        return f"{self.key}[{format_layers(self.layers, num_layers)}]={format_value(self.value)}"
+
+
+@dataclass(frozen=True, kw_only=True)
 class ModelSpec:
     """A fully resolved model: every hyperparameter and component, defaults filled in.
 
     Build one with `lmcore.parse_spec` (or `lmcore.resolve(...).spec`); `str(spec)` is its
-    canonical spec string.
+    canonical spec string. The fields hold the whole-model values; `layers` the per-layer
+    differences, and `at(i)` the spec of layer `i` alone.
     """
 
     vocab_size: int
@@ -72,16 +115,29 @@ class ModelSpec:
     num_heads: int
     num_kv_heads: int
     d_ff: int
-    block: str
+    block: ComponentSpec
     tie_embeddings: bool
     norm: ComponentSpec
     ffn: ComponentSpec
     pos: ComponentSpec
     attn: ComponentSpec
+    head_dim: int = 0  # 0: d_model / num_heads
+    embed_scale: float = 1.0
+    logit_softcap: float = 0.0
+    qkv_bias: bool = False
+    out_bias: bool = False
+    qk_norm: ComponentSpec | None = None
+    qk_norm_scope: str = "head"
+    query_scale: float = 0.0  # 0: 1 / sqrt(head_dim)
+    window: int = 0
+    attn_softcap: float = 0.0
+    layers: tuple[LayerValue, ...] = ()
 
-    @property
-    def head_dim(self) -> int:
-        return self.d_model // self.num_heads
+    def __post_init__(self) -> None:
+        if not self.head_dim:
+            object.__setattr__(self, "head_dim", self.d_model // max(1, self.num_heads))
+        if not self.query_scale:
+            object.__setattr__(self, "query_scale", default_query_scale(self.head_dim))
 
     def component(self, kind: str) -> ComponentSpec:
         spec: ComponentSpec = getattr(self, kind)
@@ -91,16 +147,42 @@ class ModelSpec:
         """The model dimensions a component of `kind` is built for (see `lmcore.components`)."""
         return {k: getattr(self, k) for k in DIMS[kind]}
 
+    def at(self, layer: int) -> ModelSpec:
+        """The spec of layer `layer`: its own values in the fields, no per-layer differences."""
+        if not self.layers:
+            return self
+        own = {lv.key: lv.value for lv in self.layers if layer in lv.layers}
+        return replace(self, layers=(), **own)
+
+    def varies(self, key: str) -> bool:
+        """Whether some layer's `key` differs from the whole-model value."""
+        return any(lv.key == key for lv in self.layers)
+
+    def default(self, key: str) -> Any:
+        """The value `key` has when a spec does not give it (None: no default to leave out)."""
+        if key == "head_dim":
+            return self.d_model // self.num_heads if self.d_model % self.num_heads == 0 else None
+        if key == "query_scale":
+            return default_query_scale(self.head_dim)
+        return KEY_ARGS[key].default
+
     def __str__(self) -> str:
         parts = []
-        for f in fields(self):
-            value = getattr(self, f.name)
-            text = str(value) if isinstance(value, ComponentSpec) else format_scalar(value)
-            parts.append(f"{f.name}={text}")
+        for key in ORDER:
+            value = getattr(self, key)
+            if key in ALWAYS or value != self.default(key):
+                parts.append(f"{key}={format_value(value)}")
+            parts += [lv.format(self.num_layers) for lv in self.layers if lv.key == key]
         return ",".join(parts)
 
 
-# Model keys in canonical order. num_kv_heads and d_ff have derived defaults (lmcore.blueprint).
+def default_query_scale(head_dim: int) -> float:
+    """`1 / sqrt(head_dim)`, computed as the attention kernels compute it."""
+    return 1.0 / math.sqrt(head_dim) if head_dim > 0 else 1.0
+
+
+# Model keys with plain values, and `qk_norm` (a norm, or none). num_kv_heads, d_ff, head_dim
+# and query_scale have derived defaults (lmcore.blueprint); REQUIRED marks them here.
 MODEL_KEYS: Final[tuple[Arg, ...]] = (
     Arg("vocab_size", int, REQUIRED, "number of token ids", ge=1),
     Arg("context_length", int, REQUIRED, "longest sequence the model accepts", ge=1),
@@ -109,18 +191,147 @@ MODEL_KEYS: Final[tuple[Arg, ...]] = (
     Arg("num_heads", int, REQUIRED, "query heads per attention layer", ge=1),
     Arg("num_kv_heads", int, REQUIRED, "key/value heads (default: num_heads)", ge=1),
     Arg("d_ff", int, REQUIRED, "feed-forward hidden width (default: the ffn's own)", ge=1),
-    Arg("block", str, "prenorm", "residual topology", choices=("prenorm", "postnorm")),
     Arg("tie_embeddings", bool, False, "lm_head shares token_embeddings.weight"),
-)
-# The component slots and the component each defaults to, in canonical order.
+    Arg("head_dim", int, REQUIRED, "width of each attention head (default: d_model / num_heads)",
+        ge=1, written="changed"),
+    Arg("embed_scale", float, 1.0, "token embeddings are multiplied by it (Gemma: sqrt(d_model))",
+        gt=0.0, written="changed"),
+    Arg("logit_softcap", float, 0.0, "caps the logits: cap·tanh(logits / cap); 0: none",
+        ge=0.0, written="changed"),
+    Arg("qkv_bias", bool, False, "biases on the q, k and v projections", written="changed"),
+    Arg("out_bias", bool, False, "a bias on the attention output projection", written="changed"),
+    Arg("qk_norm", "norm", None, "a norm on queries and keys before the rotation; none: no norm",
+        written="changed"),
+    Arg("qk_norm_scope", str, "head", "qk_norm over each head, or over the full q and k width",
+        choices=("head", "full"), written="changed"),
+    Arg("query_scale", float, REQUIRED, "multiplies q·k (default: 1 / sqrt(head_dim))", gt=0.0,
+        written="changed"),
+    Arg("window", int, 0, "sliding window: each query sees its last `window` keys; 0: all",
+        ge=0, written="changed"),
+    Arg("attn_softcap", float, 0.0, "caps the attention scores: cap·tanh(s / cap); 0: none",
+        ge=0.0, written="changed"),
+)  # fmt: skip
+# The component slots (each of the kind it is named after) and the component each defaults to.
 SLOTS: Final[Mapping[str, str]] = {
+    "block": "prenorm",
     "norm": "rmsnorm",
     "ffn": "swiglu",
     "pos": "rope",
     "attn": "sdpa",
 }
 KEY_ARGS: Final[Mapping[str, Arg]] = {a.name: a for a in MODEL_KEYS}
-ALL_KEYS: Final = (*KEY_ARGS, *SLOTS)
+# The canonical order of the keys.
+ORDER: Final = (
+    "vocab_size", "context_length", "d_model", "num_layers", "num_heads", "num_kv_heads",
+    "head_dim", "d_ff", "block", "tie_embeddings", "embed_scale", "logit_softcap",
+    "norm", "ffn", "pos", "attn",
+    "qkv_bias", "out_bias", "qk_norm", "qk_norm_scope", "query_scale", "window", "attn_softcap",
+)  # fmt: skip
+# The keys of the first release: written in every canonical string, default or not.
+ALWAYS: Final = frozenset(
+    ("vocab_size", "context_length", "d_model", "num_layers", "num_heads", "num_kv_heads",
+     "d_ff", "block", "tie_embeddings", "norm", "ffn", "pos", "attn")
+)  # fmt: skip
+ALL_KEYS: Final = ORDER
+# The keys that may differ by layer (`key[layers]=value`); the others hold for the whole model.
+LAYER_KEYS: Final = (
+    "d_ff", "block", "norm", "ffn", "pos", "attn",
+    "qkv_bias", "out_bias", "qk_norm", "qk_norm_scope", "query_scale", "window", "attn_softcap",
+)  # fmt: skip
+# Components nest at most this deep (`moe(expert=swiglu)` is 2).
+MAX_DEPTH: Final = 8
+# A spec with per-layer values has at most this many layers (each is resolved on its own).
+MAX_LAYERED: Final = 4096
+
+# ------------------------------------------------------------------------------ layers
+
+
+def format_layers(layers: Sequence[int], num_layers: int) -> str:
+    """The canonical spelling of a set of layer indices: ranges found by a greedy scan from the
+    lowest index left, each with the step to the next index left (`2:5`, `1::2`, `0:7:3`); a
+    step above 1 needs three indices, or the last two left when they reach the last layer; an
+    index on its own otherwise. A range that reaches the last layer is written open (`4:`,
+    `1::2`)."""
+    left = sorted(set(layers))
+    todo = set(left)
+    parts = []
+    for at, first in enumerate(left):
+        if first not in todo:
+            continue
+        after = next((i for i in left[at + 1 :] if i in todo), None)
+        run = [first]
+        if after is not None:
+            step = after - first
+            while run[-1] + step in todo:
+                run.append(run[-1] + step)
+            open_end = run[-1] + step >= num_layers
+            last_two = open_end and len(run) == 2 == len(todo)  # the two indices left
+            if step > 1 and len(run) < 3 and not last_two:
+                run = [first]
+        todo.difference_update(run)
+        if len(run) == 1:
+            parts.append(str(first))
+            continue
+        step = run[1] - run[0]
+        stop = "" if run[-1] + step >= num_layers else str(run[-1] + 1)
+        parts.append(f"{first}:{stop}" if step == 1 else f"{first}:{stop}:{step}")
+    return ",".join(parts)
+
+
+def layer_groups(key: str, values: Sequence[Any], base: Any) -> tuple[LayerValue, ...]:
+    """The `LayerValue`s of a key whose layers hold `values` against the whole-model `base`:
+    one per value other than `base`, in the order of its first layer."""
+    groups: dict[Any, list[int]] = {}
+    for i, value in enumerate(values):
+        if value != base:
+            groups.setdefault(value, []).append(i)
+    return tuple(LayerValue(key, tuple(idx), value) for value, idx in groups.items())
+
+
+def canonical_base(values: Sequence[Any], default: Any = REQUIRED) -> Any:
+    """The whole-model value the canonical form writes for a key whose layers hold `values`:
+    `default` when some layer has it, else the value most layers have (the earliest on a tie)."""
+    if default is not REQUIRED and default in values:
+        return default
+    counts: dict[Any, int] = {}
+    for value in values:
+        counts[value] = counts.get(value, 0) + 1
+    most = max(counts.values())
+    return next(value for value in values if counts[value] == most)
+
+
+class LayerRange(NamedTuple):
+    """One range of a layer selection as written: an index (`stop`, `step` unused) or a slice."""
+
+    start: int | None
+    stop: int | None
+    step: int | None
+    single: bool  # an index on its own, not a slice
+    begin: int  # its span in the text
+    end: int
+
+    def select(self, num_layers: int) -> list[int]:
+        """The layers it names, by Python's indexing rules (a negative index counts from the end;
+        a slice is clipped to the model); ValueError with a sentence for what cannot work."""
+        if self.single:
+            assert self.start is not None
+            if not -num_layers <= self.start < num_layers:
+                raise ValueError(
+                    f"layer {self.start} is out of range: num_layers={num_layers}, so layers are "
+                    f"0..{num_layers - 1} (or -{num_layers}..-1 from the end)"
+                )
+            return [self.start % num_layers]
+        if self.step is not None and self.step < 1:
+            raise ValueError(
+                f"a layer range's step must be at least 1, got {self.step} (e.g. 1::2)"
+            )
+        chosen = list(range(num_layers)[slice(self.start, self.stop, self.step)])
+        if not chosen:
+            raise ValueError(
+                f"selects no layer of the {num_layers} (layers are 0..{num_layers - 1})"
+            )
+        return chosen
+
 
 # ------------------------------------------------------------------------------ tokens
 
@@ -146,7 +357,7 @@ class _Tok(NamedTuple):
 
 
 _TOKEN = re.compile(  # one match per token, with the whitespace before it
-    r"\s*(?:(?P<punct>[,=():])"
+    r"\s*(?:(?P<punct>[,=():\[\]])"
     r"|(?P<name>[A-Za-z_][A-Za-z0-9_.\-]*)(?![A-Za-z0-9_.+\-])"  # names: the common case
     r"|(?P<word>[A-Za-z0-9_.+\-]+)"  # numbers, and what is neither
     r"|(?P<quote>[\"'])"
@@ -174,7 +385,7 @@ def _tokenize(src: str) -> list[_Tok]:
         else:
             raise SpecError(
                 f"unexpected character {text!r}; "
-                "specs use names, numbers, quoted strings and , = ( ) :",
+                "specs use names, numbers, quoted strings and , = ( ) : [ ]",
                 src,
                 start,
             )
@@ -254,14 +465,17 @@ def _word(src: str, text: str, start: int) -> _Tok:
 
 
 class Value(NamedTuple):  # tuples: a spec of 100,000 items builds quickly
-    """A parsed value: a scalar, or a (qualified) name with an optional argument list."""
+    """A parsed value: a scalar, or a (qualified) name with an optional argument list, whose
+    values are scalars (a plain name as its string) or nested `Value`s."""
 
     start: int
     end: int
     scalar: Scalar | None = None  # set for numbers, strings, bools
     name: str | None = None
     provider: str | None = None
-    args: tuple[tuple[str, Scalar, int, int], ...] | None = None  # (name, value, start, end)
+    args: tuple[tuple[str, Scalar | Value, int, int], ...] | None = (
+        None  # (name, value, start, end)
+    )
 
     @property
     def is_plain_name(self) -> bool:
@@ -269,17 +483,36 @@ class Value(NamedTuple):  # tuples: a spec of 100,000 items builds quickly
 
 
 class Item(NamedTuple):
-    """One `key=value` item, or the preset item (`key` None), with its position in the text."""
+    """One `key=value` item (`key[layers]=value` for some layers), or the preset item (`key`
+    None), with its position in the text."""
 
     key: str | None
     start: int  # of the key (or the preset name)
     end: int
     value: Value
+    layers: tuple[LayerRange, ...] | None = None
+    layers_span: tuple[int, int] = (0, 0)  # from '[' to ']'
 
 
 def parse_items(src: str) -> list[Item]:
     """The items of a spec string, syntax only; `SpecError` with a caret for malformed text."""
     return _Parser(src).parse()
+
+
+def parse_value(src: str) -> Value:
+    """One value on its own (`swiglu`, `rmsnorm(eps=1e-6)`), e.g. a component-valued
+    argument's default; `SpecError` with a caret for malformed text."""
+    parser = _Parser(src)
+    if parser.peek().kind == "end":
+        raise parser.error(
+            "empty value; write a name, e.g. swiglu, or name(arg=value)", parser.peek()
+        )
+    value = parser.value()
+    if parser.peek().kind != "end":
+        raise parser.error(
+            f"expected the end of the value, found {_show(parser.peek())}", parser.peek()
+        )
+    return value
 
 
 class _Parser:
@@ -324,10 +557,15 @@ class _Parser:
 
     def item(self) -> Item:
         tok = self.peek()
-        if tok.kind == "name" and self.peek(1).kind == "punct" and self.peek(1).text == "=":
+        after = self.peek(1)
+        if tok.kind == "name" and after.kind == "punct" and after.text in ("=", "["):
             self.take()
-            self.take()
-            return Item(tok.text, tok.start, tok.end, self.value())
+            if after.text == "=":
+                self.take()
+                return Item(tok.text, tok.start, tok.end, self.value())
+            layers, span = self.layers()
+            self.expect("=", f"'=' after {_short(tok.text)}[...]")
+            return Item(tok.text, tok.start, tok.end, self.value(), layers, span)
         if tok.kind == "name" or self.qualifier_ahead():
             value = self.value()
             if value.args is not None:
@@ -346,7 +584,45 @@ class _Parser:
         ahead = self.peek(1)
         return self.peek().kind == "string" and ahead.kind == "punct" and ahead.text == ":"
 
-    def value(self) -> Value:
+    def layers(self) -> tuple[tuple[LayerRange, ...], tuple[int, int]]:
+        """`[range, ...]`: layer indices and slices, as in Python (`3`, `-1`, `2:5`, `1::2`)."""
+        opening = self.take()
+        ranges = [self.layer_range()]
+        while self.at(","):
+            self.take()
+            ranges.append(self.layer_range())
+        closing = self.expect("]", "']' closing the layers (or ',' before another range)")
+        return tuple(ranges), (opening.start, closing.end)
+
+    def layer_range(self) -> LayerRange:
+        first = self.peek()
+        bounds: list[int | None] = [self.layer_number()]
+        colons = 0
+        while colons < 2 and self.at(":"):
+            self.take()
+            colons += 1
+            bounds.append(self.layer_number())
+        if colons == 0 and bounds[0] is None:
+            raise self.error(
+                f"expected a layer index or range (e.g. 3, -1, 2:5, 1::2), found {_show(first)}",
+                first,
+            )
+        end = self.toks[self.i - 1].end
+        start, stop, step = (*bounds, None, None)[:3]
+        return LayerRange(start, stop, step, colons == 0, first.start, end)
+
+    def layer_number(self) -> int | None:
+        tok = self.peek()
+        if tok.kind == "punct" or tok.kind == "end":
+            return None
+        if tok.kind != "number" or not isinstance(tok.value, int):
+            raise self.error(
+                f"layer indices are integers (e.g. 3, -1, 2:5, 1::2), found {_show(tok)}", tok
+            )
+        self.take()
+        return tok.value
+
+    def value(self, depth: int = 0) -> Value:
         quoted = self.qualifier_ahead()
         tok = self.take()
         if tok.kind in ("number", "string", "bool") and not quoted:
@@ -367,8 +643,10 @@ class _Parser:
             provider = tok.value
         if not self.at("("):
             return Value(tok.start, name.end, name=name.text, provider=provider)
+        if depth >= MAX_DEPTH:
+            raise self.error(f"components nest at most {MAX_DEPTH} deep", self.peek())
         self.take()
-        args: list[tuple[str, Scalar, int, int]] = []
+        args: list[tuple[str, Scalar | Value, int, int]] = []
         seen: set[str] = set()
         while not self.at(")"):
             if args:
@@ -380,12 +658,16 @@ class _Parser:
                 raise self.error(f"argument {clip(key.text)} is given twice", key)
             seen.add(key.text)
             self.expect("=", f"'=' after argument {clip(key.text)}")
-            val = self.take()
-            if val.kind not in ("number", "string", "bool", "name"):
-                raise self.error(f"expected a value for {clip(key.text)}, found {_show(val)}", val)
-            if self.at(":") or self.at("("):
-                raise self.error("argument values are plain values, not components", self.peek())
-            args.append((key.text, val.value, key.start, val.end))
+            ahead = self.peek()
+            if ahead.kind not in ("number", "string", "bool", "name"):
+                raise self.error(
+                    f"expected a value for {clip(key.text)}, found {_show(ahead)}", ahead
+                )
+            val = self.value(depth + 1)
+            plain = val.scalar if val.scalar is not None else val.name
+            arg = plain if val.is_plain_name or val.scalar is not None else val
+            assert arg is not None
+            args.append((key.text, arg, key.start, val.end))
         close = self.take()
         return Value(tok.start, close.end, name=name.text, provider=provider, args=tuple(args))
 

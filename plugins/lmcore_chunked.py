@@ -47,10 +47,14 @@ class ChunkedAttention(nn.Module):
         causal: bool,
         mask: Bool[Tensor, "... Sq Sk"] | None = None,
         bias: Float[Tensor, "... Sq Sk"] | None = None,
+        scale: float | None = None,
+        softcap: float | None = None,
+        window: int | None = None,
     ) -> Float[Tensor, "B H Sq D"]:
         return tiled_attention(
-            q, k, v, causal=causal, mask=mask, bias=bias, key_block=self.block_size
-        )
+            q, k, v, causal=causal, mask=mask, bias=bias, key_block=self.block_size,
+            scale=scale, softcap=softcap, window=window,
+        )  # fmt: skip
 
     def extra_repr(self) -> str:
         return f"block_size={self.block_size}"
@@ -86,6 +90,6 @@ def lmcore_components() -> list[Component]:
                 4 * num_heads * seq_len * kv_len * head_dim
             ),
             activations=chunked_activations,
-            features=frozenset({"gqa", "bias", "mask", "compile"}),
+            features=frozenset({"gqa", "bias", "mask", "scale", "softcap", "window", "compile"}),
         )
     ]

@@ -1,4 +1,8 @@
-"""norm=rmsnorm: root-mean-square layer normalisation (Zhang & Sennrich, 2019), CS336 §3.4.1."""
+"""norm=rmsnorm: root-mean-square layer normalisation (Zhang & Sennrich, 2019), CS336 §3.4.1.
+
+`zero_centered=true` is Gemma's variant: the gain is `1 + weight` with `weight` starting at zero
+(computed in float32, as Gemma's `x · (1 + w)` is), so weight decay pulls the gain towards 1.
+"""
 
 from __future__ import annotations
 
@@ -50,7 +54,10 @@ class _RMSNorm(torch.autograd.Function):
 
 
 class RMSNorm(nn.Module):
-    """`x / sqrt(mean(x²) + eps) * weight`, computed in float32 and returned in the input dtype."""
+    """`x / sqrt(mean(x²) + eps) * weight`, computed in float32 and returned in the input dtype.
+
+    With `zero_centered=True` the gain is `1 + weight` (in float32) and `weight` starts at zeros.
+    """
 
     def __init__(
         self,
@@ -58,19 +65,26 @@ class RMSNorm(nn.Module):
         eps: float = 1e-5,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
+        *,
+        zero_centered: bool = False,
     ):
         super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(d_model, device=device, dtype=dtype))
+        self.eps, self.zero_centered = eps, zero_centered
+        init = torch.zeros if zero_centered else torch.ones
+        self.weight = nn.Parameter(init(d_model, device=device, dtype=dtype))
 
     def forward(self, x: Float[Tensor, "... d_model"]) -> Float[Tensor, "... d_model"]:
+        gain = self.weight
+        if self.zero_centered:  # in float32: a bf16 1 + w would round the gain to 8 bits
+            gain = self.weight.to(torch.promote_types(self.weight.dtype, torch.float32)) + 1.0
         if not torch.is_grad_enabled():  # inference: the same numbers without autograd's node
-            return _rms_norm(x, self.weight, self.eps)[0]
-        y: Tensor = _RMSNorm.apply(x, self.weight, self.eps)
+            return _rms_norm(x, gain, self.eps)[0]
+        y: Tensor = _RMSNorm.apply(x, gain, self.eps)
         return y
 
     def extra_repr(self) -> str:
-        return f"{self.weight.shape[0]}, eps={self.eps}"
+        centred = ", zero_centered=True" if self.zero_centered else ""
+        return f"{self.weight.shape[0]}, eps={self.eps}{centred}"
 
 
 @hookimpl
@@ -80,12 +94,22 @@ def lmcore_components() -> list[Component]:
             kind="norm",
             name="rmsnorm",
             build=RMSNorm,
-            args=(Arg("eps", float, 1e-5, "added to mean(x²) inside the square root", gt=0.0),),
+            args=(
+                Arg("eps", float, 1e-5, "added to mean(x²) inside the square root", gt=0.0),
+                Arg(
+                    "zero_centered",
+                    bool,
+                    False,
+                    "the gain is 1 + weight, weight starting at 0 (Gemma)",
+                    written="changed",
+                ),
+            ),
             help="RMSNorm with a learned gain, computed in float32",
             params=lambda d_model: d_model,
-            # x in its own dtype and the float32 rms per token.
-            activations=lambda batch, seq_len, d_model, dtype: (
-                batch * seq_len * (d_model * dtype.itemsize + 4)
+            # x in its own dtype and the float32 rms per token; zero-centred, also the float32
+            # gain 1 + weight.
+            activations=lambda batch, seq_len, d_model, dtype, zero_centered: (
+                batch * seq_len * (d_model * dtype.itemsize + 4) + 4 * d_model * zero_centered
             ),
             features=frozenset({"compile"}),
         )

@@ -1,6 +1,17 @@
-"""pos=rope: rotary position embeddings (Su et al., 2021), CS336 §3.4.3, interleaved pairs."""
+"""pos=rope: rotary position embeddings (Su et al., 2021), CS336 §3.4.3, interleaved pairs.
+
+Options beyond CS336, each off by default: `fraction` rotates only the first
+`int(head_dim · fraction)` dimensions of each head and passes the rest through (GPT-NeoX's
+`rotary_pct`, Phi's `partial_rotary_factor`); `scaling=linear` divides every frequency by
+`factor` (position interpolation); `scaling=llama3` divides the low frequencies by `factor`,
+keeps the high ones and blends in between (Llama 3.1's `rope_scaling`), as Hugging Face's
+`modeling_rope_utils` computes them.
+"""
 
 from __future__ import annotations
+
+import math
+from typing import Final
 
 import torch
 from jaxtyping import Float, Int
@@ -11,11 +22,14 @@ from lmcore.interfaces import PositionalEncodingBase, Rotation
 
 
 class RotaryPositionalEmbedding(PositionalEncodingBase):
-    """Rotates each pair `(x[2k], x[2k+1])` by `pos / theta^(2k/d_k)`; the same for every head.
+    """Rotates each pair `(x[2k], x[2k+1])` by `pos / theta^(2k/d)`; the same for every head.
 
-    The cos/sin tables are non-persistent buffers of shape `(max_seq_len, d_k/2)`, kept in
-    float32 whatever the model dtype. A pair is rotated as the complex number
-    `x[2k] + i·x[2k+1]` times `cos + i·sin`.
+    `d` is the rotated width, `rotary_dim` (default all of `d_k`): the first `rotary_dim`
+    dimensions of each head are rotated, the others pass through unchanged. The cos/sin
+    tables are non-persistent buffers of shape `(max_seq_len, rotary_dim/2)`, kept in float32
+    whatever the model dtype. A pair is rotated as the complex number `x[2k] + i·x[2k+1]` times
+    `cos + i·sin`. `scaling` ("none", "linear", "llama3") rescales the frequencies; see
+    `inverse_frequencies`.
     """
 
     def __init__(
@@ -24,22 +38,43 @@ class RotaryPositionalEmbedding(PositionalEncodingBase):
         d_k: int,
         max_seq_len: int,
         device: torch.device | str | None = None,
+        *,
+        rotary_dim: int | None = None,
+        scaling: str = "none",
+        factor: float = 1.0,
+        low_freq_factor: float = 1.0,
+        high_freq_factor: float = 4.0,
+        original_context_length: int = 8192,
     ):
         super().__init__()
-        if d_k % 2:
+        if d_k % 2 and rotary_dim in (None, d_k):
             raise ValueError(f"RoPE rotates pairs of dimensions; d_k={d_k} is odd")
+        rotary_dim = d_k if rotary_dim is None else rotary_dim
+        if rotary_dim % 2 or not 0 < rotary_dim <= d_k:
+            raise ValueError(
+                f"RoPE rotates pairs of dimensions; rotary_dim={rotary_dim} must be even and "
+                f"within 2..d_k={d_k}"
+            )
         self.theta, self.d_k, self.max_seq_len = theta, d_k, max_seq_len
-        shape = (max_seq_len, d_k // 2)
+        self.rotary_dim = rotary_dim
+        shape = (max_seq_len, rotary_dim // 2)
         if device is not None and torch.device(device).type == "meta":
             # A meta build gets the tables' shapes only: nothing is computed or allocated, and
             # no operator runs (torch's first meta operator costs about a second of imports).
             cos, sin = (torch.empty(shape, dtype=torch.float32, device="meta") for _ in "cs")
         else:
             # Computed on the CPU and moved: the same numbers on every device.
-            k = torch.arange(0, d_k, 2, dtype=torch.float32)  # 2k
-            inv_freq = 1.0 / (theta ** (k / d_k))  # (d_k/2,)
+            inv_freq = inverse_frequencies(
+                theta,
+                rotary_dim,
+                scaling=scaling,
+                factor=factor,
+                low_freq_factor=low_freq_factor,
+                high_freq_factor=high_freq_factor,
+                original_context_length=original_context_length,
+            )  # (rotary_dim/2,)
             pos = torch.arange(max_seq_len, dtype=torch.float32)
-            angles = pos[:, None] * inv_freq[None, :]  # (max_seq_len, d_k/2)
+            angles = pos[:, None] * inv_freq[None, :]  # (max_seq_len, rotary_dim/2)
             cos, sin = torch.cos(angles).to(device), torch.sin(angles).to(device)
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
@@ -52,16 +87,21 @@ class RotaryPositionalEmbedding(PositionalEncodingBase):
 
     def rotation(self, token_positions: Int[Tensor, "B T"]) -> Rotation:
         # Gathered once per forward; every layer reuses them for q and k.
-        cos = self.cos[token_positions][:, None]  # (B, 1, T, d_k/2): broadcast over heads
+        cos = self.cos[token_positions][:, None]  # (B, 1, T, rotary_dim/2): broadcast over heads
         sin = self.sin[token_positions][:, None]
         return self._rotator(cos, sin)
 
-    @staticmethod
-    def _rotator(cos: Tensor, sin: Tensor) -> Rotation:
+    def _rotator(self, cos: Tensor, sin: Tensor) -> Rotation:
         if torch.compiler.is_compiling():  # the compiler fuses the real form into one loop
-            return lambda x: _rotate_real(x, cos, sin)
-        turns = torch.complex(cos, sin)  # the unit complex number each pair is multiplied by
-        return lambda x: _rotate(x, turns)
+            whole: Rotation = lambda x: _rotate_real(x, cos, sin)  # noqa: E731
+        else:
+            turns = torch.complex(cos, sin)  # the unit complex number each pair is multiplied by
+            whole = lambda x: _rotate(x, turns)  # noqa: E731
+        if self.rotary_dim == self.d_k:
+            return whole
+        rot = self.rotary_dim
+        # The rotated part and the rest, joined again; the rest passes through unchanged.
+        return lambda x: torch.cat((whole(x[..., :rot]), x[..., rot:]), dim=-1)
 
 
 def _rotate(x: Tensor, turns: Tensor) -> Tensor:
@@ -82,12 +122,182 @@ def _rotate_real(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return out.flatten(-2).to(x.dtype)  # re-interleave the pairs
 
 
-def _check(head_dim: int) -> None:
-    if head_dim % 2:
+SCALINGS: Final = ("none", "linear", "llama3")
+
+
+def inverse_frequencies(
+    theta: float,
+    dim: int,
+    *,
+    scaling: str = "none",
+    factor: float = 1.0,
+    low_freq_factor: float = 1.0,
+    high_freq_factor: float = 4.0,
+    original_context_length: int = 8192,
+) -> Tensor:
+    """`1 / theta^(2k/dim)` for k = 0 … dim/2-1, in float32, rescaled by `scaling`.
+
+    linear: every frequency divided by `factor`. llama3: a frequency whose wavelength `2π/f`
+    exceeds `original_context_length / low_freq_factor` is divided by `factor`; one whose
+    wavelength is below `original_context_length / high_freq_factor` is kept; in between it
+    is blended, `(1 - s) · f / factor + s · f` with
+    `s = (original_context_length / wavelength - low_freq_factor) / (high_freq_factor -
+    low_freq_factor)`. The operations are Hugging Face's, in their order, for the same float32
+    numbers.
+    """
+    k = torch.arange(0, dim, 2, dtype=torch.float32)  # 2k
+    inv_freq = 1.0 / (theta ** (k / dim))  # (dim/2,)
+    if scaling == "linear":
+        return inv_freq / factor
+    if scaling != "llama3":
+        return inv_freq
+    low_freq_wavelen = original_context_length / low_freq_factor
+    high_freq_wavelen = original_context_length / high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+    smooth = (original_context_length / wavelen - low_freq_factor) / (
+        high_freq_factor - low_freq_factor
+    )
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
+    return torch.where(medium, smoothed, scaled)
+
+
+def rotary_dim(head_dim: int, fraction: float) -> int:
+    """The rotated width: `int(head_dim · fraction)`, truncated as Hugging Face does."""
+    return int(head_dim * fraction)
+
+
+def _check(
+    head_dim: int,
+    fraction: float,
+    scaling: str,
+    factor: float,
+    low_freq_factor: float,
+    high_freq_factor: float,
+    original_context_length: int,
+) -> None:
+    if fraction > 1.0:
+        raise ValueError(
+            f"fraction={fraction} is the share of each head to rotate, at most 1.0 (all of it)"
+        )
+    rot = rotary_dim(head_dim, fraction)
+    if fraction == 1.0 and head_dim % 2:
         raise ValueError(
             f"RoPE rotates pairs of dimensions, but head_dim = d_model / num_heads = {head_dim} "
             "is odd; pick d_model and num_heads with an even quotient, or use pos=nope"
         )
+    if rot % 2 or rot < 2:
+        raise ValueError(
+            f"RoPE rotates pairs of dimensions, but int(head_dim · fraction) = "
+            f"int({head_dim} · {fraction}) = {rot} is {'odd' if rot % 2 else 'less than 2'}; "
+            "pick a fraction whose rotated width is even, or use pos=nope"
+        )
+    given = {
+        "factor": (factor, 1.0),
+        "low_freq_factor": (low_freq_factor, 1.0),
+        "high_freq_factor": (high_freq_factor, 4.0),
+        "original_context_length": (original_context_length, 8192),
+    }
+    used = {"none": (), "linear": ("factor",), "llama3": tuple(given)}[scaling]
+    for name, (value, default) in given.items():
+        if name not in used and value != default:
+            needs = "scaling=linear or scaling=llama3" if name == "factor" else "scaling=llama3"
+            raise ValueError(
+                f"{name}={value} has no effect with scaling={scaling}; it applies with {needs} "
+                f"(or drop {name})"
+            )
+    if scaling == "llama3" and not high_freq_factor > low_freq_factor:
+        raise ValueError(
+            f"scaling=llama3 blends between low_freq_factor and high_freq_factor, so "
+            f"high_freq_factor={high_freq_factor} must exceed low_freq_factor={low_freq_factor}"
+        )
+
+
+def _build(
+    theta: float,
+    head_dim: int,
+    context_length: int,
+    fraction: float,
+    scaling: str,
+    factor: float,
+    low_freq_factor: float,
+    high_freq_factor: float,
+    original_context_length: int,
+    device: torch.device | str | None = None,
+) -> RotaryPositionalEmbedding:
+    return RotaryPositionalEmbedding(
+        theta,
+        head_dim,
+        context_length,
+        device=device,
+        rotary_dim=rotary_dim(head_dim, fraction),
+        scaling=scaling,
+        factor=factor,
+        low_freq_factor=low_freq_factor,
+        high_freq_factor=high_freq_factor,
+        original_context_length=original_context_length,
+    )
+
+
+ARGS: Final = (
+    Arg("theta", float, 10000.0, "base of the rotation frequencies", gt=0.0),
+    Arg(
+        "fraction",
+        float,
+        1.0,
+        "share of each head rotated: the first int(head_dim · fraction) dimensions",
+        gt=0.0,
+        written="changed",
+    ),
+    Arg(
+        "scaling",
+        str,
+        "none",
+        "frequency scaling: none, linear (all / factor) or llama3 (Llama 3.1's)",
+        choices=SCALINGS,
+        written="changed",
+    ),
+    Arg(
+        "factor",
+        float,
+        1.0,
+        "linear and llama3: how much longer the context gets",
+        gt=0.0,
+        written="changed",
+    ),
+    Arg(
+        "low_freq_factor",
+        float,
+        1.0,
+        "llama3: wavelengths above original / this are scaled",
+        gt=0.0,
+        written="changed",
+    ),
+    Arg(
+        "high_freq_factor",
+        float,
+        4.0,
+        "llama3: wavelengths below original / this are kept",
+        gt=0.0,
+        written="changed",
+    ),
+    Arg(
+        "original_context_length",
+        int,
+        8192,
+        "llama3: the context length the model was trained at",
+        ge=1,
+        written="changed",
+    ),
+)
+
+
+def _activations(seq_len: int, head_dim: int, fraction: float) -> int:
+    """cos + i·sin gathered at the positions, (1, T, rotary_dim / 2) complex64, gathered once
+    per forward and kept by the rotation of q and k in every layer. A partial rotation also
+    keeps nothing more: the concatenation saves no tensor."""
+    return 4 * seq_len * rotary_dim(head_dim, fraction)
 
 
 @hookimpl
@@ -96,16 +306,14 @@ def lmcore_components() -> list[Component]:
         Component(
             kind="pos",
             name="rope",
-            build=lambda theta, head_dim, context_length, device=None: RotaryPositionalEmbedding(
-                theta, head_dim, context_length, device=device
-            ),
-            args=(Arg("theta", float, 10000.0, "base of the rotation frequencies", gt=0.0),),
+            build=_build,
+            args=ARGS,
             help="rotary embeddings on q and k, interleaved pairs",
-            # cos + i·sin gathered at the positions, (1, T, head_dim / 2) complex64, gathered
-            # once per forward and kept by the rotation of q and k in every layer.
-            activations=lambda seq_len, head_dim: 4 * seq_len * head_dim,
-            # cos and sin, (context_length, head_dim / 2) float32 each, whatever the dtype.
-            buffers=lambda context_length, head_dim: 8 * context_length * (head_dim // 2),
+            activations=_activations,
+            # cos and sin, (context_length, rotary_dim / 2) float32 each, whatever the dtype.
+            buffers=lambda context_length, head_dim, fraction: (
+                8 * context_length * (rotary_dim(head_dim, fraction) // 2)
+            ),
             features=frozenset({"rotary", "relative", "compile"}),
             validate=_check,
         )

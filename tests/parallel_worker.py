@@ -5,8 +5,8 @@
 
 `runs`: in one process group, the 2-rank runs the tests compare with one-process runs: ddp and
 fsdp (tied embeddings) for 4 steps, fsdp stopped after 2 steps and resumed to 4, fsdp with
-bf16 mixed precision, the logits of the sharded model after training, and the tensor-parallel
-forward and backward of a model. `fail`: a ddp run whose rank 1 raises in its third step.
+bf16 mixed precision, the logits of the sharded model after training, ddp and fsdp of a model
+with today's options, and the tensor-parallel forward and backward of two models. `fail`: a ddp run whose rank 1 raises in its third step.
 """
 
 from __future__ import annotations
@@ -26,6 +26,15 @@ from lmcore.train.trainer import _Loop, resume, train
 
 SPEC = "vocab_size=300, context_length=16, d_model=32, num_layers=2, num_heads=2"
 TIED = SPEC + ", tie_embeddings=true"
+# Today's architectures: another block, biases, q/k norms, a window on one layer, soft-capping,
+# a per-layer ffn (ddp and fsdp); and what tensor parallelism splits of them (biases, a
+# sandwich block, a head_dim of its own, a window on one layer, soft-capping).
+OPTIONS = (
+    SPEC + ", block=parallel(norms=2), qkv_bias=true, out_bias=true, qk_norm=rmsnorm, "
+    "qk_norm_scope=full, window[0]=4, attn_softcap=20.0, logit_softcap=10.0, ffn[1]=geglu"
+)
+TP_OPTIONS = (SPEC + ", block=sandwich, qkv_bias=true, out_bias=true, window[1]=3, "
+              "attn_softcap=20.0, head_dim=8")  # fmt: skip
 CONFIG = TrainConfig(steps=4, batch_size=8, eval_batches=2, eval_every=2, log_every=1,
                      save_every=2, keep=0, device="cpu", lr=3e-3, warmup=1)  # fmt: skip
 
@@ -64,26 +73,30 @@ def runs(data: Path, out: Path) -> None:
     bf16 = Distributed("fsdp", mixed_precision="bfloat16")
     train(TIED, data, out / "bf16", CONFIG, parallel=bf16, echo=None)
 
-    tensor_parallel(out)
+    train(OPTIONS, data, out / "options-ddp", CONFIG, parallel=Distributed("ddp"), echo=None)
+    train(OPTIONS, data, out / "options-fsdp", CONFIG, parallel=Distributed("fsdp"), echo=None)
+
+    tensor_parallel(out, SPEC, "tp")
+    tensor_parallel(out, TP_OPTIONS, "tp-options")
 
 
-def tensor_parallel(out: Path) -> None:
+def tensor_parallel(out: Path, spec: str, name: str) -> None:
     from torch.distributed.device_mesh import init_device_mesh
 
     torch.manual_seed(0)
-    model = TransformerLM(SPEC)
+    model = TransformerLM(spec)
     apply_tensor_parallel(model, init_device_mesh("cpu", (2,)))
     x = probe()
     logits = model(x)
     cross_entropy(logits, torch.roll(x, -1, dims=1)).backward()
     tensors = {"logits": logits.detach().contiguous()}
-    for name, p in model.named_parameters():
+    for param, p in model.named_parameters():
         assert p.grad is not None
         grad = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
-        tensors[f"grad.{name}"] = grad.contiguous()
-        tensors[f"local.{name}"] = (p.to_local() if hasattr(p, "to_local") else p).detach()
+        tensors[f"grad.{param}"] = grad.contiguous()
+        tensors[f"local.{param}"] = (p.to_local() if hasattr(p, "to_local") else p).detach()
     if torch.distributed.get_rank() == 0:
-        save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / "tp.safetensors"))
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / f"{name}.safetensors"))
 
 
 def fail(data: Path, out: Path, par: Any) -> None:

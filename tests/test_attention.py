@@ -182,8 +182,10 @@ def test_flops_are_counted_over_the_whole_score_matrix_as_torch_counts_its_own(m
 def test_the_plan_covers_every_score_a_query_may_see_once(key_block, sq, sk, causal) -> None:
     plan = Plan(3, 4, 2, sq, sk, 8, causal, key_block)
     seen = torch.zeros(3, sq, sk, dtype=torch.int64)
-    for (b0, b1), (i0, i1, kend) in itertools.product(plan.batch_blocks(), plan.query_blocks()):
-        for j0, j1 in plan.key_blocks(kend):
+    for (b0, b1), (i0, i1, kbeg, kend) in itertools.product(
+        plan.batch_blocks(), plan.query_blocks()
+    ):
+        for j0, j1 in plan.key_blocks(kbeg, kend):
             seen[b0:b1, i0:i1, j0:j1] += 1
     allowed = torch.ones(sq, sk, dtype=torch.bool).tril(sk - sq) if causal else True
     assert bool((seen[:, allowed] == 1).all())  # every allowed score exactly once
@@ -304,3 +306,97 @@ def test_inference_gives_what_training_computes(mode) -> None:
             inferred = tiled_attention(q, k, v, causal=True, key_block=MODES[mode])
         assert inferred.grad_fn is None
         torch.testing.assert_close(inferred, trained.detach(), rtol=1e-6, atol=1e-6)
+
+
+# ------------------------------------------------- the query scale, soft-capping, the window
+
+
+def formula_with(q, k, v, causal, scale=None, softcap=None, window=None, bias=None):
+    """Gemma 2's eager attention (scores times the scale, then cap·tanh(s / cap)), with
+    transformers' sliding window (key j visible from the query at position p iff j > p - w),
+    in float64 and written out."""
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    scores = q @ k.transpose(-1, -2) * (scale if scale is not None else q.shape[-1] ** -0.5)
+    if softcap:
+        scores = torch.tanh(scores / softcap) * softcap
+    if bias is not None:
+        scores = scores + bias
+    sq, sk = scores.shape[-2:]
+    position = torch.arange(sq)[:, None] + sk - sq
+    allowed = torch.ones(sq, sk, dtype=torch.bool)
+    if causal:
+        allowed &= torch.arange(sk)[None, :] <= position
+    if window:
+        allowed &= torch.arange(sk)[None, :] > position - window
+    return torch.softmax(scores.masked_fill(~allowed, -math.inf), -1).nan_to_num(0.0) @ v
+
+
+OPTIONS = {
+    "scale 0.7": {"scale": 0.7},
+    "softcap 2": {"softcap": 2.0},
+    "window 1": {"window": 1},
+    "window 3": {"window": 3},
+    "window 6, softcap 1.5, scale 0.2": {"window": 6, "softcap": 1.5, "scale": 0.2},
+}
+
+
+@pytest.mark.usefixtures("small_tiles")
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("shape", SHAPES[:3], ids=str)
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("option", OPTIONS)
+def test_the_options_match_their_formula_forward_and_backward(mode, shape, causal, option) -> None:
+    b, h, hkv, sq, sk = shape
+    q, k, v = inputs(b, h, hkv, sq, sk)
+    q2 = (3 * q.detach()).requires_grad_()  # scores large enough for the cap to bite
+    bias = torch.randn(h, sq, sk, dtype=torch.float64, requires_grad=True)
+    kw = OPTIONS[option]
+    out = tiled_attention(q2, k, v, causal=causal, key_block=MODES[mode], bias=bias, **kw)
+    expected = formula_with(q2, k, v, causal, bias=bias, **kw)
+    torch.testing.assert_close(out, expected)
+    grad = torch.randn_like(out)
+    got = torch.autograd.grad(out, (q2, k, v, bias), grad)
+    want = torch.autograd.grad(expected, (q2, k, v, bias), grad)
+    for name, a, e in zip(("q", "k", "v", "bias"), got, want, strict=True):
+        torch.testing.assert_close(a, e, msg=lambda m, name=name: f"d{name}: {m}")
+
+
+@pytest.mark.usefixtures("small_tiles")
+@pytest.mark.parametrize("option", OPTIONS)
+def test_the_options_without_a_gradient_match_their_formula(option) -> None:
+    """Inference streams its keys, and a one-tile call (a decoding step) takes a short path."""
+    for b, h, hkv, sq, sk in (*SHAPES, (1, 2, 1, 1, 3)):
+        q, k, v = (t.detach() for t in inputs(b, h, hkv, sq, sk))
+        for causal in (True, False):
+            out = tiled_attention(q, k, v, causal=causal, **OPTIONS[option])
+            torch.testing.assert_close(out, formula_with(q, k, v, causal, **OPTIONS[option]))
+
+
+def test_the_defaults_are_exactly_the_call_without_options() -> None:
+    q, k, v = inputs(2, 4, 2, 9, 9, dtype=torch.float32)
+    for key_block in (None, 3):
+        plain = tiled_attention(q, k, v, causal=True, key_block=key_block)
+        written = tiled_attention(
+            q, k, v, causal=True, key_block=key_block, scale=1 / math.sqrt(8), softcap=0.0,
+            window=0,
+        )  # fmt: skip
+        assert torch.equal(plain, written)
+
+
+@pytest.mark.usefixtures("small_tiles")
+@pytest.mark.parametrize(("sq", "sk"), [(9, 9), (4, 9), (13, 13), (1, 7)])
+@pytest.mark.parametrize("window", [1, 2, 3, 5, 20])
+def test_a_window_keeps_only_the_weights_inside_it_and_counts_them(sq, sk, window) -> None:
+    plan = Plan(3, 4, 2, sq, sk, 8, True, 0, window)
+    seen = torch.zeros(3, sq, sk, dtype=torch.int64)
+    for (b0, b1), (i0, i1, kbeg, kend) in itertools.product(
+        plan.batch_blocks(), plan.query_blocks()
+    ):
+        for j0, j1 in plan.key_blocks(kbeg, kend):
+            seen[b0:b1, i0:i1, j0:j1] += 1
+    position = torch.arange(sq)[:, None] + sk - sq
+    allowed = (torch.arange(sk)[None, :] <= position) & (torch.arange(sk) > position - window)
+    assert bool((seen[:, allowed] == 1).all())  # every score in the window, once
+    assert kept_elements(plan) == plan.heads * int(seen.sum())
+    assert kept_elements(plan) == sum(a * b * c for a, b, c in plan.kept_shapes())

@@ -79,7 +79,9 @@ def test_the_kits_model_checks_resolve_each_model_once(resolutions: list[str]) -
     from lmcore.testing import cases
 
     (case,) = [
-        c for c in cases(Registry(), components=["rmsnorm"]) if c.check.name == "activations"
+        c
+        for c in cases(Registry(), components=["rmsnorm"])
+        if c.check.name == "activations" and not c.target.overrides
     ]
     case.run()
     # Two shapes × two dtypes × two batch shapes, each model resolved once.
@@ -114,7 +116,7 @@ def test_a_kernel_without_gqa_is_built_and_counted_for_num_heads() -> None:
     with scoped_registry() as reg:
         reg.add(kernel)
         bp = resolve("cs336-tiny, num_kv_heads=1, attn=plain")
-        assert bp.kwargs("attn") == {"num_heads": 4, "num_kv_heads": 4, "head_dim": 16}
+        assert bp.kwargs("attn") == {"num_heads": 4, "num_kv_heads": 4, "head_dim": 16, "window": 0}
         assert resolve("cs336-tiny, num_kv_heads=1").kwargs("attn")["num_kv_heads"] == 1
         build_model(bp, device="meta")
         account(bp)
@@ -143,7 +145,8 @@ def test_spec_module_is_grammar_only() -> None:
         if isinstance(node, ast.ImportFrom) and node.module
     }
     assert "lmcore.registry" not in imported and "lmcore.blueprint" not in imported
-    assert len(source.splitlines()) < 400
+    # The grammar of keys, nested components and layer selections, and the canonical form.
+    assert len(source.splitlines()) < 800
 
 
 def test_resolve_rejects_what_is_not_a_spec() -> None:

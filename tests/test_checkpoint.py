@@ -79,18 +79,21 @@ ROUND_TRIPS = [
     *(f"{SMALL}, ffn={n}" for n in builtins("ffn")),
     *(f"{SMALL}, pos={n}" for n in builtins("pos")),
     *(f"{SMALL}, attn={n}" for n in builtins("attn")),
+    *(f"{SMALL}, block={n}" for n in builtins("block")),
     f"{SMALL}, norm=layernorm(bias=false, eps=1e-6), attn=chunked(block_size=4)",
     f"{SMALL}, block=postnorm",
     f"{SMALL}, num_kv_heads=2",
     f"{SMALL}, tie_embeddings=true",
     "cs336-tiny",
+    f"{SMALL}, block=parallel(norms=2), qkv_bias=true, out_bias=true, qk_norm=rmsnorm, "
+    "window[0]=3, attn_softcap=20.0, logit_softcap=5.0, embed_scale=2.0, ffn[1]=silu",
 ]
 
 
 def test_every_builtin_component_is_covered() -> None:
-    kinds = {spec.split(", ")[-1].split("=")[0] for spec in ROUND_TRIPS[:-5]}
-    assert kinds == {"norm", "ffn", "pos", "attn"}
-    assert len(ROUND_TRIPS) - 5 == sum(len(builtins(k)) for k in kinds) == 15
+    kinds = {spec.split(", ")[-1].split("=")[0] for spec in ROUND_TRIPS[:-6]}
+    assert kinds == {"norm", "ffn", "pos", "attn", "block"}
+    assert len(ROUND_TRIPS) - 6 == sum(len(builtins(k)) for k in kinds) == 21
 
 
 @pytest.mark.parametrize("spec", ROUND_TRIPS)
@@ -125,7 +128,7 @@ def test_the_metadata_holds_spec_provenance_versions_and_dtype(tmp_path: Path) -
         "plugin": "nope",
         "module": "lmcore_nope",
     }
-    assert set(components) == {"norm", "ffn", "pos", "attn"}
+    assert set(components) == {"norm", "ffn", "pos", "attn", "block"}
     assert "lmcore.tied" not in meta  # nothing shared
 
     info = read_info(path)
@@ -445,7 +448,8 @@ def test_an_lmcore_upgrade_is_one_sentence_for_all_its_components(saved: Path) -
         lmcore.load(saved)
     [warning] = caught
     assert str(warning.message) == (
-        f"{saved}: norm 'rmsnorm', ffn 'swiglu', pos 'rope' and attn 'sdpa' were saved with "
+        f"{saved}: norm 'rmsnorm', ffn 'swiglu', pos 'rope', attn 'sdpa' and block 'prenorm' were "
+        "saved with "
         f"lmcore-registry 0.0.9, and lmcore-registry {lmcore.__version__} is installed. Loading "
         "it anyway; if its tensors no longer fit, or to reproduce it exactly, pip install "
         "lmcore-registry==0.0.9"
@@ -702,3 +706,37 @@ def test_the_readme_saving_and_loading_example_runs(tmp_path: Path, monkeypatch)
     [block] = re.findall(r"```python\n(.*?)```", section, flags=re.S)
     exec(compile(block, "docs/checkpoints.md", "exec"), {})
     assert read_info(tmp_path / "copy.safetensors").metadata == {"note": "strings only"}
+
+
+def test_a_checkpoint_from_before_the_block_kind_still_loads(tmp_path: Path) -> None:
+    """Saved when the components table had norm, ffn, pos and attn only: `block=prenorm` in its
+    spec resolves to whatever provides the block now, and the weights load as they were."""
+    model = perturbed(SMALL)
+    path = model.save(tmp_path / "m.safetensors")
+
+    def older(meta: dict[str, str]) -> dict[str, str]:
+        table = json.loads(meta["lmcore.components"])
+        del table["block"]
+        return {**meta, "lmcore.components": json.dumps(table, sort_keys=True)}
+
+    rewrite(path, metadata=older)
+    info = lmcore.read_info(path)
+    assert set(info.components) == {"norm", "ffn", "pos", "attn"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        loaded = lmcore.load(path)
+    assert loaded.blueprint.parts["block"].name == "prenorm"
+    assert torch.equal(loaded(ids()), model(ids()))
+
+
+def test_every_component_a_model_uses_is_in_the_provenance(tmp_path: Path) -> None:
+    model = perturbed(f"{SMALL}, qk_norm=layernorm, ffn[1]=silu, block[0]=sandwich")
+    path = model.save(tmp_path / "m.safetensors")
+    components = lmcore.read_info(path).components
+    assert {(c.kind, c.name) for c in components.values()} >= {
+        ("norm", "rmsnorm"), ("norm", "layernorm"), ("ffn", "swiglu"), ("ffn", "silu"),
+        ("block", "prenorm"), ("block", "sandwich"), ("pos", "rope"), ("attn", "sdpa"),
+    }  # fmt: skip
+    assert components["ffn silu"].dist == "lmcore-registry"
+    with pytest.raises(CheckpointError, match=r"needs ffn 'silu'.*pip install lmcore-registry=="):
+        lmcore.load(path, registry=Registry(disabled=["silu"]))

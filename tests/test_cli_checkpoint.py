@@ -70,16 +70,17 @@ def test_describe_shows_the_embedded_spec_and_provenance(
         f"written by lmcore {lmcore.__version__} with torch {torch.__version__})"
     )
     version = lmcore.__version__
-    assert lines[1:6] == [
-        f"  norm  rmsnorm  lmcore-registry {version} (entry point 'rmsnorm', module lmcore_rmsnorm)",
-        f"  ffn   swiglu   lmcore-registry {version} (entry point 'swiglu', module lmcore_ffn:swiglu)",
-        f"  pos   nope     lmcore-registry {version} (entry point 'nope', module lmcore_nope)",
-        f"  attn  sdpa     lmcore-registry {version} (entry point 'sdpa', module lmcore_sdpa)",
+    assert lines[1:7] == [
+        f"  norm   rmsnorm  lmcore-registry {version} (entry point 'rmsnorm', module lmcore_rmsnorm)",
+        f"  ffn    swiglu   lmcore-registry {version} (entry point 'swiglu', module lmcore_ffn:swiglu)",
+        f"  pos    nope     lmcore-registry {version} (entry point 'nope', module lmcore_nope)",
+        f"  attn   sdpa     lmcore-registry {version} (entry point 'sdpa', module lmcore_sdpa)",
+        f"  block  prenorm  lmcore-registry {version} (entry point 'prenorm', module lmcore_blocks:prenorm)",
         "  checksums: crc32 of each of the 30 tensors, verified on load",
     ]
-    assert lines[6] == ""
-    assert lines[7] == f"spec: {parse_spec(SPEC)}"
-    assert lines[8] == "input: batch 1 × seq 16 tokens, float32"
+    assert lines[7] == ""
+    assert lines[8] == f"spec: {parse_spec(SPEC)}"
+    assert lines[9] == "input: batch 1 × seq 16 tokens, float32"
     assert "total" in "\n".join(lines)
 
 

@@ -79,9 +79,15 @@ def test_gpt2_xl_reports_cs336s_parameter_and_flop_counts(
 def test_json_shape(capsys: pytest.CaptureFixture[str]) -> None:
     found = describe_json(capsys, "cs336-tiny", "--batch", "2", "--seq", "8", "--dtype", "bfloat16")
     assert set(found) == {
-        "spec", "batch", "seq_len", "dtype", "rows", "per_layer", "total", "flops_by_part", "memory",
-        "activations_by_part", "mismatches",
+        "spec", "batch", "seq_len", "dtype", "rows", "per_layer", "layers", "total", "flops_by_part",
+        "memory", "activations_by_part", "mismatches",
     }  # fmt: skip
+    [every] = found["layers"]  # every layer alike: one kind, written *
+    assert (every["layers"], every["count"], every["values"]) == ("*", 3, {})
+    assert (every["params"], every["flops"]) == (
+        found["per_layer"]["params"],
+        found["per_layer"]["flops"],
+    )
     assert (found["batch"], found["seq_len"], found["dtype"]) == (2, 8, "bfloat16")
     assert [r["name"] for r in found["rows"]] == ROWS
     assert set(found["rows"][0]) == {
@@ -89,7 +95,9 @@ def test_json_shape(capsys: pytest.CaptureFixture[str]) -> None:
         "flops_each", "flops", "flops_share", "activations_declared",
     }  # fmt: skip
     layer = 8 * 8 * 64**2 + 4 * 8**2 * 64 + 6 * 8 * 64 * 128  # S=8, d=64, d_ff=128
-    assert found["total"] == {"params": 1_403_328, "flops": 2 * (3 * layer + 2 * 8 * 64 * 10_000)}
+    flops = 2 * (3 * layer + 2 * 8 * 64 * 10_000)
+    assert found["total"] == {"params": 1_403_328, "active_params": 1_403_328, "flops": flops,
+                              "flops_per_token": flops / 16}  # fmt: skip
     assert sum(r["params"] for r in found["rows"]) == found["total"]["params"]
     assert sum(r["flops_share"] for r in found["rows"]) == pytest.approx(1.0)
     assert list(found["flops_by_part"]) == [
@@ -189,7 +197,9 @@ def test_console_script_describes_gpt2_xl() -> None:
         [script, "describe", "gpt2-xl", "--json"], capture_output=True, text=True, check=True
     )
     found = json.loads(out.stdout)
-    assert found["total"] == {"params": 2_127_057_600, "flops": 4_513_336_524_800}
+    assert found["total"] == {"params": 2_127_057_600, "active_params": 2_127_057_600,
+                              "flops": 4_513_336_524_800,
+                              "flops_per_token": 4_513_336_524_800 / 1024}  # fmt: skip
 
 
 def test_activations_text_says_where_they_come_from(capsys: pytest.CaptureFixture[str]) -> None:

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import TINY_SPEC, tiny_corpus
 
 import lmcore
@@ -239,3 +240,29 @@ def test_quickstart_trains_on_one_thread_on_a_busy_machine(monkeypatch: pytest.M
         ]
     finally:
         torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        "block=sandwich, window[0]=4, attn_softcap=20.0, logit_softcap=15.0, embed_scale=4.0",
+        "block=parallel(norms=2), qkv_bias=true, out_bias=true, qk_norm=rmsnorm, "
+        "qk_norm_scope=full, ffn[1]=geglu",
+    ],
+)
+def test_train_takes_todays_options_and_the_run_generates_and_loads(
+    options: str, tiny_data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = tmp_path / "run"
+    spec = f"{TINY_SPEC}, {options}"
+    argv = ["train", spec, "--data", str(tiny_data), "--out", str(run), "--steps", "6",
+            "--eval-every", "3", "--log-every", "1", "--lr", "3e-3", *FAST]  # fmt: skip
+    assert main(argv) == 0
+    assert f"spec: {lmcore.parse_spec(spec)}" in capsys.readouterr().out
+    losses = [r["loss"] for r in read_metrics(run) if r["kind"] == "train"]
+    assert len(losses) == 6 and all(loss == loss for loss in losses)  # finite, no NaN
+    model = lmcore.load(run)
+    assert model.spec == lmcore.parse_spec(spec)
+    prompt = torch.tensor([[1, 2, 3]])
+    assert torch.equal(model.generate(prompt, 5, temperature=0.0),
+                       model.generate(prompt, 5, temperature=0.0, cache=False))  # fmt: skip

@@ -36,6 +36,7 @@ FLOORS: dict[str, int] = {
     "lmcore.hookspecs": 1,
     "lmcore.registry": 2,
     "lmcore.blueprint": 2,
+    "lmcore.parts": 2,
     "lmcore.data": 3,
     "lmcore.model": 3,
     "lmcore.describe": 4,

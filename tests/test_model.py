@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 from lmcore import ModelInputError, TransformerLM, build_model, parse_spec
 from lmcore.errors import BuildOptionError, ModelTooLargeError, StateDictError
+from lmcore.interfaces import LayerContext
 
 
 def cs336_state_dict_shapes(
@@ -205,9 +206,9 @@ def test_postnorm_block_order() -> None:
     model = build_model("cs336-tiny, block=postnorm")
     block = model.layers[0]
     x = torch.randn(1, 4, 64)
-    rotation = model.pos.rotation(torch.arange(4)[None])
-    y = block.ln1(x + block.attn(x, rotation))
-    torch.testing.assert_close(block(x, rotation), block.ln2(y + block.ffn(y)))
+    context = LayerContext(model.pos.rotation(torch.arange(4)[None]))
+    y = block.ln1(x + block.attn(x, context))
+    torch.testing.assert_close(block(x, context), block.ln2(y + block.ffn(y)))
 
 
 # ------------------------------------------------------------------ bad input

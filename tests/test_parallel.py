@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
-from parallel_worker import CONFIG, SPEC, TIED, probe
+from parallel_worker import CONFIG, OPTIONS, SPEC, TIED, TP_OPTIONS, probe
 from safetensors.torch import load_file
 
 import lmcore
@@ -77,6 +77,7 @@ def one_rank(tiny_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
     try:
         train(SPEC, tiny_data, out / "untied", CONFIG, echo=None)
         train(TIED, tiny_data, out / "tied", CONFIG, echo=None)
+        train(OPTIONS, tiny_data, out / "options", CONFIG, echo=None)
     finally:
         torch.set_num_threads(threads)
     yield out
@@ -188,12 +189,20 @@ def test_fsdp_mixed_precision_trains_near_float32(two_ranks: Path) -> None:
     assert lmcore.read_info(ckpt.model).dtype == "float32"  # the sharded weights stay float32
 
 
-def test_tensor_parallel_matches_one_process(two_ranks: Path) -> None:
+def test_ddp_and_fsdp_of_todays_options_match_one_process(two_ranks: Path, one_rank: Path) -> None:
+    assert_close_runs(two_ranks / "options-ddp", one_rank / "options")
+    assert_close_runs(two_ranks / "options-fsdp", one_rank / "options")
+    ckpt = latest_checkpoint(two_ranks / "options-fsdp")
+    assert ckpt is not None and lmcore.load(ckpt.model).spec == lmcore.parse_spec(OPTIONS)
+
+
+@pytest.mark.parametrize(("spec", "name"), [(SPEC, "tp"), (TP_OPTIONS, "tp-options")])
+def test_tensor_parallel_matches_one_process(two_ranks: Path, spec: str, name: str) -> None:
     from lmcore.model.nn import cross_entropy
 
-    got = load_file(str(two_ranks / "tp.safetensors"))
+    got = load_file(str(two_ranks / f"{name}.safetensors"))
     torch.manual_seed(0)
-    model = TransformerLM(SPEC)
+    model = TransformerLM(spec)
     x = probe()
     logits = model(x)
     cross_entropy(logits, torch.roll(x, -1, dims=1)).backward()
@@ -361,3 +370,19 @@ def test_memory_per_rank_for_gpt2_xl_on_eight_ranks() -> None:
     assert ddp["total"] == 16 * params + mem.buffers
     with pytest.raises(ParallelError, match=r"mode 'tp': use one of ddp, fsdp"):
         memory_per_rank(mem, "tp", 8)
+
+
+def test_tensor_parallel_refuses_qk_norms_and_per_layer_attention_biases() -> None:
+    from lmcore.train.parallel import apply_tensor_parallel
+
+    class Mesh:
+        def size(self) -> int:
+            return 2
+
+    for spec, message in (
+        (f"{SPEC}, qk_norm[1]=rmsnorm, qk_norm_scope[1]=full",
+         r"qk_norm=rmsnorm\(eps=1e-05\): tensor parallelism splits the heads across ranks"),
+        (f"{SPEC}, pos[1]=alibi", r"adds an attention bias across the heads"),
+    ):  # fmt: skip
+        with pytest.raises(ParallelError, match=message):
+            apply_tensor_parallel(TransformerLM(spec), Mesh())  # type: ignore[arg-type]

@@ -190,7 +190,7 @@ def test_an_unknown_name_mentions_failed_plugins(make_dist, registry: Registry) 
             def lmcore_components():
                 return [Component(kind="nrom", name="x", build=Module)]
             """,
-            r"component 'x' has kind 'nrom'; kinds are attn, ffn, norm, pos \(did you mean 'norm'\?\)",
+            r"component 'x' has kind 'nrom'; kinds are attn, block, ffn, norm, pos \(did you mean 'norm'\?\)",
         ),
         (
             """
@@ -543,8 +543,10 @@ def test_plugins_table_lists_kind_name_dist_version_status_args(
     assert out[0].split() == ["KIND", "NAME", "DIST", "VERSION", "STATUS", "ARGS", "/", "REASON"]
     rows = {tuple(line.split()[:5]): line for line in out[1:]}
     version = md.version("lmcore-registry")
-    assert rows["norm", "rmsnorm", "lmcore-registry", version, "ok"].endswith("eps: float = 1e-05")
-    assert rows["pos", "rope", "lmcore-registry", version, "ok"].endswith("theta: float = 10000.0")
+    rmsnorm = rows["norm", "rmsnorm", "lmcore-registry", version, "ok"]
+    assert rmsnorm.endswith("eps: float = 1e-05, zero_centered: bool = false")
+    rope = rows["pos", "rope", "lmcore-registry", version, "ok"]
+    assert "ok      theta: float = 10000.0, fraction: float = 1.0, scaling: str = none" in rope
     assert ("preset", "tinystories", "lmcore-registry", version, "ok") in rows
     failed = rows["-", "flash", "lmcore-flash", "0.3", "failed"]
     assert "importing 'flash_broken4' raised ImportError: flash kernels need triton" in failed
@@ -560,15 +562,18 @@ def test_plugins_json_and_kind_filter(registry: Registry, capsys) -> None:
         and rope["plugin"] == "rope"
         and rope["module"] == "lmcore_rope"
     )
-    assert rope["args"] == [
-        {
-            "name": "theta",
-            "type": "float",
-            "default": 10000.0,
-            "required": False,
-            "help": "base of the rotation frequencies",
-        }
-    ]
+    assert rope["args"][0] == {
+        "name": "theta",
+        "type": "float",
+        "default": 10000.0,
+        "required": False,
+        "help": "base of the rotation frequencies",
+    }
+    assert [(a["name"], a["type"], a["default"]) for a in rope["args"][1:]] == [
+        ("fraction", "float", 1.0), ("scaling", "str", "none"), ("factor", "float", 1.0),
+        ("low_freq_factor", "float", 1.0), ("high_freq_factor", "float", 4.0),
+        ("original_context_length", "int", 8192),
+    ]  # fmt: skip
 
 
 def test_shadowed_rows_say_how_to_choose(make_dist, registry: Registry, capsys) -> None:

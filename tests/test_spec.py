@@ -25,7 +25,7 @@ def test_preset_expands_to_the_canonical_string() -> None:
     assert str(spec) == TINY
     assert spec == ModelSpec(
         vocab_size=10000, context_length=16, d_model=64, num_layers=3, num_heads=4,
-        num_kv_heads=4, d_ff=128, block="prenorm", tie_embeddings=False,
+        num_kv_heads=4, d_ff=128, block=ComponentSpec("prenorm"), tie_embeddings=False,
         norm=ComponentSpec("rmsnorm", (("eps", 1e-5),)), ffn=ComponentSpec("swiglu"),
         pos=ComponentSpec("rope", (("theta", 10000.0),)), attn=ComponentSpec("sdpa"),
     )  # fmt: skip
@@ -163,7 +163,7 @@ def test_without_a_preset_the_ffns_default_width_applies() -> None:
         ("tinystories, num_kv_heads=3", r"num_kv_heads=3 must divide num_heads=16", "^"),
         (
             "tinystories, block=postnrom",
-            r"block must be one of postnorm, prenorm, got 'postnrom' \(did you mean 'postnorm'\?\)",
+            r"no installed plugin provides block 'postnrom' \(did you mean 'postnorm'\?\); available block: .*parallel, postnorm, prenorm",
             "^^^^^^^^",
         ),
         (
@@ -179,8 +179,8 @@ def test_without_a_preset_the_ffns_default_width_applies() -> None:
         ),
         (
             "tinystories, pos=rope(theta=x(y=1))",
-            r"argument values are plain values, not components",
-            "^",
+            r"argument 'theta' of pos 'rope' expects float, got a component",
+            "^^^^^^^^^^^^",
         ),
         ("tinystories; d_model=1", r"unexpected character ';'", "^"),
         ('tinystories, norm=rmsnorm(eps="1)', r"unterminated string: add the closing \"", "^^^"),
@@ -273,6 +273,19 @@ def _int_text(n: int) -> st.SearchStrategy[str]:
     return st.sampled_from([plain, grouped])
 
 
+NEW_KEYS = {
+    "qkv_bias": ["true", "false"],
+    "out_bias": ["true", "false"],
+    "qk_norm": ["none", "rmsnorm", "rmsnorm(eps=1e-6)", "layernorm(bias=false)"],
+    "window": ["0", "3", "64"],
+    "attn_softcap": ["0.0", "50.0", "20"],
+    "logit_softcap": ["0.0", "30.0"],
+    "embed_scale": ["1.0", "8.0"],
+    "window[0]": ["2", "0"],
+    "ffn[-1]": ["silu", "swiglu"],
+}
+
+
 @st.composite
 def valid_specs(draw: st.DrawFn) -> str:
     items: list[str] = []
@@ -296,7 +309,12 @@ def valid_specs(draw: st.DrawFn) -> str:
     if draw(st.booleans()):
         keys["d_ff"] = draw(_int_text(draw(st.integers(1, 5000))))
     if draw(st.booleans()):
-        keys["block"] = draw(st.sampled_from(["prenorm", "postnorm"]))
+        keys["block"] = draw(
+            st.sampled_from(["prenorm", "postnorm", "sandwich", "reordered", "parallel(norms=2)"])
+        )
+    for key, values in NEW_KEYS.items():  # keys written only when they differ from the default
+        if draw(st.integers(0, 3)) == 0:
+            keys[key] = draw(st.sampled_from(values))
     if draw(st.booleans()):
         keys["tie_embeddings"] = draw(st.sampled_from(["true", "false"]))
     if draw(st.booleans()):
@@ -335,7 +353,7 @@ def test_canonical_round_trip(text: str) -> None:
 
 
 _ALPHABET = st.sampled_from(
-    [*"abcdrt_-.:,=()'\" 0123456789eE+", "tinystories", "d_model", "norm", "rope"]
+    [*"abcdrt_-.:,=()[]'\" 0123456789eE+", "tinystories", "d_model", "norm", "rope", "window"]
 )
 
 
@@ -470,6 +488,9 @@ _TOKENS = st.sampled_from(
         '"lmcore-registry":', '"2norms":', "lmcore-registry:", "9223372036854775807",
         "9223372036854775808", "1" * 70, "1_000", "0.5", "1e5x", '"a\\qb"', "'unterminated",
         "(eps=1)", "(theta=1" + "0" * 30 + ")", ", d_model=512", ", num_heads=7",
+        "[", "]", "[0::2]", "[-1]", "[1:3,5]", ", window", "[0]=3", ", ffn[1]=silu",
+        ", qk_norm=rmsnorm(eps=1e-6)", "(expert=swiglu(d_ff=3))", ", block=parallel(norms=2)",
+        ", head_dim=8", ", attn_softcap=5.0", ", qkv_bias=true", "none",
     ]
 )  # fmt: skip
 

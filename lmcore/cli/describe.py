@@ -94,9 +94,10 @@ def checkpoint_lines(info: CheckpointInfo) -> list[str]:
         f"lmcore checkpoint format {info.format_version}, written by lmcore "
         f"{info.lmcore_version} with torch {info.torch_version})",
     ]
+    kinds = max(len(c.kind) for c in info.components.values())
     width = max(len(c.name) for c in info.components.values())
-    for kind, saved in info.components.items():
-        lines.append(f"  {kind:<4}  {saved.name:<{width}}  {saved}")
+    for saved in info.components.values():
+        lines.append(f"  {saved.kind:<{kinds}}  {saved.name:<{width}}  {saved}")
     for alias, stored in info.tied.items():
         lines.append(f"  tied: {alias} is stored once, as {stored}")
     lines.append(
@@ -124,6 +125,7 @@ def checkpoint_json(info: CheckpointInfo) -> dict[str, Any]:
         "torch_version": info.torch_version,
         "components": {
             kind: {
+                "kind": c.kind,
                 "name": c.name,
                 "dist": c.dist,
                 "version": c.version,
@@ -162,7 +164,16 @@ def describe_json(found: Description) -> dict[str, Any]:
             for r in acc.rows
         ],
         "per_layer": {"params": acc.layer_params, "flops": acc.layer_flops},
-        "total": {"params": acc.params, "flops": acc.flops},
+        "layers": [
+            {"layers": layers, "count": n, "values": values, "params": params, "flops": flops}
+            for layers, n, values, params, flops in layer_groups(found)
+        ],
+        "total": {
+            "params": acc.params,
+            "active_params": acc.active_params,
+            "flops": acc.flops,
+            "flops_per_token": acc.flops_per_token,
+        },
         "flops_by_part": {
             part: {"flops": n, "share": n / acc.flops if acc.flops else 0.0}
             for part, n in acc.flops_by_part().items()
@@ -192,7 +203,11 @@ def describe_lines(found: Description) -> list[str]:
             r.name, r.module, str(r.count), f"{r.params:,}", _pct(acc.params_share(r)),
             f"{r.flops:,}", _pct(acc.flops_share(r)),
         ))  # fmt: skip
-    table.append(("per layer", "", "", f"{acc.layer_params:,}", "", f"{acc.layer_flops:,}", ""))
+    if acc.uniform:
+        table.append(("per layer", "", "", f"{acc.layer_params:,}", "", f"{acc.layer_flops:,}", ""))
+    else:  # one row per kind of layer: its parameters and FLOPs
+        for layers, n, _, params, flops in layer_groups(found):
+            table.append((f"layers[{layers}]", "", str(n), f"{params:,}", "", f"{flops:,}", ""))
     table.append(("total", "", "", f"{acc.params:,}", _pct(1.0), f"{acc.flops:,}", _pct(1.0)))
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
     left = (True, True, False, False, False, False, False)
@@ -201,13 +216,19 @@ def describe_lines(found: Description) -> list[str]:
         f"input: batch {acc.batch} × seq {acc.seq_len} tokens, {mem.dtype}",
         "",
     ]
+    groups = 1 if acc.uniform else len(layer_groups(found))
     for n, row in enumerate(table):
-        if n == len(table) - 2:
+        if n == len(table) - 1 - groups:
             lines.append("")
         cells = [
             c.ljust(w) if lft else c.rjust(w) for c, w, lft in zip(row, widths, left, strict=True)
         ]
         lines.append("  ".join(cells).rstrip())
+    if not acc.uniform:
+        lines += ["", "the keys that differ by layer:"]
+        for layers, n, values, _, _ in layer_groups(found):
+            shown = ", ".join(f"{k}={v}" for k, v in values.items())
+            lines.append(f"  layers {layers} ({n} layer{'s' if n > 1 else ''}): {shown}")
     by_part = acc.flops_by_part()
     lines += ["", f"forward FLOPs by part (total {_flops(acc.flops)}):"]
     width = max(len(part) for part in by_part)
@@ -215,6 +236,13 @@ def describe_lines(found: Description) -> list[str]:
         lines.append(
             f"  {part:<{width}}  {_flops(n):>13}  {_pct(n / acc.flops if acc.flops else 0):>6}"
         )
+    if acc.active_params != acc.params:  # a mixture of experts: a token uses some of them
+        lines += [
+            "",
+            f"active parameters: {acc.active_params:,} of {acc.params:,} "
+            f"({_pct(acc.active_params / acc.params)}) per token; forward FLOPs per token: "
+            f"{_flops(round(acc.flops_per_token))}",
+        ]
     size = mem.weights // acc.params if acc.params else 0
     lines += [
         "",
@@ -241,6 +269,25 @@ def describe_lines(found: Description) -> list[str]:
             share = _pct(n / mem.activations)
             lines.append(f"  {part:<{width}}  {show_bytes(n):>10}  {share:>6}")
     return lines
+
+
+def layer_groups(found: Description) -> list[tuple[str, int, dict[str, str], int, int]]:
+    """`(layers, count, values, params, flops)` of each kind of layer: the layers as a spec
+    writes them, the values of the keys that differ by layer, and one layer's parameters and
+    forward FLOPs."""
+    from lmcore.spec import format_layers, format_value
+
+    acc = found.accounting
+    bp, spec = acc.blueprint, acc.spec
+    keys = list(dict.fromkeys(lv.key for lv in spec.layers))
+    sizes = {layers: (params, flops) for layers, _, params, flops in acc.layer_groups()}
+    out = []
+    for indices, lbp in bp.groups():
+        layers = format_layers(indices, spec.num_layers) if spec.layers else "*"
+        values = {k: format_value(getattr(lbp.spec, k)) for k in keys}
+        params, flops = sizes.get(layers, (0, 0))
+        out.append((layers, len(indices), values, params, flops))
+    return out
 
 
 def _activations_note(mem: TrainingMemory) -> str:

@@ -18,7 +18,7 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lmcore.components import format_qualified, format_scalar
+    from lmcore.components import format_qualified
     from lmcore.registry import get_registry
 
     rows = plugin_rows(args.kind)
@@ -28,11 +28,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     table = [("KIND", "NAME", "DIST", "VERSION", "STATUS", "ARGS / REASON")]
     for r in rows:
-        detail = ", ".join(
-            f"{a['name']}: {a['type']} = "
-            + ("required" if a["required"] else format_scalar(a["default"]))
-            for a in r["args"]
-        )
+        detail = ", ".join(f"{a['name']}: {a['type']} = {_default(a)}" for a in r["args"])
         if r["status"] in ("failed", "disabled", "empty"):
             detail = r["note"]
         elif r["status"] == "shadowed":
@@ -98,10 +94,21 @@ def _row(kind: str, name: str, prov: Any, status: str, note: str) -> dict[str, A
     }
 
 
+def _default(a: dict[str, Any]) -> str:
+    """An argument's default as a spec writes it: a component-valued one as its spec text."""
+    from lmcore.components import KINDS, format_scalar
+
+    if a["required"]:
+        return "required"
+    if a["default"] is None:
+        return "none"
+    return str(a["default"]) if a["type"] in KINDS else format_scalar(a["default"])
+
+
 def _arg_json(a: Any) -> dict[str, Any]:
     return {
         "name": a.name,
-        "type": a.type.__name__,
+        "type": a.type_name,
         "default": None if a.required else a.default,
         "required": a.required,
         "help": a.help,

@@ -260,8 +260,14 @@ def spec_to_config(
                 f"{kind}={comp} comes from {prov}, not lmcore's built-in: only the built-in is "
                 "known to compute what Llama computes"
             )
-    if spec.block != "prenorm":
+    if spec.block.name != "prenorm":
         problems.append(f"block={spec.block}: Llama blocks are pre-norm (block=prenorm)")
+    for key in ("embed_scale", "logit_softcap", "qkv_bias", "out_bias", "qk_norm",
+                "query_scale", "window", "attn_softcap"):  # fmt: skip
+        if getattr(spec, key) != spec.default(key):
+            problems.append(f"{key}={getattr(spec, key)}: a Llama has no such option")
+    if spec.layers:
+        problems.append("its layers differ (key[layers]=...): a Llama's layers are all alike")
     if problems:
         raise ConversionError(
             "cannot convert this model to a Hugging Face Llama without losing something: "

@@ -27,6 +27,13 @@ aligned to the end of the keys (query i sits at position Sk - Sq + i). A query w
 all masked returns zeros, as torch's fused kernel does. Scores, softmax statistics, the kept
 weights and the backward run in float32 (or wider) whatever the input dtype.
 
+Three options of the scores, each off by default (and then not computed at all, so the default
+is what it always was): a query `scale` other than 1 / sqrt(D); soft-capping, `cap·tanh(s / cap)`
+before the bias and mask (Gemma 2), whose derivative `1 - tanh²` the backward recomputes from
+q and k; and a sliding `window`, a query at position p seeing only keys p - window + 1 .. p
+(Mistral, Gemma 2): the keys wholly behind a query block's window are skipped like the keys
+ahead of it, and the kept weights shrink to the window.
+
 FLOPs are counted as torch counts its fused attention (`torch.utils.flop_counter`): the whole
 `Sq × Sk` score matrix, `4·B·H·Sq·Sk·D` forward, whether or not causal tiles skip a part.
 """
@@ -67,11 +74,12 @@ class Plan:
     head_dim: int
     causal: bool
     key_block: int  # 0: all of a query block's keys at once, weights kept for backward
+    window: int = 0  # a query sees its last `window` keys; 0: all of them
 
     @staticmethod
-    def of(q5: Tensor, k: Tensor, causal: bool, key_block: int) -> Plan:
+    def of(q5: Tensor, k: Tensor, causal: bool, key_block: int, window: int = 0) -> Plan:
         B, Hkv, Sq, G, D = q5.shape
-        return Plan(B, Hkv * G, Hkv, Sq, k.shape[2], D, causal, key_block)
+        return Plan(B, Hkv * G, Hkv, Sq, k.shape[2], D, causal, key_block, window)
 
     @property
     def group(self) -> int:
@@ -121,27 +129,30 @@ class Plan:
         n = self.batch_block
         return [(b0, min(b0 + n, self.batch)) for b0 in range(0, self.batch, n)]
 
-    def query_blocks(self) -> list[tuple[int, int, int]]:
-        """`(i0, i1, kend)`: each block of queries and the end of the keys it may see."""
+    def query_blocks(self) -> list[tuple[int, int, int, int]]:
+        """`(i0, i1, kbeg, kend)`: each block of queries and the keys it may see, from the first
+        within its first query's window to the last its last query may see."""
         n, out = self.query_block, []
         for i0 in range(0, self.q_len, n):
             i1 = min(i0 + n, self.q_len)
             kend = min(self.k_len, i1 + self.offset) if self.causal else self.k_len
-            out.append((i0, i1, kend))
+            kbeg = max(0, i0 + self.offset - self.window + 1) if self.window else 0
+            out.append((i0, i1, min(kbeg, kend), kend))
         return out
 
-    def key_blocks(self, kend: int) -> list[tuple[int, int]]:
-        step = self.key_block or kend
-        return [(j0, min(j0 + step, kend)) for j0 in range(0, kend, step)]
+    def key_blocks(self, kbeg: int, kend: int) -> list[tuple[int, int]]:
+        step = self.key_block or max(1, kend - kbeg)
+        return [(j0, min(j0 + step, kend)) for j0 in range(kbeg, kend, step)]
 
     def kept_shapes(self) -> list[tuple[int, int, int]]:
-        """Shapes of the weights `key_block=0` keeps, one `(bb·Hkv, n·G, kend)` per tile."""
+        """Shapes of the weights `key_block=0` keeps, one `(bb·Hkv, n·G, kend - kbeg)` per
+        tile."""
         if not self.keep:
             return []
         return [
-            ((b1 - b0) * self.kv_heads, (i1 - i0) * self.group, kend)
+            ((b1 - b0) * self.kv_heads, (i1 - i0) * self.group, kend - kbeg)
             for b0, b1 in self.batch_blocks()
-            for i0, i1, kend in self.query_blocks()
+            for i0, i1, kbeg, kend in self.query_blocks()
         ]
 
 
@@ -152,11 +163,20 @@ def kept_elements(plan: Plan) -> int:
     if not plan.keep:
         return 0
     if not plan.causal:
+        if plan.window:  # not a call the model makes: the tiles, counted one by one
+            return sum(a * b * c for a, b, c in plan.kept_shapes())
         per_head = plan.q_len * plan.k_len
     else:  # full query blocks t = 0.. see keys up to (t + 1)·n + offset; a last partial one all
         n = plan.query_block
         full, rest = divmod(plan.q_len, n)
-        per_head = n * n * full * (full + 1) // 2 + n * plan.offset * full + rest * plan.k_len
+        if not plan.window:
+            per_head = n * n * full * (full + 1) // 2 + n * plan.offset * full + rest * plan.k_len
+        else:  # block t starts at key max(0, t·n + c): at 0 for the first m blocks
+            c = plan.offset - plan.window + 1
+            m = min(full, -c // n + 1) if c <= 0 else 0
+            per_head = n * (n * m * (m + 1) // 2 + plan.offset * m)
+            per_head += n * (full - m) * (n + plan.window - 1)
+            per_head += rest * (plan.k_len - max(0, full * n + c))
     return plan.batch * plan.heads * per_head
 
 
@@ -201,6 +221,18 @@ def _ahead_inf(
 def _behind(rows: int, cols: int, first: int, dtype: torch.dtype, device: torch.device) -> Tensor:
     """`1 - _ahead`: multiplied into the weights, it zeroes the keys ahead."""
     return 1 - _cached(_ahead, rows, cols, first, dtype, device)
+
+
+@lru_cache(maxsize=64)
+def _behind_inf(
+    rows: int, cols: int, last: int, dtype: torch.dtype, device: torch.device
+) -> Tensor:
+    """`(rows, 1, cols)`: -inf where key column c lies behind query row r's window
+    (`c - r <= last`), else 0; added to the scores like `_ahead_inf`."""
+    r = torch.arange(rows, device=device)[:, None, None]
+    c = torch.arange(cols, device=device)[None, None, :]
+    zero = torch.zeros((), dtype=dtype, device=device)
+    return torch.where(c - r <= last, -math.inf, zero)
 
 
 def _cached(fn: _lru_cache_wrapper[T], *args: Any) -> T:
@@ -254,12 +286,20 @@ def _scores(
     b: tuple[int, int],
     i: tuple[int, int],
     j: tuple[int, int],
+    softcap: float = 0.0,
+    tanh: list[Tensor] | None = None,
 ) -> Tensor:
-    """One tile's scores `(q / sqrt(D)) kᵀ + bias` in float32 (or wider), -inf where masked:
-    `(bb·Hkv, n·G, kb)`."""
+    """One tile's scores `(scale·q) kᵀ`, capped (`cap·tanh(s / cap)`, with `softcap`), plus
+    the bias, in float32 (or wider), -inf where masked: `(bb·Hkv, n·G, kb)`. With a capped
+    tile, `tanh` (a list) receives `tanh(s / cap)`, whose `1 - tanh²` the backward needs."""
     s = torch.bmm(qt, kt.transpose(1, 2))
     if s.dtype != (acc := accumulator(s.dtype)):
         s = s.to(acc)
+    if softcap:
+        s = s.div_(softcap).tanh_()
+        if tanh is not None:
+            tanh.append(s.clone())
+        s = s.mul_(softcap)
     n, G, kb = i[1] - i[0], plan.group, j[1] - j[0]
     if bias is not None or mask is not None:
         s5 = s.view(-1, plan.kv_heads, n, G, kb)
@@ -273,6 +313,12 @@ def _scores(
         column, first = diagonal
         ahead = _cached(_ahead_inf, n, kb - column, first, s.dtype, s.device)
         s.view(-1, n, G, kb)[..., column:].add_(ahead)
+    if plan.window:
+        # Key column c lies behind row r's window where j0 + c <= i0 + r + offset - window.
+        last = i[0] + plan.offset - plan.window - j[0]
+        if last >= -(n - 1):
+            behind = _cached(_behind_inf, n, kb, last, s.dtype, s.device)
+            s.view(-1, n, G, kb).add_(behind)
     return s
 
 
@@ -305,17 +351,20 @@ def _attend(
     mask: Tensor | None,
     causal: bool,
     key_block: int,
+    scale: float,
+    softcap: float,
+    window: int,
     stats: bool = True,
 ) -> list[Tensor]:
     """`[out (B, H, Sq, D), stat (B, Hkv, Sq, G, 1), *kept weights]` for q5 `(B, Hkv, Sq, G,
     D)` and k, v `(B, Hkv, Sk, D)`, in any strides. `stat` is each row's softmax denominator
     when the weights are kept, else its log-sum-exp; left unfilled when not `stats` (no
     backward will read it)."""
-    plan = Plan.of(q5, k, causal, key_block)
+    plan = Plan.of(q5, k, causal, key_block, window)
     B, Hkv, Sq, G, D = q5.shape
     Sk, acc = plan.k_len, accumulator(q5.dtype)
-    guard = mask is not None or bias is not None  # rows may have every key masked
-    scale = 1.0 / math.sqrt(D)
+    # Rows may have every key (of a block) masked.
+    guard = mask is not None or bias is not None or window > 0
     out = q5.new_empty(B, Hkv * G, Sq, D)
     out5 = out.view(B, Hkv, G, Sq, D).transpose(2, 3)  # (B, Hkv, Sq, G, D), a view
     stat = q5.new_empty(B, Hkv, Sq, G, 1, dtype=acc)
@@ -324,12 +373,14 @@ def _attend(
         # (bb·Hkv, Sk, D) views when the strides allow, as for a batch row of the (B, T, H·D)
         # projections: the matmuls read them in place.
         kf, vf = k[b0:b1].reshape(-1, Sk, D), v[b0:b1].reshape(-1, Sk, D)
-        for i0, i1, kend in plan.query_blocks():
+        for i0, i1, kbeg, kend in plan.query_blocks():
             n = i1 - i0
             qt = q5[b0:b1, :, i0:i1].reshape(-1, n * G, D) * scale  # (bb·Hkv, n·G, D)
             m = total = o = None
-            for j0, j1 in plan.key_blocks(kend):
-                s = _scores(qt, kf[:, j0:j1], bias, mask, plan, (b0, b1), (i0, i1), (j0, j1))
+            for j0, j1 in plan.key_blocks(kbeg, kend):
+                s = _scores(
+                    qt, kf[:, j0:j1], bias, mask, plan, (b0, b1), (i0, i1), (j0, j1), softcap
+                )
                 block_max = s.amax(dim=-1, keepdim=True)  # (bb·Hkv, n·G, 1)
                 new_max = block_max if m is None else torch.maximum(m, block_max)
                 # A row with no key seen yet keeps max -inf: shift it by 0, so exp gives 0.
@@ -361,17 +412,24 @@ def _attend(
 
 
 def _attend_whole(
-    q5: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, mask: Tensor | None, plan: Plan
+    q5: Tensor,
+    k: Tensor,
+    v: Tensor,
+    bias: Tensor | None,
+    mask: Tensor | None,
+    plan: Plan,
+    scale: float,
+    softcap: float,
 ) -> Tensor:
     """`_attend`'s output for a call that is one tile (`plan.whole`) and keeps nothing for
     backward, e.g. a decoding step's one query: the same arithmetic without the tiling's
     bookkeeping, which costs more than the arithmetic at that size."""
     B, Hkv, Sq, G, D = q5.shape
     acc = accumulator(q5.dtype)
-    guard = mask is not None or bias is not None
+    guard = mask is not None or bias is not None or plan.window > 0
     rows, queries, keys = (0, B), (0, Sq), (0, plan.k_len)
-    qt = q5.reshape(B * Hkv, Sq * G, D) * (1.0 / math.sqrt(D))
-    s = _scores(qt, k.reshape(B * Hkv, -1, D), bias, mask, plan, rows, queries, keys)
+    qt = q5.reshape(B * Hkv, Sq * G, D) * scale
+    s = _scores(qt, k.reshape(B * Hkv, -1, D), bias, mask, plan, rows, queries, keys, softcap)
     top = s.amax(dim=-1, keepdim=True)
     shift = torch.where(top == -math.inf, 0.0, top) if guard else top
     p = _weights(s, shift, plan, queries, keys, guard)
@@ -391,9 +449,12 @@ def _forward(
     mask: Tensor | None,
     causal: bool,
     key_block: int,
+    scale: float,
+    softcap: float,
+    window: int,
 ) -> list[Tensor]:
     """`_attend` as one operator: autograd's node and torch.compile's opaque call."""
-    return _attend(q5, k, v, bias, mask, causal, key_block)
+    return _attend(q5, k, v, bias, mask, causal, key_block, scale, softcap, window)
 
 
 @_forward.register_fake
@@ -405,8 +466,11 @@ def _(
     mask: Tensor | None,
     causal: bool,
     key_block: int,
+    scale: float,
+    softcap: float,
+    window: int,
 ) -> list[Tensor]:
-    plan = Plan.of(q5, k, causal, key_block)
+    plan = Plan.of(q5, k, causal, key_block, window)
     B, Hkv, Sq, G, D = q5.shape
     acc = accumulator(q5.dtype)
     out = q5.new_empty(B, Hkv * G, Sq, D)
@@ -436,14 +500,16 @@ def _backward(
     kept: list[Tensor],
     causal: bool,
     key_block: int,
+    scale: float,
+    softcap: float,
+    window: int,
     bias_grad: bool,
 ) -> list[Tensor]:
     """`[dq5, dk, dv]`, plus the bias's gradient when `bias_grad`."""
-    plan = Plan.of(q5, k, causal, key_block)
+    plan = Plan.of(q5, k, causal, key_block, window)
     B, Hkv, Sq, G, D = q5.shape
     H, Sk, acc, low = plan.heads, plan.k_len, stat.dtype, q5.dtype
-    guard = mask is not None or bias is not None
-    scale = 1.0 / math.sqrt(D)
+    guard = mask is not None or bias is not None or window > 0
     # Lower-precision q, k, v are widened once: the backward runs in float32 throughout.
     q5, k, v = q5.to(acc), k.to(acc), v.to(acc)
     # dO and delta = rowsum(dO ∘ O) in the tiles' (B, Hkv, Sq, G, ·) row order. With kept
@@ -470,25 +536,30 @@ def _backward(
     for b0, b1 in plan.batch_blocks():
         rows = slice(b0 * Hkv, b1 * Hkv)
         kf, vf = k[b0:b1].reshape(-1, Sk, D), v[b0:b1].reshape(-1, Sk, D)
-        for i0, i1, kend in plan.query_blocks():
+        for i0, i1, kbeg, kend in plan.query_blocks():
             n = i1 - i0
             qt = q5[b0:b1, :, i0:i1].reshape(-1, n * G, D)  # unscaled: scale goes on dk, dq
             do = dos[b0:b1, :, i0:i1].reshape(-1, n * G, D)
             dl = dls[b0:b1, :, i0:i1].reshape(-1, n * G, 1)
             dq = None
-            for j0, j1 in plan.key_blocks(kend):
+            for j0, j1 in plan.key_blocks(kbeg, kend):
+                tile = (b0, b1), (i0, i1), (j0, j1)
+                tanh: list[Tensor] = []
                 if plan.keep:
                     p = next(weights)  # exp(s - max); do and dl carry the 1 / total
+                    if softcap:  # the cap's derivative needs tanh(s / cap) again
+                        raw = torch.bmm(qt * scale, kf[:, j0:j1].transpose(1, 2))
+                        tanh.append(raw.div_(softcap).tanh_())
                 else:
-                    s = _scores(
-                        qt * scale, kf[:, j0:j1], bias, mask, plan, (b0, b1), (i0, i1), (j0, j1)
-                    )
+                    s = _scores(qt * scale, kf[:, j0:j1], bias, mask, plan, *tile, softcap, tanh)
                     lse = stat[b0:b1, :, i0:i1].reshape(-1, n * G, 1)
                     p = _weights(s, lse, plan, (i0, i1), (j0, j1), guard)
                 dv[rows, j0:j1].baddbmm_(p.transpose(1, 2), do)
                 ds = torch.bmm(do, vf[:, j0:j1].transpose(1, 2)).sub_(dl).mul_(p)
-                if dbias5 is not None:  # ds is the gradient of the (scaled, biased) scores
+                if dbias5 is not None:  # ds is the gradient of the (capped, biased) scores
                     dbias5[b0:b1, :, i0:i1, :, j0:j1] = ds.view(-1, Hkv, n, G, j1 - j0)
+                if tanh:  # through cap·tanh(s / cap): times 1 - tanh²
+                    ds.mul_(tanh[0].square_().neg_().add_(1))
                 if dq is None:
                     dq = torch.bmm(ds, kf[:, j0:j1])
                 else:
@@ -516,6 +587,9 @@ def _(
     kept: list[Tensor],
     causal: bool,
     key_block: int,
+    scale: float,
+    softcap: float,
+    window: int,
     bias_grad: bool,
 ) -> list[Tensor]:
     # Contiguous, as the real gradients are (empty_like would copy the inputs' strides).
@@ -535,10 +609,11 @@ def _backward_flops(dout_shape: Any, q5_shape: Any, k_shape: Any, *args: Any, **
 
 
 def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: list[Tensor]) -> None:
-    q5, k, v, bias, mask, causal, key_block = inputs
+    q5, k, v, bias, mask, causal, key_block, scale, softcap, window = inputs
     out, stat, *kept = output
     ctx.set_materialize_grads(False)  # only `out` gets a gradient
     ctx.causal, ctx.key_block = causal, key_block
+    ctx.scale, ctx.softcap, ctx.window = scale, softcap, window
     # A mask, and a bias that needs no gradient, are inputs shared by every layer (pos=alibi
     # makes one bias per forward): held by reference, not counted as this layer's activations.
     ctx.bias, ctx.mask = bias, mask
@@ -549,14 +624,14 @@ def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: list[Tensor]) -> N
 def _autograd_backward(ctx: Any, grads: list[Tensor | None]) -> tuple[Tensor | None, ...]:
     dout = grads[0]
     if dout is None:
-        return (None,) * 7
+        return (None,) * 10
     q5, k, v, out, stat, *kept = ctx.saved_tensors
     got = torch.ops.lmcore.tiled_attention_backward(
         dout, q5, k, v, out, stat, ctx.bias, ctx.mask, kept, ctx.causal, ctx.key_block,
-        ctx.bias_grad,
+        ctx.scale, ctx.softcap, ctx.window, ctx.bias_grad,
     )  # fmt: skip
     dbias = got[3] if ctx.bias_grad else None
-    return got[0], got[1], got[2], dbias, None, None, None
+    return got[0], got[1], got[2], dbias, *(None,) * 6
 
 
 torch.library.register_autograd(
@@ -577,27 +652,34 @@ def tiled_attention(
     mask: Bool[Tensor, "... Sq Sk"] | None = None,
     bias: Float[Tensor, "... Sq Sk"] | None = None,
     key_block: int | None = None,
+    scale: float | None = None,
+    softcap: float | None = None,
+    window: int | None = None,
 ) -> Float[Tensor, "B H Sq D"]:
-    """`softmax(q kᵀ / sqrt(D) + bias) v` in tiles (module docstring); `mask` True = may
-    attend; `key_block=None` keeps each tile's weights for backward, an int recomputes them.
-    When no gradient is wanted (inference), nothing needs keeping: keys are streamed in blocks
-    of `STREAM_BLOCK` whatever `key_block` says, and memory stays linear in the sequence."""
+    """`softmax(cap(scale · q kᵀ) + bias) v` in tiles (module docstring); `mask` True = may
+    attend; `scale` defaults to 1 / sqrt(D); `softcap` caps the scores, `cap·tanh(s / cap)`;
+    `window` lets a query see only its last `window` keys. `key_block=None` keeps each tile's
+    weights for backward, an int recomputes them. When no gradient is wanted (inference),
+    nothing needs keeping: keys are streamed in blocks of `STREAM_BLOCK` whatever `key_block`
+    says, and memory stays linear in the sequence."""
     grad = _wants_grad(q, k, v, bias)
     if key_block is None and not grad:
         key_block = STREAM_BLOCK
     B, H, Sq, D = q.shape
     Hkv = k.shape[1]
     q5 = q.view(B, Hkv, H // Hkv, Sq, D).transpose(2, 3)  # (B, Hkv, Sq, G, D), a view
-    args = (q5, k, v, _as_4d(bias), _as_4d(mask), causal, key_block or 0)
+    factor = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    options = (factor, float(softcap or 0.0), int(window or 0))
+    args = (q5, k, v, _as_4d(bias), _as_4d(mask), causal, key_block or 0, *options)
     if not grad:
         # Without a gradient the operator has nothing to add: no autograd node, no softmax
         # statistics (only a backward reads them), no dispatcher round trip. A call that is
         # one tile (a decoding step's few queries) runs as plain operators, which
         # torch.compile traces and fuses; a larger one calls the tiling directly, except
         # under torch.compile, which keeps seeing one opaque operator there.
-        plan = Plan.of(q5, k, causal, key_block or 0)
+        plan = Plan.of(q5, k, causal, key_block or 0, options[2])
         if plan.whole:
-            return _attend_whole(*args[:5], plan)
+            return _attend_whole(*args[:5], plan, *options[:2])
         if not torch.compiler.is_compiling():
             return _attend(*args, stats=False)[0]
     out: Tensor = _forward(*args)[0]

@@ -86,7 +86,7 @@ class KVCache:
             num_layers=spec.num_layers,
             batch=batch,
             num_kv_heads=spec.num_kv_heads,
-            head_dim=spec.d_model // spec.num_heads,
+            head_dim=spec.head_dim,
             context_length=spec.context_length,
             device=weight.device,
             dtype=weight.dtype,

@@ -3,9 +3,12 @@ activations and buffers by row, and the size check every build runs first.
 
 `account(spec)` adds up, row by row, what each component declares (`Component.params`,
 `Component.flops`, `Component.activations`, `Component.buffers`) and what lmcore knows about its
-own pieces: the token embeddings, the q/k/v/output projections (k and v sized by
-`num_kv_heads`) and `lm_head`, whose matmuls are counted here by the 2·m·n·p rule, and what the
-next-token loss saves. Nothing is allocated and no model is built: `check_size` runs inside
+own pieces: the token embeddings, the q/k/v/output projections (`num_heads · head_dim` wide, k
+and v sized by `num_kv_heads`, with their biases) and `lm_head`, whose matmuls are counted here
+by the 2·m·n·p rule, the capped logits, and what the next-token loss saves. A layer's norms are
+the ones its block declares (`Component.norms`), each a row; a model whose layers differ
+(`key[layers]=...`) has one set of layer rows per distinct layer, named by its layers
+(`layers[0::2].attn.kernel`). Nothing is allocated and no model is built: `check_size` runs inside
 `TransformerLM.__init__`, so this module sits below the transformer. What needs a built model
 (the cross-check of declarations against modules, measured activations) is `lmcore.describe`.
 """
@@ -16,14 +19,14 @@ import contextlib
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
-from typing import Final
+from typing import Any, Final
 
 import torch
 
-from lmcore.blueprint import Blueprint, resolve
+from lmcore.blueprint import Blueprint, Part, resolve
 from lmcore.errors import LmcoreError, LmcoreKeyError, ModelInputError, ModelTooLargeError
 from lmcore.registry import Entry, Registry
-from lmcore.spec import ModelSpec
+from lmcore.spec import ModelSpec, format_layers
 
 
 class AccountingError(LmcoreError, ValueError):
@@ -37,17 +40,22 @@ PARTS: Final = (
     "attention projections",
     "attention kernel",
     "ffn",
+    "block",
     "lm_head",
 )
 ACTIVATION_PARTS: Final = (*PARTS, "loss")
+# Parts listed only when some row is in them (no built-in block holds anything of its own).
+OPTIONAL_PARTS: Final = frozenset({"block"})
 
 
 @dataclass(frozen=True)
 class Row:
     """One module of the model, counted `count` times (once per layer for per-layer rows).
 
-    `name` is the module's path, with `*` for the layer index (`layers.*.attn.q_proj`).
-    `flops_each` is the forward matmul FLOPs of one instance for the whole batch.
+    `name` is the module's path, with `*` for the layer index (`layers.*.attn.q_proj`), or
+    with the layers it stands for when they differ (`layers[0::2].attn.q_proj`, `layers`
+    holding the indices). `flops_each` is the forward matmul FLOPs of one instance for the
+    whole batch.
     """
 
     name: str
@@ -61,10 +69,20 @@ class Row:
     activations_each: int | None = 0
     # Bytes of the buffers one instance holds; None: the component declares none.
     buffers_each: int | None = 0
+    # Parameters one token uses (a mixture of experts: fewer than all); None: all of them.
+    active_params_each: int | None = None
+    layers: tuple[int, ...] | None = None  # the layers of a `layers[...]` row
+    # What the declarations were called with (the dimensions and arguments), for messages.
+    kwargs: tuple[tuple[str, object], ...] = ()
 
     @property
     def params(self) -> int:
         return self.params_each * self.count
+
+    @property
+    def active_params(self) -> int:
+        each = self.params_each if self.active_params_each is None else self.active_params_each
+        return each * self.count
 
     @property
     def flops(self) -> int:
@@ -80,15 +98,21 @@ class Row:
 
     @property
     def per_layer(self) -> bool:
-        return self.name.startswith("layers.*.")
+        return self.name.startswith(("layers.*", "layers["))
 
     def instances(self, num_layers: int) -> int:
         """How many modules this row stands for in a model of `num_layers` layers."""
-        return num_layers if self.per_layer else 1
+        return sum(1 for _ in self.paths(num_layers))
 
     def paths(self, num_layers: int) -> Iterator[str]:
-        """The module paths this row stands for in a built `TransformerLM`."""
-        if self.per_layer:
+        """The module paths this row stands for in a built `TransformerLM` (of `num_layers`
+        layers, which may be fewer than the spec's)."""
+        if self.layers is not None:
+            leaf = self.name.split("]", 1)[1]
+            for i in self.layers:
+                if i < num_layers:
+                    yield f"layers.{i}{leaf}"
+        elif self.per_layer:
             for i in range(num_layers):
                 yield self.name.replace("*", str(i), 1)
         else:
@@ -116,16 +140,46 @@ class Accounting:
         return sum(r.params for r in self.rows)
 
     @property
+    def active_params(self) -> int:
+        """Parameters one token's forward uses: `params` but for the experts a mixture of
+        experts does not route it to."""
+        return sum(r.active_params for r in self.rows)
+
+    @property
     def flops(self) -> int:
         return sum(r.flops for r in self.rows)
 
     @property
+    def flops_per_token(self) -> float:
+        """Forward FLOPs per token of the batch (`flops` counts what is actually computed)."""
+        return self.flops / (self.batch * self.seq_len)
+
+    @property
+    def uniform(self) -> bool:
+        """Whether every layer is the same (no `key[layers]=...`)."""
+        return not self.spec.layers
+
+    @property
     def layer_params(self) -> int:
-        return sum(r.params_each for r in self.rows if r.per_layer)
+        """Parameters of one layer; the mean over the layers (rounded down) when they differ."""
+        return sum(r.params for r in self.rows if r.per_layer) // self.spec.num_layers
 
     @property
     def layer_flops(self) -> int:
-        return sum(r.flops_each for r in self.rows if r.per_layer)
+        """Forward FLOPs of one layer; the mean over the layers when they differ."""
+        return sum(r.flops for r in self.rows if r.per_layer) // self.spec.num_layers
+
+    def layer_groups(self) -> list[tuple[str, int, int, int]]:
+        """`(layers, count, params, flops)` of one layer of each distinct kind, `layers` as the
+        spec writes them (`0::2`; `*` when every layer is the same)."""
+        out: dict[str, list[int]] = {}
+        for r in self.rows:
+            if r.per_layer:
+                key = "*" if r.layers is None else r.name[len("layers[") :].split("]", 1)[0]
+                got = out.setdefault(key, [r.count, 0, 0])
+                got[1] += r.params_each
+                got[2] += r.flops_each
+        return [(key, n, params, flops) for key, (n, params, flops) in out.items()]
 
     @property
     def undeclared(self) -> tuple[Row, ...]:
@@ -162,8 +216,13 @@ class Accounting:
     def flops_share(self, row: Row) -> float:
         return row.flops / self.flops if self.flops else 0.0
 
+    def parts(self) -> tuple[str, ...]:
+        """`PARTS`, without the optional ones no row is in."""
+        used = {r.part for r in self.rows}
+        return tuple(p for p in PARTS if p not in OPTIONAL_PARTS or p in used)
+
     def flops_by_part(self) -> dict[str, int]:
-        return {part: sum(r.flops for r in self.rows if r.part == part) for part in PARTS}
+        return {part: sum(r.flops for r in self.rows if r.part == part) for part in self.parts()}
 
 
 def activation_kwargs(
@@ -189,63 +248,133 @@ def account(
     spec = bp.spec
     seq = spec.context_length if seq_len is None else seq_len
     _check_shape(spec, batch, seq)
-
-    d, layers, vocab = spec.d_model, spec.num_layers, spec.vocab_size
+    d, vocab, n_layers = spec.d_model, spec.vocab_size, spec.num_layers
     tokens, size = batch * seq, dtype.itemsize
+    shape = {"batch": batch, "kv_len": seq, "dtype": dtype}
 
-    def declared(kind: str, name: str, part: str, count: int) -> Row:
-        entry, kwargs = bp.entries[kind], bp.kwargs(kind)
+    def declared(
+        part: Part, kwargs: dict[str, Any], name: str, group: str, count: int, *,
+        layers: tuple[int, ...] | None = None, rows: int = 1, uses: int = n_layers,
+    ) -> Row:  # fmt: skip
         # Components declare FLOPs for one sequence; a plain forward has kv_len = seq_len.
-        flops = entry.count("flops", {**kwargs, "seq_len": seq, "kv_len": seq})
+        # `rows`: a per-head norm sees `rows` vectors per token; `uses`: the layers a pos serves.
+        entry = part.entry
+        flops = entry.count("flops", {**kwargs, "seq_len": seq * rows, "kv_len": seq})
+        saved = {**kwargs, **shape, "seq_len": seq * rows, "num_layers": uses}
         return Row(
             name=name,
-            part=part,
-            module=f"{kind}={entry.name}",
+            part=group,
+            module=f"{entry.kind}={entry.name}",
             count=count,
             params_each=entry.count("params", kwargs) or 0,
             flops_each=batch * (flops or 0),
             entry=entry,
-            activations_each=entry.count(
-                "activations", activation_kwargs(bp, kind, batch=batch, seq_len=seq, dtype=dtype)
-            ),
+            activations_each=entry.count("activations", saved),
             buffers_each=entry.count("buffers", {**kwargs, "dtype": dtype}),
+            active_params_each=entry.count("active_params", kwargs),
+            layers=layers,
+            kwargs=tuple(kwargs.items()),
         )
 
-    def linear(name: str, d_in: int, d_out: int, count: int, saves_input: bool) -> Row:
+    def linear(
+        name: str, d_in: int, d_out: int, count: int, saves_input: bool, *,
+        bias: bool = False, layers: tuple[int, ...] | None = None,
+    ) -> Row:  # fmt: skip
         return Row(
             name=name,
             part="lm_head" if name == "lm_head" else "attention projections",
-            module=f"linear {d_in}->{d_out}",
+            module=f"linear {d_in}->{d_out}" + (" +bias" if bias else ""),
             count=count,
-            params_each=d_in * d_out,
+            params_each=d_in * d_out + (d_out if bias else 0),
             flops_each=2 * tokens * d_in * d_out,
             # x @ W.T keeps x for W's gradient; q, k and v share theirs, counted at q_proj.
             activations_each=tokens * d_in * size if saves_input else 0,
+            layers=layers,
         )
 
-    kv_width = spec.num_kv_heads * spec.head_dim
+    def layer(lbp: Blueprint, prefix: str, layers: tuple[int, ...] | None) -> list[Row]:
+        s, count = lbp.spec, n_layers if layers is None else len(layers)
+        width, kv_width = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
+        block = lbp.parts["block"]
+        shared = bool(block.entry.invoke("shared_input", block.kwargs()))
+        attn = [
+            linear(f"{prefix}.attn.q_proj", d, width, count, not shared, bias=s.qkv_bias,
+                   layers=layers),
+            linear(f"{prefix}.attn.k_proj", d, kv_width, count, False, bias=s.qkv_bias,
+                   layers=layers),
+            linear(f"{prefix}.attn.v_proj", d, kv_width, count, False, bias=s.qkv_bias,
+                   layers=layers),
+            linear(f"{prefix}.attn.output_proj", width, d, count, True, bias=s.out_bias,
+                   layers=layers),
+            declared(lbp.parts["attn"], lbp.kwargs("attn"), f"{prefix}.attn.kernel",
+                     "attention kernel", count, layers=layers),
+        ]  # fmt: skip
+        if "qk_norm" in lbp.parts:
+            full = s.qk_norm_scope == "full"
+            for which, heads in (("q_norm", s.num_heads), ("k_norm", s.num_kv_heads)):
+                kwargs = {**lbp.kwargs("qk_norm"), "d_model": s.head_dim * (heads if full else 1)}
+                attn.append(
+                    declared(
+                        lbp.parts["qk_norm"],
+                        kwargs,
+                        f"{prefix}.attn.{which}",
+                        "norms",
+                        count,
+                        layers=layers,
+                        rows=1 if full else heads,
+                    )
+                )
+        ffn = [declared(lbp.parts["ffn"], lbp.kwargs("ffn"), f"{prefix}.ffn", "ffn", count,
+                        layers=layers)]  # fmt: skip
+        norms = {
+            name: declared(lbp.parts["norm"], lbp.kwargs("norm"), f"{prefix}.{name}", "norms",
+                           count, layers=layers)
+            for name in lbp.norm_names()
+        }  # fmt: skip
+
+        # Rows in the order of the layer's modules, by the names' convention: ln1* belongs to
+        # the attention, ln2* to the ffn, before it, or after it with `_out`; others at the end.
+        def side(prefix_: str, out: bool) -> list[Row]:
+            return [
+                r for n, r in norms.items() if n.startswith(prefix_) and n.endswith("_out") == out
+            ]
+
+        ordered = [*side("ln1", False), *attn, *side("ln1", True), *side("ln2", False), *ffn,
+                   *side("ln2", True)]  # fmt: skip
+        ordered += [r for n, r in norms.items() if not n.startswith(("ln1", "ln2"))]
+        own = declared(block, lbp.kwargs("block"), prefix, "block", count, layers=layers)
+        if own.params_each or own.flops_each or own.activations_each != 0 or own.buffers_each != 0:
+            ordered.append(own)
+        return ordered
+
     lm_head = linear("lm_head", d, vocab, 1, saves_input=True)
     if spec.tie_embeddings:
         lm_head = replace(lm_head, module=f"{lm_head.module} (tied)", params_each=0)
-    rows = (
-        # A lookup, not a matmul: no FLOPs by the 2·m·n·p rule. Keeps the int64 token ids.
-        Row("token_embeddings", "embeddings", f"embedding {vocab}×{d}", 1, vocab * d, 0,
-            activations_each=8 * tokens),
-        declared("pos", "pos", "embeddings", 1),  # one instance, applied once per forward
-        declared("norm", "layers.*.ln1", "norms", layers),
-        linear("layers.*.attn.q_proj", d, d, layers, saves_input=True),
-        linear("layers.*.attn.k_proj", d, kv_width, layers, saves_input=False),
-        linear("layers.*.attn.v_proj", d, kv_width, layers, saves_input=False),
-        linear("layers.*.attn.output_proj", d, d, layers, saves_input=True),
-        declared("attn", "layers.*.attn.kernel", "attention kernel", layers),
-        declared("norm", "layers.*.ln2", "norms", layers),
-        declared("ffn", "layers.*.ffn", "ffn", layers),
-        declared("norm", "ln_final", "norms", 1),
-        lm_head,
-    )  # fmt: skip
+    # A lookup, not a matmul: no FLOPs by the 2·m·n·p rule. Keeps the int64 token ids.
+    rows = [Row("token_embeddings", "embeddings", f"embedding {vocab}×{d}", 1, vocab * d, 0,
+                activations_each=8 * tokens)]  # fmt: skip
+    # One instance per distinct encoding, applied once per forward, rotating in the layers it
+    # serves (the model's `pos`, then `layer_pos.0`, ... in the order of their canonical spec).
+    variants = sorted({b.spec.pos for b in bp.layers} - {spec.pos}, key=str)
+    for j, pos in enumerate((spec.pos, *variants)):
+        lbp = next((b for b in bp.layers if b.spec.pos == pos), bp)
+        uses = sum(1 for b in bp.layers if b.spec.pos == pos)
+        name = "pos" if j == 0 else f"layer_pos.{j - 1}"
+        rows.append(declared(lbp.parts["pos"], lbp.kwargs("pos"), name, "embeddings", 1, uses=uses))
+    groups = bp.groups()
+    for layers, lbp in groups:
+        if len(groups) == 1:
+            rows += layer(lbp, "layers.*", None)
+        else:
+            rows += layer(lbp, f"layers[{format_layers(layers, n_layers)}]", layers)
+    rows.append(declared(bp.parts["norm"], bp.kwargs("norm"), "ln_final", "norms", 1))
+    rows.append(lm_head)
+    if spec.logit_softcap:  # tanh keeps its output, the logits' size, in the model's dtype
+        rows.append(Row("logit_cap", "lm_head", "cap·tanh(logits / cap)", 1, 0, 0,
+                        activations_each=tokens * vocab * size))  # fmt: skip
     # cross_entropy keeps float32 logits, the log-partition per token and the int64 targets.
     loss = tokens * (4 * vocab + 4 + 8)
-    return Accounting(blueprint=bp, batch=batch, seq_len=seq, dtype=dtype, rows=rows,
+    return Accounting(blueprint=bp, batch=batch, seq_len=seq, dtype=dtype, rows=tuple(rows),
                       loss_activations=loss)  # fmt: skip
 
 

@@ -28,7 +28,6 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from lmcore.components import KINDS
 from lmcore.errors import GenerationError, ModelInputError, one_of
 from lmcore.model.cache import KVCache
 from lmcore.model.inputs import check_ids
@@ -117,10 +116,9 @@ def sample(
 def check_cache_support(model: TransformerLM) -> None:
     """Raise `GenerationError` when a component of `model` declares it cannot work with a KV
     cache (feature 'nocache'), before anything runs."""
-    bp = model.blueprint
-    for kind in KINDS:
-        if NOCACHE in bp.features(kind):
-            entry = bp.entries[kind]
+    for _, part in model.blueprint.used():  # every component, per-layer and nested ones too
+        if NOCACHE in part.component.features:
+            kind, entry = part.kind, part.entry
             raise GenerationError(
                 f"{kind} {entry.name!r} from {entry.provenance} declares {NOCACHE!r}: it cannot "
                 "work with a KV cache; generate with cache=False (recomputes the whole sequence "

@@ -15,9 +15,10 @@ from torch import Tensor, nn
 
 
 class Linear(nn.Module):
-    """`y = x @ W.T` without bias; `W` is `(out_features, in_features)`.
+    """`y = x @ W.T` (CS336: no bias), or `x @ W.T + b` with `bias=True`; `W` is
+    `(out_features, in_features)`.
 
-    Initialised from a normal with σ² = 2 / (in + out), truncated at ±3σ.
+    `W` is initialised from a normal with σ² = 2 / (in + out), truncated at ±3σ; `b` at zeros.
     """
 
     def __init__(
@@ -26,6 +27,8 @@ class Linear(nn.Module):
         out_features: int,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
+        *,
+        bias: bool = False,
     ):
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
@@ -34,13 +37,18 @@ class Linear(nn.Module):
         )
         std = math.sqrt(2.0 / (in_features + out_features))
         nn.init.trunc_normal_(self.weight, mean=0.0, std=std, a=-3 * std, b=3 * std)
+        self.bias = (
+            nn.Parameter(torch.zeros(out_features, device=device, dtype=dtype)) if bias else None
+        )
 
     def forward(self, x: Float[Tensor, "... d_in"]) -> Float[Tensor, "... d_out"]:
         # Plain matmul: einsum("...i,oi->...o") is the same maths but slower on CPU (benchmarks/).
-        return x @ self.weight.T
+        y = x @ self.weight.T
+        return y if self.bias is None else y + self.bias
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}"
+        bias = ", bias=True" if self.bias is not None else ""
+        return f"in_features={self.in_features}, out_features={self.out_features}{bias}"
 
 
 class Embedding(nn.Module):
@@ -72,12 +80,14 @@ Derivative = Callable[[Tensor], tuple[Tensor, Tensor]]
 
 
 class FeedForward(nn.Module):
-    """Position-wise feed-forward network without biases, with CS336's key names.
+    """Position-wise feed-forward network with CS336's key names, optionally with biases.
 
     Ungated: `w2(act(w1 x))`. Gated (the GLU family, Shazeer 2020): `w2(act(w1 x) * w3 x)`.
-    `w1, w3: (d_ff, d_model)`, `w2: (d_model, d_ff)`. The ffn plugins differ only in `activation`
-    and `gated`, so they share this module. Given `derivative` (the activation and its
-    derivative at once), a gated FFN computes `act(a) * b` with `gate`, keeping only a and b.
+    `w1, w3: (d_ff, d_model)`, `w2: (d_model, d_ff)`; with `bias=True` each also has a bias
+    (`w1.bias`, ...; GPT-2's and GPT-NeoX's MLPs). The ffn plugins differ only in `activation`,
+    `gated` and `bias`, so they share this module. Given `derivative` (the activation and its
+    derivative at once), a gated FFN computes `act(a) * b` with `gate`, keeping only a and b,
+    and an ungated one computes `act(a)` with `activate`, keeping only a.
     """
 
     def __init__(
@@ -88,18 +98,23 @@ class FeedForward(nn.Module):
         *,
         gated: bool,
         derivative: Derivative | None = None,
+        bias: bool = False,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ):
         super().__init__()
         self.activation, self.derivative = activation, derivative
-        self.w1 = Linear(d_model, d_ff, device=device, dtype=dtype)
-        self.w2 = Linear(d_ff, d_model, device=device, dtype=dtype)
-        self.w3 = Linear(d_model, d_ff, device=device, dtype=dtype) if gated else None
+        factory: dict[str, Any] = {"device": device, "dtype": dtype, "bias": bias}
+        self.w1 = Linear(d_model, d_ff, **factory)
+        self.w2 = Linear(d_ff, d_model, **factory)
+        self.w3 = Linear(d_model, d_ff, **factory) if gated else None
 
     def forward(self, x: Float[Tensor, "... d_model"]) -> Float[Tensor, "... d_model"]:
         if self.w3 is None:
-            hidden = self.activation(self.w1(x))  # (..., d_ff)
+            if self.derivative is not None:
+                hidden = activate(self.w1(x), self.activation, self.derivative)
+            else:
+                hidden = self.activation(self.w1(x))  # (..., d_ff)
         elif self.derivative is not None:
             hidden = gate(self.w1(x), self.w3(x), self.activation, self.derivative)
         else:
@@ -109,7 +124,38 @@ class FeedForward(nn.Module):
 
     def extra_repr(self) -> str:
         name = getattr(self.activation, "__name__", repr(self.activation))
-        return f"activation={name}, gated={self.w3 is not None}"
+        bias = ", bias=True" if self.w1.bias is not None else ""
+        return f"activation={name}, gated={self.w3 is not None}{bias}"
+
+
+class _Activate(torch.autograd.Function):
+    """`act(a)`, keeping only a: backward recomputes act' from a, where autograd through the
+    formula would keep every intermediate (the tanh GELU's cube, tanh and products)."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, a: Tensor, activation: Callable[[Tensor], Tensor], derivative: Derivative
+    ) -> Tensor:
+        ctx.derivative = derivative
+        ctx.save_for_backward(a)
+        return activation(a)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
+        (a,) = ctx.saved_tensors
+        _, slope = ctx.derivative(a)
+        return slope.mul_(grad), None, None
+
+
+def activate(
+    a: Float[Tensor, "..."], activation: Callable[[Tensor], Tensor], derivative: Derivative
+) -> Float[Tensor, "..."]:
+    """`activation(a)` with a hand-written backward that keeps only a; `derivative(a)` returns
+    `(activation(a), activation'(a))`."""
+    if not torch.is_grad_enabled():
+        return activation(a)
+    out: Tensor = _Activate.apply(a, activation, derivative)  # type: ignore[no-untyped-call]
+    return out
 
 
 class _Gate(torch.autograd.Function):
@@ -152,17 +198,23 @@ def gate(
 
 
 def feed_forward_activations(
-    *, activation_saves: int, gated: bool, fused_gate: bool = False
+    *, activation_saves: int, gated: bool, fused_gate: bool = False, fused_activation: bool = False
 ) -> Callable[..., int]:
     """The `activations` declaration of a `FeedForward`: bytes its forward saves for backward.
 
     That is its input (for w1 and w3), and the hidden product w2 reads; in between, a gated FFN
-    with a fused `gate` keeps w1 x and w3 x, others the `activation_saves` (..., d_ff) tensors
-    the activation keeps besides its output, the activation's output and, gated, also w3 x.
-    silu keeps 2 (its input and the sigmoid), gelu 3 (x/√2, x/2 and 1 + erf), relu 0 (it keeps
-    its output, which w2 keeps anyway).
+    with a fused `gate` keeps w1 x and w3 x, an ungated one with a fused `activate` keeps w1 x,
+    others the `activation_saves` (..., d_ff) tensors the activation keeps besides its output,
+    the activation's output and, gated, also w3 x. silu keeps 2 (its input and the sigmoid),
+    gelu 3 (x/√2, x/2 and 1 + erf), relu 0 (it keeps its output, which w2 keeps anyway).
+    Biases change nothing: a bias is added in place to a product nothing keeps.
     """
-    per_d_ff = 3 if gated and fused_gate else activation_saves + 1 + 2 * gated
+    if gated and fused_gate:
+        per_d_ff = 3
+    elif not gated and fused_activation:
+        per_d_ff = 2
+    else:
+        per_d_ff = activation_saves + 1 + 2 * gated
 
     def activations(batch: int, seq_len: int, d_model: int, d_ff: int, dtype: torch.dtype) -> int:
         return batch * seq_len * dtype.itemsize * (d_model + d_ff * per_d_ff)
@@ -205,6 +257,28 @@ def gelu_derivative(x: Float[Tensor, "..."]) -> tuple[Tensor, Tensor]:
     cdf = torch.erf(x * (1.0 / math.sqrt(2.0))).add_(1.0).mul_(0.5)
     density = torch.exp(x.square().mul_(-0.5)).mul_(1.0 / math.sqrt(2.0 * math.pi))
     return x * cdf, density.mul_(x).add_(cdf)
+
+
+# The tanh approximation of GELU (Hendrycks & Gimpel 2016): GPT-2's `gelu_new`, Gemma's
+# `gelu_pytorch_tanh`, torch's `gelu(approximate="tanh")`.
+_TANH_SCALE = math.sqrt(2.0 / math.pi)
+_TANH_CUBIC = 0.044715
+
+
+def gelu_tanh(x: Float[Tensor, "..."]) -> Float[Tensor, "..."]:
+    """`0.5 · x · (1 + tanh(√(2/π) · (x + 0.044715 · x³)))`, the tanh approximation of GELU,
+    in the order of operations of GPT-2's `gelu_new`."""
+    return 0.5 * x * (1.0 + torch.tanh(_TANH_SCALE * (x + _TANH_CUBIC * torch.pow(x, 3.0))))
+
+
+def gelu_tanh_derivative(x: Float[Tensor, "..."]) -> tuple[Tensor, Tensor]:
+    """`(gelu_tanh(x), gelu_tanh'(x))`: with `u = √(2/π)(x + a x³)` and `t = tanh(u)`,
+    `gelu_tanh' = (1 + t) / 2 + x / 2 · (1 - t²) · √(2/π)(1 + 3a x²)`."""
+    t = torch.tanh(_TANH_SCALE * (x + _TANH_CUBIC * torch.pow(x, 3.0)))
+    value = 0.5 * x * (1.0 + t)
+    du = (x * x).mul_(3 * _TANH_CUBIC).add_(1.0).mul_(_TANH_SCALE)  # du/dx
+    slope = (1.0 - t * t).mul_(du).mul_(0.5 * x).add_(t.add_(1.0).mul_(0.5))
+    return value, slope
 
 
 def causal_mask(

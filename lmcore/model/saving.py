@@ -42,7 +42,7 @@ from safetensors.torch import save_file
 from torch import Tensor
 
 from lmcore.atomic import atomic_path
-from lmcore.blueprint import Blueprint
+from lmcore.blueprint import Blueprint, Part
 from lmcore.components import KINDS
 from lmcore.errors import CheckpointError
 from lmcore.version import __version__
@@ -107,16 +107,19 @@ def write(
             )
     tensors, tied = store_once(state)
     bp = blueprint
-    components = {
-        kind: {
-            "name": bp.component(kind).name,
-            "dist": bp.provenance(kind).dist,
-            "version": bp.provenance(kind).version,
-            "plugin": bp.provenance(kind).plugin,
-            "module": bp.provenance(kind).module,
-        }
-        for kind in KINDS
-    }
+
+    def row(part: Part) -> dict[str, str | None]:
+        where = part.provenance
+        return {"name": part.name, "dist": where.dist, "version": where.version,
+                "plugin": where.plugin, "module": where.module}  # fmt: skip
+
+    # One row per kind (the whole model's), then one per other component it uses (a qk_norm,
+    # a layer's own, a nested one), under "kind name" with its kind.
+    components: dict[str, dict[str, str | None]] = {kind: row(bp.parts[kind]) for kind in KINDS}
+    for _, part in bp.used():
+        key = f"{part.kind} {part.name}"
+        if part is not bp.parts.get(part.kind) and key not in components:
+            components[key] = {**row(part), "kind": part.kind}
     header = {
         **extra,
         "format": "pt",

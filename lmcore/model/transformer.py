@@ -1,39 +1,55 @@
-"""Causal multi-head self-attention, the transformer block and the language model.
+"""Causal multi-head self-attention, the layers and the language model.
 
-Read top to bottom: `CausalSelfAttention` projects heads and hands them to the attention kernel
-component; `TransformerBlock` wires norm, attention and feed-forward in pre- or post-norm order;
-`TransformerLM` embeds tokens, applies the positional encoding once per forward and runs the blocks.
+Read top to bottom: `CausalSelfAttention` projects heads (optionally with biases and q/k norms)
+and hands them to the attention kernel component; `build_layer` builds one layer's attention,
+feed-forward network and block component (which wires them and its norms around the residual
+stream); `TransformerLM` embeds tokens, applies each positional encoding once per forward and
+runs the layers.
 """
 
 from __future__ import annotations
 
+import math
 import os
+import struct
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
-from jaxtyping import Bool, Float, Int
+from jaxtyping import Float, Int
 from torch import Tensor, nn
 
 from lmcore.blueprint import Blueprint, resolve
 from lmcore.components import KINDS, Component
-from lmcore.errors import CheckpointError, ModelInputError, ModelTooLargeError, StateDictError
-from lmcore.interfaces import Rotation
+from lmcore.errors import (
+    CheckpointError,
+    ModelInputError,
+    ModelTooLargeError,
+    PluginError,
+    StateDictError,
+)
+from lmcore.interfaces import LayerContext
 from lmcore.model import generate as decoding
 from lmcore.model import saving
-from lmcore.model.cache import KVCache, LayerCache
+from lmcore.model.cache import KVCache
 from lmcore.model.counting import check_size
 from lmcore.model.inputs import check_device, check_dtype, check_ids, check_positions
 from lmcore.model.nn import Embedding, Linear
 from lmcore.registry import Registry
-from lmcore.spec import ModelSpec
+from lmcore.spec import ModelSpec, default_query_scale
 
 
 class CausalSelfAttention(nn.Module):
-    """Multi-head (or grouped-query) causal self-attention; `d_k = d_v = d_model / num_heads`.
+    """Multi-head (or grouped-query) causal self-attention with `head_dim`-wide heads.
 
-    State-dict keys: q_proj, k_proj, v_proj, output_proj (k/v shrink to num_kv_heads heads).
+    `x → q, k, v` (k and v for `num_kv_heads` heads) `→ q_norm, k_norm` (a norm over each head,
+    or over the full width with `qk_norm_full`) `→` the positional rotation `→` the kernel
+    `→ output_proj`. `kernel_options` go to every kernel call (`scale`, `softcap`, `window`);
+    `q_factor` multiplies q for a kernel that takes no `scale`.
+
+    State-dict keys: q_proj, k_proj, v_proj, output_proj (each `.weight`, and `.bias` with
+    `qkv_bias` / `out_bias`), and q_norm, k_norm with a qk_norm.
     """
 
     def __init__(
@@ -44,33 +60,50 @@ class CausalSelfAttention(nn.Module):
         num_kv_heads: int,
         kernel: nn.Module,
         kernel_gqa: bool,
+        head_dim: int | None = None,
+        qkv_bias: bool = False,
+        out_bias: bool = False,
+        q_norm: nn.Module | None = None,
+        k_norm: nn.Module | None = None,
+        qk_norm_full: bool = False,
+        kernel_options: Mapping[str, Any] | None = None,
+        q_factor: float | None = None,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ):
         super().__init__()
         self.num_heads, self.num_kv_heads = num_heads, num_kv_heads
-        self.head_dim = d_model // num_heads
+        self.head_dim = head_dim or d_model // num_heads
         self.kernel_gqa = kernel_gqa
-        kv_width = num_kv_heads * self.head_dim
-        self.q_proj = Linear(d_model, d_model, device=device, dtype=dtype)
-        self.k_proj = Linear(d_model, kv_width, device=device, dtype=dtype)
-        self.v_proj = Linear(d_model, kv_width, device=device, dtype=dtype)
-        self.output_proj = Linear(d_model, d_model, device=device, dtype=dtype)
+        width, kv_width = num_heads * self.head_dim, num_kv_heads * self.head_dim
+        self.q_proj = Linear(d_model, width, device=device, dtype=dtype, bias=qkv_bias)
+        self.k_proj = Linear(d_model, kv_width, device=device, dtype=dtype, bias=qkv_bias)
+        self.v_proj = Linear(d_model, kv_width, device=device, dtype=dtype, bias=qkv_bias)
+        self.output_proj = Linear(width, d_model, device=device, dtype=dtype, bias=out_bias)
         self.kernel = kernel
+        self.q_norm, self.k_norm = q_norm, k_norm
+        self.qk_norm_full = qk_norm_full
+        self.kernel_options = dict(kernel_options or {})
+        self.q_factor = q_factor
 
     def forward(
-        self,
-        x: Float[Tensor, "B T d_model"],
-        rotation: Rotation | None = None,
-        bias: Float[Tensor, "... H T Sk"] | None = None,
-        mask: Bool[Tensor, "B 1 T Sk"] | None = None,
-        cache: LayerCache | None = None,
+        self, x: Float[Tensor, "B T d_model"], context: LayerContext
     ) -> Float[Tensor, "B T d_model"]:
-        q = split_heads(self.q_proj(x), self.num_heads)  # (B, H, T, D)
-        k = split_heads(self.k_proj(x), self.num_kv_heads)  # (B, Hkv, T, D)
-        v = split_heads(self.v_proj(x), self.num_kv_heads)
+        rotation, bias, mask, cache = context
+        q, k = self.q_proj(x), self.k_proj(x)  # (B, T, H·D), (B, T, Hkv·D)
+        v = split_heads(self.v_proj(x), self.num_kv_heads)  # (B, Hkv, T, D)
+        if self.q_norm is None or self.k_norm is None:
+            q, k = split_heads(q, self.num_heads), split_heads(k, self.num_kv_heads)
+        elif self.qk_norm_full:  # one norm over all heads (OLMo 2)
+            q = split_heads(self.q_norm(q), self.num_heads)
+            k = split_heads(self.k_norm(k), self.num_kv_heads)
+        else:  # over each head (Qwen 3)
+            q = self.q_norm(q.unflatten(-1, (self.num_heads, self.head_dim))).transpose(1, 2)
+            k = self.k_norm(k.unflatten(-1, (self.num_kv_heads, self.head_dim))).transpose(1, 2)
         if rotation is not None:  # RoPE-style encodings rotate q and k, never v
             q, k = rotation(q), rotation(k)
+        if self.q_factor is not None:  # the query scale, for a kernel that takes none
+            q = q * self.q_factor
         if cache is not None:  # keys are cached rotated: only the new ones are rotated here
             k, v = cache.update(k, v)  # (B, Hkv, Sk, D), Sk = cached + T
         if self.num_kv_heads != self.num_heads and not self.kernel_gqa:
@@ -78,7 +111,7 @@ class CausalSelfAttention(nn.Module):
             k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
         # Sq = T queries against Sk keys: the kernel aligns causal queries to the end. Only a
         # padded batch passes a mask, so kernels without 'mask' serve everything else.
-        kw = {} if mask is None else {"mask": mask}
+        kw = self.kernel_options if mask is None else {**self.kernel_options, "mask": mask}
         out = self.kernel(q, k, v, causal=True, bias=bias, **kw)  # (B, H, T, D)
         heads = out.transpose(1, 2)  # (B, T, H, D)
         if torch.is_grad_enabled():
@@ -90,46 +123,95 @@ class CausalSelfAttention(nn.Module):
         return y
 
 
+class LogitCap(nn.Module):
+    """`cap · tanh(logits / cap)` (Gemma 2's final-logit soft-capping, in its order of ops)."""
+
+    def __init__(self, cap: float):
+        super().__init__()
+        self.cap = cap
+
+    def forward(self, logits: Float[Tensor, "... V"]) -> Float[Tensor, "... V"]:
+        return torch.tanh(logits / self.cap) * self.cap
+
+    def extra_repr(self) -> str:
+        return f"cap={self.cap}"
+
+
 def split_heads(x: Float[Tensor, "B T HD"], num_heads: int) -> Float[Tensor, "B H T D"]:
     """`b t (h d) -> b h t d` as a view (einops' rearrange costs more than the views on a
     decoding step's one token)."""
     return x.reshape(*x.shape[:-1], num_heads, x.shape[-1] // num_heads).transpose(1, 2)
 
 
-class TransformerBlock(nn.Module):
-    """Pre-norm: `y = x + attn(ln1(x)); z = y + ffn(ln2(y))`.
-    Post-norm: `y = ln1(x + attn(x)); z = ln2(y + ffn(y))`."""
-
-    def __init__(
-        self,
-        *,
-        attn: CausalSelfAttention,
-        ffn: nn.Module,
-        ln1: nn.Module,
-        ln2: nn.Module,
-        postnorm: bool,
-    ):
-        super().__init__()
-        self.ln1, self.attn, self.ln2, self.ffn = ln1, attn, ln2, ffn
-        self.postnorm = postnorm
-
-    def forward(
-        self,
-        x: Float[Tensor, "B T d_model"],
-        rotation: Rotation | None = None,
-        bias: Float[Tensor, "... H T Sk"] | None = None,
-        mask: Bool[Tensor, "B 1 T Sk"] | None = None,
-        cache: LayerCache | None = None,
-    ) -> Float[Tensor, "B T d_model"]:
-        y: Tensor
-        z: Tensor
-        if self.postnorm:
-            y = self.ln1(x + self.attn(x, rotation, bias, mask, cache))
-            z = self.ln2(y + self.ffn(y))
+def build_attention(bp: Blueprint, **factory: Any) -> CausalSelfAttention:
+    """One layer's attention, from its blueprint (`Blueprint.layer(i)`): the kernel, the
+    projections, and the q/k norms of a `qk_norm`."""
+    spec = bp.spec
+    options: dict[str, Any] = {}
+    q_factor = None
+    if spec.query_scale != default_query_scale(spec.head_dim):
+        if "scale" in bp.features("attn"):
+            options["scale"] = spec.query_scale
         else:
-            y = x + self.attn(self.ln1(x), rotation, bias, mask, cache)
-            z = y + self.ffn(self.ln2(y))
-        return z
+            q_factor = spec.query_scale * math.sqrt(spec.head_dim)
+    if spec.attn_softcap:
+        options["softcap"] = spec.attn_softcap
+    if spec.window:
+        options["window"] = spec.window
+    kernel = bp.create("attn", **factory)
+    attn = CausalSelfAttention(
+        d_model=spec.d_model,
+        num_heads=spec.num_heads,
+        num_kv_heads=spec.num_kv_heads,
+        head_dim=spec.head_dim,
+        kernel=kernel,
+        kernel_gqa=bp.kernel_gqa,
+        qkv_bias=spec.qkv_bias,
+        out_bias=spec.out_bias,
+        qk_norm_full=spec.qk_norm_scope == "full",
+        kernel_options=options,
+        q_factor=q_factor,
+        **factory,
+    )
+    if "qk_norm" in bp.parts:
+        full = spec.qk_norm_scope == "full"
+        q_width = spec.head_dim * (spec.num_heads if full else 1)
+        k_width = spec.head_dim * (spec.num_kv_heads if full else 1)
+        attn.q_norm = bp.create("qk_norm", d_model=q_width, **factory)
+        attn.k_norm = bp.create("qk_norm", d_model=k_width, **factory)
+    return attn
+
+
+def build_layer(bp: Blueprint, **factory: Any) -> nn.Module:
+    """One layer from its blueprint: attention, feed-forward network, and the block that wires
+    them with the norms it builds (`norm()`), each of them checked against its `norms`
+    declaration."""
+    attn = build_attention(bp, **factory)
+    ffn = bp.create("ffn", **factory)
+    built: list[nn.Module] = []
+
+    def norm() -> nn.Module:
+        module: nn.Module = bp.create("norm", **factory)
+        built.append(module)
+        return module
+
+    block: nn.Module = bp.create("block", attn=attn, ffn=ffn, norm=norm, **factory)
+    names = bp.norm_names()
+    held = [getattr(block, name, None) for name in names]
+    if (
+        len(built) != len(names)
+        or any(h is not b for h, b in zip(held, built, strict=False))
+        or getattr(block, "attn", None) is not attn
+        or getattr(block, "ffn", None) is not ffn
+    ):
+        entry = bp.entries["block"]
+        raise PluginError(
+            f"block {entry.name!r} from {entry.provenance}: it declares norms {names!r}, built "
+            f"{len(built)} with norm(), and must keep them as those attributes (in that order) "
+            "and its attn and ffn as `attn` and `ffn`, so that the state dict and the accounting "
+            "agree with it"
+        )
+    return block
 
 
 class TransformerLM(nn.Module):
@@ -154,33 +236,23 @@ class TransformerLM(nn.Module):
         device, dtype = check_device(device), check_dtype(dtype)
         check_size(bp, device=device, dtype=dtype, max_bytes=max_bytes)  # before any allocation
         factory: dict[str, Any] = {"device": device, "dtype": dtype}
-
-        def make_attn() -> CausalSelfAttention:
-            return CausalSelfAttention(
-                d_model=spec.d_model,
-                num_heads=spec.num_heads,
-                num_kv_heads=spec.num_kv_heads,
-                kernel=bp.create("attn", **factory),
-                kernel_gqa=bp.kernel_gqa,
-                **factory,
-            )
-
         self.token_embeddings = Embedding(spec.vocab_size, spec.d_model, **factory)
-        self.pos = bp.create(
-            "pos", **factory
-        )  # one instance: position work is done once per forward
-        self.layers = nn.ModuleList(
-            TransformerBlock(
-                ln1=bp.create("norm", **factory),
-                attn=make_attn(),
-                ln2=bp.create("norm", **factory),
-                ffn=bp.create("ffn", **factory),
-                postnorm=spec.block == "postnorm",
-            )
-            for _ in range(spec.num_layers)
+        # One instance per distinct positional encoding (the whole model's, then each one some
+        # layers have instead): position work is done once per forward, not once per layer.
+        self.pos = bp.create("pos", **factory)
+        variants = sorted({b.spec.pos for b in bp.layers} - {spec.pos}, key=str)
+        self.layer_pos = nn.ModuleList(
+            next(b for b in bp.layers if b.spec.pos == v).create("pos", **factory) for v in variants
         )
+        self.pos_index = [0 if b.spec.pos == spec.pos else 1 + variants.index(b.spec.pos)
+                          for b in bp.layers]  # fmt: skip
+        self.layers = nn.ModuleList(build_layer(b, **factory) for b in bp.layers)
         self.ln_final = bp.create("norm", **factory)
         self.lm_head = Linear(spec.d_model, spec.vocab_size, **factory)
+        self.logit_cap = LogitCap(spec.logit_softcap) if spec.logit_softcap else None
+        # The embedding scale in each dtype the model may run in, worked out here: no struct
+        # call in the forward for torch.compile to trace.
+        self.embed_scales = {dt: rounded(spec.embed_scale, dt) for dt in _FLOATS}
         if spec.tie_embeddings:
             # The shared matrix keeps lm_head's initialisation: σ=1 rows would make the initial
             # logits sqrt(d_model) times too large.
@@ -292,9 +364,11 @@ class TransformerLM(nn.Module):
         """`forward` without its input checks, for callers that checked once (generation
         checks a prompt's ids up front, then feeds back ids it sampled itself): no value
         check, so no device synchronisation per step."""
+        spec = self.spec
         x = self.token_embeddings(ids)  # (B, T, d_model)
+        if spec.embed_scale != 1.0:  # Gemma: the scale rounded to the model's dtype, as there
+            x = x * self.embed_scales.get(x.dtype, spec.embed_scale)
         x = self.pos.embed(x, positions)  # absolute encodings embed at the given positions
-        rotation = self.pos.rotation(positions)  # rotates the new q and k only
         mask = None
         if cache is None:
             k_positions = positions
@@ -302,13 +376,59 @@ class TransformerLM(nn.Module):
             cache.record(positions)
             k_positions = cache.key_positions(ids.shape[1])
             mask = cache.mask(ids.shape[1])
-        bias = self.pos.attention_bias(positions, k_positions)  # (..., H, T, Sk) or None
+        contexts = [
+            LayerContext(
+                pos.rotation(positions),  # rotates the new q and k only
+                pos.attention_bias(positions, k_positions),  # (..., H, T, Sk) or None
+                mask,
+            )
+            for pos in (self.pos, *self.layer_pos)
+        ]
         for i, layer in enumerate(self.layers):
-            x = layer(x, rotation, bias, mask, None if cache is None else cache.layer(i))
+            context = contexts[self.pos_index[i]]
+            if cache is not None:
+                context = context._replace(cache=cache.layer(i))
+            x = layer(x, context)
         if cache is not None:
             cache.advance(ids.shape[1])
         logits: Tensor = self.lm_head(self.ln_final(x))  # (B, T, vocab_size)
+        if self.logit_cap is not None:
+            logits = self.logit_cap(logits)
         return logits
+
+    def aux_loss(self) -> Tensor | None:
+        """The sum of the auxiliary losses the last forward left on its modules (an `aux_loss`
+        tensor each, e.g. a mixture of experts' load balancing, already weighted by its
+        coefficient), or None when none did: no such module, or a forward in eval mode or
+        without gradients. A training loop adds it to the loss; `lmcore train` does, and logs
+        it as `aux_loss`. Outside the compiled forward, so `torch.compile` sees none of it."""
+        total: Tensor | None = None
+        for module in self.modules():
+            found = getattr(module, "aux_loss", None)
+            if isinstance(found, Tensor):
+                total = found if total is None else total + found
+        return total
+
+
+_FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def rounded(value: float, dtype: torch.dtype) -> float:
+    """`value` rounded to `dtype`, as `torch.tensor(value, dtype=dtype)` holds it (a bfloat16
+    model multiplies by bfloat16's nearest value, as a reference multiplying by a tensor of the
+    model's dtype does)."""
+    if dtype == torch.float64:
+        return value
+    if dtype == torch.float16:
+        half: float = struct.unpack("e", struct.pack("e", value))[0]
+        return half
+    single: float = struct.unpack("f", struct.pack("f", value))[0]
+    if dtype != torch.bfloat16:
+        return single
+    bits: int = struct.unpack("I", struct.pack("f", single))[0]
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000  # round to nearest, ties to even
+    brain: float = struct.unpack("f", struct.pack("I", bits))[0]
+    return brain
 
 
 def refuse_untied_state_dict(

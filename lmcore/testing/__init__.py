@@ -20,11 +20,12 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from lmcore.testing.core import CHECKS, Check, ConformanceError, Settings, Target
-    from lmcore.testing.suite import Case, SelectionError, cases, select
+    from lmcore.testing.suite import Case, CaseSkipped, SelectionError, cases, select
 
 __all__ = [
     "CHECKS",
     "Case",
+    "CaseSkipped",
     "Check",
     "ConformanceError",
     "SelectionError",
@@ -41,6 +42,7 @@ _WHERE = {
     "Settings": "core",
     "Target": "core",
     "Case": "suite",
+    "CaseSkipped": "suite",
     "SelectionError": "suite",
     "cases": "suite",
     "select": "suite",

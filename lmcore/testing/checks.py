@@ -1,17 +1,14 @@
 """The conformance checks, one function per contract, registered with `core.check`.
 
 Each check builds the component at the kit's small test shapes, runs it on seeded random inputs
-and raises `ConformanceError` with a sentence naming what broke and how to fix it. Attention
-kernels are compared with `reference_attention`, written here plainly in float64 with an
-explicit mask, independent of lmcore's own kernels: a bug shared by lmcore.model.nn and a kernel
-built on it cannot hide on both sides, and the kit never compares a kernel with itself.
+and raises `ConformanceError` with a sentence naming what broke and how to fix it. The
+attention kernels' own checks are in `lmcore.testing.attention_checks`.
 """
 
 from __future__ import annotations
 
 import io
 import itertools
-import math
 import warnings
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
@@ -20,8 +17,8 @@ import torch
 from torch import Tensor, nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from lmcore.components import KINDS, accepted_kwargs, format_scalar
-from lmcore.interfaces import PROTOCOLS, PositionalEncoding
+from lmcore.components import KINDS, accepted_kwargs
+from lmcore.interfaces import PROTOCOLS, LayerContext, PositionalEncoding
 
 if TYPE_CHECKING:
     from lmcore.model.transformer import TransformerLM
@@ -42,6 +39,7 @@ from lmcore.testing.core import (
     hooks,
     make_inputs,
     mismatch,
+    model_around,
     output_names,
     positions,
     run,
@@ -89,6 +87,9 @@ def forward(target: Target, variant: str, settings: Settings) -> None:
     if target.kind in TOKENWISE:
         x = make_inputs(target, dtype, lead=(3,))["x"]  # (B, 3, T, d_model)
         _expect(module(x), x.shape, dtype, "the output")
+    elif target.kind == "block":
+        x = make_inputs(target, dtype)["x"]  # (B, T, d_model)
+        _expect(module(x, LayerContext()), x.shape, dtype, "the output")
     elif target.kind == "attn":
         for (sq, sk), causal in itertools.product(ATTN_LENGTHS, (False, True)):
             i = make_inputs(target, dtype, seq=sq, kv_seq=sk)
@@ -135,7 +136,7 @@ def gradients(target: Target, variant: str, settings: Settings) -> None:
             t.requires_grad_()
     outs = run(target.kind, module, inputs)
     _backward(outs)
-    used = ["x"] if target.kind in TOKENWISE else ["q", "k", "v"]
+    used = ["x"] if target.kind in (*TOKENWISE, "block") else ["q", "k", "v"]
     if target.kind == "pos":
         rotates = hooks(module).rotation(inputs["positions"]) is not None
         used = ["x", "q", "k"] if rotates else ["x"]
@@ -245,15 +246,35 @@ def params(target: Target, variant: str, settings: Settings) -> None:
         kwargs = target.kwargs(shape)
         declared = target.component.count_params(**kwargs)
         module = target.build(shape)
-        actual = sum(p.numel() for p in module.parameters())
+        own = _own_parameters(target, module)
+        actual = sum(p.numel() for _, p in own)
         if declared != actual:
-            found = ", ".join(f"{n} {tuple(p.shape)}" for n, p in module.named_parameters())
+            found = ", ".join(f"{n} {tuple(p.shape)}" for n, p in own)
             shown = call("params", accepted_kwargs(target.component.params, kwargs))
             fail(
                 f"declares {shown} = {declared:,}, but the built module has {actual:,} "
                 f"parameters ({found or 'none'}); fix the params function of the Component"
             )
         _buffers(target, shape)
+
+
+def _own_parameters(target: Target, module: nn.Module) -> list[tuple[str, nn.Parameter]]:
+    """The module's parameters; for a block, those outside the parts it is given (its attn, ffn
+    and the norms its `norms` declaration names), which lmcore accounts for on their own."""
+    named = list(module.named_parameters())
+    if target.kind != "block":
+        return named
+    parts = ("attn", "ffn", *_norm_names(target))
+    return [(n, p) for n, p in named if n.split(".", 1)[0] not in parts]
+
+
+def _norm_names(target: Target) -> tuple[str, ...]:
+    names = target.component.norms
+    return tuple(accepted_call(names, target.arg_values())) if names is not None else ()
+
+
+def accepted_call(fn: Any, available: Mapping[str, Any]) -> Any:
+    return fn(**accepted_kwargs(fn, available))
 
 
 def _buffers(target: Target, shape: int) -> None:
@@ -263,7 +284,11 @@ def _buffers(target: Target, shape: int) -> None:
         return
     kwargs = target.kwargs(shape)
     for dtype in DTYPES.values():
-        held = target.build(shape, dtype=dtype).named_buffers()
+        built = target.build(shape, dtype=dtype)
+        held = built.named_buffers()
+        if target.kind == "block":
+            parts = ("attn", "ffn", *_norm_names(target))
+            held = ((n, b) for n, b in built.named_buffers() if n.split(".", 1)[0] not in parts)
         sizes = {n: b.numel() * b.element_size() for n, b in held}
         stated = target.component.count_buffers(**kwargs, dtype=dtype)
         if stated != sum(sizes.values()):
@@ -282,6 +307,8 @@ def flops(target: Target, variant: str, settings: Settings) -> None:
     lengths = [(SEQ, SEQ), (2 * SEQ, 2 * SEQ)]
     if target.kind == "attn":
         lengths.append((SHORT, 2 * SEQ))
+    if target.kind == "block":
+        return _block_flops(target, lengths)
     for shape, (seq, kv) in itertools.product(range(len(SHAPES)), lengths):
         module = target.build(shape)
         inputs = make_inputs(target, shape=shape, batch=1, seq=seq, kv_seq=kv)
@@ -299,6 +326,32 @@ def flops(target: Target, variant: str, settings: Settings) -> None:
             )
 
 
+def _block_flops(target: Target, lengths: list[tuple[int, int]]) -> None:
+    """A block's forward does the FLOPs lmcore accounts for one layer: its parts' and its own."""
+    from lmcore.blueprint import resolve
+    from lmcore.model.counting import account
+
+    for shape, (seq, _) in itertools.product(range(len(SHAPES)), lengths):
+        bp = resolve(model_around(target, shape, num_layers=1), target.registry)
+        module = target.build(shape)
+        x = torch.randn(1, seq, SHAPES[shape]["d_model"])
+        with FlopCounterMode(display=False) as counter, torch.no_grad():
+            module(x, LayerContext())
+        measured = counter.get_total_flops()
+        rows = [r for r in account(bp, seq_len=seq).rows if r.per_layer]
+        expected = sum(r.flops_each for r in rows)
+        if measured != expected:
+            own = sum(r.flops_each for r in rows if r.entry == target.entry)
+            kwargs = {**target.kwargs(shape), "seq_len": seq, "kv_len": seq}
+            shown = call("flops", accepted_kwargs(target.component.flops, kwargs))
+            fail(
+                f"one forward of a single sequence of {seq} tokens does {measured:,} matmul "
+                f"FLOPs (torch.utils.flop_counter.FlopCounterMode), but its parts account for "
+                f"{expected - own:,} and it declares {shown} = {own:,} of its own; fix the "
+                "flops function of the Component (2·m·n·p per matmul it does itself)"
+            )
+
+
 @check("activations", ALL, declaration="activations")
 def activations(target: Target, variant: str, settings: Settings) -> None:
     """Declared activations equal the bytes autograd keeps for the component in a small model's
@@ -312,7 +365,7 @@ def activations(target: Target, variant: str, settings: Settings) -> None:
 
     cases = ((1, SEQ), (BATCH, SEQ - 1))  # an odd length too: block sizes rarely divide it
     for shape, dtype, (batch, seq) in itertools.product(range(len(SHAPES)), DTYPES.values(), cases):
-        spec = _model_around(target, shape)
+        spec = model_around(target, shape)
         try:
             bp = resolve(spec, target.registry)
             acc = account(bp, batch=batch, seq_len=seq, dtype=dtype)
@@ -329,7 +382,12 @@ def activations(target: Target, variant: str, settings: Settings) -> None:
             got = measured[row.name] // row.count
             if got * row.count == measured[row.name] and got == row.activations_each:
                 continue
-            kwargs = activation_kwargs(bp, row.entry.kind, batch=batch, seq_len=seq, dtype=dtype)
+            shape_kw = {"batch": batch, "seq_len": seq, "kv_len": seq, "dtype": dtype}
+            kwargs = (
+                {**dict(row.kwargs), **shape_kw}
+                if row.kwargs
+                else activation_kwargs(bp, row.entry.kind, batch=batch, seq_len=seq, dtype=dtype)
+            )
             declaration = target.component.activations
             assert declaration is not None  # rows without one were skipped above
             shown = call("activations", accepted_kwargs(declaration, kwargs))
@@ -349,20 +407,7 @@ def activations(target: Target, variant: str, settings: Settings) -> None:
             )
 
 
-def _model_around(target: Target, shape: int) -> str:
-    """A two-layer model spec at test shape `shape` with `target` in its slot; the other
-    components are the registry's defaults. Shape 1 uses grouped-query heads."""
-    s = SHAPES[shape]
-    kv_heads = s["num_heads"] if shape == 0 else s["num_heads"] // 2
-    args = ", ".join(f"{k}={format_scalar(v)}" for k, v in target.overrides)
-    name = target.entry.name
-    if target.qualified:
-        name = f"{target.entry.provenance.qualifier}:{name}"
-    return (
-        f"vocab_size=97, context_length={s['context_length']}, d_model={s['d_model']}, "
-        f"num_layers=2, num_heads={s['num_heads']}, num_kv_heads={kv_heads}, d_ff={s['d_ff']}, "
-        f"{target.kind}={name}" + (f"({args})" if args else "")
-    )
+_model_around = model_around
 
 
 @check("compile", ALL, feature="compile", defaults_only=True)
@@ -437,7 +482,7 @@ def cache(target: Target, variant: str, settings: Settings) -> None:
     if "nocache" in target.features:
         return  # declared: generation refuses it before starting
     for shape in range(len(SHAPES)):
-        spec = _model_around(target, shape)
+        spec = model_around(target, shape)
         try:
             model = TransformerLM(spec, registry=target.registry)
         except (LmcoreError, RuntimeError, TypeError, ValueError) as e:
@@ -518,211 +563,97 @@ def per_token(target: Target, variant: str, settings: Settings) -> None:
         )
 
 
-# ------------------------------------------------------------------------------ attention
+# ------------------------------------------------------------------------------ blocks
 
 
-def reference_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    *,
-    causal: bool,
-    mask: Tensor | None = None,
-    bias: Tensor | None = None,
-) -> Tensor:
-    """`softmax(q kᵀ / sqrt(D) + bias) v` in float64, written out step by step and sharing no
-    code with lmcore's kernels: k, v repeated to q's heads (head h uses kv head h // group),
-    masked keys and, with `causal`, keys after the query's position (query i sits at Sk - Sq + i,
-    aligned to the end) get no weight; a query with no visible key gets zeros. The softmax
-    subtracts each row's maximum, so it stays exact for scores far beyond exp's range."""
-    group = q.shape[1] // k.shape[1]
-    q, k, v = q.double(), k.double(), v.double()
-    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-    sq, sk, d = q.shape[-2], k.shape[-2], q.shape[-1]
-    scores = (q @ k.transpose(-2, -1)) / math.sqrt(d)  # (B, H, Sq, Sk)
-    if bias is not None:
-        scores = scores + bias.double()
-    keep = torch.ones(sq, sk, dtype=torch.bool)
-    if causal:
-        keep = torch.arange(sk)[None, :] <= torch.arange(sq)[:, None] + (sk - sq)
-    if mask is not None:
-        keep = keep & mask
-    scores = torch.where(keep, scores, -math.inf)
-    top = scores.amax(dim=-1, keepdim=True)
-    top = torch.where(torch.isfinite(top), top, 0.0)  # a row with no visible key
-    weights = torch.exp(scores - top)  # (..., Sq, Sk), every entry in [0, 1]
-    total = weights.sum(dim=-1, keepdim=True)
-    return (weights / torch.where(total > 0, total, 1.0)) @ v
+def _block_buildable(target: Target) -> str | None:
+    """Why a block cannot be checked: it is built with the registry's default parts."""
+    return _model_buildable(target)
 
 
-def _attend(module: nn.Module, q: Tensor, k: Tensor, v: Tensor, **kw: Any) -> Tensor:
-    """Call a kernel, passing mask / bias only when given (as the model does)."""
-    extra = {name: t for name, t in kw.items() if name in ("mask", "bias") and t is not None}
-    out: Tensor = module(q, k, v, causal=kw["causal"], **extra)
-    return out
-
-
-@check("reference", ("attn",), variants=("float32", "bfloat16"))
-def reference(target: Target, variant: str, settings: Settings) -> None:
-    """Matches the reference kernel on random inputs, causal or not, for Sq = Sk and Sq < Sk."""
-    dtype = DTYPES[variant]
-    atol, rtol = tolerance(dtype)
-    module = target.build(dtype=dtype)
-    for (sq, sk), causal in itertools.product(ATTN_LENGTHS, (False, True)):
-        i = make_inputs(target, dtype, seq=sq, kv_seq=sk)
-        out = _attend(module, i["q"], i["k"], i["v"], causal=causal)
-        expected = reference_attention(i["q"], i["k"], i["v"], causal=causal)
-        problem = mismatch(out, expected, atol=atol, rtol=rtol)
-        if problem:
-            fail(
-                f"causal={causal}, Sq={sq}, Sk={sk}, {variant}: the output differs from the "
-                f"kit's float64 reference, softmax(q kᵀ / sqrt(D)) v: {problem}"
-            )
-
-
-# How far the stability check scales q and k: q·k / sqrt(D) then spreads over about ±1000,
-# far beyond exp's float32 range (exp(89) is inf), as in a trained model's sharp attention.
-LARGE = 30.0
-
-
-@check("stability", ("attn",))
-def stability(target: Target, variant: str, settings: Settings) -> None:
-    """Large logits (q and k scaled by 30, scores of several hundred) give finite outputs equal to
-    the float64 reference: the softmax must subtract each row's maximum before exp."""
+@check("keys", ("block",), needs=_block_buildable)
+def keys(target: Target, variant: str, settings: Settings) -> None:
+    """The state dict holds `attn.*`, `ffn.*`, one set of norm keys per name its `norms`
+    declaration gives, and its own parameters: the parts it is given, each once, where the
+    declaration says."""
     module = target.build()
-    for (sq, sk), causal in itertools.product(ATTN_LENGTHS, (False, True)):
-        i = make_inputs(target, seq=sq, kv_seq=sk)
-        q, k = LARGE * i["q"], LARGE * i["k"]
-        with torch.no_grad():
-            out = _attend(module, q, k, i["v"], causal=causal)
-        expected = reference_attention(q, k, i["v"], causal=causal)
-        bad = ~torch.isfinite(out)
-        if bool(bad.any()):
+    names = _norm_names(target)
+    state = module.state_dict()
+    tops = {key.split(".", 1)[0] for key in state}
+    for part in ("attn", "ffn"):
+        if part not in tops:
             fail(
-                f"with q and k scaled by {LARGE:g} (causal={causal}, Sq={sq}, Sk={sk}), "
-                f"{int(bad.sum())} of {bad.numel()} outputs are NaN or inf where the float64 "
-                "reference is finite: subtract each row's maximum score before exp (softmax is "
-                "unchanged by the shift)"
+                f"its state dict has no {part}.* keys (it has {sorted(tops)}); keep the "
+                f"{part} it is given as the attribute `{part}`"
             )
-        problem = mismatch(out, expected, *tolerance(torch.float32))
-        if problem:
-            fail(
-                f"with q and k scaled by {LARGE:g} (causal={causal}, Sq={sq}, Sk={sk}), the "
-                f"output differs from the float64 reference: {problem}"
-            )
-
-
-@check("causal", ("attn",))
-def causal(target: Target, variant: str, settings: Settings) -> None:
-    """With causal=True, query i (at position Sk - Sq + i) sees exactly keys 0 .. Sk - Sq + i:
-    perturbing later keys/values never changes it, perturbing the visible ones does."""
-    module = target.build()
-    for sq, sk in ATTN_LENGTHS:
-        i = make_inputs(target, seq=sq, kv_seq=sk)
-        q, k, v = i["q"], i["k"], i["v"]
-        with torch.no_grad():
-            base = module(q, k, v, causal=True)
-            for cut in range(1, sk):
-                k2, v2 = k.clone(), v.clone()
-                k2[..., cut:, :] += torch.randn_like(k2[..., cut:, :])
-                v2[..., cut:, :] += torch.randn_like(v2[..., cut:, :])
-                moved = (module(q, k2, v2, causal=True) - base).abs().amax(dim=(0, 1, 3))  # (Sq,)
-                for query, change in enumerate(moved.tolist()):
-                    _causal_verdict(query, sk - sq + query, cut, change, sq, sk)
-
-
-def _causal_verdict(query: int, position: int, cut: int, change: float, sq: int, sk: int) -> None:
-    where = f"with Sq={sq}, Sk={sk}, query {query} (position {position})"
-    if position < cut and change > CHANGED:
+    missing = [
+        n for n in names if n not in tops and any(True for _ in _norm(module, n).parameters())
+    ]
+    if missing:
         fail(
-            f"causal=True leaks future tokens: {where} changed by {change:.3g} when keys/values "
-            f"from position {cut} on were perturbed; query i may attend only keys "
-            f"j <= Sk - Sq + i (here {position}), queries aligned to the end of the keys"
+            f"its norms declaration names {list(names)}, but the state dict has no keys under "
+            f"{missing}; keep each norm built with norm() as the attribute of that name"
         )
-    if position >= cut and not change > CHANGED:
+    parts = {id(m) for n in ("attn", "ffn", *names) for m in _norm(module, n).modules()}
+    stray = [
+        n
+        for n, child in module.named_children()
+        if n not in ("attn", "ffn", *names) and any(id(m) in parts for m in child.modules())
+    ]
+    if stray:
         fail(
-            f"causal=True hides visible tokens: {where} did not change when keys/values from "
-            f"position {cut} on were perturbed, yet it may attend keys up to {position}; the "
-            "mask must be j <= Sk - Sq + i (aligned to the end, including the query's own "
-            "position)"
+            f"it holds its parts a second time, as {stray}: each of attn, ffn and the norms "
+            "appears once in the state dict"
         )
 
 
-@check("mask", ("attn",), feature="mask")
-def mask(target: Target, variant: str, settings: Settings) -> None:
-    """A boolean mask (True = may attend), alone or with causal=True, gives the reference output."""
+def _norm(module: nn.Module, name: str) -> nn.Module:
+    found = getattr(module, name, None)
+    if not isinstance(found, nn.Module):
+        fail(f"it has no submodule {name!r}, which its norms declaration names")
+    return found
+
+
+class _Zero(nn.Module):
+    """A sub-layer that gives zeros (of its input's shape, through the input for autograd)."""
+
+    def forward(self, x: Tensor, *rest: Any) -> Tensor:
+        return x * 0
+
+
+@check("residual", ("block",), needs=_block_buildable)
+def residual(target: Target, variant: str, settings: Settings) -> None:
+    """Tokens mix only through attention, causally: the output at a position does not change
+    when a later position's input does, and changes with its own. With the 'residual' feature,
+    the block returns its input exactly when attn and ffn give zeros."""
     module = target.build()
-    heads = shape_of(target)["num_heads"]
-    for (sq, sk), causal, layout in itertools.product(
-        ATTN_LENGTHS, (False, True), ("Sq, Sk", "B, 1, Sq, Sk", "B, H, Sq, Sk")
-    ):
-        shape = {"Sq, Sk": (sq, sk), "B, 1, Sq, Sk": (BATCH, 1, sq, sk)}.get(
-            layout, (BATCH, heads, sq, sk)
+    x = make_inputs(target)["x"]  # (B, T, d_model)
+    cut = SEQ // 2
+    later = x.clone()
+    later[:, cut:] += torch.randn_like(later[:, cut:])
+    with torch.no_grad():
+        base, moved = module(x, LayerContext()), module(later, LayerContext())
+    early = (moved[:, :cut] - base[:, :cut]).abs().max().item()
+    if early > CHANGED:
+        fail(
+            f"changing the inputs from position {cut} on changed the output before it (by "
+            f"{early:.3g}): a block mixes tokens only through its attention sub-layer, "
+            "which is causal"
         )
-        keep = torch.rand(shape) > 0.5
-        rows = torch.arange(sq)
-        keep[..., rows, rows + sk - sq] = True  # each query may see its own position: no empty row
-        i = make_inputs(target, seq=sq, kv_seq=sk)
-        out = _attend(module, i["q"], i["k"], i["v"], causal=causal, mask=keep)
-        expected = reference_attention(i["q"], i["k"], i["v"], causal=causal, mask=keep)
-        problem = mismatch(out, expected, *tolerance(torch.float32))
-        if problem:
-            fail(
-                f"with a ({layout}) boolean mask, causal={causal}, Sq={sq}, Sk={sk}: the output "
-                f"differs from the reference: {problem}. lmcore masks are True where a query "
-                "MAY attend; False positions get -inf before the softmax"
-            )
-
-
-@check("bias", ("attn",), feature="bias")
-def bias(target: Target, variant: str, settings: Settings) -> None:
-    """An additive bias broadcastable to (B, H, Sq, Sk) is added to the scaled scores."""
-    module = target.build()
-    heads = shape_of(target)["num_heads"]
-    for (sq, sk), causal in itertools.product(ATTN_LENGTHS, (False, True)):
-        for shape in ((sq, sk), (heads, sq, sk), (BATCH, 1, sq, sk), (BATCH, heads, sq, sk)):
-            add = 2.0 * torch.randn(shape)
-            i = make_inputs(target, seq=sq, kv_seq=sk)
-            out = _attend(module, i["q"], i["k"], i["v"], causal=causal, bias=add)
-            expected = reference_attention(i["q"], i["k"], i["v"], causal=causal, bias=add)
-            problem = mismatch(out, expected, *tolerance(torch.float32))
-            if problem:
-                fail(
-                    f"with a bias of shape {shape}, causal={causal}, Sq={sq}, Sk={sk}: the output "
-                    f"differs from softmax(q kᵀ / sqrt(D) + bias) v: {problem}"
-                )
-
-
-@check("gqa", ("attn",), feature="gqa")
-def gqa(target: Target, variant: str, settings: Settings) -> None:
-    """With Hkv < H key/value heads, query head h uses kv head h // (H / Hkv), with or without
-    per-head masks and biases."""
-    s = SHAPES[0]
-    heads, d = s["num_heads"], s["head_dim"]
-    for kv_heads, (sq, sk), causal in itertools.product(
-        (heads // 2, 1), ATTN_LENGTHS, (False, True)
-    ):
-        module = target.build(num_kv_heads=kv_heads)
-        q = torch.randn(BATCH, heads, sq, d)
-        k, v = torch.randn(BATCH, kv_heads, sk, d), torch.randn(BATCH, kv_heads, sk, d)
-        extra: dict[str, Tensor | None] = {"mask": None, "bias": None}
-        if "bias" in target.features:
-            extra["bias"] = torch.randn(BATCH, heads, sq, sk)
-        if "mask" in target.features:
-            keep = torch.rand(BATCH, heads, sq, sk) > 0.5
-            keep[..., torch.arange(sq), torch.arange(sq) + sk - sq] = True
-            extra["mask"] = keep
-        out = _attend(module, q, k, v, causal=causal, **extra)
-        expected = reference_attention(q, k, v, causal=causal, **extra)
-        problem = mismatch(out, expected, *tolerance(torch.float32))
-        if problem:
-            given = ", ".join(f"per-head {n}" for n, t in extra.items() if t is not None)
-            fail(
-                f"with {heads} query heads and {kv_heads} kv heads ({given or 'no mask or bias'},"
-                f" causal={causal}, Sq={sq}, Sk={sk}): the output differs from the reference "
-                f"with k, v repeated per group (query head h uses kv head h // "
-                f"{heads // kv_heads}, as repeat_interleave): {problem}"
-            )
+    if not (moved[:, cut:] - base[:, cut:]).abs().max().item() > CHANGED:
+        fail(f"changing the inputs from position {cut} on left the output there unchanged")
+    if "residual" not in target.features:
+        return
+    module.attn, module.ffn = _Zero(), _Zero()
+    with torch.no_grad():
+        out = module(x, LayerContext())
+    problem = mismatch(out, x, atol=0.0, rtol=0.0)
+    if problem:
+        fail(
+            f"declares 'residual', but with attn and ffn giving zeros the output is not its "
+            f"input: {problem}; the residual stream must pass through the block unchanged, or "
+            "drop 'residual' from the Component's features"
+        )
 
 
 # ------------------------------------------------------------------------------ positions

@@ -15,14 +15,16 @@ import torch
 from torch import Tensor, nn
 
 from lmcore.components import DIMS, Component, Scalar, format_scalar
-from lmcore.interfaces import PositionalEncoding
+from lmcore.interfaces import LayerContext, PositionalEncoding
 from lmcore.registry import Entry, Registry
 
 # Two model shapes; head_dim = d_model / num_heads in both, as in a real model.
 SHAPES: Final[tuple[Mapping[str, int], ...]] = (
-    dict(d_model=64, d_ff=128, num_heads=4, num_kv_heads=4, head_dim=16, context_length=32),
-    dict(d_model=48, d_ff=80, num_heads=2, num_kv_heads=2, head_dim=24, context_length=24),
-)
+    dict(d_model=64, d_ff=128, num_heads=4, num_kv_heads=4, head_dim=16, context_length=32,
+         window=0),
+    dict(d_model=48, d_ff=80, num_heads=2, num_kv_heads=2, head_dim=24, context_length=24,
+         window=0),
+)  # fmt: skip
 # Kinds that map (..., d_model) to (..., d_model), token by token.
 TOKENWISE: Final = ("norm", "ffn")
 BATCH: Final = 2
@@ -98,9 +100,16 @@ class Target:
         given = dict(self.overrides)
         return [a.name for a in self.component.args if a.required and a.name not in given]
 
-    def arg_values(self) -> dict[str, Scalar]:
+    def arg_values(self) -> dict[str, Any]:
+        """Every argument's value, as the factory gets it. A component-valued argument is
+        resolved (a `lmcore.blueprint.Part`) in the target's registry, in a model around it."""
         args = self.component.args
-        values: dict[str, Scalar] = {a.name: a.default for a in args if not a.required}
+        if any(a.kind is not None for a in args):
+            from lmcore.blueprint import resolve
+
+            bp = resolve(model_around(self, 0), self.registry)
+            return bp.parts[self.kind].kwargs()
+        values: dict[str, Any] = {a.name: a.default for a in args if not a.required}
         values.update(self.overrides)
         return values
 
@@ -126,6 +135,8 @@ class Target:
     ) -> nn.Module:
         kwargs = self.kwargs(shape, **overrides)
         self.component.check_shape(**kwargs)
+        if self.kind == "block":
+            return build_block(self, shape, device=device, dtype=dtype)
         module = self.component.create(**kwargs, device=device, dtype=dtype)
         if not isinstance(module, nn.Module):
             fail(
@@ -133,6 +144,34 @@ class Target:
                 "make the factory return a module (subclass torch.nn.Module)"
             )
         return module
+
+
+def model_around(target: Target, shape: int, num_layers: int = 2) -> str:
+    """A model spec at test shape `shape` with `target` in its slot; the other components are
+    the registry's defaults. Shape 1 uses grouped-query heads."""
+    s = SHAPES[shape]
+    kv_heads = s["num_heads"] if shape == 0 else s["num_heads"] // 2
+    args = ", ".join(f"{k}={format_scalar(v)}" for k, v in target.overrides)
+    name = target.entry.name
+    if target.qualified:
+        name = f"{target.entry.provenance.qualifier}:{name}"
+    return (
+        f"vocab_size=97, context_length={s['context_length']}, d_model={s['d_model']}, "
+        f"num_layers={num_layers}, num_heads={s['num_heads']}, num_kv_heads={kv_heads}, "
+        f"d_ff={s['d_ff']}, {target.kind}={name}" + (f"({args})" if args else "")
+    )
+
+
+def build_block(
+    target: Target, shape: int = 0, *, device: Any = None, dtype: torch.dtype | None = None
+) -> nn.Module:
+    """A block under test with the parts a model gives it: lmcore's attention (the registry's
+    default kernel), the default ffn, and the default norm for each one it asks for."""
+    from lmcore.blueprint import resolve
+    from lmcore.model.transformer import build_layer
+
+    bp = resolve(model_around(target, shape, num_layers=1), target.registry)
+    return build_layer(bp.layer(0), device=device, dtype=dtype)
 
 
 def call(fn: str, kwargs: Mapping[str, Any]) -> str:
@@ -168,12 +207,15 @@ def make_inputs(
 ) -> dict[str, Tensor]:
     """Random inputs for one forward of `target`'s kind (seeded by the caller).
 
-    norm and ffn get `x: (batch, *lead, seq, d_model)`: their contract is `(..., d_model)`.
+    norm and ffn get `x: (batch, *lead, seq, d_model)`: their contract is `(..., d_model)`;
+    a block gets `x: (batch, seq, d_model)`.
     """
     s = shape_of(target, shape)
     d_model, heads, head_dim = s["d_model"], s["num_heads"], s["head_dim"]
     if target.kind in TOKENWISE:
         return {"x": torch.randn(batch, *lead, seq, d_model, dtype=dtype)}
+    if target.kind == "block":
+        return {"x": torch.randn(batch, seq, d_model, dtype=dtype)}
     if target.kind == "attn":
         kv_heads, sk = s["num_kv_heads"], kv_seq or seq
         return {
@@ -197,6 +239,8 @@ def run(kind: str, module: nn.Module, inputs: Mapping[str, Tensor]) -> list[Tens
     """
     if kind in TOKENWISE:
         return [module(inputs["x"])]
+    if kind == "block":
+        return [module(inputs["x"], LayerContext())]
     if kind == "attn":
         return [module(inputs["q"], inputs["k"], inputs["v"], causal=True)]
     pos, p = hooks(module), inputs["positions"]

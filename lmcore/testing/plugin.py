@@ -50,7 +50,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         action="append",
         default=[],
         metavar="KIND",
-        help="only components of this kind: norm, ffn, pos or attn (repeatable)",
+        help="only components of this kind: norm, ffn, pos, attn or block (repeatable)",
     )
     group.addoption(
         "--lmcore-component",

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
-import lmcore.testing.checks as _checks  # noqa: F401  (registers the checks)
+import lmcore.testing.attention_checks as _attention_checks  # noqa: F401  (registers its checks)
+import lmcore.testing.checks as _checks  # registers the checks
 from lmcore.components import KINDS
 from lmcore.errors import LmcoreError, did_you_mean, one_of
 from lmcore.registry import Entry, Registry, normalize_dist
@@ -24,6 +25,15 @@ from lmcore.testing.core import CHECKS, Check, Settings, Target
 
 class SelectionError(LmcoreError, ValueError):
     """`--lmcore-kind` / `--lmcore-component` select nothing; the message lists what exists."""
+
+
+class CaseSkipped(LmcoreError):
+    """`Case.run` on a case that cannot run (`Case.skip_reason`, as pytest would skip it);
+    `reason` says why."""
+
+    def __init__(self, case: Case, reason: str):
+        self.case, self.reason = case, reason
+        super().__init__(f"{case.name} cannot run: {reason}")
 
 
 @dataclass(frozen=True)
@@ -52,8 +62,11 @@ class Case:
                 f"{self.target.label} has required argument(s) {', '.join(missing)} with no "
                 "default; the conformance kit builds components from their declared defaults"
             )
-        if self.check.needs is not None:
-            reason = self.check.needs(self.target)
+        needs = self.check.needs
+        if needs is None and self.target.kind == "block":  # built with the default parts
+            needs = _checks._model_buildable
+        if needs is not None:
+            reason = needs(self.target)
             if reason:
                 return reason
         declaration = self.check.declaration
@@ -65,10 +78,14 @@ class Case:
         return None
 
     def run(self, settings: Settings | None = None) -> None:
-        """Run the check; raise ConformanceError when the component breaks the contract.
+        """Run the check; raise ConformanceError when the component breaks the contract, and
+        `CaseSkipped` (with the reason) for a case that cannot run, one pytest would skip.
 
         The global RNG is seeded for the run and restored afterwards.
         """
+        reason = self.skip_reason
+        if reason:
+            raise CaseSkipped(self, reason)
         settings = settings or Settings()
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(settings.seed)

@@ -404,10 +404,17 @@ def apply_tensor_parallel(model: TransformerLM, mesh: DeviceMesh) -> Transformer
                 f"{what}={value} does not split over {n} tensor-parallel ranks; use a "
                 f"multiple of {n} or fewer ranks"
             )
-    probe = torch.zeros(1, 2, dtype=torch.long)
-    if model.pos.attention_bias(probe, probe) is not None:
+    normed = [b.spec.qk_norm for b in model.blueprint.layers if b.spec.qk_norm is not None]
+    if normed:
         raise ParallelError(
-            f"pos={spec.pos.name} adds an attention bias across the heads, which tensor "
+            f"qk_norm={normed[0]}: tensor parallelism splits the heads across ranks, and the q/k "
+            "norm's weights, shared by all the heads, would get each rank's part of their "
+            "gradient only; train it with ddp or fsdp"
+        )
+    biased = [b.spec.pos for b in model.blueprint.layers if "bias" in b.features("pos")]
+    if biased:
+        raise ParallelError(
+            f"pos={biased[0]} adds an attention bias across the heads, which tensor "
             "parallelism would have to shard too; use a positional encoding without one "
             "(rope, nope, learned, sinusoidal)"
         )

@@ -117,8 +117,8 @@ def spec_tag(spec: Any) -> str:
     out."""
     parts = [f"L{spec.num_layers}", f"d{spec.d_model}", spec.norm.name, spec.ffn.name]
     parts.append(spec.pos.name)
-    if spec.block != "prenorm":
-        parts.append(spec.block)
+    if spec.block.name != "prenorm":
+        parts.append(spec.block.name)
     if spec.attn.name != "sdpa":
         parts.append(spec.attn.name)
     return f"{slug('-'.join(parts))}-{spec_hash(spec)}"

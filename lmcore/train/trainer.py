@@ -506,6 +506,7 @@ class _Loop:
         self.session_start = time.perf_counter()
         self.train_time = 0.0
         self.window: list[tuple[int, Tensor, Tensor]] = []
+        self.aux_window: list[Tensor] = []  # the auxiliary losses of the window's steps
         self.window_time = 0.0
         self.mark: float | None = None
         self.first_val: float | None = None
@@ -722,7 +723,10 @@ class _Loop:
         x, y = self.sampler.batch(step)
         with _autocast(self.device, cfg.autocast):
             loss = cross_entropy(self.forward(x), y)
-        torch.autograd.backward(loss)
+        aux = self.model.aux_loss()  # e.g. a mixture of experts' load balancing; else None
+        torch.autograd.backward(loss if aux is None else loss + aux)
+        if aux is not None:
+            self.aux_window.append(aux.detach())
         norm = clip_gradients(self.model.parameters(), cfg.grad_clip)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -739,6 +743,9 @@ class _Loop:
         values: list[list[float]] = torch.stack([losses, norms.to(losses.device)]).tolist()
         steps = [w[0] for w in self.window]
         self.window = []
+        aux, self.aux_window = self.aux_window, []
+        # Logged beside the cross-entropy `loss`, which stays comparable with val_loss.
+        extra = {"aux_loss": self.par.mean(torch.stack(aux).mean()).item()} if aux else {}
         window_time, self.window_time = self.window_time, 0.0
         cfg = self.cfg
         assert cfg.min_lr is not None and cfg.warmup is not None and cfg.decay_steps is not None
@@ -754,7 +761,7 @@ class _Loop:
         lr = cosine_lr(step, lr=cfg.lr, min_lr=cfg.min_lr, warmup=cfg.warmup,
                        decay_steps=cfg.decay_steps)  # fmt: skip
         self.record(kind="train", step=step, tokens=step * self.tokens_per_step, loss=mean,
-                    lr=lr, grad_norm=values[1][-1], tokens_per_s=tps,
+                    **extra, lr=lr, grad_norm=values[1][-1], tokens_per_s=tps,
                     elapsed_s=self.elapsed())  # fmt: skip
         if self.bar is not None:
             self.bar.set_postfix_str(f"loss {mean:.4f}, {tps:,.0f} tok/s", refresh=False)

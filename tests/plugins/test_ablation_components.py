@@ -123,7 +123,9 @@ def test_declared_features() -> None:
     features = {(k, n): reg.get(k, n).component.features for k, n, _ in NEW}
     assert features["pos", "alibi"] == {"bias", "relative", "compile"}
     assert features["pos", "learned"] == features["pos", "sinusoidal"] == {"absolute", "compile"}
-    assert features["attn", "chunked"] == {"gqa", "bias", "mask", "compile"}
+    assert features["attn", "chunked"] == {
+        "gqa", "bias", "mask", "scale", "softcap", "window", "compile"
+    }  # fmt: skip
 
 
 @pytest.mark.parametrize(

@@ -88,3 +88,37 @@ def test_without_a_gradient_the_same_numbers_and_no_graph(dtype: torch.dtype) ->
         inferred = norm(x)
     assert plain.grad_fn is None and plain.dtype == dtype
     assert torch.equal(plain, trained.detach()) and torch.equal(inferred, plain)
+
+
+def test_zero_centered_is_gemmas_rmsnorm_with_its_zero_initial_weight() -> None:
+    from transformers.models.gemma.modeling_gemma import GemmaRMSNorm
+
+    torch.manual_seed(0)
+    norm = RMSNorm(16, eps=1e-6, zero_centered=True)
+    assert torch.equal(norm.weight, torch.zeros(16))
+    hf = GemmaRMSNorm(16, eps=1e-6)
+    with torch.no_grad():
+        norm.weight.normal_()
+        hf.weight.copy_(norm.weight)
+    x = torch.randn(2, 5, 16, requires_grad=True)
+    torch.testing.assert_close(norm(x), hf(x), rtol=1e-6, atol=1e-6)
+    g = torch.randn(2, 5, 16)
+    mine = torch.autograd.grad(norm(x), [x, norm.weight], g)
+    theirs = torch.autograd.grad(hf(x), [x, hf.weight], g)
+    for a, b in zip(mine, theirs, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_zero_centered_adds_one_to_the_weight_in_float32_under_bfloat16() -> None:
+    torch.manual_seed(0)
+    norm = RMSNorm(64, zero_centered=True, dtype=torch.bfloat16)
+    with torch.no_grad():
+        norm.weight.copy_(0.01 * torch.randn(64))  # 1 + w mostly not a bfloat16
+    x = torch.randn(4, 64).to(torch.bfloat16)
+    xf = x.float()
+    unit = xf / torch.sqrt(xf.square().mean(-1, keepdim=True) + 1e-5)
+    in_float32 = (unit * (1.0 + norm.weight.float())).to(torch.bfloat16)
+    rounded_gain = (unit * (1.0 + norm.weight).float()).to(torch.bfloat16)
+    assert norm(x).dtype == torch.bfloat16
+    assert torch.equal(norm(x), in_float32)
+    assert not torch.equal(in_float32, rounded_gain)  # the test can tell the two apart

@@ -509,7 +509,8 @@ def test_the_cache_check_skips_where_no_model_can_be_built_around_the_component(
 
     [case] = [c for c in cases(PlantedRegistry(PLANTED[0]).registry) if c.check.name == "cache"]
     assert case.skip_reason == (
-        "the check builds a model around norm:good-norm, but the registry lacks the default ffn "
+        "the check builds a model around norm:good-norm, but the registry lacks the default block "
+        "'prenorm', ffn "
         "'swiglu', pos 'rope', attn 'sdpa' for the other slots (lmcore's built-ins are not loaded)"
     )
 
@@ -545,7 +546,120 @@ def test_every_check_is_shown_failing_by_some_planted_bug() -> None:
     caught.add("build")  # test_a_module_that_is_not_a_positional_encoding_fails_build
     caught.add("activations")  # test_a_wrong_activations_declaration_fails_and_names_it
     caught.add("cache")  # test_a_component_that_breaks_the_cache_fails_and_names_it
+    caught |= {name for name, *_ in PLANTED_BESIDE_BUILTINS}  # the test after this one
     assert caught == {c.name for c in CHECKS}
+
+
+class OptionsAttention(Attention):
+    """Takes the query scale, soft-capping and the sliding window; ignores the one `ignored`
+    names."""
+
+    ignored = ""
+
+    def forward(self, q: Tensor, k: Tensor, v: Tensor, *, causal: bool, **kw: Any) -> Tensor:
+        scale, softcap, window = (None if self.ignored == n else kw.get(n)
+                                  for n in ("scale", "softcap", "window"))  # fmt: skip
+        k, v = self.expand(k, q.shape[1]), self.expand(v, q.shape[1])
+        sq, sk = q.shape[-2], k.shape[-2]
+        s = (q @ k.transpose(-2, -1)) * (scale or q.shape[-1] ** -0.5)
+        if softcap:
+            s = softcap * torch.tanh(s / softcap)
+        position = torch.arange(sq)[:, None] + sk - sq
+        keep = torch.ones(sq, sk, dtype=torch.bool)
+        if causal:
+            keep &= torch.arange(sk)[None, :] <= position
+        if window:
+            keep &= torch.arange(sk)[None, :] > position - window
+        if kw.get("mask") is not None:
+            keep = keep & kw["mask"]
+        if kw.get("bias") is not None:
+            s = s + kw["bias"]
+        return torch.softmax(s.masked_fill(~keep, -torch.inf), dim=-1) @ v
+
+
+class NoScale(OptionsAttention):
+    ignored = "scale"
+
+
+class NoSoftcap(OptionsAttention):
+    ignored = "softcap"
+
+
+class NoWindow(OptionsAttention):
+    ignored = "window"
+
+
+class _Block(nn.Module):
+    def __init__(self, *, attn: nn.Module, ffn: nn.Module, norm: Any):
+        super().__init__()
+        self.ln1, self.attn, self.ln2, self.ffn = norm(), attn, norm(), ffn
+
+    def forward(self, x: Tensor, context: Any) -> Tensor:
+        y = x + self.attn(self.ln1(x), context)
+        return y + self.ffn(self.ln2(y))
+
+
+class PeekingBlock(_Block):
+    """Adds the mean over every position, later ones included."""
+
+    def forward(self, x: Tensor, context: Any) -> Tensor:
+        return super().forward(x, context) + x.mean(dim=1, keepdim=True)
+
+
+class DoublingBlock(_Block):
+    """Declares 'residual' but doubles the stream."""
+
+    def forward(self, x: Tensor, context: Any) -> Tensor:
+        return super().forward(x, context) + x
+
+
+class TwiceHeldBlock(_Block):
+    """Holds its attention a second time, in a list."""
+
+    def __init__(self, *, attn: nn.Module, ffn: nn.Module, norm: Any):
+        super().__init__(attn=attn, ffn=ffn, norm=norm)
+        self.again = nn.ModuleList([self.attn])
+
+
+def block(name: str, build: Any, **kw: Any) -> Component:
+    kw.setdefault("norms", lambda: ("ln1", "ln2"))
+    kw.setdefault("activations", lambda: 0)
+    return Component(kind="block", name=name, build=build, **kw)
+
+
+OPTIONS = frozenset({"gqa", "mask", "bias", "scale", "softcap", "window", "compile"})
+# (check, component, a regex the failure must match): checks that need lmcore's built-ins.
+PLANTED_BESIDE_BUILTINS = [
+    ("scale", attn("no-scale", NoScale, features=OPTIONS),
+     r"with scale=0.05 \(causal=False, Sq=8, Sk=8\), the output differs from the float64 reference"),
+    ("softcap", attn("no-softcap", NoSoftcap, features=OPTIONS),
+     r"with softcap=5.0 \(causal=False, Sq=8, Sk=8\), the output differs from the float64 reference"),
+    ("window", attn("no-window", NoWindow, features=OPTIONS),
+     r"with window=1 \(causal=False, Sq=8, Sk=8\), the output differs from the float64 reference"),
+    ("residual", block("peeking", PeekingBlock),  # a future leak: the cache check fails too
+     r"changing the inputs from position 4 on changed the output before it .*: a block mixes tokens only through its attention sub-layer"),
+    ("residual", block("doubling", DoublingBlock, features=frozenset({"residual"})),
+     r"declares 'residual', but with attn and ffn giving zeros the output is not its input"),
+    ("keys", block("twice-held", TwiceHeldBlock),
+     r"it holds its parts a second time, as \['again'\]: each of attn, ffn and the norms appears once"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("check", "component", "pattern"), PLANTED_BESIDE_BUILTINS)
+def test_each_planted_bug_beside_the_builtins_fails_its_check(
+    check: str, component: Component, pattern: str
+) -> None:
+    from lmcore.testing import ConformanceError, cases
+
+    found = cases(WithBuiltins(component).registry, components=[component.name])
+    [case] = [c for c in found if c.check.name == check]
+    assert case.skip_reason is None
+    with pytest.raises(ConformanceError, match=pattern):
+        case.run()
+    also = {"residual": {"cache"}}.get(check, set()) if component.name == "peeking" else set()
+    for other in found:  # every other check passes
+        if other.check.name not in {check, "compile", *also} and other.skip_reason is None:
+            other.run()
 
 
 def test_a_module_that_is_not_a_positional_encoding_fails_build(pytester: pytest.Pytester) -> None:
@@ -642,7 +756,7 @@ def test_k_and_m_select_among_generated_tests(pytester: pytest.Pytester) -> None
     [
         (
             ["--lmcore-kind", "nrom"],
-            r"--lmcore-kind 'nrom' is not a component kind \(did you mean 'norm'\?\); kinds are attn, ffn, norm, pos",
+            r"--lmcore-kind 'nrom' is not a component kind \(did you mean 'norm'\?\); kinds are attn, block, ffn, norm, pos",
         ),
         (
             ["--lmcore-component", "leaki"],
@@ -749,3 +863,20 @@ def test_the_python_api_runs_a_case_without_pytest() -> None:
     assert torch.equal(torch.random.get_rng_state(), state), (
         "a case must not disturb the caller's RNG"
     )
+
+
+def test_running_a_case_pytest_would_skip_raises_case_skipped_with_the_reason() -> None:
+    """`Case.run` used to build the component anyway and crash with a TypeError."""
+    from lmcore.testing import CaseSkipped, cases
+
+    found = cases(PlantedRegistry().registry, components=["needs-arg"])
+    assert found and all(case.skip_reason for case in found)
+    for case in found:
+        with pytest.raises(
+            CaseSkipped,
+            match=r"^test_\w+\[norm:needs-arg[^\]]*\] cannot run: norm:needs-arg has required "
+            r"argument\(s\) unused with no default; the conformance kit builds components from "
+            r"their declared defaults$",
+        ) as caught:
+            case.run()
+        assert caught.value.reason == case.skip_reason

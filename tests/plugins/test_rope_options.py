@@ -1,0 +1,168 @@
+"""rope's partial rotation and frequency scaling, against Hugging Face's formulas written out here
+(and against transformers' own `ROPE_INIT_FUNCTIONS`), and in a model."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+import torch
+
+import lmcore
+from lmcore import build_model, get_registry
+from lmcore.errors import SpecError
+from lmcore.testing import CHECKS, Case, Settings, Target
+from lmcore_rope import RotaryPositionalEmbedding, inverse_frequencies
+
+LLAMA31 = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}
+
+
+def llama3_reference(theta: float, dim: int, factor: float, low: float, high: float,
+                     original: int) -> list[float]:  # fmt: skip
+    """Llama 3.1's frequency scaling, one frequency at a time in float64 (Meta's reference
+    `apply_scaling`, which `modeling_rope_utils._compute_llama3_parameters` vectorises)."""
+    out = []
+    for k in range(0, dim, 2):
+        freq = 1.0 / theta ** (k / dim)
+        wavelen = 2 * math.pi / freq
+        if wavelen < original / high:
+            out.append(freq)
+        elif wavelen > original / low:
+            out.append(freq / factor)
+        else:
+            smooth = (original / wavelen - low) / (high - low)
+            out.append((1 - smooth) * freq / factor + smooth * freq)
+    return out
+
+
+@pytest.mark.parametrize(("theta", "dim", "original"), [(500000.0, 64, 8192), (10000.0, 32, 64)])
+def test_llama3_scaling_is_the_reference_formula(theta: float, dim: int, original: int) -> None:
+    got = inverse_frequencies(
+        theta, dim, scaling="llama3", original_context_length=original, **LLAMA31
+    )
+    want = torch.tensor(llama3_reference(theta, dim, 8.0, 1.0, 4.0, original), dtype=torch.float64)
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=0)
+    # the three regimes all occur in the second case: kept, divided, blended
+    ratio = want / torch.tensor([1.0 / theta ** (k / dim) for k in range(0, dim, 2)])
+    if original == 64:
+        assert (
+            ratio[0] == 1
+            and ratio[-1] == pytest.approx(1 / 8)
+            and ((ratio < 1) & (ratio > 1 / 8)).any()
+        )
+
+
+def test_linear_scaling_divides_every_frequency() -> None:
+    plain = inverse_frequencies(10000.0, 16)
+    torch.testing.assert_close(inverse_frequencies(10000.0, 16, scaling="linear", factor=4.0),
+                               plain / 4.0, rtol=0, atol=0)  # fmt: skip
+    want = torch.tensor([10000.0 ** (-k / 16) for k in range(0, 16, 2)], dtype=torch.float64)
+    torch.testing.assert_close(plain.double(), want, rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize(
+    ("rope", "params"),
+    [
+        ("llama3", {"rope_theta": 500000.0, "original_max_position_embeddings": 64, **LLAMA31}),
+        ("linear", {"rope_theta": 10000.0, "factor": 4.0, "partial_rotary_factor": 0.5}),
+        ("default", {"rope_theta": 10000.0, "partial_rotary_factor": 0.25}),
+    ],
+)
+def test_the_tables_are_transformers_own_bit_for_bit(rope: str, params: dict[str, Any]) -> None:
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    if rope == "default":  # GPT-NeoX's rotary_pct
+        from transformers import GPTNeoXConfig
+        from transformers.models.gpt_neox.modeling_gpt_neox import GPTNeoXRotaryEmbedding
+
+        neox = GPTNeoXConfig(hidden_size=128, num_attention_heads=2,
+                             rotary_pct=params["partial_rotary_factor"])  # fmt: skip
+        hf_inv = GPTNeoXRotaryEmbedding.compute_default_rope_parameters(neox, "cpu")[0]
+    else:
+        config = LlamaConfig(hidden_size=128, num_attention_heads=2,
+                             rope_parameters={"rope_type": rope, **params})  # fmt: skip
+        hf_inv = ROPE_INIT_FUNCTIONS[rope](config, "cpu")[0]
+    fraction = params.get("partial_rotary_factor", 1.0)
+    spec = {"fraction": fraction, "scaling": "none" if rope == "default" else rope}
+    spec.update({k: v for k, v in params.items() if k in ("factor", *LLAMA31)})
+    if "original_max_position_embeddings" in params:
+        spec["original_context_length"] = params["original_max_position_embeddings"]
+    model = build_model(
+        f"vocab_size=97, context_length=96, d_model=128, num_layers=1, num_heads=2, "
+        f"pos=rope(theta={params['rope_theta']}, "
+        + ", ".join(f"{k}={v}" for k, v in spec.items())
+        + ")"
+    )
+    pos = model.pos
+    assert isinstance(pos, RotaryPositionalEmbedding) and pos.rotary_dim == int(64 * fraction)
+    angles = torch.arange(96, dtype=torch.float32)[:, None] * hf_inv[None, :]
+    assert torch.equal(pos.cos, angles.cos()) and torch.equal(pos.sin, angles.sin())
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def test_a_partial_rotation_is_gpt_neoxs_after_the_half_split_permutation() -> None:
+    """GPT-NeoX rotates the first `rotary_ndims` dimensions of each head with rotate_half
+    (pairs (i, i + r/2)) and passes the rest; lmcore rotates interleaved pairs. Permuting each
+    head's first r dimensions from the half-split to the interleaved order maps one on the
+    other (what a converter does to q_proj and k_proj rows)."""
+    torch.manual_seed(0)
+    head, frac, theta = 16, 0.25, 10000.0
+    r = int(head * frac)
+    rope = RotaryPositionalEmbedding(theta, head, 32, rotary_dim=r)
+    x = torch.randn(2, 3, 10, head)  # (B, H, T, D) in GPT-NeoX's layout
+    positions = torch.arange(5, 15)[None].expand(2, -1)
+    inv = 1.0 / theta ** (torch.arange(0, r, 2, dtype=torch.float32) / r)
+    freqs = positions[..., None].float() * inv
+    cos, sin = (
+        torch.cat((freqs, freqs), -1).cos()[:, None],
+        torch.cat((freqs, freqs), -1).sin()[:, None],
+    )
+    rot, rest = x[..., :r], x[..., r:]
+    neox = torch.cat((rot * cos + _rotate_half(rot) * sin, rest), dim=-1)
+    order = torch.tensor([i for k in range(r // 2) for i in (k, k + r // 2)] + list(range(r, head)))
+    ours = rope.rotation(positions)(x[..., order])
+    torch.testing.assert_close(ours, neox[..., order], rtol=1e-5, atol=1e-6)
+    assert torch.equal(ours[..., r:], x[..., r:])  # the rest passes through unchanged
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ("fraction=0.1", r"int\(head_dim · fraction\) = int\(16 · 0.1\) = 1 is odd"),
+        ("fraction=1.5", r"fraction=1.5 is the share of each head to rotate, at most 1.0"),
+        ("factor=8.0", r"factor=8.0 has no effect with scaling=none"),
+        ("scaling=linear, low_freq_factor=2.0", r"low_freq_factor=2.0 has no effect with scaling"),
+        ("scaling=llama3, low_freq_factor=4.0", r"high_freq_factor=4.0 must exceed low_freq"),
+        ("scaling=yarn", r"'scaling' of pos 'rope' must be one of .*llama3"),
+    ],
+)
+def test_bad_options_are_spec_errors(args: str, message: str) -> None:
+    with pytest.raises(SpecError, match=message):
+        lmcore.parse_spec(f"cs336-tiny, pos=rope({args})")
+
+
+SCALED = ("fraction", 0.5), ("scaling", "llama3"), ("factor", 4.0), ("original_context_length", 8)
+
+
+@pytest.mark.parametrize("overrides", [(("fraction", 0.5),), SCALED], ids=["partial", "llama3"])
+def test_options_pass_the_conformance_kit(overrides: tuple[tuple[str, Any], ...]) -> None:
+    target = Target(get_registry().get("pos", "rope"), overrides)
+    for check in CHECKS:
+        if check.applies_to(target):
+            for variant in check.variants:
+                Case(check, target, variant).run(Settings(compile_backend="aot_eager"))
+
+
+def test_a_partially_rotated_scaled_model_decodes_with_the_cache_as_without() -> None:
+    torch.manual_seed(0)
+    args = ", ".join(f"{k}={v}" for k, v in SCALED)
+    model = build_model(f"cs336-tiny, vocab_size=97, pos=rope({args})").eval()
+    prompt = torch.randint(0, 97, (2, 4))
+    assert torch.equal(model.generate(prompt, 8, temperature=0),
+                       model.generate(prompt, 8, temperature=0, cache=False))  # fmt: skip
