@@ -27,15 +27,14 @@ from lmcore.checkpoint import (
     check_dtypes,
     check_finite,
     load_strict,
-    read_header,
     read_info,
-    read_tensors,
     resolve_checkpoint,
     save,
 )
 from lmcore.errors import ConversionError, clip
 from lmcore.hf.llama import config_to_spec, from_hf_state_dict, spec_to_config, to_hf_state_dict
 from lmcore.locks import new_directory
+from lmcore.model.reading import read_header, read_tensors
 from lmcore.model.saving import dtype_of, save_tensors
 from lmcore.model.transformer import TransformerLM, unwrap
 from lmcore.registry import Registry

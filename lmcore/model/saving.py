@@ -16,7 +16,7 @@ The file's string metadata says how to rebuild the model:
                             (zlib.crc32) of each stored tensor's bytes, as they lie in the file
     anything else           the caller's `metadata=`, e.g. a trainer's step count
 
-`lmcore.load` verifies the checksums by default (`lmcore.checkpoint.verify_checksums`), so that
+`lmcore.load` verifies the checksums by default (`lmcore.model.reading.verify_checksums`), so that
 flipped bytes, tensors whose offsets were swapped and data of the wrong tensor are refused,
 naming the tensor. CRC-32 detects accidental damage (a bad disk or copy), not a deliberate
 edit: whoever can change the bytes can change the metadata too. It costs about as much as

@@ -37,9 +37,10 @@ from safetensors.torch import load_file
 from torch import Tensor, nn
 
 from lmcore.atomic import atomic_path, atomic_write
-from lmcore.checkpoint import load_weights, read_header, read_info, save, verify_checksums
+from lmcore.checkpoint import load_weights, read_info, save
 from lmcore.errors import CheckpointError, TrainError
 from lmcore.jsonfile import read_versioned
+from lmcore.model.reading import read_header, verify_checksums
 from lmcore.model.saving import KEYS, checksums_json, save_tensors
 from lmcore.train.runs import (
     META_STEP,
