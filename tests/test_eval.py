@@ -228,6 +228,6 @@ def test_tasks_without_lm_eval_name_the_extra(
     err = capsys.readouterr().err
     assert err.startswith(
         "lmcore eval: error: --tasks needs the 'eval' extra (lm-evaluation-harness): "
-        "pip install 'lmcore-registry[eval]'"
+        "pip install 'lmcore-registry[eval]' (no module named 'lm_eval')"
     )
     assert len(err.splitlines()) == 1

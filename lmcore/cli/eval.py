@@ -156,9 +156,10 @@ def _tasks(args: argparse.Namespace) -> int:
     try:
         from lmcore.eval.harness import run_tasks
     except ImportError as e:  # lm-eval is an optional extra
+        missing = f"no module named {e.name.partition('.')[0]!r}" if e.name else str(e)
         raise UsageError(
             f"--tasks needs the 'eval' extra (lm-evaluation-harness): pip install "
-            f"'lmcore-registry[eval]' ({e.name or e})"
+            f"'lmcore-registry[eval]' ({missing})"
         ) from None
 
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]

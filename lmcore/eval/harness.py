@@ -42,7 +42,8 @@ try:
 except ImportError as e:  # pragma: no cover - the message is what the tests see
     raise ImportError(
         f"lmcore's lm-evaluation-harness model needs the 'eval' extra: pip install "
-        f"'lmcore-registry[eval]' ({e})"
+        f"'lmcore-registry[eval]' ({e})",
+        name=e.name,  # what the command line names: the missing package
     ) from e
 
 __all__ = ["LmcoreLM", "run_tasks"]
