@@ -68,18 +68,21 @@ def test_every_family_has_a_case() -> None:
 
 
 @pytest.mark.parametrize("name", FAMILIES)
-def test_a_family_converts_both_ways_exactly(name: str, tmp_path: Path) -> None:
+def test_a_family_converts_both_ways_exactly(
+    name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     reference = random_model(name, tmp_path / "hf")
     ids = torch.randint(0, VOCAB, (2, 24), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         expected = reference(ids).logits
-    out = convert_from_hf(tmp_path / "hf", tmp_path / "m.safetensors")
+    out = tmp_path / "m.safetensors"
+    assert main(["convert", "--from-hf", str(tmp_path / "hf"), str(out)]) == 0
     ours = lmcore.load(out).eval()
     with torch.no_grad():
         got = ours(ids)
     assert (got - expected).abs().max() <= TOLERANCE
 
-    convert_to_hf(out, tmp_path / "back")
+    assert main(["convert", "--to-hf", str(out), str(tmp_path / "back")]) == 0
     back, info = AutoModelForCausalLM.from_pretrained(
         tmp_path / "back", attn_implementation="eager", output_loading_info=True
     )
@@ -92,6 +95,11 @@ def test_a_family_converts_both_ways_exactly(name: str, tmp_path: Path) -> None:
     prompt = ids[0, :5]
     theirs = reference.generate(prompt[None], max_new_tokens=12, do_sample=False, pad_token_id=0)
     assert torch.equal(ours.generate(prompt, 12, temperature=0), theirs[0, 5:])
+    capsys.readouterr()
+    argv = ["generate", str(out), "--prompt-ids", ",".join(map(str, prompt.tolist())),
+            "--temperature", "0", "--max-new-tokens", "12"]  # fmt: skip
+    assert main(argv) == 0
+    assert capsys.readouterr().out.split() == [str(i) for i in theirs[0, 5:].tolist()]
 
 
 def _count(model: torch.nn.Module) -> int:
