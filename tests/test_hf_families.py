@@ -159,3 +159,38 @@ def test_an_edited_spec_is_an_ablation_qwen3_cannot_hold(tmp_path: Path) -> None
     assert ablation.spec.qk_norm is None
     with pytest.raises(lmcore.ConversionError, match=r"qk_norm=none: a Qwen3ForCausalLM has"):
         lmcore.hf.save_hf(ablation, tmp_path / "out", model_type="qwen3")
+
+
+@pytest.mark.parametrize(
+    "name, change, message",
+    [
+        ("phi3", {"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4}},
+         r'rope type "longrope": lmcore\'s rope scales frequencies by none \("default"\), '
+         r'"linear" or "llama3"'),
+        ("llama", {"rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}},
+         r'rope type "dynamic"'),
+        ("gemma", {"use_bidirectional_attention": True},
+         r"use_bidirectional_attention=true \(lmcore's attention is causal\)"),
+        ("mixtral", {"hidden_act": "gelu"},
+         r'hidden_act="gelu" \(lmcore\'s experts here are SwiGLU\)'),
+        ("gpt2", {"activation_function": "quick_gelu"},
+         r'activation_function="quick_gelu": lmcore expresses "gelu" or "gelu_new"'),
+        ("qwen2", {"layer_types": ["full_attention"]},
+         r'layer_types=\["full_attention"\]: lmcore reads a list of 2 "sliding_attention" or '
+         r'"full_attention"'),
+        ("gpt_neox", {"use_parallel_residual": "yes"},
+         r'use_parallel_residual="yes": lmcore expresses true or false'),
+        ("qwen3_moe", {"mlp_only_layers": "all"},
+         r'mlp_only_layers="all" is not a list of layer indices'),
+    ],
+)  # fmt: skip
+def test_what_a_family_cannot_express_is_refused_by_name(
+    name: str, change: dict[str, Any], message: str
+) -> None:
+    config = {**AutoConfig.for_model(name, num_hidden_layers=2).to_dict(), **change}
+    with pytest.raises(
+        lmcore.ConversionError,
+        match=rf"DIR/config.json: cannot convert this Hugging Face {name} config to lmcore "
+        r"without losing something: " + message,
+    ):
+        config_to_spec(config, "DIR/config.json")

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
 from lmcore.blueprint import Blueprint, parse_spec
@@ -171,7 +171,6 @@ class Family:
     prefix: str = "model."
     passive: frozenset[str] = frozenset()
     skip: tuple[str, ...] = (".rotary_emb.inv_freq",)
-    refused: Mapping[str, str] = field(default_factory=dict)  # docs: what is refused and why
 
     @property
     def fields(self) -> frozenset[str]:
