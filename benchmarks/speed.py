@@ -66,6 +66,7 @@ from lmcore import ModelSpec, build_model, get_registry, parse_spec
 from lmcore.blueprint import Blueprint
 from lmcore.errors import ConversionError
 from lmcore.hf import spec_to_config, to_hf_state_dict
+from lmcore.hf.family import family
 
 MiB = 2**20
 TORCH_COMPONENTS = "norm=torch_rmsnorm, ffn=torch_swiglu, attn=torch_sdpa"  # lmcore-torch's
@@ -167,12 +168,13 @@ def llama(bp: Blueprint, state: dict[str, Tensor], device: torch.device) -> nn.M
     except ImportError:
         return "transformers is not installed"
     try:
-        config = spec_to_config(bp, torch.float32)
+        config = spec_to_config(bp, torch.float32, family=family("llama"))
     except ConversionError as e:
         return str(e)
     del config["torch_dtype"]  # the benchmark's dtype is the model's
     model = LlamaForCausalLM(LlamaConfig(**config, attn_implementation="sdpa", use_cache=False))
-    model.load_state_dict(to_hf_state_dict(state, bp.spec), strict=not bp.spec.tie_embeddings)
+    tensors = to_hf_state_dict(family("llama"), state, bp)
+    model.load_state_dict(tensors, strict=not bp.spec.tie_embeddings)
     return model.to(device)
 
 

@@ -37,18 +37,31 @@ MAX_BYTES_HELP = (
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "PB": 10**15,
           "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40, "PIB": 2**50}  # fmt: skip
 
-OR_CHECKPOINT = "or a checkpoint path (.safetensors)"
+OR_CHECKPOINT = (
+    "or a checkpoint path (.safetensors), or a Hugging Face model directory or config.json "
+    "(its architecture, as `lmcore convert --from-hf DIR --print-spec` gives it)"
+)
 
 DTYPE_HELP = "default: float32, or a checkpoint's own dtype"
 
 
 def source(args: argparse.Namespace) -> tuple[Blueprint, CheckpointInfo | None]:
     """The blueprint of a command's SPEC argument, a spec string or a checkpoint path (with the
-    checkpoint's info)."""
+    checkpoint's info), or a Hugging Face model directory or config.json: the spec its config
+    gives (the architecture only; `lmcore convert --from-hf` brings the weights)."""
+    from pathlib import Path
+
     from lmcore.checkpoint import spec_or_checkpoint
 
+    text = args.spec
+    if isinstance(text, str) and (text.endswith(".json") or Path(text).is_dir()):
+        from lmcore.blueprint import resolve
+        from lmcore.hf.convert import config_path, hf_reading
+
+        if config_path(text) is not None:
+            return resolve(hf_reading(text).spec), None
     with checkpoint_warnings(args.command):
-        return spec_or_checkpoint(args.spec)
+        return spec_or_checkpoint(text)
 
 
 @contextlib.contextmanager

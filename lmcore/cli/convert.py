@@ -1,8 +1,9 @@
-"""`lmcore convert`: a Hugging Face Llama directory to an lmcore checkpoint, or back."""
+"""`lmcore convert`: a Hugging Face model directory to an lmcore checkpoint, or back."""
 
 from __future__ import annotations
 
 import argparse
+import json
 from typing import Any
 
 from lmcore.cli.common import DTYPES, UsageError, checkpoint_warnings, show_bytes
@@ -11,16 +12,33 @@ from lmcore.cli.common import DTYPES, UsageError, checkpoint_warnings, show_byte
 def add_parser(sub: Any) -> None:
     p = sub.add_parser(
         "convert",
-        help="convert a Hugging Face Llama directory to an lmcore checkpoint, or back",
-        description="Convert between Hugging Face Llama model directories (config.json and "
-        "safetensors weights, sharded or not) and lmcore checkpoints. Anything the target "
-        "cannot express is refused, naming the field or component.",
+        help="convert a Hugging Face model directory to an lmcore checkpoint, or back",
+        description="Convert between Hugging Face model directories (config.json and "
+        "safetensors weights, sharded or not) of the families lmcore reads (llama, mistral, "
+        "qwen2, qwen3, gemma, gemma2, olmo2, phi3, gpt2, gpt_neox, mixtral, qwen3_moe) and "
+        "lmcore checkpoints. Anything the target cannot express is refused, naming the field "
+        "or component.",
     )
     way = p.add_mutually_exclusive_group(required=True)
     way.add_argument(
-        "--from-hf", nargs=2, metavar=("DIR", "OUT.safetensors"), help="Llama directory -> lmcore"
+        "--from-hf",
+        nargs="+",
+        metavar=("DIR", "OUT.safetensors"),
+        help="model directory -> lmcore (DIR alone with --print-spec)",
     )
-    way.add_argument("--to-hf", nargs=2, metavar=("CKPT", "DIR"), help="lmcore -> Llama directory")
+    way.add_argument("--to-hf", nargs=2, metavar=("CKPT", "DIR"), help="lmcore -> model directory")
+    p.add_argument(
+        "--print-spec",
+        action="store_true",
+        help="--from-hf: print the spec DIR's config.json gives (DIR may be a config.json) and "
+        "write nothing",
+    )
+    p.add_argument(
+        "--model-type",
+        metavar="NAME",
+        help="--to-hf: the family to write (default: the one converted from, else the first "
+        "that expresses the model)",
+    )
     p.add_argument(
         "--dtype",
         choices=DTYPES,
@@ -46,15 +64,23 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from lmcore.checkpoint import read_info
-    from lmcore.hf.convert import WEIGHTS, convert_from_hf, convert_to_hf
-    from lmcore.hf.llama import ARCHITECTURE
+    from lmcore.hf.convert import WEIGHTS, convert_from_hf, convert_to_hf, hf_reading
 
     with checkpoint_warnings(args.command):
         if args.from_hf is not None:
-            if args.force:
+            if args.force or args.model_type is not None:
                 raise UsageError(
-                    "--force applies to --to-hf only (a directory replaced whole); --from-hf "
-                    "writes one file, which replaces OUT atomically"
+                    "--force and --model-type apply to --to-hf only (a directory replaced "
+                    "whole, as a family); --from-hf writes one file, which replaces OUT atomically"
+                )
+            if args.print_spec:
+                if len(args.from_hf) != 1 or args.dtype is not None:
+                    raise UsageError("--from-hf DIR --print-spec takes DIR alone (and no --dtype)")
+                print(hf_reading(args.from_hf[0], ignore=args.ignore_field).spec)
+                return 0
+            if len(args.from_hf) != 2:
+                raise UsageError(
+                    "--from-hf takes DIR OUT.safetensors (or DIR alone with --print-spec)"
                 )
             directory, out = args.from_hf
             dtype = None if args.dtype is None else getattr(torch, args.dtype)
@@ -63,16 +89,19 @@ def run(args: argparse.Namespace) -> int:
             print(f"spec: {info.spec}")
             print(f"wrote: {info.path} ({show_bytes(info.size)}, {info.dtype}, lmcore checkpoint)")
         else:
-            if args.dtype is not None or args.ignore_field:
+            if args.dtype is not None or args.ignore_field or args.print_spec:
                 raise UsageError(
-                    "--dtype and --ignore-field apply to --from-hf only; --to-hf writes the "
-                    "checkpoint's dtype and a config of its own"
+                    "--dtype, --ignore-field and --print-spec apply to --from-hf only; --to-hf "
+                    "writes the checkpoint's dtype and a config of its own"
                 )
             checkpoint, directory = args.to_hf
-            written = convert_to_hf(checkpoint, directory, force=args.force)
+            written = convert_to_hf(
+                checkpoint, directory, model_type=args.model_type, force=args.force
+            )
+            arch = json.loads((written / "config.json").read_text())["architectures"][0]
             print(f"spec: {read_info(checkpoint).spec}")
             print(
                 f"wrote: {written / 'config.json'} and {written / WEIGHTS} "
-                f"({ARCHITECTURE}; transformers.{ARCHITECTURE}.from_pretrained loads it)"
+                f"({arch}; transformers.{arch}.from_pretrained loads it)"
             )
     return 0

@@ -1,11 +1,12 @@
 """Hugging Face model directories, both ways, reading and writing `config.json` and safetensors
-itself; the family's tables are `lmcore.hf.llama`.
+itself; each family's tables are its module (`lmcore.hf.llama`, `lmcore.hf.mixtral`, ...).
 
-    lmcore convert --from-hf DIR OUT.safetensors   # a Llama model directory -> lmcore checkpoint
-    lmcore convert --to-hf CKPT DIR                # an lmcore checkpoint -> a Llama directory
+    lmcore convert --from-hf DIR OUT.safetensors   # a model directory -> lmcore checkpoint
+    lmcore convert --from-hf DIR --print-spec      # the spec its config.json gives
+    lmcore convert --to-hf CKPT DIR                # an lmcore checkpoint -> a model directory
 
-    model = lmcore.hf.load_llama("path/to/llama")  # the same, in memory
-    lmcore.hf.save_llama(model, "out/")            # loads with LlamaForCausalLM.from_pretrained
+    model = lmcore.hf.load_hf("path/to/model")     # the same, in memory
+    lmcore.hf.save_hf(model, "out/")               # loads with AutoModelForCausalLM.from_pretrained
 
 `transformers` is never imported here; it is only the tests' reference.
 """
@@ -23,6 +24,7 @@ from torch import Tensor, nn
 
 from lmcore.atomic import atomic_path, atomic_write
 from lmcore.checkpoint import (
+    RUN_FILE,
     build_from_checkpoint,
     check_dtypes,
     check_finite,
@@ -32,7 +34,9 @@ from lmcore.checkpoint import (
     save,
 )
 from lmcore.errors import ConversionError, clip
-from lmcore.hf.llama import config_to_spec, from_hf_state_dict, spec_to_config, to_hf_state_dict
+from lmcore.hf.family import Family, Reading, family_of, read_config, spec_to_config
+from lmcore.hf.family import family as find_family
+from lmcore.hf.weights import from_hf_state_dict, to_hf_state_dict
 from lmcore.locks import new_directory
 from lmcore.model.reading import read_header, read_tensors
 from lmcore.model.saving import dtype_of, save_tensors
@@ -43,9 +47,14 @@ __all__ = [
     "CONFIG_KEY",
     "INDEX",
     "WEIGHTS",
+    "config_path",
     "convert_from_hf",
     "convert_to_hf",
+    "hf_config",
+    "hf_reading",
+    "load_hf",
     "load_llama",
+    "save_hf",
     "save_llama",
 ]
 
@@ -57,19 +66,55 @@ INDEX: Final = "model.safetensors.index.json"
 # ------------------------------------------------------------------------------ directories
 
 
+def config_path(path: str | os.PathLike[str]) -> Path | None:
+    """The config.json a command-line argument names, if it names one: a directory holding a
+    config.json (and no lmcore run), or a `.json` file. None otherwise (a spec, a checkpoint)."""
+    p = Path(path)
+    try:
+        if p.is_dir() and (p / "config.json").is_file() and not (p / RUN_FILE).is_file():
+            return p / "config.json"
+        if p.suffix == ".json" and p.is_file():
+            return p
+    except OSError:
+        return None
+    return None
+
+
+def hf_config(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The config.json of a Hugging Face model directory, or the `.json` file `path` names."""
+    p = Path(path)
+    if p.is_dir():
+        return _read_config(p)
+    if p.suffix == ".json" and p.is_file():
+        return _parse_config(p)
+    raise ConversionError(f"{p}: is neither a Hugging Face model directory nor a config.json file")
+
+
+def hf_reading(path: str | os.PathLike[str], *, ignore: Iterable[str] = ()) -> Reading:
+    """What the config.json of a model directory (or the `.json` file `path`) says in lmcore's
+    terms (`lmcore.hf.family.read_config`): the spec, its family, the kept fields, notes."""
+    p = Path(path)
+    where = p / "config.json" if p.is_dir() else p
+    return read_config(hf_config(p), str(where), ignore=ignore)
+
+
 def _read_config(directory: Path) -> dict[str, Any]:
     path = directory / "config.json"
     if not directory.is_dir():
         raise ConversionError(f"{directory}: is not a directory (a Hugging Face model directory)")
+    if not path.is_file():
+        raise ConversionError(
+            f"{directory}: has no config.json; a Hugging Face model directory holds config.json "
+            "and the weights (save one with model.save_pretrained(DIR))"
+        )
+    return _parse_config(path)
+
+
+def _parse_config(path: Path) -> dict[str, Any]:
     try:
         config = json.loads(path.read_text(encoding="utf-8"))
     except RecursionError:
         raise ConversionError(f"{path}: nests deeper than Python's parser follows") from None
-    except FileNotFoundError:
-        raise ConversionError(
-            f"{directory}: has no config.json; a Hugging Face model directory holds config.json "
-            "and the weights (save one with model.save_pretrained(DIR))"
-        ) from None
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ConversionError(f"{path}: is not valid JSON ({e})") from None
     if not isinstance(config, dict):
@@ -150,13 +195,13 @@ def _load(
     ignore: Iterable[str],
 ) -> tuple[TransformerLM, dict[str, Any]]:
     config = _read_config(directory)
-    spec = config_to_spec(config, str(directory / "config.json"), ignore=ignore)
+    reading = read_config(config, str(directory / "config.json"), ignore=ignore)
     where = torch.device(device) if device is not None else torch.device("cpu")
     tensors = _read_weights(directory, where)
     saved = getattr(torch, dtype_of(tensors))
-    model = TransformerLM(spec, device=device, dtype=dtype or saved, registry=registry)
+    model = TransformerLM(reading.spec, device=device, dtype=dtype or saved, registry=registry)
     shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    state = from_hf_state_dict(tensors, model.spec, str(directory), shapes)
+    state = from_hf_state_dict(reading.family, tensors, model.blueprint, shapes, str(directory))
     if dtype is None:
         check_dtypes(state, model.state_dict(), directory, ConversionError)
     load_strict(model, state, directory, f"the model of {model.spec}")
@@ -164,7 +209,7 @@ def _load(
     return model, config
 
 
-def load_llama(
+def load_hf(
     directory: str | os.PathLike[str],
     device: torch.device | str | None = None,
     dtype: torch.dtype | None = None,
@@ -172,9 +217,9 @@ def load_llama(
     *,
     ignore: Iterable[str] = (),
 ) -> TransformerLM:
-    """An lmcore model from a Hugging Face Llama model directory (config.json and safetensors
-    weights, sharded or not), in the weights' dtype unless `dtype` is given. `ignore`: unknown
-    config fields known not to matter (see `config_to_spec`)."""
+    """An lmcore model from a Hugging Face model directory of any family lmcore converts
+    (config.json and safetensors weights, sharded or not), in the weights' dtype unless `dtype`
+    is given. `ignore`: unknown config fields known not to matter (see `read_config`)."""
     model, _ = _load(Path(directory), device, dtype, registry, ignore)
     return model
 
@@ -187,10 +232,46 @@ def convert_from_hf(
     registry: Registry | None = None,
     ignore: Iterable[str] = (),
 ) -> Path:
-    """`lmcore convert --from-hf DIR OUT`: a Llama directory to an lmcore checkpoint, keeping the
+    """`lmcore convert --from-hf DIR OUT`: a model directory to an lmcore checkpoint, keeping the
     source config.json in its metadata ("hf.config") for the way back."""
     model, config = _load(Path(directory), None, dtype, registry, ignore)
     return save(model, out, metadata={CONFIG_KEY: json.dumps(config, sort_keys=True)})
+
+
+def _family(model_type: str | None) -> Family | None:
+    return None if model_type is None else find_family(model_type)
+
+
+def save_hf(
+    model: nn.Module,
+    directory: str | os.PathLike[str],
+    *,
+    model_type: str | None = None,
+    base: Mapping[str, Any] | None = None,
+    force: bool = False,
+) -> Path:
+    """Write `model` as a Hugging Face model directory (config.json and model.safetensors) that
+    `transformers.AutoModelForCausalLM.from_pretrained` loads: as `model_type`'s family, else
+    `base`'s (the config a conversion kept: fields that do not change the function are written
+    back), else the first family that expresses the model. A directory that is not empty is
+    refused unless `force`, which replaces it whole once the new one is written."""
+    lm = unwrap(model)
+    fam = _family(model_type)
+    config = spec_to_config(lm.blueprint, lm.lm_head.weight.dtype, base, family=fam)
+    _write(lm, config, Path(directory), force)
+    return Path(directory)
+
+
+def load_llama(
+    directory: str | os.PathLike[str],
+    device: torch.device | str | None = None,
+    dtype: torch.dtype | None = None,
+    registry: Registry | None = None,
+    *,
+    ignore: Iterable[str] = (),
+) -> TransformerLM:
+    """`load_hf` of a Llama directory (any family reads; the name is kept for old callers)."""
+    return load_hf(directory, device, dtype, registry, ignore=ignore)
 
 
 def save_llama(
@@ -200,29 +281,25 @@ def save_llama(
     base: Mapping[str, Any] | None = None,
     force: bool = False,
 ) -> Path:
-    """Write `model` as a Hugging Face Llama directory (config.json and model.safetensors) that
-    `transformers.LlamaForCausalLM.from_pretrained` loads. `base`: passive config fields to keep
-    (see `spec_to_config`). A directory that is not empty is refused unless `force`, which
-    replaces it whole once the new one is written (no old file stays beside the new ones)."""
-    lm = unwrap(model)
-    config = spec_to_config(lm.blueprint, lm.lm_head.weight.dtype, base)
-    _write(lm, config, Path(directory), force)
-    return Path(directory)
+    """`save_hf` as a Llama (`LlamaForCausalLM`), whatever the base config's family."""
+    return save_hf(model, directory, model_type="llama", base=base, force=force)
 
 
 def convert_to_hf(
     checkpoint: str | os.PathLike[str],
     directory: str | os.PathLike[str],
     *,
+    model_type: str | None = None,
     registry: Registry | None = None,
     force: bool = False,
 ) -> Path:
-    """`lmcore convert --to-hf CKPT DIR`: an lmcore checkpoint to a Llama directory. The spec is
-    checked before any weight is read; `force` as `save_llama`'s."""
+    """`lmcore convert --to-hf CKPT DIR`: an lmcore checkpoint to a model directory (the family
+    as `save_hf` picks it). The spec is checked before any weight is read."""
     info = read_info(checkpoint)
     bp = resolve_checkpoint(info, registry)
     base = json.loads(info.metadata.get(CONFIG_KEY, "{}"))
-    config = spec_to_config(bp, info.torch_dtype, base if isinstance(base, dict) else None)
+    base = base if isinstance(base, dict) else None
+    config = spec_to_config(bp, info.torch_dtype, base, family=_family(model_type))
     out = Path(directory)
     _write(build_from_checkpoint(info, bp), config, out, force, keep=info.path)
     return out
@@ -238,7 +315,7 @@ def _write(
     """Write the directory whole, beside `out`, and put it in `out`'s place (`new_directory`);
     `keep`: the checkpoint being converted, which must not be inside a directory replaced."""
     state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
-    tensors = to_hf_state_dict(state, model.spec)
+    tensors = to_hf_state_dict(family_of(config), state, model.blueprint)
     with new_directory(
         out,
         force=force,
