@@ -38,6 +38,7 @@ from lmcore.model.inputs import check_device, check_dtype, check_ids, check_posi
 from lmcore.model.nn import Embedding, Linear
 from lmcore.registry import Registry
 from lmcore.spec import ModelSpec, default_query_scale
+from lmcore.tokenizer import SavedTokenizer
 
 
 class CausalSelfAttention(nn.Module):
@@ -235,6 +236,9 @@ class TransformerLM(nn.Module):
         self.spec = spec = bp.spec
         device, dtype = check_device(device), check_dtype(dtype)
         check_size(bp, device=device, dtype=dtype, max_bytes=max_bytes)  # before any allocation
+        self.build_device = device
+        # The model's own tokenizer (`lmcore.load` sets it from the checkpoint; `save` keeps it).
+        self.tokenizer: SavedTokenizer | None = None
         factory: dict[str, Any] = {"device": device, "dtype": dtype}
         self.token_embeddings = Embedding(spec.vocab_size, spec.d_model, **factory)
         # One instance per distinct positional encoding (the whole model's, then each one some
@@ -260,11 +264,21 @@ class TransformerLM(nn.Module):
             self.register_load_state_dict_pre_hook(refuse_untied_state_dict)  # type: ignore[no-untyped-call]
 
     def save(
-        self, path: str | os.PathLike[str], *, metadata: Mapping[str, str] | None = None
+        self,
+        path: str | os.PathLike[str],
+        *,
+        metadata: Mapping[str, str] | None = None,
+        tokenizer: SavedTokenizer | None = None,
     ) -> Path:
         """Save to one safetensors file with the spec and plugin provenance (`lmcore.save`;
-        `lmcore.load` reads it back)."""
-        return saving.write(path, self.blueprint, self.state_dict(), metadata=metadata)
+        `lmcore.load` reads it back); `tokenizer` defaults to the model's own."""
+        return saving.write(
+            path,
+            self.blueprint,
+            self.state_dict(),
+            metadata=metadata,
+            tokenizer=tokenizer or self.tokenizer,
+        )
 
     def generate(
         self,
