@@ -214,7 +214,7 @@ def test_save_accepts_a_compiled_model_and_load_weights_refills_a_model(tmp_path
 
 def test_read_info_reads_no_tensor_data(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = perturbed(SMALL).save(tmp_path / "m.safetensors")
-    monkeypatch.setattr("lmcore.checkpoint.load_file", None)  # any tensor read would fail
+    monkeypatch.setattr("lmcore.model.reading.load_file", None)  # any tensor read would fail
     assert read_info(path).dtype == "float32"
 
 
