@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import os
 import struct
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -288,7 +288,7 @@ class TransformerLM(nn.Module):
         temperature: float = 1.0,
         top_p: float = 1.0,
         top_k: int | None = None,
-        stop_token: int | None = None,
+        stop_token: int | Sequence[int] | None = None,
         seed: int | None = None,
         cache: bool = True,
     ) -> Int[Tensor, "*B new"]:
@@ -314,9 +314,10 @@ class TransformerLM(nn.Module):
         temperature: float = 1.0,
         top_p: float = 1.0,
         top_k: int | None = None,
-        stop_token: int | None = None,
+        stop_token: int | Sequence[int] | None = None,
         seed: int | None = None,
         cache: bool = True,
+        kv_cache: KVCache | None = None,
     ) -> Iterator[Int[Tensor, "*B"]]:
         """`generate` one step at a time: yields each step's new tokens as they are produced
         (`lmcore.model.generate.stream`)."""
@@ -330,6 +331,7 @@ class TransformerLM(nn.Module):
             stop_token=stop_token,
             seed=seed,
             cache=cache,
+            kv_cache=kv_cache,
         )
 
     @property
