@@ -102,11 +102,11 @@ class Conversation:
             self.saved.render_chat(messages, tokenizer=self.tokenizer), add_special_tokens=False
         ).ids
         room = self.model.spec.context_length
-        if len(full) + max_new_tokens - 1 > room:
+        max_new_tokens = min(max_new_tokens, room - len(full) + 1)  # what the context holds
+        if max_new_tokens < 1:
             raise UsageError(
-                f"the conversation ({len(full)} tokens) and a reply of up to {max_new_tokens} "
-                f"tokens do not fit in the model's context ({room}); /reset to start over or "
-                "lower --max-new-tokens"
+                f"the conversation ({len(full)} tokens) fills the model's context ({room}); "
+                "/reset to start over"
             )
         keep = 0  # the longest prefix of `full` that the cache holds already
         for a, b in zip(self.cached, full, strict=False):
