@@ -43,7 +43,7 @@ from lmcore.errors import (
     SpecError,
     clip,
 )
-from lmcore.model.empty import assign, has_meta, parameters_on_meta, shared_parameters
+from lmcore.model.empty import assign, parameters_on_meta, shared_parameters
 from lmcore.model.reading import (
     Header,
     TensorInfo,
@@ -510,7 +510,7 @@ def build_empty(
     kw: dict[str, Any] = {"device": device, "dtype": dtype, "max_bytes": max_bytes}
     with parameters_on_meta():
         model = TransformerLM(blueprint, registry=registry, **kw)
-    if any(name in dict(model.named_buffers()) for name in has_meta(model)):
+    if any(b.is_meta for b in model.buffers()):
         model = TransformerLM(blueprint, registry=registry, **kw)
     return model
 
@@ -630,7 +630,14 @@ def check_finite(tensors: Mapping[str, Tensor], path: Path, nonfinite: str = "wa
         return
     bad = []
     for name, t in tensors.items():
-        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+        # A finite sum means every value is finite (NaN and inf propagate), and costs no
+        # temporaries as large as the tensor; only a sum that is not (an overflow, or a true
+        # NaN/inf) is looked at element by element.
+        if (
+            t.is_floating_point()
+            and not bool(torch.isfinite(t.sum()))
+            and not bool(torch.isfinite(t).all())
+        ):
             nan = int(torch.isnan(t).sum())
             inf = int(torch.isinf(t).sum())
             counts = ", ".join(f"{n:,} {w}" for n, w in ((nan, "NaN"), (inf, "inf")) if n)
