@@ -4,7 +4,7 @@ peer, on the same weights (SmolLM2-135M's shape, float32, 538 MB), with each one
     python benchmarks/load_vs_hf.py [--rounds 3] [--checkpoint smol.safetensors]
 
 Without --checkpoint a random model of SmolLM2-135M's shape is written; with one (e.g. the
-SmolLM2 conversion of examples/smollm2_gguf.py), that model. The Hugging Face directory is made
+SmolLM2 conversion of benchmarks/smollm2_gguf.py), that model. The Hugging Face directory is made
 from it with `lmcore convert --to-hf`, so both load the very same tensors. Each load runs in a
 fresh process (imports done before the clock starts), the two interleaved and alternating in
 order so that they see the same page cache and machine load; peak memory is the process's
