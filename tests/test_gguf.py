@@ -406,3 +406,38 @@ def test_convert_from_gguf_writes_a_checkpoint_lmcore_loads(tmp_path: Path) -> N
     # the F32 norm gains are stored float16 with the rest: 1e-3, not 1e-4
     with torch.no_grad():
         torch.testing.assert_close(model(IDS), reference_logits(hf, held, IDS), atol=1e-3, rtol=0)
+
+
+def test_convert_s_gguf_options_are_checked(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ckpt = lmcore.build_model(
+        "vocab_size=64,context_length=16,d_model=32,num_layers=1,num_heads=2,pos=nope"
+    ).save(tmp_path / "m.safetensors")
+    assert (
+        main(
+            [
+                "convert",
+                "--from-hf",
+                str(tmp_path),
+                str(tmp_path / "o.safetensors"),
+                "--type",
+                "f16",
+            ]
+        )
+        == 2
+    )
+    assert "--type applies to --to-gguf only" in capsys.readouterr().err
+    assert (
+        main(["convert", "--to-gguf", str(ckpt), str(tmp_path / "m.gguf"), "--dtype", "float16"])
+        == 2
+    )
+    assert (
+        "--dtype and --ignore-field apply to --from-hf and --from-gguf only"
+        in capsys.readouterr().err
+    )
+    assert main(["convert", "--to-gguf", str(ckpt), str(tmp_path / "m.gguf")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("lmcore convert: error: ") and "nope" in err and err.count("\n") == 1
+    assert main(["convert", "--from-gguf", str(ckpt), str(tmp_path / "o.safetensors")]) == 2
+    assert "is not a GGUF file" in capsys.readouterr().err
