@@ -43,6 +43,7 @@ from lmcore.errors import (
     SpecError,
     clip,
 )
+from lmcore.model.empty import assign, parameters_on_meta, shared_parameters
 from lmcore.model.reading import (
     Header,
     TensorInfo,
@@ -51,11 +52,13 @@ from lmcore.model.reading import (
     read_header,
     read_tensors,
     verify_checksums,
+    verify_metadata,
 )
 from lmcore.model.saving import FORMAT_VERSION, KEYS, PREFIX, SUFFIX, dtype_of
 from lmcore.model.transformer import TransformerLM, unwrap
 from lmcore.registry import Entry, Registry, get_registry, normalize_dist
 from lmcore.spec import SLOTS, ModelSpec, parse_items
+from lmcore.tokenizer import SavedTokenizer
 
 __all__ = [
     "CHECKPOINTS",
@@ -140,6 +143,7 @@ class CheckpointInfo:
     size: int  # bytes
     checksums: Mapping[str, str] | None = None  # CRC-32 per stored tensor; None: saved without
     data_start: int = 0  # the byte where the tensors' data begins
+    tokenizer: SavedTokenizer | None = None  # the model's own, when it was saved with one
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -222,6 +226,7 @@ def read_info(path: str | os.PathLike[str]) -> CheckpointInfo:
             raise bad(key, f"is not a short printable string ({clip(value)})")
     dtype = meta.get(KEYS["dtype"], "")
     _dtype(dtype, p)
+    verify_metadata(p, meta)
     return CheckpointInfo(
         path=p,
         format_version=version,
@@ -236,6 +241,7 @@ def read_info(path: str | os.PathLike[str]) -> CheckpointInfo:
         size=header.size,
         checksums=header.checksums,
         data_start=header.data_start,
+        tokenizer=SavedTokenizer.from_metadata(meta, p),
     )
 
 
@@ -416,16 +422,21 @@ def _qualified(spec: str, chosen: Mapping[str, Entry], registry: Registry) -> st
 
 
 def save(
-    model: nn.Module, path: str | os.PathLike[str], *, metadata: Mapping[str, str] | None = None
+    model: nn.Module,
+    path: str | os.PathLike[str],
+    *,
+    metadata: Mapping[str, str] | None = None,
+    tokenizer: SavedTokenizer | None = None,
 ) -> Path:
     """Write `model` (a `TransformerLM`, or one inside `torch.compile` or DDP wrappers) and
     everything needed to rebuild it to one safetensors file, atomically: `TransformerLM.save`.
 
     `metadata` adds the caller's own string entries (e.g. a trainer's step); names starting with
-    "lmcore." and "format" are lmcore's. Shared parameters (tied embeddings) are stored once.
-    Returns the path written.
+    "lmcore." and "format" are lmcore's. `tokenizer` (default: the model's own, `model.tokenizer`,
+    which `load` sets) is stored with the weights. Shared parameters (tied embeddings) are stored
+    once. Returns the path written.
     """
-    return unwrap(model).save(path, metadata=metadata)
+    return unwrap(model).save(path, metadata=metadata, tokenizer=tokenizer)
 
 
 # ------------------------------------------------------------------------------ load
@@ -473,13 +484,34 @@ def build_from_checkpoint(
 ) -> TransformerLM:
     """`load`'s second half, for a caller that has resolved the checkpoint already
     (`resolve_checkpoint`): build `blueprint` and load the checkpoint's weights into it.
-    `max_bytes`: as `build_model`'s size check; `verify`, `nonfinite`: as `load`'s."""
+    `max_bytes`: as `build_model`'s size check; `verify`, `nonfinite`: as `load`'s.
+
+    The parameters are not initialised (`lmcore.model.empty`): the model is built with them on
+    the meta device and the checkpoint's tensors, memory-mapped, become them (no copy when
+    device and dtype are the file's), so loading costs about one read of the file."""
     if verify:
         verify_checksums(info)  # before anything is allocated
-    model = TransformerLM(
-        blueprint, device=device, dtype=dtype or info.torch_dtype, max_bytes=max_bytes
-    )
+    model = build_empty(blueprint, device, dtype or info.torch_dtype, max_bytes)
     load_weights(model, info, verify=False, convert=dtype is not None, nonfinite=nonfinite)
+    model.tokenizer = info.tokenizer
+    return model
+
+
+def build_empty(
+    blueprint: Blueprint | ModelSpec | str,
+    device: torch.device | str | None,
+    dtype: torch.dtype,
+    max_bytes: int | None = None,
+    registry: Registry | None = None,
+) -> TransformerLM:
+    """The model, its parameters on the meta device for weights about to be assigned
+    (`load_strict`), its buffers built on `device`; when a component leaves a buffer on meta
+    (one derived from a parameter), the model is built the ordinary way."""
+    kw: dict[str, Any] = {"device": device, "dtype": dtype, "max_bytes": max_bytes}
+    with parameters_on_meta():
+        model = TransformerLM(blueprint, registry=registry, **kw)
+    if any(b.is_meta for b in model.buffers()):
+        model = TransformerLM(blueprint, registry=registry, **kw)
     return model
 
 
@@ -502,9 +534,9 @@ def load_weights(
         verify_checksums(info)
     lm = unwrap(model)
     expected = lm.state_dict()
-    device = next((t.device for t in expected.values()), torch.device("cpu"))
+    device = _device(lm)
     tensors = read_tensors(info.path, device)
-    _apply_ties(info, tensors, expected)
+    _apply_ties(info, tensors, expected, shared_parameters(lm))
     if not convert:
         check_dtypes(tensors, expected, info.path)
     into = str(getattr(lm, "spec", info.spec))
@@ -517,15 +549,31 @@ def load_weights(
     check_finite(tensors, info.path, nonfinite)
 
 
+def _device(model: nn.Module) -> torch.device:
+    """Where a model's weights go: its parameters' device, or its buffers' when the parameters
+    are on meta awaiting their tensors (`build_empty`)."""
+    tensors = [*model.parameters(), *model.buffers()]
+    real = next((t.device for t in tensors if not t.is_meta), None)
+    built = getattr(model, "build_device", None)
+    return real or (built if isinstance(built, torch.device) else torch.device("cpu"))
+
+
 def _apply_ties(
-    info: CheckpointInfo, tensors: dict[str, Tensor], expected: Mapping[str, Tensor]
+    info: CheckpointInfo,
+    tensors: dict[str, Tensor],
+    expected: Mapping[str, Tensor],
+    aliases: Mapping[str, str],
 ) -> None:
     """Give each tied alias its stored tensor, when the tie is true: the model shares the two
-    parameters, or the file stores the alias too with the same values (never replacing a stored
-    tensor by another's)."""
+    parameters (`aliases`, by identity), or the file stores the alias too with the same values
+    (never replacing a stored tensor by another's)."""
     for alias, stored in info.tied.items():
         mine, theirs = expected.get(alias), expected.get(stored)
-        shared = mine is not None and theirs is not None and mine.data_ptr() == theirs.data_ptr()
+        shared = (
+            mine is not None
+            and theirs is not None
+            and (aliases.get(alias) == stored or aliases.get(stored) == alias)
+        )
         if alias in tensors:
             if not torch.equal(tensors[alias], tensors[stored]):
                 raise CheckpointError(
@@ -582,7 +630,14 @@ def check_finite(tensors: Mapping[str, Tensor], path: Path, nonfinite: str = "wa
         return
     bad = []
     for name, t in tensors.items():
-        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+        # A finite sum means every value is finite (NaN and inf propagate), and costs no
+        # temporaries as large as the tensor; only a sum that is not (an overflow, or a true
+        # NaN/inf) is looked at element by element.
+        if (
+            t.is_floating_point()
+            and not bool(torch.isfinite(t.sum()))
+            and not bool(torch.isfinite(t).all())
+        ):
             nan = int(torch.isnan(t).sum())
             inf = int(torch.isinf(t).sum())
             counts = ", ".join(f"{n:,} {w}" for n, w in ((nan, "NaN"), (inf, "inf")) if n)
@@ -604,7 +659,9 @@ def _short(dtype: torch.dtype) -> str:
 
 def load_strict(model: nn.Module, tensors: Mapping[str, Tensor], path: Path, what: str) -> None:
     """`model.load_state_dict(tensors, strict=True)`, after a check that lists every missing,
-    unexpected and misshapen tensor in one `CheckpointError` about `path` and `what` it feeds."""
+    unexpected and misshapen tensor in one `CheckpointError` about `path` and `what` it feeds.
+    A model whose parameters wait on the meta device (`build_empty`) gets the tensors
+    themselves (`lmcore.model.empty.assign`, moved to its device and dtype)."""
     expected = model.state_dict()
     missing = [k for k in expected if k not in tensors]
     unexpected = [k for k in tensors if k not in expected]
@@ -628,7 +685,10 @@ def load_strict(model: nn.Module, tensors: Mapping[str, Tensor], path: Path, wha
             "changed after it was saved, or a plugin's parameters changed between versions "
             "(`lmcore describe` on the file shows the versions that saved it)"
         )
-    model.load_state_dict(tensors, strict=True)
+    if any(p.is_meta for p in model.parameters()):
+        assign(model, tensors, _device(model))
+    else:
+        model.load_state_dict(tensors, strict=True)
 
 
 # ------------------------------------------------------------------------------ CS336 state dicts
@@ -674,7 +734,7 @@ def load_state_dict_file(
         floats = {k: v for k, v in state.items() if v.is_floating_point()}
         if floats:
             dtype = getattr(torch, dtype_of(floats))
-    model = TransformerLM(bp, device=device, dtype=dtype)
+    model = build_empty(bp, device, dtype)
     if not convert:
         check_dtypes(state, model.state_dict(), p)
     load_strict(model, state, p, f"the model of {bp.spec}")

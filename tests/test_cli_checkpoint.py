@@ -165,7 +165,10 @@ def test_a_version_warning_goes_to_stderr(checkpoint: Path, capsys) -> None:
 
 def test_convert_needs_one_direction(capsys) -> None:
     assert main(["convert"]) == 2  # usage errors: one line, status 2 (issue 11)
-    assert "one of the arguments --from-hf --to-hf is required" in capsys.readouterr().err
+    assert (
+        "one of the arguments --from-hf --to-hf --from-gguf --to-gguf is required"
+        in capsys.readouterr().err
+    )
 
 
 def test_the_console_script_round_trip(tmp_path: Path) -> None:

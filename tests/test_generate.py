@@ -224,7 +224,9 @@ def test_options_out_of_range_are_refused_before_anything_runs() -> None:
         ({"top_p": 0.0}, r"top_p must be in \(0, 1\], got 0.0; 1 keeps every token"),
         ({"top_p": 1.5}, r"top_p must be in \(0, 1\], got 1.5"),
         ({"top_k": 0}, r"top_k must be a positive integer or None, got 0"),
-        ({"stop_token": 97}, r"stop_token must be a token id in 0..96 \(vocab_size=97\) or None, got 97"),
+        ({"stop_token": 97}, r"stop_token must be a token id in 0..96 \(vocab_size=97\), a non-empty list of them, or None, got 97"),
+        ({"stop_token": [2, 97]}, r"a non-empty list of them, or None, got \[2, 97\]"),
+        ({"stop_token": []}, r"a non-empty list of them, or None, got \[\]"),
         ({"seed": -1}, r"seed must be an integer in 0 .. 2\*\*64-1 or None, got -1"),
         ({"max_new_tokens": -2}, r"max_new_tokens must be >= 0, got -2"),
         ({"max_new_tokens": 2.0}, r"max_new_tokens must be an integer, got 2.0"),
@@ -397,3 +399,12 @@ def test_compiled_decoding_gives_the_same_tokens_and_compiles_each_kind_of_call_
         assert graphs and not any("tiled_attention" in t for t in targets), targets
     finally:
         torch.compiler.reset()
+
+
+def test_generation_stops_at_any_of_several_stop_tokens() -> None:
+    model = model_of("")
+    free = model.generate(torch.tensor([1, 2, 3]), 12, temperature=0.0).tolist()
+    stops = [free[5], free[2]]
+    out = model.generate(torch.tensor([1, 2, 3]), 12, temperature=0.0, stop_token=stops).tolist()
+    end = min(free.index(t) for t in stops)
+    assert end <= 2 and out == free[: end + 1]  # the first of either, included, then nothing

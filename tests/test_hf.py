@@ -516,3 +516,44 @@ def test_product_code_never_imports_transformers() -> None:
             if isinstance(node, ast.ImportFrom):
                 names = [node.module or ""]
             assert not any(n.split(".")[0] == "transformers" for n in names), path
+
+
+def test_the_directorys_tokenizer_goes_into_the_checkpoint_and_back(tmp_path: Path) -> None:
+    """--from-hf keeps tokenizer.json, its special tokens and the chat template in the
+    checkpoint; --to-hf writes them back, and transformers' own tokenizer reads them."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    source = tmp_path / "hf"
+    random_llama(source)
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=97,
+        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()[:60],
+        show_progress=False,
+    )
+    tok.train_from_iterator(["the cat sat on the mat"] * 10, trainer)
+    tok.save(str(source / "tokenizer.json"))
+    template = "{% for m in messages %}<|im_start|>{{ m['content'] }}<|im_end|>{% endfor %}"
+    (source / "tokenizer_config.json").write_text(
+        json.dumps({"chat_template": template, "eos_token": "<|im_end|>"})
+    )
+    out = convert_from_hf(source, tmp_path / "m.safetensors")
+    saved = lmcore.load(out).tokenizer
+    assert saved is not None and saved.json == tok.to_str()
+    assert saved.chat_template == template and saved.eos_token_id == 2
+    assert saved.stop_token_ids == (2, 0)  # end of turn, then end of text
+
+    back = convert_to_hf(out, tmp_path / "back")
+    assert sorted(p.name for p in back.iterdir()) == [
+        "config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
+        "tokenizer_config.json",
+    ]  # fmt: skip
+    hf_tok = transformers.AutoTokenizer.from_pretrained(back)
+    text = "the mat sat on the cat"
+    assert hf_tok(text)["input_ids"] == tok.encode(text).ids
+    assert hf_tok.eos_token == "<|im_end|>"
+    chat = hf_tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False)
+    assert chat == saved.render_chat([{"role": "user", "content": "hi"}])

@@ -13,6 +13,7 @@ import pytest
 import torch
 from conftest import TINY_SPEC
 from safetensors.torch import load_file
+from tokenizers import Tokenizer
 
 import lmcore
 from lmcore.data import TokenData
@@ -185,6 +186,8 @@ def test_a_run_directory_holds_what_the_readme_says(tiny_data: Path, tmp_path: P
     meta = lmcore.read_info(model_file).metadata
     assert meta["train.step"] == "20" and meta["train.tag"] == result.tag
     assert lmcore.load(model_file).spec == spec
+    own = lmcore.read_info(model_file).tokenizer  # and carries it, so it stands alone
+    assert own is not None and own.json == Tokenizer.from_file(str(tokenizer)).to_str()
 
 
 def test_equal_models_share_a_tag_and_others_do_not() -> None:

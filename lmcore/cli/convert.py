@@ -1,4 +1,5 @@
-"""`lmcore convert`: a Hugging Face model directory to an lmcore checkpoint, or back."""
+"""`lmcore convert`: a Hugging Face model directory or a GGUF file to an lmcore checkpoint, or
+back."""
 
 from __future__ import annotations
 
@@ -12,12 +13,14 @@ from lmcore.cli.common import DTYPES, UsageError, checkpoint_warnings, show_byte
 def add_parser(sub: Any) -> None:
     p = sub.add_parser(
         "convert",
-        help="convert a Hugging Face model directory to an lmcore checkpoint, or back",
+        help="convert a Hugging Face model directory or a GGUF file to an lmcore checkpoint, "
+        "or back",
         description="Convert between Hugging Face model directories (config.json and "
         "safetensors weights, sharded or not) of the families lmcore reads (llama, mistral, "
         "qwen2, qwen3, gemma, gemma2, olmo2, phi3, gpt2, gpt_neox, mixtral, qwen3_moe) and "
-        "lmcore checkpoints. Anything the target cannot express is refused, naming the field "
-        "or component.",
+        "lmcore checkpoints, and GGUF files (llama.cpp, Ollama, LM Studio) of the llama "
+        "architecture. Anything the target cannot express is refused, naming the field or "
+        "component.",
     )
     way = p.add_mutually_exclusive_group(required=True)
     way.add_argument(
@@ -39,10 +42,23 @@ def add_parser(sub: Any) -> None:
         help="--to-hf: the family to write (default: the one converted from, else the first "
         "that expresses the model)",
     )
+    way.add_argument(
+        "--from-gguf",
+        nargs=2,
+        metavar=("FILE.gguf", "OUT.safetensors"),
+        help="GGUF file (llama.cpp, Ollama, LM Studio) -> lmcore, with its tokenizer",
+    )
+    way.add_argument("--to-gguf", nargs=2, metavar=("CKPT", "OUT.gguf"), help="lmcore -> GGUF file")
+    p.add_argument(
+        "--type",
+        choices=("f32", "f16", "bf16", "q8_0"),
+        help="--to-gguf: how the matrices are stored (default: f32)",
+    )
     p.add_argument(
         "--dtype",
         choices=DTYPES,
-        help="--from-hf: store the weights in this dtype (default: as is)",
+        help="--from-hf, --from-gguf: store the weights in this dtype (default: as is; a "
+        "quantized GGUF's are float32)",
     )
     p.add_argument(
         "--force",
@@ -54,8 +70,9 @@ def add_parser(sub: Any) -> None:
         action="append",
         default=[],
         metavar="NAME",
-        help="--from-hf: a config.json field lmcore does not know that you know does not change "
-        "the model (repeatable); unknown fields are refused otherwise",
+        help="--from-hf, --from-gguf: a config.json field (GGUF metadata key) lmcore does not "
+        "know that you know does not change the model (repeatable); unknown fields are refused "
+        "otherwise",
     )
     p.set_defaults(func=run)
 
@@ -67,6 +84,10 @@ def run(args: argparse.Namespace) -> int:
     from lmcore.hf.convert import WEIGHTS, convert_from_hf, convert_to_hf, hf_reading
 
     with checkpoint_warnings(args.command):
+        if args.from_gguf is not None or args.to_gguf is not None:
+            return _gguf(args)
+        if args.type is not None:
+            raise UsageError("--type applies to --to-gguf only")
         if args.from_hf is not None:
             if args.force or args.model_type is not None:
                 raise UsageError(
@@ -104,4 +125,47 @@ def run(args: argparse.Namespace) -> int:
                 f"wrote: {written / 'config.json'} and {written / WEIGHTS} "
                 f"({arch}; transformers.{arch}.from_pretrained loads it)"
             )
+    return 0
+
+
+def _gguf(args: argparse.Namespace) -> int:
+    import time
+
+    import torch
+
+    from lmcore.checkpoint import read_info
+    from lmcore.gguf import convert_from_gguf, convert_to_gguf
+
+    if args.force or args.print_spec or args.model_type is not None:
+        raise UsageError(
+            "--force, --print-spec and --model-type apply to --to-hf/--from-hf only; a GGUF "
+            "conversion writes one file"
+        )
+    start = time.perf_counter()
+    if args.from_gguf is not None:
+        if args.type is not None:
+            raise UsageError("--type applies to --to-gguf only (--dtype for --from-gguf)")
+        source, out = args.from_gguf
+        dtype = None if args.dtype is None else getattr(torch, args.dtype)
+        written = convert_from_gguf(source, out, dtype=dtype, ignore=args.ignore_field)
+        info = read_info(written)
+        tok = info.tokenizer
+        print(f"spec: {info.spec}")
+        if tok is not None:
+            template = "a chat template" if tok.chat_template else "no chat template"
+            print(f"tokenizer: stored, stop ids {list(tok.stop_token_ids)}, {template}")
+        print(
+            f"wrote: {info.path} ({show_bytes(info.size)}, {info.dtype}, lmcore checkpoint) "
+            f"in {time.perf_counter() - start:.1f} s"
+        )
+        return 0
+    if args.dtype is not None or args.ignore_field:
+        raise UsageError("--dtype and --ignore-field apply to --from-hf and --from-gguf only")
+    checkpoint, out = args.to_gguf
+    written = convert_to_gguf(checkpoint, out, type=args.type or "f32")
+    print(f"spec: {read_info(checkpoint).spec}")
+    print(
+        f"wrote: {written} ({show_bytes(written.stat().st_size)}, GGUF llama, "
+        f"{args.type or 'f32'}) in {time.perf_counter() - start:.1f} s"
+    )
     return 0

@@ -47,6 +47,17 @@ def add_parser(sub: Any) -> None:
     prompt.add_argument(
         "--prompt-ids", metavar="1,2,3", type=_ids, help="token ids, comma-separated"
     )
+    prompt.add_argument(
+        "--chat",
+        metavar="TEXT",
+        help="a user message, in the model's chat template (stored with the checkpoint)",
+    )
+    p.add_argument("--system", metavar="TEXT", help="--chat: a system message before it")
+    p.add_argument(
+        "--show-special",
+        action="store_true",
+        help="print special tokens (<|im_end|>, ...) too; hidden by default",
+    )
     p.add_argument(
         "--max-new-tokens",
         type=positive,
@@ -65,7 +76,8 @@ def add_parser(sub: Any) -> None:
         "--stop-token",
         type=int,
         metavar="ID",
-        help="end at this token id (default: the tokenizer's <|endoftext|>, if it has one)",
+        help="end at this token id (default: the stored tokenizer's end-of-text and end-of-turn "
+        "ids, else the tokenizer's <|endoftext|>, if it has one)",
     )
     p.add_argument(
         "--seed",
@@ -75,7 +87,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--tokenizer",
         metavar="PATH",
-        help="tokenizer.json to use (default: found beside the checkpoint or in its run)",
+        help="tokenizer.json to use (default: the checkpoint's own, else found beside it or in "
+        "its run)",
     )
     p.add_argument(
         "--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda:N"
@@ -105,15 +118,23 @@ def _ids(text: str) -> list[int]:
     return [int(t) for t in parts]
 
 
-def _check_utf8(prompt: str) -> None:
+def _check_utf8(prompt: str, option: str = "--prompt") -> None:
     """Bytes of the command line that are not UTF-8 reach Python as lone surrogates (PEP 383)."""
     bad = next((i for i, c in enumerate(prompt) if "\udc80" <= c <= "\udcff"), None)
     if bad is not None:
         byte = ord(prompt[bad]) - 0xDC00
         raise UsageError(
-            f"--prompt holds a byte that is not UTF-8 (0x{byte:02x} at character {bad}); give "
+            f"{option} holds a byte that is not UTF-8 (0x{byte:02x} at character {bad}); give "
             "the prompt as UTF-8 text (e.g. convert it with iconv), or its ids with --prompt-ids"
         )
+
+
+def chat_messages(user: str, system: str | None = None) -> list[dict[str, str]]:
+    """The messages of one chat turn: a system message (when given), then the user's."""
+    for name, text in (("--chat", user), ("--system", system or "")):
+        _check_utf8(text, name)
+    head = [] if system is None else [{"role": "system", "content": system}]
+    return [*head, {"role": "user", "content": user}]
 
 
 def model_path(text: str) -> Path | None:
@@ -139,12 +160,14 @@ def _tokenizer(args: argparse.Namespace, info: CheckpointInfo | None) -> Any:
         if not given.is_file():
             raise UsageError(f"--tokenizer {args.tokenizer!r} does not exist")
         search = TokenizerSearch(given, (given,))
+    elif info is not None and info.tokenizer is not None:
+        return info.tokenizer.tokenizer()  # saved with the model
     elif info is not None:
         search = find_tokenizer(info.path, info)
     else:
         search = TokenizerSearch(None, ())
     if search.found is None:
-        if args.prompt is None:
+        if args.prompt is None and args.chat is None:
             return None
         where = (
             f"looked for {TOKENIZER_FILE} in {', '.join(str(p.parent) for p in search.places)}"
@@ -154,7 +177,8 @@ def _tokenizer(args: argparse.Namespace, info: CheckpointInfo | None) -> Any:
         if search.problem is not None:
             where += f"; the run's data directory is unknown: {search.problem}"
         raise UsageError(
-            f"--prompt needs a tokenizer, but none was found for {args.spec!r} ({where}); "
+            f"{'--chat' if args.prompt is None else '--prompt'} needs a tokenizer, but none was "
+            f"found for {args.spec!r} ({where}); "
             "pass --tokenizer PATH (e.g. the tokenizer.json lmcore data prepare wrote), or give "
             "token ids with --prompt-ids 1,2,3"
         )
@@ -188,8 +212,19 @@ def run(args: argparse.Namespace) -> int:
         torch.manual_seed(args.seed or 0)
         model = build_model(bp, device=device, dtype=torch_dtype(args, None))
     tok = _tokenizer(args, info)
+    saved = model.tokenizer if args.tokenizer is None else None
     vocab = model.spec.vocab_size
-    if args.prompt is not None:
+    if args.system is not None and args.chat is None:
+        raise UsageError("--system applies to --chat only")
+    if args.chat is not None:
+        if saved is None:
+            raise UsageError(
+                "--chat needs the model's chat template, stored with a checkpoint converted from "
+                "a GGUF file or a Hugging Face directory; this model has none: use --prompt"
+            )
+        messages = chat_messages(args.chat, args.system)
+        ids = tok.encode(saved.render_chat(messages, tokenizer=tok), add_special_tokens=False).ids
+    elif args.prompt is not None:
         _check_utf8(args.prompt)
         ids = tok.encode(args.prompt).ids
         if not ids:
@@ -201,9 +236,12 @@ def run(args: argparse.Namespace) -> int:
             f"the tokenizer has {tok.get_vocab_size():,} tokens but the model's vocab_size is "
             f"{vocab:,}; use the tokenizer the model was trained with"
         )
-    stop = args.stop_token
-    if stop is None and tok is not None:
+    stop: int | list[int] | None = args.stop_token
+    if stop is None and saved is not None and saved.stop_token_ids:
+        stop = list(saved.stop_token_ids)
+    elif stop is None and tok is not None:
         stop = tok.token_to_id("<|endoftext|>")
+    skip = not args.show_special
     n = args.max_new_tokens or max(1, min(256, model.spec.context_length - len(ids) + 1))
     if args.compile:
         from lmcore.model.generate import compile_decoding
@@ -227,17 +265,18 @@ def run(args: argparse.Namespace) -> int:
         if tok is None:
             sys.stdout.write(f"{' ' if len(out) > 1 else ''}{out[-1]}")
         else:
-            text = tok.decode(out)
+            text = tok.decode(out, skip_special_tokens=skip)
             if text.endswith("\ufffd"):
                 continue  # a character split across tokens: wait for its other bytes
             sys.stdout.write(text[len(shown) :])
             shown = text
         sys.stdout.flush()
     if tok is not None:
-        sys.stdout.write(tok.decode(out)[len(shown) :])
+        sys.stdout.write(tok.decode(out, skip_special_tokens=skip)[len(shown) :])
     sys.stdout.write("\n")
     seconds = time.perf_counter() - start
-    ended = " (stop token)" if stop is not None and out and out[-1] == stop else ""
+    stops = [stop] if isinstance(stop, int) else stop or []
+    ended = f" (stop token {out[-1]})" if out and out[-1] in stops else ""
     mode = "KV cache" if not args.no_cache else "recomputed each step"
     mode += ", compiled: the first step compiles" if args.compile else ""
     say(

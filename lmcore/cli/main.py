@@ -44,6 +44,7 @@ from typing import Any, NoReturn
 
 from lmcore.cli import (
     build,
+    chat,
     compare,
     convert,
     data,
@@ -61,7 +62,8 @@ from lmcore.errors import LmcoreError, LmcoreWarning, SlowPluginWarning, SpecErr
 
 # The commands, in the order `lmcore --help` lists them.
 COMMANDS: tuple[ModuleType, ...] = (
-    build, describe, run, plugins, convert, data, train, sweep, compare, quickstart, generate, eval,
+    build, describe, run, plugins, convert, data, train, sweep, compare, quickstart, generate, chat,
+    eval,
 )  # fmt: skip
 
 

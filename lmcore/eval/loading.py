@@ -54,11 +54,14 @@ def load_model(
 def load_tokenizer(
     info: CheckpointInfo, tokenizer: str | os.PathLike[str] | None = None
 ) -> tuple[Tokenizer, Path]:
-    """The tokenizer for a checkpoint: `tokenizer` when given, else the one found beside the
-    model file, up to its run directory, or in the data directory its run names; and where it
-    was. `EvalError` naming every place looked in when there is none."""
+    """The tokenizer for a checkpoint: `tokenizer` when given, else the checkpoint's own (saved
+    with it), else the one found beside the model file, up to its run directory, or in the
+    data directory its run names; and where it was. `EvalError` naming every place looked in
+    when there is none."""
     from tokenizers import Tokenizer
 
+    if tokenizer is None and info.tokenizer is not None:
+        return info.tokenizer.tokenizer(), info.path  # the checkpoint's own
     if tokenizer is not None:
         found = Path(tokenizer)
         if not found.is_file():

@@ -25,6 +25,7 @@ from torch import Tensor, nn
 from lmcore.atomic import atomic_path, atomic_write
 from lmcore.checkpoint import (
     RUN_FILE,
+    build_empty,
     build_from_checkpoint,
     check_dtypes,
     check_finite,
@@ -42,6 +43,7 @@ from lmcore.model.reading import read_header, read_tensors
 from lmcore.model.saving import dtype_of, save_tensors
 from lmcore.model.transformer import TransformerLM, unwrap
 from lmcore.registry import Registry
+from lmcore.tokenizer import SavedTokenizer
 
 __all__ = [
     "CONFIG_KEY",
@@ -199,7 +201,9 @@ def _load(
     where = torch.device(device) if device is not None else torch.device("cpu")
     tensors = _read_weights(directory, where)
     saved = getattr(torch, dtype_of(tensors))
-    model = TransformerLM(reading.spec, device=device, dtype=dtype or saved, registry=registry)
+    # Parameters on meta: the file's tensors are assigned, no initialisation is wasted.
+    model = build_empty(reading.spec, device, dtype or saved, registry=registry)
+    model.tokenizer = SavedTokenizer.from_directory(directory)
     shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     state = from_hf_state_dict(reading.family, tensors, model.blueprint, shapes, str(directory))
     if dtype is None:
@@ -328,3 +332,7 @@ def _write(
             save_tensors(tensors, path, {"format": "pt"}, out / WEIGHTS)
         with atomic_write(tmp / "config.json", "w") as f:
             f.write(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        if model.tokenizer is not None:  # the tokenizer travels with the weights, both ways
+            for name, text in model.tokenizer.hf_files().items():
+                with atomic_write(tmp / name, "w") as f:
+                    f.write(text)

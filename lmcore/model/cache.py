@@ -96,6 +96,13 @@ class KVCache:
         """Forget every slot (the storage is kept for the next sequences)."""
         self.length, self.valid, self.pads = 0, None, None
 
+    def truncate(self, length: int) -> None:
+        """Keep the first `length` filled slots only (a chat's turn re-encoded differently from
+        the tokens generated: the common prefix stays cached)."""
+        if not 0 <= length <= self.length:
+            raise ModelInputError(f"truncate({length}): the cache holds {self.length} tokens")
+        self.length = length
+
     def pad(self, real: Bool[Tensor, "B T"]) -> None:
         """Mark the first `T` slots of an empty cache: False where a row is left padding.
         Call before the prompt's forward."""

@@ -216,32 +216,38 @@ def _check_options(
     max_new_tokens: object,
     stop_token: object,
     seed: object,
+    past: int = 0,
 ) -> None:
     spec, bp = model.spec, model.blueprint
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
         raise GenerationError(f"max_new_tokens must be an integer, got {max_new_tokens!r}")
     if max_new_tokens < 0:
         raise GenerationError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    stops = stop_token if isinstance(stop_token, (list, tuple)) else [stop_token]
     if stop_token is not None and (
-        isinstance(stop_token, bool)
-        or not isinstance(stop_token, int)
-        or not 0 <= stop_token < spec.vocab_size
+        not stops
+        or not all(
+            isinstance(t, int) and not isinstance(t, bool) and 0 <= t < spec.vocab_size
+            for t in stops
+        )
     ):
         raise GenerationError(
             f"stop_token must be a token id in 0..{spec.vocab_size - 1} "
-            f"(vocab_size={spec.vocab_size}) or None, got {stop_token!r}"
+            f"(vocab_size={spec.vocab_size}), a non-empty list of them, or None, got "
+            f"{stop_token!r}"
         )
     if seed is not None and (
         isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64
     ):
         raise GenerationError(f"seed must be an integer in 0 .. 2**64-1 or None, got {seed!r}")
     # The last new token is sampled, never fed back: the model sees prompt + new - 1 tokens.
-    needed = ids.shape[1] + max_new_tokens - 1
+    needed = past + ids.shape[1] + max_new_tokens - 1
     if needed > spec.context_length:
-        room = spec.context_length - ids.shape[1] + 1
+        room = spec.context_length - past - ids.shape[1] + 1
         raise GenerationError(
             f"a prompt of {ids.shape[1]} tokens and max_new_tokens={max_new_tokens} need "
-            f"{needed} positions, beyond context_length={spec.context_length}; ask for at most "
+            f"{needed} positions{f' after the {past} cached' if past else ''}, beyond "
+            f"context_length={spec.context_length}; ask for at most "
             f"{room} new tokens or shorten the prompt (lmcore never drops tokens silently)"
         )
     if real is not None and "mask" not in bp.features("attn"):
@@ -284,27 +290,46 @@ def stream(
     temperature: float = 1.0,
     top_p: float = 1.0,
     top_k: int | None = None,
-    stop_token: int | None = None,
+    stop_token: int | Sequence[int] | None = None,
     seed: int | None = None,
     cache: bool = True,
+    kv_cache: KVCache | None = None,
 ) -> Iterator[Int[Tensor, "*B"]]:
     """Yield the new tokens one step at a time: a `(B,)` tensor per step (a 0-d one for a
-    single 1-d prompt). A sequence that produced `stop_token` yields `stop_token` from then on,
-    while the others go on; the iteration ends when all have stopped, or after
-    `max_new_tokens`. `seed` makes sampling reproducible (a generator of its own; None: torch's
-    global one). `cache=False` recomputes the whole sequence at every step (the reference, and
-    the way for a component that declares 'nocache'). Every check runs here, before the first
-    step."""
+    single 1-d prompt). `stop_token`: an id, or several (end of text, end of turn); a sequence
+    that produced one yields it from then on (the first, in a batch), while the others go on;
+    the iteration ends when all have stopped, or after `max_new_tokens`. `seed` makes sampling
+    reproducible (a generator of its own; None: torch's global one). `cache=False` recomputes
+    the whole sequence at every step (the reference, and the way for a component that declares
+    'nocache'). `kv_cache`: a cache to continue (a chat's earlier turns, unpadded, of the same
+    batch): the prompt is what follows what it holds; the last token sampled is never fed into
+    it. Every check runs here, before the first step."""
     sampling = Sampling(temperature, top_p, top_k)
     ids, real, single = prompt_batch(model, prompt_ids)
-    _check_options(model, ids, real, max_new_tokens, stop_token, seed)
+    past = 0
+    if kv_cache is not None:
+        if (
+            not cache
+            or real is not None
+            or kv_cache.batch != ids.shape[0]
+            or kv_cache.pads is not None
+        ):
+            raise GenerationError(
+                "kv_cache continues unpadded prompts of the cache's batch size with cache=True"
+            )
+        past = kv_cache.length
+    _check_options(model, ids, real, max_new_tokens, stop_token, seed, past)
     if cache:
         check_cache_support(model)
+    stops = None
+    if stop_token is not None:
+        listed = [stop_token] if isinstance(stop_token, int) else list(stop_token)
+        stops = torch.tensor(listed, dtype=torch.long, device=ids.device)
     generator = None
     if seed is not None and not sampling.greedy:
         generator = torch.Generator(device=ids.device)
         generator.manual_seed(seed)
-    steps = _steps(model, ids, real, max_new_tokens, sampling, stop_token, generator, cache)
+    steps = _steps(model, ids, real, max_new_tokens, sampling, stops, generator, cache, kv_cache)
     return (tok[0] for tok in steps) if single else steps
 
 
@@ -314,14 +339,15 @@ def _steps(
     real: Tensor | None,
     max_new_tokens: int,
     sampling: Sampling,
-    stop_token: int | None,
+    stops: Tensor | None,
     generator: torch.Generator | None,
     use_cache: bool,
+    kv_cache: KVCache | None = None,
 ) -> Iterator[Tensor]:
     batch, prompt_len = ids.shape
     # Grad mode is set around each step, never across a yield (it would leak to the caller).
     with torch.inference_mode():
-        kv = KVCache.for_model(model, batch)
+        kv = kv_cache if kv_cache is not None else KVCache.for_model(model, batch)
         if not use_cache:  # the whole sequence so far, refilled at every step
             tokens = torch.zeros(
                 batch, prompt_len + max_new_tokens, dtype=torch.long, device=ids.device
@@ -342,14 +368,14 @@ def _steps(
                 seq = tokens[:, : prompt_len + step]
                 logits = model.forward_unchecked(seq, kv.next_positions(seq.shape[1]), kv)
             tok = sample(logits[:, -1], sampling, generator)  # (B,)
-            if stop_token is not None:
-                tok = tok.masked_fill(finished, stop_token)
-                finished |= tok == stop_token
+            if stops is not None:
+                tok = torch.where(finished, stops[0], tok)
+                finished |= torch.isin(tok, stops)
             if not use_cache:
                 tokens[:, prompt_len + step] = tok
             new = tok[:, None]  # (B, 1)
         yield tok
-        if stop_token is not None and bool(finished.all()):
+        if stops is not None and bool(finished.all()):
             return
 
 
@@ -361,13 +387,13 @@ def generate(
     temperature: float = 1.0,
     top_p: float = 1.0,
     top_k: int | None = None,
-    stop_token: int | None = None,
+    stop_token: int | Sequence[int] | None = None,
     seed: int | None = None,
     cache: bool = True,
 ) -> Int[Tensor, "*B new"]:
     """The new token ids, `(B, new)` (`(new,)` for a single 1-d prompt), `new <=
-    max_new_tokens`: fewer when every sequence reached `stop_token`; a sequence that stopped
-    earlier than the others is filled with `stop_token` after it. See `stream`."""
+    max_new_tokens`: fewer when every sequence reached a `stop_token`; a sequence that stopped
+    earlier than the others is filled with its (first) stop token after it. See `stream`."""
     steps = list(
         stream(
             model,

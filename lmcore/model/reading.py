@@ -32,6 +32,7 @@ __all__ = [
     "read_header",
     "read_tensors",
     "verify_checksums",
+    "verify_metadata",
 ]
 
 
@@ -209,6 +210,35 @@ def read_checksums(path: Path, metadata: Mapping[str, str]) -> Mapping[str, str]
             f"({type(e).__name__}: {e}); the file was edited or damaged after lmcore saved it"
         ) from None
     return dict(table)
+
+
+def verify_metadata(path: Path, metadata: Mapping[str, str]) -> None:
+    """Check the metadata entries that `lmcore.checksums` covers (the tokenizer's) against their
+    CRC-32, and that each one it names is there: `CheckpointError` naming each that differs.
+    Cheap (the entries are in the header already), so `read_info` always does it."""
+    raw = metadata.get(KEYS["checksums"])
+    if raw is None:
+        return
+    try:
+        table = load_json(raw).get("metadata", {})
+        if not isinstance(table, dict) or not all(isinstance(v, str) for v in table.values()):
+            raise TypeError("not a table of strings")
+    except (json.JSONDecodeError, TypeError, AttributeError) as e:
+        raise CheckpointError(
+            f"{path}: has damaged lmcore metadata: {KEYS['checksums']} cannot be read "
+            f"({type(e).__name__}: {e}); the file was edited or damaged after lmcore saved it"
+        ) from None
+    differ = sorted(
+        key
+        for key, crc in table.items()
+        if key not in metadata or checksum(metadata[key].encode("utf-8")) != crc
+    )
+    if differ:
+        raise CheckpointError(
+            f"{path}: fails its integrity check: the metadata {listed(differ)} does not match "
+            f"its {CHECKSUM} (or is missing). The file was damaged or changed after lmcore "
+            "saved it: restore it from a good copy"
+        )
 
 
 class _Stored(Protocol):

@@ -13,7 +13,10 @@ The file's string metadata says how to rebuild the model:
     lmcore.dtype            the model's dtype, e.g. "float32"; `load` keeps it unless told otherwise
     lmcore.tied             JSON {alias: stored name}, when parameters are shared (tied embeddings)
     lmcore.checksums        JSON {"algorithm": "crc32", "tensors": {name: 8 hex digits}}: the CRC-32
-                            (zlib.crc32) of each stored tensor's bytes, as they lie in the file
+                            (zlib.crc32) of each stored tensor's bytes, as they lie in the file;
+                            "metadata": {key: 8 hex digits} of the tokenizer's entries (UTF-8)
+    lmcore.tokenizer        the model's tokenizer.json, when it was saved with one
+    lmcore.tokenizer_config JSON: its special token ids, stop ids and chat template
     anything else           the caller's `metadata=`, e.g. a trainer's step count
 
 `lmcore.load` verifies the checksums by default (`lmcore.model.reading.verify_checksums`), so that
@@ -45,6 +48,7 @@ from lmcore.atomic import atomic_path
 from lmcore.blueprint import Blueprint, Part
 from lmcore.components import KINDS
 from lmcore.errors import CheckpointError
+from lmcore.tokenizer import SavedTokenizer
 from lmcore.version import __version__
 
 __all__ = [
@@ -84,12 +88,14 @@ def write(
     state: Mapping[str, Tensor],
     *,
     metadata: Mapping[str, str] | None = None,
+    tokenizer: SavedTokenizer | None = None,
 ) -> Path:
     """Write a model's `state` (its `state_dict()`) and everything needed to rebuild it from
     `blueprint` to one safetensors file, atomically.
 
     `metadata` adds the caller's own string entries (e.g. a trainer's step); names starting with
-    "lmcore." and "format" are lmcore's. Shared parameters (tied embeddings) are stored once.
+    "lmcore." and "format" are lmcore's. `tokenizer`: the model's own, stored in the metadata
+    and covered by the checksums. Shared parameters (tied embeddings) are stored once.
     Returns the path written.
     """
     extra = dict(metadata or {})
@@ -132,7 +138,9 @@ def write(
     }
     if tied:
         header[KEYS["tied"]] = json.dumps(tied, sort_keys=True)
-    header[KEYS["checksums"]] = checksums_json(tensors)
+    own = tokenizer.to_metadata() if tokenizer is not None else {}
+    header.update(own)
+    header[KEYS["checksums"]] = checksums_json(tensors, own)
     dest = Path(path)
     if dest.is_dir():
         raise CheckpointError(
@@ -171,10 +179,13 @@ def tensor_bytes(t: Tensor) -> Any:
     return flat.view(torch.uint8).numpy() if flat.numel() else b""
 
 
-def checksums_json(tensors: Mapping[str, Tensor]) -> str:
-    """`lmcore.checksums` for these tensors."""
+def checksums_json(tensors: Mapping[str, Tensor], metadata: Mapping[str, str] | None = None) -> str:
+    """`lmcore.checksums` for these tensors (and these metadata entries, as UTF-8)."""
     sums = {name: checksum(tensor_bytes(t)) for name, t in tensors.items()}
-    return json.dumps({"algorithm": CHECKSUM, "tensors": sums}, sort_keys=True)
+    table: dict[str, Any] = {"algorithm": CHECKSUM, "tensors": sums}
+    if metadata:
+        table["metadata"] = {k: checksum(v.encode("utf-8")) for k, v in metadata.items()}
+    return json.dumps(table, sort_keys=True)
 
 
 def store_once(state: Mapping[str, Tensor]) -> tuple[dict[str, Tensor], dict[str, str]]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import os
 import struct
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +38,7 @@ from lmcore.model.inputs import check_device, check_dtype, check_ids, check_posi
 from lmcore.model.nn import Embedding, Linear
 from lmcore.registry import Registry
 from lmcore.spec import ModelSpec, default_query_scale
+from lmcore.tokenizer import SavedTokenizer
 
 
 class CausalSelfAttention(nn.Module):
@@ -235,6 +236,9 @@ class TransformerLM(nn.Module):
         self.spec = spec = bp.spec
         device, dtype = check_device(device), check_dtype(dtype)
         check_size(bp, device=device, dtype=dtype, max_bytes=max_bytes)  # before any allocation
+        self.build_device = device
+        # The model's own tokenizer (`lmcore.load` sets it from the checkpoint; `save` keeps it).
+        self.tokenizer: SavedTokenizer | None = None
         factory: dict[str, Any] = {"device": device, "dtype": dtype}
         self.token_embeddings = Embedding(spec.vocab_size, spec.d_model, **factory)
         # One instance per distinct positional encoding (the whole model's, then each one some
@@ -260,11 +264,21 @@ class TransformerLM(nn.Module):
             self.register_load_state_dict_pre_hook(refuse_untied_state_dict)  # type: ignore[no-untyped-call]
 
     def save(
-        self, path: str | os.PathLike[str], *, metadata: Mapping[str, str] | None = None
+        self,
+        path: str | os.PathLike[str],
+        *,
+        metadata: Mapping[str, str] | None = None,
+        tokenizer: SavedTokenizer | None = None,
     ) -> Path:
         """Save to one safetensors file with the spec and plugin provenance (`lmcore.save`;
-        `lmcore.load` reads it back)."""
-        return saving.write(path, self.blueprint, self.state_dict(), metadata=metadata)
+        `lmcore.load` reads it back); `tokenizer` defaults to the model's own."""
+        return saving.write(
+            path,
+            self.blueprint,
+            self.state_dict(),
+            metadata=metadata,
+            tokenizer=tokenizer or self.tokenizer,
+        )
 
     def generate(
         self,
@@ -274,7 +288,7 @@ class TransformerLM(nn.Module):
         temperature: float = 1.0,
         top_p: float = 1.0,
         top_k: int | None = None,
-        stop_token: int | None = None,
+        stop_token: int | Sequence[int] | None = None,
         seed: int | None = None,
         cache: bool = True,
     ) -> Int[Tensor, "*B new"]:
@@ -300,9 +314,10 @@ class TransformerLM(nn.Module):
         temperature: float = 1.0,
         top_p: float = 1.0,
         top_k: int | None = None,
-        stop_token: int | None = None,
+        stop_token: int | Sequence[int] | None = None,
         seed: int | None = None,
         cache: bool = True,
+        kv_cache: KVCache | None = None,
     ) -> Iterator[Int[Tensor, "*B"]]:
         """`generate` one step at a time: yields each step's new tokens as they are produced
         (`lmcore.model.generate.stream`)."""
@@ -316,6 +331,7 @@ class TransformerLM(nn.Module):
             stop_token=stop_token,
             seed=seed,
             cache=cache,
+            kv_cache=kv_cache,
         )
 
     @property

@@ -7,8 +7,8 @@ One checkpoint is one directory (`lmcore.train.runs` names the files):
 
 - `model.safetensors`: `lmcore.save(model)`, the spec and provenance, plus `train.step`,
   `train.tokens`, `train.tag` and `train.tokenizer` (the tokenizer's path relative to the
-  file) in its metadata. `lmcore.load`, `lmcore describe` and every command taking a
-  checkpoint read it as it is.
+  file) and the tokenizer itself (`lmcore.tokenizer`) in its metadata. `lmcore.load`,
+  `lmcore describe` and every command taking a checkpoint read it as it is.
 - `trainer.safetensors`: the optimizer's tensors (`optimizer.{index}.{name}`: AdamW's
   `exp_avg`, `exp_avg_sq` and `step` per parameter) and the RNG states (`rng.torch`,
   `rng.cuda.{device}`, `rng.numpy`), with their CRC-32s (`lmcore.checksums`, as the model
@@ -42,6 +42,7 @@ from lmcore.errors import CheckpointError, TrainError
 from lmcore.jsonfile import read_versioned
 from lmcore.model.reading import read_header, verify_checksums
 from lmcore.model.saving import KEYS, checksums_json, save_tensors
+from lmcore.tokenizer import SavedTokenizer
 from lmcore.train.runs import (
     META_STEP,
     META_TAG,
@@ -104,6 +105,9 @@ def _write(
     tag: str,
     tokens: int,
 ) -> None:
+    # The model file carries its tokenizer too, so it stands alone (`lmcore.tokenizer`).
+    own = run / TOKENIZER_FILE
+    tokenizer = SavedTokenizer.from_file(own) if own.is_file() else None
     with new_checkpoint_dir(run, step) as tmp:
         save(
             model,
@@ -114,6 +118,7 @@ def _write(
                 META_TAG: tag,
                 META_TOKENIZER: TOKENIZER_FILE,
             },
+            tokenizer=tokenizer,
         )
         state_tensors = {**opt_tensors, **rng_tensors}
         with atomic_path(tmp / STATE_TENSORS) as p:

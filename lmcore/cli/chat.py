@@ -1,0 +1,198 @@
+"""`lmcore chat MODEL`: an interactive conversation in the model's own chat template, streaming,
+with the KV cache kept from one turn to the next.
+
+Each turn renders the whole conversation with the stored template (`SavedTokenizer.render_chat`)
+and encodes it; only what follows the tokens already in the cache is run through the model (a
+reply re-encoded differently from the tokens that were generated keeps the common prefix
+cached). A reply ends at the model's end-of-turn or end-of-text token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from lmcore.cli.common import (
+    DTYPE_HELP,
+    DTYPES,
+    UsageError,
+    checkpoint_warnings,
+    positive,
+    say,
+    seed_value,
+)
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
+
+    from lmcore.model.cache import KVCache
+    from lmcore.model.transformer import TransformerLM
+    from lmcore.tokenizer import SavedTokenizer
+
+COMMANDS_HELP = "/reset starts a new conversation, /quit (or end of input) leaves"
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "chat",
+        help="talk with a model in its chat template, streaming, keeping the KV cache",
+        description="An interactive chat with a checkpoint that stores its tokenizer and chat "
+        "template (converted from a GGUF file or a Hugging Face directory). Type a message and "
+        f"press Enter; {COMMANDS_HELP}. Replies stream as they are produced and end at the "
+        "model's end-of-turn token; the conversation so far stays in the KV cache.",
+    )
+    p.add_argument("model", metavar="MODEL", help="a checkpoint file or directory, or a run")
+    p.add_argument("--system", metavar="TEXT", help="a system message opening the conversation")
+    p.add_argument(
+        "--max-new-tokens", type=positive, default=512, metavar="N", help="per reply (512)"
+    )
+    p.add_argument("--temperature", type=float, default=0.7, help="0 is greedy (default: 0.7)")
+    p.add_argument("--top-p", type=float, default=0.9, help="nucleus sampling (default: 0.9)")
+    p.add_argument("--top-k", type=positive, help="keep only the K most likely tokens")
+    p.add_argument("--seed", type=seed_value, help="seeds sampling (default: unseeded)")
+    p.add_argument("--show-special", action="store_true", help="print special tokens too")
+    p.add_argument(
+        "--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda:N"
+    )
+    p.add_argument("--dtype", choices=DTYPES, help=DTYPE_HELP)
+    p.set_defaults(func=run)
+
+
+@dataclass
+class Conversation:
+    """A chat with `model`: the messages so far, and the token ids its KV cache holds."""
+
+    model: TransformerLM
+    saved: SavedTokenizer
+    tokenizer: Tokenizer
+    system: str | None = None
+    messages: list[dict[str, str]] = field(default_factory=list)
+    cached: list[int] = field(default_factory=list)
+    kv: KVCache | None = None
+
+    def __post_init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        from lmcore.model.cache import KVCache
+
+        self.messages = [] if self.system is None else [{"role": "system", "content": self.system}]
+        self.cached = []
+        if self.kv is None:
+            self.kv = KVCache.for_model(self.model, 1)
+        self.kv.reset()
+
+    def turn(
+        self,
+        text: str,
+        write: Callable[[str], None],
+        *,
+        max_new_tokens: int = 512,
+        show_special: bool = False,
+        **sampling: Any,
+    ) -> list[int]:
+        """Answer the user's `text`, writing the reply as it streams; the reply's token ids."""
+        import torch
+
+        messages = [*self.messages, {"role": "user", "content": text}]
+        full = self.tokenizer.encode(
+            self.saved.render_chat(messages, tokenizer=self.tokenizer), add_special_tokens=False
+        ).ids
+        room = self.model.spec.context_length
+        max_new_tokens = min(max_new_tokens, room - len(full) + 1)  # what the context holds
+        if max_new_tokens < 1:
+            raise UsageError(
+                f"the conversation ({len(full)} tokens) fills the model's context ({room}); "
+                "/reset to start over"
+            )
+        keep = 0  # the longest prefix of `full` that the cache holds already
+        for a, b in zip(self.cached, full, strict=False):
+            if a != b:
+                break
+            keep += 1
+        keep = min(keep, len(full) - 1)  # at least one new token runs through the model
+        assert self.kv is not None
+        self.kv.truncate(keep)
+        stops = list(self.saved.stop_token_ids) or None
+        out: list[int] = []
+        shown = ""
+        skip = not show_special
+        steps = self.model.stream(
+            torch.tensor(full[keep:]),
+            max_new_tokens,
+            stop_token=stops,
+            kv_cache=self.kv,
+            **sampling,
+        )
+        for t in steps:
+            out.append(int(t))
+            reply = self.tokenizer.decode(out, skip_special_tokens=skip)
+            if not reply.endswith("\ufffd"):  # a character split across tokens: wait
+                write(reply[len(shown) :])
+                shown = reply
+        write(self.tokenizer.decode(out, skip_special_tokens=skip)[len(shown) :])
+        answer = self.tokenizer.decode(out, skip_special_tokens=True)
+        self.messages = [*messages, {"role": "assistant", "content": answer.strip()}]
+        self.cached = full + out[:-1]  # the last token sampled was never fed in
+        return out
+
+
+def run(args: argparse.Namespace) -> int:
+    from lmcore.cli.generate import model_path
+    from lmcore.eval.loading import load_model
+
+    path = model_path(args.model)
+    if path is None:
+        raise UsageError(f"MODEL {args.model!r} is not a checkpoint (a .safetensors file or dir)")
+    import torch
+
+    dtype = None if args.dtype is None else getattr(torch, args.dtype)
+    with checkpoint_warnings(args.command):
+        model, info = load_model(path, device=args.device, dtype=dtype)
+    saved = model.tokenizer
+    if saved is None or saved.chat_template is None:
+        raise UsageError(
+            f"{info.path} stores no chat template; lmcore chat needs a checkpoint converted "
+            "from a GGUF file or a Hugging Face directory with one (lmcore generate --prompt "
+            "works with any)"
+        )
+    chat = Conversation(model, saved, saved.tokenizer(), system=args.system)
+    sampling = {"temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k}
+    say(f"lmcore chat: {info.path} ({model.spec.context_length} tokens of context); "
+        f"{COMMANDS_HELP}")  # fmt: skip
+    interactive = sys.stdin.isatty()
+
+    def write(text: str) -> None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+    turn = 0
+    while True:
+        try:
+            line = input("> " if interactive else "")
+        except EOFError:
+            break
+        text = line.strip()
+        if not text:
+            continue
+        if text in ("/quit", "/exit"):
+            break
+        if text == "/reset":
+            chat.reset()
+            say("(a new conversation)")
+            continue
+        seed = None if args.seed is None else args.seed + turn
+        chat.turn(
+            text,
+            write,
+            max_new_tokens=args.max_new_tokens,
+            show_special=args.show_special,
+            seed=seed,
+            **sampling,
+        )
+        write("\n")
+        turn += 1
+    return 0

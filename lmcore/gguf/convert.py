@@ -1,0 +1,114 @@
+"""GGUF files to lmcore checkpoints and back, through the `gguf` package alone.
+
+    lmcore convert --from-gguf FILE.gguf OUT.safetensors    # weights, spec, tokenizer, template
+    lmcore convert --to-gguf CKPT OUT.gguf --type q8_0      # for llama.cpp, Ollama, LM Studio
+
+    model = lmcore.gguf.load_gguf("model.gguf")             # the same, in memory
+    lmcore.gguf.save_gguf(model, "out.gguf", type="f16")
+
+Every tensor is dequantized to float32 (`lmcore.gguf.reading`), renamed and un-permuted onto
+Hugging Face's names (`lmcore.gguf.architectures`), then mapped by the family's own tables, so
+a GGUF converts exactly as the Hugging Face directory it was made from. The checkpoint is stored
+in float32, or in F16 / BF16 when those hold the file's matrices, unless `dtype` says otherwise;
+the tokenizer (`lmcore.gguf.tokenizer`), chat template and special ids are stored with it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Final
+
+import torch
+
+from lmcore.checkpoint import build_empty, check_finite, load, load_strict, save
+from lmcore.errors import ConversionError
+from lmcore.gguf.architectures import (
+    architecture,
+    family,
+    from_gguf_tensors,
+    metadata_to_config,
+    spec_of,
+)
+from lmcore.gguf.reading import GGUFFile, read_gguf
+from lmcore.gguf.tokenizer import from_gguf_metadata
+from lmcore.gguf.writing import write_gguf
+from lmcore.hf.weights import from_hf_state_dict
+from lmcore.model.transformer import TransformerLM, unwrap
+from lmcore.registry import Registry
+
+__all__ = ["METADATA_KEY", "convert_from_gguf", "convert_to_gguf", "load_gguf", "save_gguf"]
+
+METADATA_KEY: Final = "gguf.metadata"  # checkpoint metadata: the file's own (general.*, ...)
+_LARGE: Final = ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type", "tokenizer.ggml.merges",
+                 "tokenizer.ggml.scores", "tokenizer.chat_template")  # fmt: skip
+
+
+def _stored_dtype(file: GGUFFile) -> torch.dtype:
+    """float16 or bfloat16 when every matrix is stored so, else float32 (what dequantizing
+    gives)."""
+    kinds = {e.type for e in file.tensors.values() if len(e.shape) > 1}
+    return {"F16": torch.float16, "BF16": torch.bfloat16}.get(
+        next(iter(kinds)) if len(kinds) == 1 else "", torch.float32
+    )
+
+
+def load_gguf(
+    path: str | os.PathLike[str],
+    device: torch.device | str | None = None,
+    dtype: torch.dtype | None = None,
+    registry: Registry | None = None,
+    *,
+    ignore: Iterable[str] = (),
+) -> TransformerLM:
+    """An lmcore model (with its tokenizer, `model.tokenizer`) from a GGUF file. `ignore`:
+    metadata keys lmcore does not know that you know do not change the model."""
+    where = Path(path)
+    file = read_gguf(where)
+    arch = architecture(file.architecture, where)
+    shapes = {name: e.shape for name, e in file.tensors.items()}
+    config = metadata_to_config(file.metadata, shapes, where, ignore=ignore)
+    spec = spec_of(config, arch, where)
+    tokenizer = from_gguf_metadata(file.metadata, where, ignore=ignore)
+    model = build_empty(spec, device, dtype or _stored_dtype(file), registry=registry)
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    tensors = from_gguf_tensors(file.tensors_float(), arch, config)
+    state = from_hf_state_dict(family(arch), tensors, model.blueprint, expected, str(where))
+    load_strict(model, state, where, f"the model of {model.spec}")
+    check_finite(state, where)
+    if tokenizer is not None:
+        tokenizer.check_vocab(model.spec.vocab_size, where)
+        model.tokenizer = tokenizer
+    return model
+
+
+def convert_from_gguf(
+    path: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    *,
+    dtype: torch.dtype | None = None,
+    registry: Registry | None = None,
+    ignore: Iterable[str] = (),
+) -> Path:
+    """`lmcore convert --from-gguf FILE OUT`: a GGUF file to an lmcore checkpoint holding the
+    model, its tokenizer and chat template, and the file's own metadata (`gguf.metadata`:
+    general.*, the architecture's keys)."""
+    model = load_gguf(path, dtype=dtype, registry=registry, ignore=ignore)
+    kept = {k: v for k, v in read_gguf(path).metadata.items() if k not in _LARGE}
+    return save(model, out, metadata={METADATA_KEY: json.dumps(kept, sort_keys=True)})
+
+
+def save_gguf(model: torch.nn.Module, path: str | os.PathLike[str], *, type: str = "f32") -> Path:
+    """Write `model` (a `TransformerLM`) and its tokenizer as a GGUF file (`write_gguf`)."""
+    return write_gguf(unwrap(model), path, type=type)
+
+
+def convert_to_gguf(
+    checkpoint: str | os.PathLike[str], out: str | os.PathLike[str], *, type: str = "f32"
+) -> Path:
+    """`lmcore convert --to-gguf CKPT OUT`: an lmcore checkpoint (and its tokenizer) to GGUF."""
+    if Path(out).resolve() == Path(checkpoint).resolve():
+        raise ConversionError(f"{out}: is the checkpoint being converted; choose another OUT")
+    return write_gguf(load(checkpoint), out, type=type)

@@ -1,0 +1,133 @@
+"""A checkpoint carries its tokenizer (`lmcore.tokenizer`), and `lmcore.load` builds without
+initialising the weights it is about to replace (`lmcore.model.empty`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+import lmcore
+from lmcore.errors import CheckpointError, GenerationError
+from lmcore.tokenizer import CONFIG_KEY, METADATA_KEY, SavedTokenizer
+
+SPEC = "vocab_size=300,context_length=32,d_model=32,num_layers=2,num_heads=2,d_ff=64"
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+@pytest.fixture(scope="module")
+def tok() -> Tokenizer:
+    t = Tokenizer(models.BPE())
+    t.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    t.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=300,
+        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    t.train_from_iterator(["the cat sat on the mat, hello world"] * 20, trainer)
+    return t
+
+
+def test_a_checkpoint_keeps_its_tokenizer_through_load_and_save(
+    tmp_path: Path, tok: Tokenizer
+) -> None:
+    saved = SavedTokenizer.from_tokenizer(tok, chat_template=CHATML, eos_token_id=2)
+    assert saved.stop_token_ids == (2, 0)  # eos, then <|endoftext|> (an end token's spelling)
+    model = lmcore.build_model(SPEC)
+    path = model.save(tmp_path / "m.safetensors", tokenizer=saved)
+    again = lmcore.load(path)
+    assert again.tokenizer == saved and lmcore.read_info(path).tokenizer == saved
+    second = again.save(tmp_path / "again.safetensors")  # the model's own, by default
+    assert lmcore.read_info(second).tokenizer == saved
+    assert lmcore.read_info(model.save(tmp_path / "none.safetensors")).tokenizer is None
+
+
+def test_a_changed_tokenizer_fails_the_integrity_check(tmp_path: Path, tok: Tokenizer) -> None:
+    saved = SavedTokenizer.from_tokenizer(tok, chat_template=CHATML)
+    path = lmcore.build_model(SPEC).save(tmp_path / "m.safetensors", tokenizer=saved)
+    with safe_open(str(path), "pt") as f:
+        meta, tensors = f.metadata(), {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118
+    config = json.loads(meta[CONFIG_KEY])
+    config["chat_template"] = "{{ 'something else' }}"
+    save_file(tensors, str(path), {**meta, CONFIG_KEY: json.dumps(config, sort_keys=True)})
+    with pytest.raises(
+        CheckpointError, match=r"fails its integrity check: the metadata lmcore\.tokenizer_config"
+    ):
+        lmcore.read_info(path)
+    save_file(tensors, str(path), {k: v for k, v in meta.items() if k != METADATA_KEY})
+    with pytest.raises(CheckpointError, match=r"lmcore\.tokenizer does not match"):
+        lmcore.read_info(path)
+
+
+def test_a_hugging_face_directory_s_tokenizer_files(tmp_path: Path, tok: Tokenizer) -> None:
+    tok.save(str(tmp_path / "tokenizer.json"))
+    (tmp_path / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "chat_template": CHATML,
+                "eos_token": "<|im_end|>",
+                "bos_token": {"content": "<|im_start|>"},
+            }
+        )
+    )
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 1]}))
+    saved = SavedTokenizer.from_directory(tmp_path)
+    assert saved is not None
+    assert (saved.bos_token_id, saved.eos_token_id, saved.stop_token_ids) == (1, 2, (2, 1, 0))
+    text = saved.render_chat([{"role": "user", "content": "hi"}])
+    assert text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    assert SavedTokenizer.from_directory(tmp_path / "nowhere") is None
+
+
+def test_chat_templates_run_in_a_sandbox(tok: Tokenizer) -> None:
+    hostile = SavedTokenizer.from_tokenizer(
+        tok, chat_template="{{ ''.__class__.__mro__[1].__subclasses__() }}"
+    )
+    with pytest.raises(GenerationError, match="the chat template fails: SecurityError"):
+        hostile.render_chat([{"role": "user", "content": "hi"}], tokenizer=tok)
+    refusing = SavedTokenizer.from_tokenizer(
+        tok, chat_template="{{ raise_exception('no system role') }}"
+    )
+    with pytest.raises(GenerationError, match="no system role"):
+        refusing.render_chat([], tokenizer=tok)
+    with pytest.raises(GenerationError, match="has no chat template"):
+        SavedTokenizer.from_tokenizer(tok).render_chat([], tokenizer=tok)
+
+
+def test_load_does_not_initialise_the_weights_it_replaces(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    torch.manual_seed(0)
+    model = lmcore.build_model(SPEC + ",tie_embeddings=true")
+    path = model.save(tmp_path / "m.safetensors")
+
+    real: list[tuple[int, ...]] = []  # the shapes initialised in memory, not on meta
+    original = torch.nn.init.trunc_normal_
+
+    def record(t: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
+        if not t.is_meta:
+            real.append(tuple(t.shape))
+        return original(t, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(torch.nn.init, "trunc_normal_", record)
+    again = lmcore.load(path)
+    assert real == []
+    assert again.lm_head.weight is again.token_embeddings.weight  # still one parameter
+    assert not any(p.is_meta for p in again.parameters())
+    for (name, a), b in zip(model.state_dict().items(), again.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name
+    ids = torch.tensor([[1, 2, 3, 4]])
+    with torch.no_grad():
+        torch.testing.assert_close(again(ids), model(ids), atol=0, rtol=0)
+    half = lmcore.load(path, dtype=torch.bfloat16)  # converted on the way in
+    assert half.lm_head.weight.dtype == torch.bfloat16
