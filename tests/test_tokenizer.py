@@ -131,3 +131,18 @@ def test_load_does_not_initialise_the_weights_it_replaces(
         torch.testing.assert_close(again(ids), model(ids), atol=0, rtol=0)
     half = lmcore.load(path, dtype=torch.bfloat16)  # converted on the way in
     assert half.lm_head.weight.dtype == torch.bfloat16
+
+
+def test_eval_uses_the_checkpoints_own_tokenizer_and_says_so(
+    tmp_path: Path, tok: Tokenizer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from lmcore.cli.main import main
+
+    path = lmcore.build_model(SPEC).save(
+        tmp_path / "m.safetensors", tokenizer=SavedTokenizer.from_tokenizer(tok)
+    )
+    text = tmp_path / "t.txt"
+    text.write_text("the cat sat on the mat\n" * 3)
+    assert main(["eval", str(path), "--text", str(text)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert f"text: {text} (69 bytes); tokenizer {path} (the checkpoint's own)" in out

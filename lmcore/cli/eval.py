@@ -118,7 +118,8 @@ def _windows(args: argparse.Namespace) -> int:
             raise UsageError(f"--text {missing[0]!r} is not a file")
         tok, where = load_tokenizer(info, args.tokenizer)
         check_vocab(tok, model.spec.vocab_size, where)
-        stream = text_stream(args.text, tok, str(where))
+        label = f"{where} (the checkpoint's own)" if where == info.path else str(where)
+        stream = text_stream(args.text, tok, label)
     else:
         if args.tokenizer is not None:
             raise UsageError("--data brings its own tokenizer: drop --tokenizer")
