@@ -441,3 +441,106 @@ def test_convert_s_gguf_options_are_checked(
     assert err.startswith("lmcore convert: error: ") and "nope" in err and err.count("\n") == 1
     assert main(["convert", "--from-gguf", str(ckpt), str(tmp_path / "o.safetensors")]) == 2
     assert "is not a GGUF file" in capsys.readouterr().err
+
+
+def hf_qwen(model_type: str, head_dim: int | None = None) -> Any:
+    """A tiny random Qwen 2 (q/k/v biases) or Qwen 3 (q/k norms), norms and biases perturbed."""
+    config = transformers.AutoConfig.for_model(
+        model_type,
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        rms_norm_eps=1e-6,
+        rope_theta=10000.0,
+        tie_word_embeddings=False,
+        **({} if head_dim is None else {"head_dim": head_dim}),
+    )
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name or name.endswith("bias"):
+                p.add_(torch.randn_like(p) * 0.1)
+    return model
+
+
+def write_by_gguf_map(path: Path, model: Any, arch: Any) -> None:
+    """`model` in float32 under the tensor names gguf's own map gives (llama.cpp's converter
+    uses it), rows as Hugging Face holds them: Qwen's converters do not permute q and k."""
+    c = model.config
+    w = gguf.GGUFWriter(str(path), gguf.MODEL_ARCH_NAMES[arch])
+    w.add_block_count(c.num_hidden_layers)
+    w.add_context_length(c.max_position_embeddings)
+    w.add_embedding_length(c.hidden_size)
+    w.add_feed_forward_length(c.intermediate_size)
+    w.add_head_count(c.num_attention_heads)
+    w.add_head_count_kv(c.num_key_value_heads)
+    w.add_layer_norm_rms_eps(c.rms_norm_eps)
+    w.add_rope_freq_base(c.rope_theta if hasattr(c, "rope_theta") else 10000.0)
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    w.add_rope_dimension_count(head_dim)
+    if arch == gguf.MODEL_ARCH.QWEN3:
+        w.add_key_length(head_dim)
+        w.add_value_length(head_dim)
+    w.add_vocab_size(c.vocab_size)
+    names = gguf.get_tensor_name_map(arch, c.num_hidden_layers)
+    for name, p in model.state_dict().items():
+        target = names.get_name(name, try_suffixes=(".weight", ".bias"))
+        assert target is not None, name
+        w.add_tensor(target, p.detach().numpy().astype(np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+@pytest.mark.parametrize(
+    ("model_type", "arch", "head_dim", "expect"),
+    [
+        ("qwen2", "QWEN2", None, "qkv_bias=true"),
+        ("qwen3", "QWEN3", None, "qk_norm=rmsnorm(eps=1e-06)"),
+        ("qwen3", "QWEN3", 32, "head_dim=32"),  # heads wider than d_model / heads, as Qwen3's
+    ],
+    ids=["qwen2", "qwen3", "qwen3-wide-heads"],
+)
+def test_a_gguf_qwen_gives_hugging_faces_logits(
+    tmp_path: Path, model_type: str, arch: str, head_dim: int | None, expect: str
+) -> None:
+    hf = hf_qwen(model_type, head_dim)
+    write_by_gguf_map(tmp_path / "m.gguf", hf, gguf.MODEL_ARCH[arch])
+    model = load_gguf(tmp_path / "m.gguf")
+    assert expect in str(model.spec)
+    with torch.no_grad():
+        expected = hf(IDS).logits
+        torch.testing.assert_close(model(IDS), expected, atol=1e-4, rtol=0)
+        if head_dim is None:  # the file is what transformers' GGUF loader reads, too
+            theirs = transformers.AutoModelForCausalLM.from_pretrained(
+                tmp_path, gguf_file="m.gguf", dtype=torch.float32
+            )
+            torch.testing.assert_close(theirs(IDS).logits, expected, atol=1e-4, rtol=0)
+
+
+def test_a_qwen3_whose_rotary_width_differs_from_its_heads_is_refused(tmp_path: Path) -> None:
+    write_by_gguf_map(tmp_path / "m.gguf", hf_qwen("qwen3", 32), gguf.MODEL_ARCH.QWEN3)
+    file = read_gguf(tmp_path / "m.gguf")
+    w = gguf.GGUFWriter(str(tmp_path / "bad.gguf"), "qwen3")
+    for key, field in file.metadata.items():
+        if key.startswith("qwen3.") and key != "qwen3.rope.dimension_count":
+            w.add_uint32(key, field) if isinstance(field, int) else w.add_float32(key, field)
+    w.add_rope_dimension_count(16)
+    for name, t in file.tensors_float().items():
+        w.add_tensor(name, t.numpy())
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(
+        ConversionError,
+        match=r"qwen3\.rope\.dimension_count=16 \(lmcore's heads are qwen3\.attention\.key_length "
+        r"= 32 wide",
+    ):
+        load_gguf(tmp_path / "bad.gguf")

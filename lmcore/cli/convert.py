@@ -18,8 +18,8 @@ def add_parser(sub: Any) -> None:
         description="Convert between Hugging Face model directories (config.json and "
         "safetensors weights, sharded or not) of the families lmcore reads (llama, mistral, "
         "qwen2, qwen3, gemma, gemma2, olmo2, phi3, gpt2, gpt_neox, mixtral, qwen3_moe) and "
-        "lmcore checkpoints, and GGUF files (llama.cpp, Ollama, LM Studio) of the llama "
-        "architecture. Anything the target cannot express is refused, naming the field or "
+        "lmcore checkpoints, and GGUF files (llama.cpp, Ollama, LM Studio): llama, qwen2 and "
+        "qwen3 in, llama out. Anything the target cannot express is refused, naming the field or "
         "component.",
     )
     way = p.add_mutually_exclusive_group(required=True)

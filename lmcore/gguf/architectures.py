@@ -102,7 +102,48 @@ LLAMA: Final = Architecture(
     },
 )
 
-ARCHITECTURES: Final[Mapping[str, Architecture]] = {a.name: a for a in (LLAMA,)}
+_LLAMA_FIELDS: Final = LLAMA.fields
+_NO_SCALING: Final = {"rope.scaling.type": ("none",), "rope.scaling.factor": (1, 1.0)}
+_NO_EXPERTS: Final = {"expert_count": (0,), "expert_used_count": (0,)}
+
+
+def _layer(gguf: str, hf: str) -> tuple[str, str]:
+    return (f"blk.{{i}}.{gguf}", f"model.layers.{{i}}.{hf}")
+
+
+# Qwen's converters keep Hugging Face's row order (only Llama's permutes q and k): no permutation.
+QWEN2: Final = Architecture(
+    name="qwen2",
+    family="qwen2",
+    model_type="qwen2",
+    fields=_LLAMA_FIELDS,
+    head_keys=LLAMA.head_keys,
+    trivial={**_NO_SCALING, **_NO_EXPERTS},
+    tensors=(
+        *LLAMA.tensors,
+        _layer("attn_q.bias", "self_attn.q_proj.bias"),
+        _layer("attn_k.bias", "self_attn.k_proj.bias"),
+        _layer("attn_v.bias", "self_attn.v_proj.bias"),
+    ),
+    permuted={},
+)
+# Qwen 3: q/k RMSNorms per head, no biases, heads as wide as `attention.key_length` says.
+QWEN3: Final = Architecture(
+    name="qwen3",
+    family="qwen3",
+    model_type="qwen3",
+    fields=(*_LLAMA_FIELDS, ("attention.key_length", "head_dim")),
+    head_keys=("rope.dimension_count", "attention.value_length"),
+    trivial={**_NO_SCALING, **_NO_EXPERTS},
+    tensors=(
+        *LLAMA.tensors,
+        _layer("attn_q_norm.weight", "self_attn.q_norm.weight"),
+        _layer("attn_k_norm.weight", "self_attn.k_norm.weight"),
+    ),
+    permuted={},
+)
+
+ARCHITECTURES: Final[Mapping[str, Architecture]] = {a.name: a for a in (LLAMA, QWEN2, QWEN3)}
 # Metadata outside the architecture's keys that never changes the function: kept, not mapped.
 PASSIVE_PREFIXES: Final = ("general.", "quantize.", "tokenizer.")
 # Tensors whose presence asks for what lmcore cannot express.
@@ -164,13 +205,17 @@ def metadata_to_config(
         config["vocab_size"] = embed[0]
     config["tie_word_embeddings"] = _gguf_name(arch, "lm_head.weight") not in tensors
     d, heads = config.get("hidden_size"), config.get("num_attention_heads")
-    if isinstance(d, int) and isinstance(heads, int) and heads > 0 and d % heads == 0:
+    width, said = config.get("head_dim"), f"{prefix}attention.key_length"
+    if width is None and isinstance(d, int) and isinstance(heads, int) and heads > 0:
+        width = d // heads if d % heads == 0 else None
+        said = "embedding_length / head_count"
+    if isinstance(width, int):
         for key in arch.head_keys:
             value = metadata.get(prefix + key)
-            if value is not None and value != d // heads:
+            if value is not None and value != width:
                 problems.append(
-                    f"{prefix}{key}={value} (lmcore's heads are embedding_length / head_count = "
-                    f"{d // heads} wide, and rotate all of it)"
+                    f"{prefix}{key}={value} (lmcore's heads are {said} = {width} wide, and "
+                    "rotate all of it)"
                 )
     if problems:
         raise ConversionError(
@@ -195,7 +240,7 @@ def spec_of(config: Mapping[str, Any], arch: Architecture, where: object) -> str
 def config_to_metadata(config: Mapping[str, Any], arch: Architecture) -> dict[str, Any]:
     """The architecture's metadata keys for a Hugging Face config (`--to-gguf`)."""
     out = {f"{arch.name}.{k}": config[hf] for k, hf in arch.fields if config.get(hf) is not None}
-    head_dim = config["hidden_size"] // config["num_attention_heads"]
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
     for key in arch.head_keys:
         out[f"{arch.name}.{key}"] = head_dim
     return out
