@@ -160,7 +160,7 @@ def read_info(path: str | os.PathLike[str]) -> CheckpointInfo:
         raise CheckpointError(
             f"{p}: is a safetensors file but not an lmcore checkpoint: its metadata has no "
             f"{KEYS['spec']!r} (metadata keys: {shown}). For a CS336-keyed state dict use "
-            "lmcore.load_state_dict_file(path, spec); for a Hugging Face Llama model directory, "
+            "lmcore.load_state_dict_file(path, spec); for a Hugging Face model directory, "
             "`lmcore convert --from-hf DIR OUT.safetensors`"
         )
 
@@ -289,7 +289,7 @@ def find_checkpoint(path: str | os.PathLike[str]) -> Path:
     if (p / MODEL_FILE).is_file():
         return p / MODEL_FILE
     hint = (
-        "; it holds a config.json: for a Hugging Face Llama model directory run "
+        "; it holds a config.json: for a Hugging Face model directory run "
         f"`lmcore convert --from-hf {p} OUT.safetensors`"
         if (p / "config.json").is_file()
         else ""

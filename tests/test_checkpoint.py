@@ -246,7 +246,7 @@ def test_load_takes_a_checkpoint_directory_or_a_run_directory(tmp_path: Path) ->
     (hf / "config.json").write_text("{}")
     with pytest.raises(
         CheckpointError,
-        match=r"is neither a model file, .* it holds a config.json: for a Hugging Face Llama model "
+        match=r"is neither a model file, .* it holds a config.json: for a Hugging Face model "
         r"directory run `lmcore convert --from-hf .*hf OUT.safetensors`",
     ):
         lmcore.load(hf)
@@ -388,7 +388,7 @@ def test_a_safetensors_file_without_an_lmcore_spec(tmp_path: Path) -> None:
         CheckpointError,
         match=r"plain.safetensors: is a safetensors file but not an lmcore checkpoint: its "
         r"metadata has no 'lmcore.spec' \(metadata keys: format\). For a CS336-keyed state dict "
-        r"use lmcore.load_state_dict_file\(path, spec\); for a Hugging Face Llama model "
+        r"use lmcore.load_state_dict_file\(path, spec\); for a Hugging Face model "
         r"directory, `lmcore convert --from-hf DIR OUT.safetensors`",
     ):
         lmcore.load(path)

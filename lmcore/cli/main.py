@@ -4,13 +4,14 @@ lmcore build SPEC           build a model; print its canonical spec and paramete
 lmcore describe SPEC        parameters, FLOPs and memory by component, before any weight exists
 lmcore run SPEC             forward+backward steps on random tokens: tokens/s and peak memory
 lmcore plugins              list components, presets and plugins with provenance and status
-lmcore convert              Hugging Face Llama directory <-> lmcore checkpoint
+lmcore convert              Hugging Face directory or GGUF file <-> lmcore checkpoint
 lmcore data prepare SRC...  train a BPE tokenizer and write token ids for training
 lmcore train SPEC           train a model on prepared data: checkpoints, metrics, loss curve
 lmcore sweep BASE --vary    train a baseline and its variants alike; compare them
 lmcore compare RUN...       the comparison table and plot of existing runs
 lmcore quickstart           train a small model on this Python's standard library (a minute)
 lmcore generate SPEC|CKPT   write text (or token ids) from a prompt, streaming, with a KV cache
+lmcore chat CKPT            an interactive chat in the model's template, KV cache kept
 lmcore eval MODEL           loss, perplexity, bits per byte; lm-evaluation-harness tasks
 lmcore --version            lmcore's, torch's and Python's versions
 

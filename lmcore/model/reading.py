@@ -90,7 +90,7 @@ def read_header(path: str | os.PathLike[str]) -> Header:
         raise CheckpointError(f"{p}: no such file") from None
     except IsADirectoryError:
         hint = (
-            "; it holds a config.json: for a Hugging Face Llama model directory run "
+            "; it holds a config.json: for a Hugging Face model directory run "
             f"`lmcore convert --from-hf {p} OUT.safetensors`"
             if (p / "config.json").is_file()
             else ""
