@@ -59,12 +59,32 @@ def hf_llama(d: int = 64, ff: int = 128, vocab: int = 128, tied: bool = False) -
         tie_word_embeddings=tied,
     )
     torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(config).eval()
+    return perturbed(transformers.LlamaForCausalLM(config).eval())
+
+
+def perturbed(model: Any) -> Any:
+    """`model` with norm gains that are not all ones and biases that are not all zeros."""
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if "norm" in name:
-                p.add_(torch.randn_like(p) * 0.1)  # gains that are not all ones
+            if "norm" in name or name.endswith("bias"):
+                p.add_(torch.randn_like(p) * 0.1)
     return model
+
+
+def add_shape(w: Any, c: Any, rope_theta: float = 10000.0) -> None:
+    """The architecture's metadata of config `c`, as llama.cpp's converter writes it."""
+    w.add_block_count(c.num_hidden_layers)
+    w.add_context_length(c.max_position_embeddings)
+    w.add_embedding_length(c.hidden_size)
+    w.add_feed_forward_length(c.intermediate_size)
+    w.add_head_count(c.num_attention_heads)
+    w.add_head_count_kv(c.num_key_value_heads)
+    w.add_layer_norm_rms_eps(c.rms_norm_eps)
+    w.add_rope_freq_base(rope_theta)
+    w.add_rope_dimension_count(
+        getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    )
+    w.add_vocab_size(c.vocab_size)
 
 
 def permute(w: np.ndarray, heads: int) -> np.ndarray:
@@ -121,16 +141,7 @@ def write_llama(
     in Hugging Face's names and row order (the reference)."""
     c = model.config
     w = gguf.GGUFWriter(str(path), "llama")
-    w.add_block_count(c.num_hidden_layers)
-    w.add_context_length(c.max_position_embeddings)
-    w.add_embedding_length(c.hidden_size)
-    w.add_feed_forward_length(c.intermediate_size)
-    w.add_head_count(c.num_attention_heads)
-    w.add_head_count_kv(c.num_key_value_heads)
-    w.add_layer_norm_rms_eps(c.rms_norm_eps)
-    w.add_rope_freq_base(10000.0)  # as hf_llama sets it
-    w.add_rope_dimension_count(c.hidden_size // c.num_attention_heads)
-    w.add_vocab_size(c.vocab_size)
+    add_shape(w, c)  # rope_theta as hf_llama sets it
     w.add_name("tiny")
     for key, value in (extra or {}).items():
         w.add_uint32(key, value)
@@ -460,12 +471,7 @@ def hf_qwen(model_type: str, head_dim: int | None = None) -> Any:
         **({} if head_dim is None else {"head_dim": head_dim}),
     )
     torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(config).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name or name.endswith("bias"):
-                p.add_(torch.randn_like(p) * 0.1)
-    return model
+    return perturbed(transformers.AutoModelForCausalLM.from_config(config).eval())
 
 
 def write_by_gguf_map(path: Path, model: Any, arch: Any) -> None:
@@ -473,20 +479,11 @@ def write_by_gguf_map(path: Path, model: Any, arch: Any) -> None:
     uses it), rows as Hugging Face holds them: Qwen's converters do not permute q and k."""
     c = model.config
     w = gguf.GGUFWriter(str(path), gguf.MODEL_ARCH_NAMES[arch])
-    w.add_block_count(c.num_hidden_layers)
-    w.add_context_length(c.max_position_embeddings)
-    w.add_embedding_length(c.hidden_size)
-    w.add_feed_forward_length(c.intermediate_size)
-    w.add_head_count(c.num_attention_heads)
-    w.add_head_count_kv(c.num_key_value_heads)
-    w.add_layer_norm_rms_eps(c.rms_norm_eps)
-    w.add_rope_freq_base(c.rope_theta if hasattr(c, "rope_theta") else 10000.0)
-    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-    w.add_rope_dimension_count(head_dim)
+    add_shape(w, c)  # rope_theta as hf_qwen sets it
     if arch == gguf.MODEL_ARCH.QWEN3:
+        head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
         w.add_key_length(head_dim)
         w.add_value_length(head_dim)
-    w.add_vocab_size(c.vocab_size)
     names = gguf.get_tensor_name_map(arch, c.num_hidden_layers)
     for name, p in model.state_dict().items():
         target = names.get_name(name, try_suffixes=(".weight", ".bias"))

@@ -264,6 +264,15 @@ def _pattern(template: str) -> re.Pattern[str]:
     return re.compile(re.escape(template).replace(r"\{i\}", r"(\d+)"))
 
 
+def _rename(name: str, rules: list[tuple[re.Pattern[str], str]]) -> str | None:
+    """`name` under the first rule whose pattern it matches (its layer carried over), or None."""
+    for pattern, target in rules:
+        m = pattern.fullmatch(name)
+        if m:
+            return target.replace("{i}", m.group(1)) if m.groups() else target
+    return None
+
+
 def from_gguf_tensors(
     tensors: Mapping[str, Tensor], arch: Architecture, config: Mapping[str, Any]
 ) -> dict[str, Tensor]:
@@ -272,12 +281,8 @@ def from_gguf_tensors(
     rules = [(_pattern(g), h) for g, h in arch.tensors]
     out: dict[str, Tensor] = {}
     for name, t in tensors.items():
-        for pattern, target in rules:
-            m = pattern.fullmatch(name)
-            if m:
-                renamed = target.replace("{i}", m.group(1)) if m.groups() else target
-                break
-        else:
+        renamed = _rename(name, rules)
+        if renamed is None:
             out[name] = t
             continue
         heads = _heads(arch, config, renamed)
@@ -292,12 +297,8 @@ def to_gguf_tensors(
     rules = [(_pattern(h), g) for g, h in arch.tensors]
     out: dict[str, Tensor] = {}
     for name, t in tensors.items():
-        for pattern, target in rules:
-            m = pattern.fullmatch(name)
-            if m:
-                renamed = target.replace("{i}", m.group(1)) if m.groups() else target
-                break
-        else:
+        renamed = _rename(name, rules)
+        if renamed is None:
             raise ConversionError(f"tensor {name} has no GGUF name in the {arch.name} table")
         heads = _heads(arch, config, name)
         out[renamed] = permute_from_hf(t, heads).contiguous() if heads else t
