@@ -27,7 +27,7 @@ from collections.abc import Callable
 import torch
 
 from lmcore import build_model
-from lmcore.model.generate import compile_decoding
+from lmcore.model.generate import GREEDY, compile_decoding
 from lmcore.model.nn import Linear
 from lmcore.model.transformer import TransformerLM
 
@@ -37,7 +37,7 @@ BOUND = "matrix products alone (bound)"
 
 
 def lmcore_peer(model: TransformerLM, new: int, cache: bool) -> Peer:
-    return lambda prompt: model.generate(prompt, new, temperature=0, cache=cache)
+    return lambda prompt: model.generate(prompt, new, GREEDY, cache=cache)
 
 
 def matmul_peer(model: TransformerLM, new: int) -> Peer:
@@ -64,9 +64,10 @@ def matmul_peer(model: TransformerLM, new: int) -> Peer:
 
 
 def compiled_peer(model: TransformerLM, new: int) -> Peer:
-    """The cached decode step under torch.compile (`lmcore.model.generate.compile_decoding`)."""
-    compile_decoding(model)
-    return lambda prompt: model.generate(prompt, new, temperature=0)
+    """The cached decode step under torch.compile (`lmcore.model.generate.compile_decoding`;
+    the model itself stays eager for the other peers)."""
+    decoder = compile_decoding(model)
+    return lambda prompt: decoder.generate(prompt, new, GREEDY)
 
 
 def hf_peer(model: TransformerLM, new: int, dtype: torch.dtype) -> tuple[Peer | None, str]:
@@ -138,9 +139,7 @@ def main() -> None:
         peers["Hugging Face generate"] = hf
     peers[BOUND] = matmul_peer(model, args.new)
     if args.compile:
-        compiled = build_model("tinystories", dtype=dtype)
-        compiled.load_state_dict(model.state_dict())
-        peers[COMPILED] = compiled_peer(compiled, args.new)
+        peers[COMPILED] = compiled_peer(model, args.new)
     print(
         f"tinystories, {args.dtype}, greedy, prompt {args.prompt}, {args.new} new tokens, "
         f"{args.threads} threads, {args.rounds} interleaved rounds; {note}"

@@ -13,6 +13,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 import lmcore
 from lmcore.cli.main import main
+from lmcore.model.generate import GREEDY, Sampling
 from lmcore.train.runs import CHECKPOINT_FILES, MODEL_FILE, RUN_FORMAT, RUN_VERSION, TOKENIZER_FILE
 
 SPEC = "vocab_size=300, context_length=32, d_model=32, num_layers=2, num_heads=4, d_ff=64"
@@ -69,7 +70,7 @@ def test_token_ids_from_a_spec_are_greedy_and_the_rate_goes_to_stderr(
     assert main([*args, "--temperature", "0", "--device", "cpu"]) == 0
     out, err = capsys.readouterr()
     torch.manual_seed(0)
-    expected = lmcore.build_model(SPEC).generate(torch.tensor([1, 2, 3]), 6, temperature=0)
+    expected = lmcore.build_model(SPEC).generate(torch.tensor([1, 2, 3]), 6, GREEDY)
     assert out == " ".join(map(str, expected.tolist())) + "\n"
     assert "lmcore generate: 6 tokens in " in err and " tokens/s (KV cache, prompt 3 tokens" in err
     assert main([*args, "--temperature", "0", "--no-cache"]) == 0
@@ -86,9 +87,7 @@ def test_text_from_a_checkpoint_with_the_tokenizer_it_was_trained_with(
     tok_dir = {"beside": ckpt.parent, "run": tmp_path / "run", "data": data}[where]
     tok = make_tokenizer(tok_dir / "tokenizer.json")
     prompt = tok.encode("Once upon a").ids
-    new = model.generate(
-        torch.tensor(prompt), 8, temperature=0, stop_token=tok.token_to_id(EOT)
-    ).tolist()
+    new = model.generate(torch.tensor(prompt), 8, GREEDY, stop_token=tok.token_to_id(EOT)).tolist()
     # The model file; or the run, whose newest complete checkpoint holds the tokenizer.
     for target in (ckpt, tmp_path / "run") if where == "beside" else (ckpt,):
         code = main(["generate", str(target), "--prompt", "Once upon a", "--max-new-tokens", "8",
@@ -161,7 +160,9 @@ def test_an_explicit_tokenizer_serves_a_lone_checkpoint_and_stops_at_its_eot(
     tok = make_tokenizer(tmp_path / "elsewhere" / "tok.json")
     eot = tok.token_to_id(EOT)
     prompt = tok.encode("The dog").ids
-    new = model.generate(torch.tensor(prompt), 10, temperature=0.9, seed=3, stop_token=eot)
+    new = model.generate(
+        torch.tensor(prompt), 10, Sampling(temperature=0.9, seed=3), stop_token=eot
+    )
     code = main(["generate", str(tmp_path / "m.safetensors"), "--prompt", "The dog",
                  "--tokenizer", str(tmp_path / "elsewhere" / "tok.json"), "--max-new-tokens", "10",
                  "--temperature", "0.9", "--seed", "3"])  # fmt: skip
@@ -171,5 +172,5 @@ def test_an_explicit_tokenizer_serves_a_lone_checkpoint_and_stops_at_its_eot(
     # With ids, the new ids are printed when there is no tokenizer to decode them.
     assert main(["generate", str(tmp_path / "m.safetensors"), "--prompt-ids", "5,6",
                  "--max-new-tokens", "3", "--temperature", "0"]) == 0  # fmt: skip
-    expected = model.generate(torch.tensor([5, 6]), 3, temperature=0).tolist()
+    expected = model.generate(torch.tensor([5, 6]), 3, GREEDY).tolist()
     assert capsys.readouterr().out == " ".join(map(str, expected)) + "\n"

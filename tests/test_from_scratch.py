@@ -23,10 +23,14 @@ ALLOWED_NN = {
 ALLOWED_OPTIM = {"Optimizer"}
 # The training runner works around the model with the maintained library, as DESIGN.md asks:
 # torch.optim's AdamW and torch.nn.utils' gradient clipping; lmcore.train.parallel
-# torch.distributed's DistributedDataParallel (torch.nn.parallel). Layers and fused ops stay banned.
+# torch.distributed's DistributedDataParallel (torch.nn.parallel); building on meta, torch's
+# parameter registration hook (no layer). Layers and fused ops stay banned.
 AROUND_THE_MODEL = {
     "lmcore/train/optim.py": ("torch.optim.", "torch.nn.utils."),
     "lmcore/train/parallel.py": ("torch.nn.parallel.DistributedDataParallel",),
+    "lmcore/model/empty.py": (
+        "torch.nn.modules.module.register_module_parameter_registration_hook",
+    ),
 }
 # Fused ops that would replace what the assignment asks us to write ourselves.
 FUSED = {

@@ -23,7 +23,7 @@ from torch import Tensor, nn
 from lmcore import Component, Registry, build_model
 from lmcore.errors import GenerationError, ModelInputError
 from lmcore.model.cache import KVCache
-from lmcore.model.generate import Sampling, sample
+from lmcore.model.generate import GREEDY, Sampling, sample
 from lmcore.model.transformer import TransformerLM
 from lmcore.registry import use_registry
 
@@ -63,22 +63,22 @@ def test_greedy_with_the_cache_is_greedy_recomputing_the_whole_sequence(spec: st
     model = model_of(spec)
     prompt = torch.randint(0, 97, (2, 5))
     expected = recompute(model, prompt, 12)
-    assert torch.equal(model.generate(prompt, 12, temperature=0), expected)
-    assert torch.equal(model.generate(prompt, 12, temperature=0, cache=False), expected)
+    assert torch.equal(model.generate(prompt, 12, GREEDY), expected)
+    assert torch.equal(model.generate(prompt, 12, GREEDY, cache=False), expected)
 
 
 @pytest.mark.parametrize("spec", ["pos=rope", "pos=learned", "pos=alibi, attn=chunked"])
 def test_left_padded_prompts_generate_as_each_prompt_alone(spec: str) -> None:
     model = model_of(spec)
     prompts = [torch.randint(0, 97, (n,)) for n in (3, 7, 1)]
-    batch = model.generate(prompts, 10, temperature=0)
+    batch = model.generate(prompts, 10, GREEDY)
     assert batch.shape == (3, 10)
     for row, prompt in zip(batch, prompts, strict=True):
         assert torch.equal(row, recompute(model, prompt[None], 10)[0])
     # Lists of ints take the same path; equal lengths need no padding.
-    as_lists = model.generate([p.tolist() for p in prompts], 10, temperature=0)
+    as_lists = model.generate([p.tolist() for p in prompts], 10, GREEDY)
     assert torch.equal(as_lists, batch)
-    assert torch.equal(model.generate(prompts, 10, temperature=0, cache=False), batch)
+    assert torch.equal(model.generate(prompts, 10, GREEDY, cache=False), batch)
 
 
 def test_the_example_plugin_generates_the_same_with_and_without_the_cache() -> None:
@@ -93,15 +93,15 @@ def test_the_example_plugin_generates_the_same_with_and_without_the_cache() -> N
     with use_registry(registry):
         model = model_of("norm=dyt, num_kv_heads=2", registry=registry)
     prompt = torch.randint(0, 97, (2, 4))
-    assert torch.equal(model.generate(prompt, 10, temperature=0), recompute(model, prompt, 10))
+    assert torch.equal(model.generate(prompt, 10, GREEDY), recompute(model, prompt, 10))
 
 
 def test_one_prompt_gives_one_row_and_streaming_yields_the_same_tokens_one_by_one() -> None:
     model = model_of("")
     prompt = torch.randint(0, 97, (6,))
-    ids = model.generate(prompt, 8, temperature=0)
+    ids = model.generate(prompt, 8, GREEDY)
     assert ids.shape == (8,)
-    steps = model.stream(prompt, 8, temperature=0)
+    steps = model.stream(prompt, 8, GREEDY)
     first = next(steps)
     assert first.shape == () and int(first) == int(ids[0])
     assert [int(t) for t in steps] == ids[1:].tolist()
@@ -172,26 +172,26 @@ def test_the_same_seed_gives_the_same_sample_without_touching_the_global_rng() -
     model = model_of("")
     prompt = torch.randint(0, 97, (2, 4))
     state = torch.get_rng_state()
-    a = model.generate(prompt, 16, seed=7, top_k=40)
+    a = model.generate(prompt, 16, Sampling(top_k=40, seed=7))
     assert torch.equal(torch.get_rng_state(), state)
-    assert torch.equal(model.generate(prompt, 16, seed=7, top_k=40), a)
-    assert not torch.equal(model.generate(prompt, 16, seed=8, top_k=40), a)
+    assert torch.equal(model.generate(prompt, 16, Sampling(top_k=40, seed=7)), a)
+    assert not torch.equal(model.generate(prompt, 16, Sampling(top_k=40, seed=8)), a)
 
 
 def test_a_stop_token_ends_its_sequence_while_the_rest_of_the_batch_continues() -> None:
     model = model_of("")
     torch.manual_seed(2)
     prompt = torch.randint(0, 97, (2, 4))
-    free = model.generate(prompt, 12, temperature=0)
+    free = model.generate(prompt, 12, GREEDY)
     stop, at = int(free[0, 2]), 2  # row 0's third token, which row 1 never produces
     assert stop not in free[0, :2].tolist() + free[1].tolist()
-    out = model.generate(prompt, 12, temperature=0, stop_token=stop)
+    out = model.generate(prompt, 12, GREEDY, stop_token=stop)
     assert out.shape == (2, 12)
     assert out[0, : at + 1].tolist() == free[0, : at + 1].tolist()
     assert set(out[0, at:].tolist()) == {stop}  # the ended row repeats the stop token
     assert torch.equal(out[1], free[1])  # the other row goes on as without a stop token
     # When every sequence has stopped, generation ends early.
-    alone = model.generate(prompt[0], 12, temperature=0, stop_token=stop)
+    alone = model.generate(prompt[0], 12, GREEDY, stop_token=stop)
     assert alone.tolist() == free[0, : at + 1].tolist()
 
 
@@ -209,7 +209,7 @@ def test_token_ids_are_checked_once_up_front_not_at_every_step(
     monkeypatch.setattr(
         inputs, "_raise_out_of_range", lambda t, *a: (calls.append(t.numel()), real(t, *a))[1]
     )
-    model.generate(torch.randint(0, 97, (2, 5)), 10, temperature=0)
+    model.generate(torch.randint(0, 97, (2, 5)), 10, GREEDY)
     assert calls == [10]  # the prompt's ids, once; no positions or ids per step
     with pytest.raises(ModelInputError, match=r"token id 97 at index \(1, 2\) is out of range"):
         model.generate(torch.tensor([[1, 2, 3], [4, 5, 97]]), 3)
@@ -233,8 +233,19 @@ def test_options_out_of_range_are_refused_before_anything_runs() -> None:
     ]  # fmt: skip
     for kw, pattern in cases:
         n = kw.pop("max_new_tokens", 4)
+        picking = {k: kw.pop(k) for k in ("temperature", "top_p", "top_k", "seed") if k in kw}
         with pytest.raises(GenerationError, match=pattern):
-            model.stream(p, n, **kw)  # raised by the call, before the first step
+            # The sampling value refuses its own fields; the call refuses the rest, before the
+            # first step.
+            model.stream(p, n, Sampling(**picking), **kw)
+
+
+def test_sampling_is_one_value_and_anything_else_is_refused_by_name() -> None:
+    model = model_of("")
+    with pytest.raises(GenerationError, match=r"sampling must be a Sampling, .* got 0.0"):
+        model.generate(torch.tensor([1, 2, 3]), 2, 0.0)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"unexpected keyword argument 'temperature'"):
+        model.generate(torch.tensor([1, 2, 3]), 2, temperature=0.0)  # type: ignore[call-arg]
 
 
 def test_prompts_that_are_not_token_ids_are_refused() -> None:
@@ -254,7 +265,7 @@ def test_prompts_that_are_not_token_ids_are_refused() -> None:
 def test_generating_past_the_context_names_both_numbers() -> None:
     model = model_of("")  # context_length=24
     prompt = torch.randint(0, 97, (20,))
-    assert model.generate(prompt, 5, temperature=0).shape == (5,)  # 20 + 5 - 1 = 24 fed
+    assert model.generate(prompt, 5, GREEDY).shape == (5,)  # 20 + 5 - 1 = 24 fed
     with pytest.raises(
         GenerationError,
         match=r"a prompt of 20 tokens and max_new_tokens=6 need 25 positions, beyond "
@@ -285,7 +296,7 @@ def test_prompts_of_different_lengths_need_a_kernel_with_mask() -> None:
     )
     model = model_of("attn=nomask", registry=registry)
     prompt = torch.randint(0, 97, (2, 5))
-    assert torch.equal(model.generate(prompt, 6, temperature=0), recompute(model, prompt, 6))
+    assert torch.equal(model.generate(prompt, 6, GREEDY), recompute(model, prompt, 6))
     with pytest.raises(
         GenerationError,
         match=r"prompts of different lengths are left-padded and need an attention mask, but "
@@ -310,9 +321,7 @@ def test_a_component_that_declares_nocache_is_refused_before_generation() -> Non
         r"with cache=False",
     ):
         model.stream(prompt, 3)
-    assert torch.equal(
-        model.generate(prompt, 3, temperature=0, cache=False), recompute(model, prompt, 3)
-    )
+    assert torch.equal(model.generate(prompt, 3, GREEDY, cache=False), recompute(model, prompt, 3))
 
 
 def test_forward_with_a_cache_refuses_what_does_not_fit() -> None:
@@ -342,7 +351,7 @@ def test_compiled_decoding_with_its_defaults_gives_eager_tokens() -> None:
     code = textwrap.dedent("""
         import torch
         from lmcore import build_model
-        from lmcore.model.generate import compile_decoding
+        from lmcore.model.generate import GREEDY, compile_decoding
 
         torch.manual_seed(0)
         spec = ("vocab_size=97, context_length=16, d_model=16, num_layers=1, num_heads=2, "
@@ -350,10 +359,10 @@ def test_compiled_decoding_with_its_defaults_gives_eager_tokens() -> None:
         eager, compiled = build_model(spec), build_model(spec)
         compiled.load_state_dict(eager.state_dict())
         prompts = [torch.randint(0, 97, (2, 5)), [[5, 6, 7, 8], [9, 10]]]
-        expected = [eager.generate(p, 4, temperature=0) for p in prompts]
-        compile_decoding(compiled)
+        expected = [eager.generate(p, 4, GREEDY) for p in prompts]
+        decoder = compile_decoding(compiled)
         for p, want in zip(prompts, expected):
-            got = compiled.generate(p, 4, temperature=0)
+            got = decoder.generate(p, 4, GREEDY)
             print(torch.equal(got, want), got.tolist(), want.tolist())
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
@@ -372,8 +381,8 @@ def test_compiled_decoding_gives_the_same_tokens_and_compiles_each_kind_of_call_
         "vocab_size=97, context_length=16, d_model=16, num_layers=1, num_heads=2, num_kv_heads=1, d_ff=32"
     )
     prompt = torch.randint(0, 97, (2, 5))
-    eager = model.generate(prompt, 4, temperature=0)
-    shorter = recompute(model, prompt[:, 1:], 4)  # before compiling: forward runs the step too
+    eager = model.generate(prompt, 4, GREEDY)
+    shorter = recompute(model, prompt[:, 1:], 4)
     shorter_still = recompute(model, prompt[:, 2:], 4)
     torch.compiler.reset()
     counters.clear()
@@ -386,13 +395,17 @@ def test_compiled_decoding_gives_the_same_tokens_and_compiles_each_kind_of_call_
 
         # fullgraph: a graph break (e.g. an int-returning torch call in the attention's
         # tiling) would raise here instead of silently running the step eagerly.
-        compile_decoding(model, backend=record, fullgraph=True)
-        assert torch.equal(model.generate(prompt, 4, temperature=0), eager)
-        assert torch.equal(model.generate(prompt[:, 1:], 4, temperature=0), shorter)
+        decoder = compile_decoding(model, backend=record, fullgraph=True)
+        assert torch.equal(decoder.generate(prompt, 4, GREEDY), eager)
+        assert torch.equal(decoder.generate(prompt[:, 1:], 4, GREEDY), shorter)
         # The first prompt's length, every later step (any fill level), every other prompt
         # length: a third prompt length and the steps after it compile nothing new.
         assert counters["stats"]["unique_graphs"] == 3
-        assert torch.equal(model.generate(prompt[:, 2:], 4, temperature=0), shorter_still)
+        assert torch.equal(decoder.generate(prompt[:, 2:], 4, GREEDY), shorter_still)
+        assert counters["stats"]["unique_graphs"] == 3
+        # The model itself was left as it was: its own generation compiles nothing.
+        assert model.forward_unchecked.__func__ is TransformerLM.forward_unchecked
+        assert torch.equal(model.generate(prompt, 4, GREEDY), eager)
         assert counters["stats"]["unique_graphs"] == 3
         # Attention this small is one tile: traced as plain operators, not an opaque call.
         targets = {str(node.target) for gm in graphs for node in gm.graph.nodes}
@@ -403,8 +416,8 @@ def test_compiled_decoding_gives_the_same_tokens_and_compiles_each_kind_of_call_
 
 def test_generation_stops_at_any_of_several_stop_tokens() -> None:
     model = model_of("")
-    free = model.generate(torch.tensor([1, 2, 3]), 12, temperature=0.0).tolist()
+    free = model.generate(torch.tensor([1, 2, 3]), 12, GREEDY).tolist()
     stops = [free[5], free[2]]
-    out = model.generate(torch.tensor([1, 2, 3]), 12, temperature=0.0, stop_token=stops).tolist()
+    out = model.generate(torch.tensor([1, 2, 3]), 12, GREEDY, stop_token=stops).tolist()
     end = min(free.index(t) for t in stops)
     assert end <= 2 and out == free[: end + 1]  # the first of either, included, then nothing

@@ -29,6 +29,7 @@ from lmcore.cli.main import main  # noqa: E402
 from lmcore.errors import ConversionError  # noqa: E402
 from lmcore.gguf import convert_from_gguf, load_gguf, read_gguf, save_gguf  # noqa: E402
 from lmcore.gguf.tokenizer import from_gguf_metadata, to_gguf_metadata  # noqa: E402
+from lmcore.model.generate import GREEDY  # noqa: E402
 from lmcore.tokenizer import SavedTokenizer  # noqa: E402
 
 T = gguf.GGMLQuantizationType
@@ -335,10 +336,10 @@ def test_convert_from_gguf_stores_the_tokenizer_and_chat_stops_at_end_of_turn(
         model.lm_head.weight[end] = 1.0
         model.ln_final.weight.fill_(1.0)
     written: list[str] = []
-    reply = chat.turn("Hi there", written.append, temperature=0.0, show_special=True)
+    reply = chat.turn("Hi there", written.append, GREEDY, show_special=True)
     assert reply == [end] and "".join(written) == "<|im_end|>"
     first = len(chat.cached)
-    chat.turn("again", written.append, temperature=0.0)
+    chat.turn("again", written.append, GREEDY)
     assert chat.kv is not None and chat.kv.length == len(chat.cached) > first
     capsys.readouterr()
     edited = model.save(tmp_path / "edited.safetensors")  # keeps the model's tokenizer
@@ -358,12 +359,12 @@ def test_chat_continues_its_kv_cache_as_a_fresh_run_would(tmp_path: Path) -> Non
         "vocab_size=300,context_length=256,d_model=32,num_layers=2,num_heads=2,d_ff=64"
     )
     chat = Conversation(model, saved, tok)
-    chat.turn("Hello", lambda _: None, temperature=0.0, max_new_tokens=8)
-    second = chat.turn("the cat", lambda _: None, temperature=0.0, max_new_tokens=8)
+    chat.turn("Hello", lambda _: None, GREEDY, max_new_tokens=8)
+    second = chat.turn("the cat", lambda _: None, GREEDY, max_new_tokens=8)
     prompt = tok.encode(
         saved.render_chat(chat.messages[:-1], tokenizer=tok), add_special_tokens=False
     ).ids
-    fresh = model.generate(torch.tensor(prompt), 8, temperature=0.0, stop_token=[2, 0])
+    fresh = model.generate(torch.tensor(prompt), 8, GREEDY, stop_token=[2, 0])
     assert second == fresh.tolist()
 
 

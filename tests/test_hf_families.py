@@ -16,6 +16,7 @@ import torch
 import lmcore
 from lmcore.cli.main import main
 from lmcore.hf import FAMILIES, config_to_spec, convert_from_hf, convert_to_hf, read_config
+from lmcore.model.generate import GREEDY
 
 transformers = pytest.importorskip("transformers")
 from transformers import AutoConfig, AutoModelForCausalLM  # noqa: E402
@@ -94,7 +95,7 @@ def test_a_family_converts_both_ways_exactly(
 
     prompt = ids[0, :5]
     theirs = reference.generate(prompt[None], max_new_tokens=12, do_sample=False, pad_token_id=0)
-    assert torch.equal(ours.generate(prompt, 12, temperature=0), theirs[0, 5:])
+    assert torch.equal(ours.generate(prompt, 12, GREEDY), theirs[0, 5:])
     capsys.readouterr()
     argv = ["generate", str(out), "--prompt-ids", ",".join(map(str, prompt.tolist())),
             "--temperature", "0", "--max-new-tokens", "12"]  # fmt: skip

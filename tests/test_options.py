@@ -18,6 +18,7 @@ from torch import Tensor
 import lmcore
 from lmcore import Component, SpecError, build_model, parse_spec
 from lmcore.model.attention import tiled_attention
+from lmcore.model.generate import GREEDY
 from lmcore.model.transformer import split_heads
 from lmcore.registry import scoped_registry
 
@@ -311,8 +312,8 @@ CACHED = [
 def test_greedy_decoding_with_the_cache_equals_recomputing(option: str) -> None:
     model = perturbed(f"{BASE}, {option}")
     prompt = torch.randint(0, 97, (2, 4), generator=torch.Generator().manual_seed(3))
-    cached = model.generate(prompt, 9, temperature=0.0)
-    plain = model.generate(prompt, 9, temperature=0.0, cache=False)
+    cached = model.generate(prompt, 9, GREEDY)
+    plain = model.generate(prompt, 9, GREEDY, cache=False)
     assert torch.equal(cached, plain)
 
 
@@ -356,10 +357,10 @@ def test_compiled_decoding_with_the_options_gives_the_same_tokens_in_one_graph_p
 
     model = perturbed(f"{BASE}, {CACHED[0]}, pos[1]=nope, query_scale=0.3")
     prompt = torch.randint(0, 97, (2, 5))
-    eager = model.generate(prompt, 6, temperature=0.0)
+    eager = model.generate(prompt, 6, GREEDY)
     torch.compiler.reset()
     try:
-        compile_decoding(model, backend="eager", fullgraph=True)
-        assert torch.equal(model.generate(prompt, 6, temperature=0.0), eager)
+        decoder = compile_decoding(model, backend="eager", fullgraph=True)
+        assert torch.equal(decoder.generate(prompt, 6, GREEDY), eager)
     finally:
         torch.compiler.reset()

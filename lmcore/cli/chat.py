@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
     from lmcore.model.cache import KVCache
+    from lmcore.model.generate import Sampling
     from lmcore.model.transformer import TransformerLM
     from lmcore.tokenizer import SavedTokenizer
 
@@ -89,12 +90,13 @@ class Conversation:
         self,
         text: str,
         write: Callable[[str], None],
+        sampling: Sampling,
         *,
         max_new_tokens: int = 512,
         show_special: bool = False,
-        **sampling: Any,
     ) -> list[int]:
-        """Answer the user's `text`, writing the reply as it streams; the reply's token ids."""
+        """Answer the user's `text`, writing the reply as it streams, each token picked as
+        `sampling` says; the reply's token ids."""
         import torch
 
         messages = [*self.messages, {"role": "user", "content": text}]
@@ -121,11 +123,7 @@ class Conversation:
         shown = ""
         skip = not show_special
         steps = self.model.stream(
-            torch.tensor(full[keep:]),
-            max_new_tokens,
-            stop_token=stops,
-            kv_cache=self.kv,
-            **sampling,
+            torch.tensor(full[keep:]), max_new_tokens, sampling, stop_token=stops, kv_cache=self.kv
         )
         for t in steps:
             out.append(int(t))
@@ -159,8 +157,9 @@ def run(args: argparse.Namespace) -> int:
             "from a GGUF file or a Hugging Face directory with one (lmcore generate --prompt "
             "works with any)"
         )
+    from lmcore.model.generate import Sampling
+
     chat = Conversation(model, saved, saved.tokenizer(), system=args.system)
-    sampling = {"temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k}
     say(f"lmcore chat: {info.path} ({model.spec.context_length} tokens of context); "
         f"{COMMANDS_HELP}")  # fmt: skip
     interactive = sys.stdin.isatty()
@@ -185,13 +184,13 @@ def run(args: argparse.Namespace) -> int:
             say("(a new conversation)")
             continue
         seed = None if args.seed is None else args.seed + turn
+        sampling = Sampling(args.temperature, args.top_p, args.top_k, seed=seed)
         chat.turn(
             text,
             write,
+            sampling,
             max_new_tokens=args.max_new_tokens,
             show_special=args.show_special,
-            seed=seed,
-            **sampling,
         )
         write("\n")
         turn += 1

@@ -243,20 +243,13 @@ def run(args: argparse.Namespace) -> int:
         stop = tok.token_to_id("<|endoftext|>")
     skip = not args.show_special
     n = args.max_new_tokens or max(1, min(256, model.spec.context_length - len(ids) + 1))
-    if args.compile:
-        from lmcore.model.generate import compile_decoding
+    from lmcore.model.generate import DecodingModel, Sampling, compile_decoding, stream
 
-        compile_decoding(model)
+    decoder: DecodingModel = compile_decoding(model) if args.compile else model
     start = time.perf_counter()
-    steps = model.stream(
-        torch.tensor(ids),
-        n,
-        temperature=args.temperature,
-        top_p=args.top_p,
-        top_k=args.top_k,
-        stop_token=stop,
-        seed=args.seed,
-        cache=not args.no_cache,
+    sampling = Sampling(args.temperature, args.top_p, args.top_k, seed=args.seed)
+    steps = stream(
+        decoder, torch.tensor(ids), n, sampling, stop_token=stop, cache=not args.no_cache
     )
     out: list[int] = []
     shown = ""

@@ -33,6 +33,7 @@ import torch
 from lmcore.errors import EvalError, did_you_mean
 from lmcore.eval.loading import check_vocab, load_model, load_tokenizer
 from lmcore.eval.scoring import loglikelihoods
+from lmcore.model.generate import GREEDY, Sampling
 
 try:
     import lm_eval.models  # noqa: F401  (the built-ins first: lm-eval fills an empty registry only)
@@ -214,14 +215,12 @@ class LmcoreLM(TemplateLM):  # type: ignore[misc]  # lm-eval ships no type infor
         options: dict[str, Any],
         stops: list[str],
     ) -> list[str]:
-        steps = self.model.stream(
-            prompts,
-            new,
-            temperature=temperature if sample else 0.0,
-            top_p=float(options.get("top_p", 1.0)) if sample else 1.0,
-            top_k=options.get("top_k") if sample else None,
-            stop_token=self._eot,
+        sampling = (
+            Sampling(temperature, float(options.get("top_p", 1.0)), options.get("top_k"))
+            if sample
+            else GREEDY
         )
+        steps = self.model.stream(prompts, new, sampling, stop_token=self._eot)
         rows: list[list[int]] = [[] for _ in prompts]
         done = [False] * len(prompts)
         for tok in steps:

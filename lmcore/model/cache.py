@@ -11,12 +11,15 @@ rotates only the new q and k.
 Left-padded batches (prompts of different lengths) mark their pad slots once with `pad`: pad
 keys are masked out of every later query through the kernel's `mask` contract, and each row's
 positions count its real tokens only, so a padded prompt is encoded as it would be alone.
+
+`KVCache.for_model` reads a model through `SizedModel` (its spec and its weights' device and
+dtype), so the cache depends on no model class.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 from jaxtyping import Bool, Float, Int
@@ -25,7 +28,23 @@ from torch import Tensor
 from lmcore.errors import ModelInputError
 
 if TYPE_CHECKING:
-    from lmcore.model.transformer import TransformerLM
+    from lmcore.spec import ModelSpec
+
+
+class HasWeight(Protocol):
+    @property
+    def weight(self) -> Tensor: ...
+
+
+class SizedModel(Protocol):
+    """What a KV cache is sized from: the model's spec (layers, kv heads, head width, context)
+    and its `lm_head`, whose weight has the model's device and dtype."""
+
+    @property
+    def spec(self) -> ModelSpec: ...
+
+    @property
+    def lm_head(self) -> HasWeight: ...
 
 
 @dataclass
@@ -78,7 +97,7 @@ class KVCache:
         self.length = 0
 
     @classmethod
-    def for_model(cls, model: TransformerLM, batch: int) -> KVCache:
+    def for_model(cls, model: SizedModel, batch: int) -> KVCache:
         """An empty cache for `batch` sequences of `model`, on its device and in its dtype,
         for its whole context_length."""
         spec, weight = model.spec, model.lm_head.weight

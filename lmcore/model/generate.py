@@ -1,15 +1,20 @@
 """Text generation: greedy decoding, temperature, top-k and nucleus (top-p) sampling, a stop
 token, with a KV cache that goes through the component contracts.
 
-    ids = model.generate(prompt, 64, temperature=0.8, top_p=0.95, seed=0)   # (new,) or (B, new)
-    for tok in model.stream(prompt, 64): ...                                # one step at a time
+    ids = model.generate(prompt, 64, Sampling(temperature=0.8, top_p=0.95, seed=0))  # (new,)
+    for tok in model.stream(prompt, 64, GREEDY): ...                     # one step at a time
 
-Each step runs the model on the new token only (`KVCache`): the attention kernel gets one query
-against every cached key, the positional encoding the absolute position of the new token. Every
-check (options, the components' capabilities, the prompt's ids, room in the context) runs once
-before the first step; the steps feed back ids sampled from the model's own vocabulary, so no
-step validates ids or synchronises with the device, except to see whether every sequence has
-reached `stop_token`.
+How each token is picked is one `Sampling` value; what is not sampling (stop tokens, the cache,
+a cache to continue) are keywords. Each step runs the model on the new token only (`KVCache`):
+the attention kernel gets one query against every cached key, the positional encoding the
+absolute position of the new token. Every check (options, the components' capabilities, the
+prompt's ids, room in the context) runs once before the first step; the steps feed back ids
+sampled from the model's own vocabulary, so no step validates ids or synchronises with the
+device, except to see whether every sequence has reached `stop_token`.
+
+The loop reads a model through `DecodingModel` (its spec, blueprint, weights' device and
+unchecked forward), never through `TransformerLM`; `compile_decoding` returns a `Decoder`, the
+model with a compiled step, and leaves the model as it was.
 
 Prompts: a 1-d tensor (one prompt: 1-d results), a 2-d tensor (a batch of equal lengths), or a
 list of 1-d tensors / lists of ints, which may differ in length: they are left-padded, and the
@@ -20,25 +25,45 @@ can only take equal lengths).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from lmcore.errors import GenerationError, ModelInputError, one_of
-from lmcore.model.cache import KVCache
+from lmcore.model.cache import HasWeight, KVCache, SizedModel
 from lmcore.model.inputs import check_ids
 from lmcore.model.nn import softmax
 
 if TYPE_CHECKING:
-    from lmcore.model.transformer import TransformerLM
+    from lmcore.blueprint import Blueprint
+    from lmcore.spec import ModelSpec
 
 NOCACHE = "nocache"  # the feature a component declares when it cannot work with a KV cache
 
 Prompt = Tensor | Sequence[int] | Sequence[Tensor | Sequence[int]]
+# One forward without input checks: (ids (B, T), positions (B or 1, T), cache) -> logits.
+Step = Callable[[Tensor, Tensor, KVCache | None], Tensor]
+
+
+class DecodingModel(SizedModel, Protocol):
+    """What decoding reads from a model: its spec and where its weights are (`SizedModel`, what
+    a KV cache is sized from), its blueprint (the components' features) and the forward that
+    each step runs. `TransformerLM` is one; so is a `Decoder`."""
+
+    @property
+    def blueprint(self) -> Blueprint: ...
+
+    def forward_unchecked(
+        self, ids: Tensor, positions: Tensor, cache: KVCache | None = None
+    ) -> Tensor: ...
+
+
+def _real(x: object) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool)
 
 
 @dataclass(frozen=True)
@@ -49,15 +74,17 @@ class Sampling:
     logits are divided by `temperature`, only the `top_k` most likely tokens are kept (all when
     None), then the smallest set of the most likely tokens whose probability reaches `top_p`,
     and a token is drawn from what is left, renormalised. Equal probabilities are ranked by
-    token id (lowest first), so ties at either cut are decided the same way every time.
+    token id (lowest first), so ties at either cut are decided the same way every time. `seed`
+    makes the draws reproducible (a generator of its own; None: torch's global one).
     """
 
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int | None = None
+    seed: int | None = None
 
     def __post_init__(self) -> None:
-        t, p, k = self.temperature, self.top_p, self.top_k
+        t, p, k, seed = self.temperature, self.top_p, self.top_k, self.seed
         if not _real(t) or not (math.isfinite(t) and t >= 0):
             raise GenerationError(
                 f"temperature must be a finite number >= 0, got {t!r}; 0 is greedy, 1 samples "
@@ -70,14 +97,27 @@ class Sampling:
             )
         if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
             raise GenerationError(f"top_k must be a positive integer or None, got {k!r}")
+        if seed is not None and (
+            isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64
+        ):
+            raise GenerationError(f"seed must be an integer in 0 .. 2**64-1 or None, got {seed!r}")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
 
+    def generator(self, device: torch.device) -> torch.Generator | None:
+        """A generator on `device` seeded with `seed`; None without a seed (torch's global
+        generator) or when nothing is drawn (greedy)."""
+        if self.seed is None or self.greedy:
+            return None
+        generator = torch.Generator(device=device)
+        generator.manual_seed(self.seed)
+        return generator
 
-def _real(x: object) -> bool:
-    return isinstance(x, int | float) and not isinstance(x, bool)
+
+GREEDY = Sampling(temperature=0.0)  # the most likely token at every step
+SAMPLE = Sampling()  # the default: a draw from the model's own distribution
 
 
 def sample(
@@ -113,7 +153,7 @@ def sample(
 # ------------------------------------------------------------------------------ checks
 
 
-def check_cache_support(model: TransformerLM) -> None:
+def check_cache_support(model: DecodingModel) -> None:
     """Raise `GenerationError` when a component of `model` declares it cannot work with a KV
     cache (feature 'nocache'), before anything runs."""
     for _, part in model.blueprint.used():  # every component, per-layer and nested ones too
@@ -127,7 +167,7 @@ def check_cache_support(model: TransformerLM) -> None:
 
 
 def prompt_batch(
-    model: TransformerLM, prompt_ids: object
+    model: SizedModel, prompt_ids: object
 ) -> tuple[Int[Tensor, "B T"], Bool[Tensor, "B T"] | None, bool]:
     """`(ids, real, single)`: the prompts as one `(B, T)` tensor on the model's device, left
     padded with id 0 where lengths differ (`real` False there; None when nothing is padded),
@@ -210,12 +250,11 @@ def _as_ids(item: object, n: int) -> Tensor:
 
 
 def _check_options(
-    model: TransformerLM,
+    model: DecodingModel,
     ids: Tensor,
     real: Tensor | None,
     max_new_tokens: object,
     stop_token: object,
-    seed: object,
     past: int = 0,
 ) -> None:
     spec, bp = model.spec, model.blueprint
@@ -236,10 +275,6 @@ def _check_options(
             f"(vocab_size={spec.vocab_size}), a non-empty list of them, or None, got "
             f"{stop_token!r}"
         )
-    if seed is not None and (
-        isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64
-    ):
-        raise GenerationError(f"seed must be an integer in 0 .. 2**64-1 or None, got {seed!r}")
     # The last new token is sampled, never fed back: the model sees prompt + new - 1 tokens.
     needed = past + ids.shape[1] + max_new_tokens - 1
     if needed > spec.context_length:
@@ -262,9 +297,11 @@ def _check_options(
 # ------------------------------------------------------------------------------ generation
 
 
-def compile_decoding(model: TransformerLM, **options: Any) -> TransformerLM:
-    """Compile `model`'s decoding step in place with `torch.compile` and return the model;
-    `options` are passed on (``backend=...``, ``mode=...``, ``options={...}``, ``dynamic=...``).
+def compile_decoding(model: DecodingModel, **options: Any) -> Decoder:
+    """`model` with its decoding step compiled by `torch.compile`: a `Decoder` whose `generate`
+    and `stream` run every step through the compiled `model.forward_unchecked`; the model itself
+    is left as it was (its own calls stay eager). `options` are passed on (``backend=...``,
+    ``mode=...``, ``options={...}``, ``dynamic=...``).
 
     Defaults, both measured on the decode benchmark: shapes are static until they change, so
     the first prompt compiles for its length, the first one-token step compiles once for every
@@ -277,34 +314,96 @@ def compile_decoding(model: TransformerLM, **options: Any) -> TransformerLM:
     storage is written in place, never reallocated."""
     if options.get("backend", "inductor") == "inductor" and "mode" not in options:
         options["options"] = {"cpp_wrapper": True, **options.get("options", {})}
-    step = torch.compile(model.forward_unchecked, **options)
-    model.forward_unchecked = step  # type: ignore[method-assign]
-    return model
+    step: Step = torch.compile(model.forward_unchecked, **options)
+    return Decoder(model, step)
+
+
+@dataclass(frozen=True)
+class Decoder:
+    """`model` decoded through `step` in place of its own `forward_unchecked` (what
+    `compile_decoding` returns): `generate` and `stream` as the model's, and a `DecodingModel`
+    itself, so the functions of this module and `KVCache.for_model` take it too."""
+
+    model: DecodingModel
+    step: Step
+
+    @property
+    def spec(self) -> ModelSpec:
+        return self.model.spec
+
+    @property
+    def blueprint(self) -> Blueprint:
+        return self.model.blueprint
+
+    @property
+    def lm_head(self) -> HasWeight:
+        return self.model.lm_head
+
+    def forward_unchecked(
+        self, ids: Tensor, positions: Tensor, cache: KVCache | None = None
+    ) -> Tensor:
+        return self.step(ids, positions, cache)
+
+    def generate(
+        self,
+        prompt_ids: Prompt,
+        max_new_tokens: int,
+        sampling: Sampling = SAMPLE,
+        *,
+        stop_token: int | Sequence[int] | None = None,
+        cache: bool = True,
+    ) -> Int[Tensor, "*B new"]:
+        """`generate(decoder, ...)`: the new token ids after `prompt_ids`."""
+        return generate(
+            self, prompt_ids, max_new_tokens, sampling, stop_token=stop_token, cache=cache
+        )
+
+    def stream(
+        self,
+        prompt_ids: Prompt,
+        max_new_tokens: int,
+        sampling: Sampling = SAMPLE,
+        *,
+        stop_token: int | Sequence[int] | None = None,
+        cache: bool = True,
+        kv_cache: KVCache | None = None,
+    ) -> Iterator[Int[Tensor, "*B"]]:
+        """`stream(decoder, ...)`: the new tokens one step at a time."""
+        return stream(
+            self,
+            prompt_ids,
+            max_new_tokens,
+            sampling,
+            stop_token=stop_token,
+            cache=cache,
+            kv_cache=kv_cache,
+        )
 
 
 def stream(
-    model: TransformerLM,
+    model: DecodingModel,
     prompt_ids: Prompt,
     max_new_tokens: int,
+    sampling: Sampling = SAMPLE,
     *,
-    temperature: float = 1.0,
-    top_p: float = 1.0,
-    top_k: int | None = None,
     stop_token: int | Sequence[int] | None = None,
-    seed: int | None = None,
     cache: bool = True,
     kv_cache: KVCache | None = None,
 ) -> Iterator[Int[Tensor, "*B"]]:
     """Yield the new tokens one step at a time: a `(B,)` tensor per step (a 0-d one for a
-    single 1-d prompt). `stop_token`: an id, or several (end of text, end of turn); a sequence
-    that produced one yields it from then on (the first, in a batch), while the others go on;
-    the iteration ends when all have stopped, or after `max_new_tokens`. `seed` makes sampling
-    reproducible (a generator of its own; None: torch's global one). `cache=False` recomputes
-    the whole sequence at every step (the reference, and the way for a component that declares
-    'nocache'). `kv_cache`: a cache to continue (a chat's earlier turns, unpadded, of the same
-    batch): the prompt is what follows what it holds; the last token sampled is never fed into
-    it. Every check runs here, before the first step."""
-    sampling = Sampling(temperature, top_p, top_k)
+    single 1-d prompt), each picked as `sampling` says. `stop_token`: an id, or several (end of
+    text, end of turn); a sequence that produced one yields it from then on (the first, in a
+    batch), while the others go on; the iteration ends when all have stopped, or after
+    `max_new_tokens`. `cache=False` recomputes the whole sequence at every step (the reference,
+    and the way for a component that declares 'nocache'). `kv_cache`: a cache to continue (a
+    chat's earlier turns, unpadded, of the same batch): the prompt is what follows what it
+    holds; the last token sampled is never fed into it. Every check runs here, before the
+    first step."""
+    if not isinstance(sampling, Sampling):
+        raise GenerationError(
+            f"sampling must be a Sampling, e.g. Sampling(temperature=0.8, top_p=0.95, seed=0) "
+            f"or GREEDY (lmcore.model.generate), got {sampling!r:.60}"
+        )
     ids, real, single = prompt_batch(model, prompt_ids)
     past = 0
     if kv_cache is not None:
@@ -318,23 +417,20 @@ def stream(
                 "kv_cache continues unpadded prompts of the cache's batch size with cache=True"
             )
         past = kv_cache.length
-    _check_options(model, ids, real, max_new_tokens, stop_token, seed, past)
+    _check_options(model, ids, real, max_new_tokens, stop_token, past)
     if cache:
         check_cache_support(model)
     stops = None
     if stop_token is not None:
         listed = [stop_token] if isinstance(stop_token, int) else list(stop_token)
         stops = torch.tensor(listed, dtype=torch.long, device=ids.device)
-    generator = None
-    if seed is not None and not sampling.greedy:
-        generator = torch.Generator(device=ids.device)
-        generator.manual_seed(seed)
+    generator = sampling.generator(ids.device)
     steps = _steps(model, ids, real, max_new_tokens, sampling, stops, generator, cache, kv_cache)
     return (tok[0] for tok in steps) if single else steps
 
 
 def _steps(
-    model: TransformerLM,
+    model: DecodingModel,
     ids: Tensor,
     real: Tensor | None,
     max_new_tokens: int,
@@ -380,32 +476,19 @@ def _steps(
 
 
 def generate(
-    model: TransformerLM,
+    model: DecodingModel,
     prompt_ids: Prompt,
     max_new_tokens: int,
+    sampling: Sampling = SAMPLE,
     *,
-    temperature: float = 1.0,
-    top_p: float = 1.0,
-    top_k: int | None = None,
     stop_token: int | Sequence[int] | None = None,
-    seed: int | None = None,
     cache: bool = True,
 ) -> Int[Tensor, "*B new"]:
     """The new token ids, `(B, new)` (`(new,)` for a single 1-d prompt), `new <=
     max_new_tokens`: fewer when every sequence reached a `stop_token`; a sequence that stopped
     earlier than the others is filled with its (first) stop token after it. See `stream`."""
     steps = list(
-        stream(
-            model,
-            prompt_ids,
-            max_new_tokens,
-            temperature=temperature,
-            top_p=top_p,
-            top_k=top_k,
-            stop_token=stop_token,
-            seed=seed,
-            cache=cache,
-        )
+        stream(model, prompt_ids, max_new_tokens, sampling, stop_token=stop_token, cache=cache)
     )
     if not steps:
         ids, _, single = prompt_batch(model, prompt_ids)

@@ -284,38 +284,24 @@ class TransformerLM(nn.Module):
         self,
         prompt_ids: decoding.Prompt,
         max_new_tokens: int,
+        sampling: decoding.Sampling = decoding.SAMPLE,
         *,
-        temperature: float = 1.0,
-        top_p: float = 1.0,
-        top_k: int | None = None,
         stop_token: int | Sequence[int] | None = None,
-        seed: int | None = None,
         cache: bool = True,
     ) -> Int[Tensor, "*B new"]:
-        """The new token ids after `prompt_ids` (temperature 0: greedy), with a KV cache:
-        `lmcore.model.generate.generate`."""
+        """The new token ids after `prompt_ids`, each picked as `sampling` says (`GREEDY`: the
+        most likely), with a KV cache: `lmcore.model.generate.generate`."""
         return decoding.generate(
-            self,
-            prompt_ids,
-            max_new_tokens,
-            temperature=temperature,
-            top_p=top_p,
-            top_k=top_k,
-            stop_token=stop_token,
-            seed=seed,
-            cache=cache,
+            self, prompt_ids, max_new_tokens, sampling, stop_token=stop_token, cache=cache
         )
 
     def stream(
         self,
         prompt_ids: decoding.Prompt,
         max_new_tokens: int,
+        sampling: decoding.Sampling = decoding.SAMPLE,
         *,
-        temperature: float = 1.0,
-        top_p: float = 1.0,
-        top_k: int | None = None,
         stop_token: int | Sequence[int] | None = None,
-        seed: int | None = None,
         cache: bool = True,
         kv_cache: KVCache | None = None,
     ) -> Iterator[Int[Tensor, "*B"]]:
@@ -325,11 +311,8 @@ class TransformerLM(nn.Module):
             self,
             prompt_ids,
             max_new_tokens,
-            temperature=temperature,
-            top_p=top_p,
-            top_k=top_k,
+            sampling,
             stop_token=stop_token,
-            seed=seed,
             cache=cache,
             kv_cache=kv_cache,
         )

@@ -1,6 +1,7 @@
-"""The conformance checks of attention kernels (registered with `core.check`, like those in
-`lmcore.testing.checks`): the kit's float64 reference, stability, causality, masks, biases,
-grouped-query heads, and the query scale, soft-capping and sliding window a kernel declares.
+"""The conformance checks of attention kernels (registered with `core.check`, like the others
+that `lmcore.testing.checks` gathers): the kit's float64 reference, stability, causality, masks,
+biases, grouped-query heads, and the query scale, soft-capping and sliding window a kernel
+declares.
 
 Kernels are compared with `reference_attention`, written here plainly in float64 with an
 explicit mask, independent of lmcore's own kernels: a bug shared by lmcore.model.nn and a kernel
@@ -16,9 +17,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from lmcore.testing.checks import ATTN_LENGTHS, CHANGED
 from lmcore.testing.core import (
+    ATTN_LENGTHS,
     BATCH,
+    CHANGED,
     DTYPES,
     SEQ,
     SHAPES,

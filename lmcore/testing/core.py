@@ -14,7 +14,7 @@ from typing import Any, Final, NoReturn, cast
 import torch
 from torch import Tensor, nn
 
-from lmcore.components import DIMS, Component, Scalar, format_scalar
+from lmcore.components import DIMS, Component, Scalar, accepted_kwargs, format_scalar
 from lmcore.interfaces import LayerContext, PositionalEncoding
 from lmcore.registry import Entry, Registry
 
@@ -30,6 +30,10 @@ TOKENWISE: Final = ("norm", "ffn")
 BATCH: Final = 2
 SEQ: Final = 8
 SHORT: Final = 3  # queries when Sq < Sk (decoding with a KV cache)
+# (Sq, Sk) pairs every attention check covers: a plain forward, and decoding with a KV cache.
+ATTN_LENGTHS: Final = ((SEQ, SEQ), (SHORT, SEQ))
+# A perturbation changed an output when it moved by more than this (outputs are O(1)).
+CHANGED: Final = 1e-5
 # Row offsets of the (B, T) positions: rows must be allowed to differ (packed sequences).
 OFFSETS: Final = (0, 5)
 
@@ -162,6 +166,35 @@ def model_around(target: Target, shape: int, num_layers: int = 2) -> str:
     )
 
 
+def model_buildable(target: Target) -> str | None:
+    """Why no model can be built around `target` in its registry: a default component of
+    another slot is missing (a registry holding only the plugin under test)."""
+    from lmcore.registry import get_registry
+    from lmcore.spec import SLOTS
+
+    registry = target.registry or get_registry()
+    missing = [
+        f"{kind} {name!r}"
+        for kind, name in SLOTS.items()
+        if kind != target.kind and name not in registry.names(kind)
+    ]
+    if not missing:
+        return None
+    return (
+        f"the check builds a model around {target.label}, but the registry lacks the default "
+        f"{', '.join(missing)} for the other slots (lmcore's built-ins are not loaded)"
+    )
+
+
+def norm_names(target: Target) -> tuple[str, ...]:
+    """The names a block's `norms` declaration gives for the target's arguments (none for a
+    component without one)."""
+    names = target.component.norms
+    if names is None:
+        return ()
+    return tuple(names(**accepted_kwargs(names, target.arg_values())))
+
+
 def build_block(
     target: Target, shape: int = 0, *, device: Any = None, dtype: torch.dtype | None = None
 ) -> nn.Module:
@@ -277,6 +310,12 @@ def output_names(kind: str, module: nn.Module, inputs: Mapping[str, Tensor]) -> 
 
 def describe(t: Tensor) -> str:
     return f"shape {tuple(t.shape)} {str(t.dtype).removeprefix('torch.')}"
+
+
+def first_line(e: BaseException) -> str:
+    """The first non-blank line of an exception's message (its type when it has none)."""
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    return lines[0] if lines else type(e).__name__
 
 
 def mismatch(

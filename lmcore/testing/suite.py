@@ -15,12 +15,11 @@ from dataclasses import dataclass
 
 import torch
 
-import lmcore.testing.attention_checks as _attention_checks  # noqa: F401  (registers its checks)
-import lmcore.testing.checks as _checks  # registers the checks
+import lmcore.testing.checks  # noqa: F401  (registers every check)
 from lmcore.components import KINDS
 from lmcore.errors import LmcoreError, did_you_mean, one_of
 from lmcore.registry import Entry, Registry, normalize_dist
-from lmcore.testing.core import CHECKS, Check, Settings, Target
+from lmcore.testing.core import CHECKS, Check, Settings, Target, model_buildable
 
 
 class SelectionError(LmcoreError, ValueError):
@@ -64,7 +63,7 @@ class Case:
             )
         needs = self.check.needs
         if needs is None and self.target.kind == "block":  # built with the default parts
-            needs = _checks._model_buildable
+            needs = model_buildable
         if needs is not None:
             reason = needs(self.target)
             if reason:

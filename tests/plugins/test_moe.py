@@ -15,6 +15,7 @@ import lmcore
 from lmcore import build_model, get_registry
 from lmcore.errors import SpecError
 from lmcore.model.counting import account
+from lmcore.model.generate import GREEDY
 from lmcore.model.moe import MixtureOfExperts
 from lmcore.testing import CHECKS, Case, Settings, Target
 
@@ -300,7 +301,7 @@ def test_cached_greedy_decoding_equals_recomputing(spec: str) -> None:
     with torch.no_grad():
         for _ in range(8):
             seq = torch.cat([seq, model(seq)[:, -1].argmax(-1, keepdim=True)], dim=1)
-    assert torch.equal(model.generate(prompt, 8, temperature=0), seq[:, 4:])
+    assert torch.equal(model.generate(prompt, 8, GREEDY), seq[:, 4:])
 
 
 @pytest.mark.parametrize("spec", MODELS)

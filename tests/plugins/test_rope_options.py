@@ -12,6 +12,7 @@ import torch
 import lmcore
 from lmcore import build_model, get_registry
 from lmcore.errors import SpecError
+from lmcore.model.generate import GREEDY
 from lmcore.testing import CHECKS, Case, Settings, Target
 from lmcore_rope import RotaryPositionalEmbedding, inverse_frequencies
 
@@ -164,5 +165,5 @@ def test_a_partially_rotated_scaled_model_decodes_with_the_cache_as_without() ->
     args = ", ".join(f"{k}={v}" for k, v in SCALED)
     model = build_model(f"cs336-tiny, vocab_size=97, pos=rope({args})").eval()
     prompt = torch.randint(0, 97, (2, 4))
-    assert torch.equal(model.generate(prompt, 8, temperature=0),
-                       model.generate(prompt, 8, temperature=0, cache=False))  # fmt: skip
+    assert torch.equal(model.generate(prompt, 8, GREEDY),
+                       model.generate(prompt, 8, GREEDY, cache=False))  # fmt: skip

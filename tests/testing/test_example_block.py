@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import lmcore
+from lmcore.model.generate import GREEDY
 from lmcore.registry import scoped_registry
 from lmcore.testing import CaseSkipped, Settings, cases
 
@@ -49,8 +50,8 @@ def test_a_model_with_the_example_block_decodes_with_the_cache_as_without(ngpt) 
         torch.manual_seed(0)
         model = lmcore.build_model("cs336-tiny, block=ngpt")
         prompt = torch.randint(0, 10_000, (1, 4))
-        cached = model.generate(prompt, 6, temperature=0.0)
-        plain = model.generate(prompt, 6, temperature=0.0, cache=False)
+        cached = model.generate(prompt, 6, GREEDY)
+        plain = model.generate(prompt, 6, GREEDY, cache=False)
     assert torch.equal(cached, plain)
 
 
