@@ -107,7 +107,7 @@ def _value(v: Any) -> str:
         return "[" + ", ".join(_value(x) for x in v) + "]"
     if isinstance(v, Mapping):
         return "{ " + ", ".join(f"{json.dumps(str(k))} = {_value(x)}" for k, x in v.items()) + " }"
-    raise TypeError(f"no TOML for {v!r}")
+    raise TrainError(f"no TOML for {v!r}")
 
 
 def _load_toml(path: Path) -> dict[str, Any]:
