@@ -156,3 +156,12 @@ def test_a_new_declaration_is_all_an_option_needs() -> None:
     assert "micro_batches" in resumable(Extended)
     with pytest.raises(TrainError, match=r"^--micro-batches 0: must be a positive integer$"):
         check(Extended(micro_batches=0))
+
+
+def test_giving_steps_to_a_run_that_had_tokens_drops_the_tokens() -> None:
+    from lmcore.train.options import replaced
+
+    run = TrainConfig(tokens=4096, keep=3)
+    assert replaced(run, {"steps": 10}) == TrainConfig(steps=10, keep=3)
+    assert replaced(run, {"tokens": 8192}) == TrainConfig(tokens=8192, keep=3)
+    assert replaced(run, {"keep": 1}) == TrainConfig(tokens=4096, keep=1)

@@ -25,9 +25,12 @@ import dataclasses
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from lmcore.errors import TrainError
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 __all__ = [
     "Check",
@@ -44,12 +47,14 @@ __all__ = [
     "option",
     "options",
     "positive",
+    "replaced",
     "resumable",
     "seed_value",
     "to_flags",
 ]
 
 T = TypeVar("T")
+C = TypeVar("C", bound="DataclassInstance")
 _KEY = "lmcore.option"  # the key of a field's metadata that holds its declaration
 
 
@@ -269,6 +274,18 @@ def cli_args(config: Any, command: str = "lmcore train") -> list[str]:
         else:
             args += [name, _text(flag.off if value is None else value)]
     return args
+
+
+def replaced(config: C, updates: Mapping[str, Any]) -> C:
+    """`config` with `updates`; an option of an exclusive group given resets the later ones not
+    given to their defaults (`--steps` on a run that had `--tokens` trains for those steps)."""
+    opts = options(type(config))
+    reset = {
+        o.name: o.default
+        for given_opt in opts if given_opt.name in updates
+        for o in _later(opts, given_opt) if o.name not in updates
+    }  # fmt: skip
+    return dataclasses.replace(config, **{**reset, **updates})
 
 
 def _later(opts: tuple[Option, ...], opt: Option) -> list[Option]:

@@ -30,7 +30,6 @@ writes metrics, plots and checkpoints.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import datetime
 import math
 import os
@@ -63,6 +62,7 @@ from lmcore.registry import Registry
 from lmcore.spec import ModelSpec
 from lmcore.train.config import RESUMABLE, ResolvedConfig, TrainConfig, cosine_lr
 from lmcore.train.optim import clip_gradients, make_optimizer
+from lmcore.train.options import replaced
 from lmcore.train.runs import (
     METRICS_FILE,
     PLOT_FILE,
@@ -340,11 +340,8 @@ def _resume(
             + ", ".join(f"--{k.replace('_', '-')}" for k in RESUMABLE)
             + "; for other options start a new run with another --out"
         )
-    config = TrainConfig.from_json(info["config"])
     updates = {k: v for k, v in changes.items() if v is not None}
-    if "steps" in updates or "tokens" in updates:
-        updates.setdefault("tokens", None)
-    config = dataclasses.replace(config, **updates)
+    config = replaced(TrainConfig.from_json(info["config"]), updates)  # --steps: no more tokens
     bp = resolve(info["spec"], registry)
     cfg = config.resolved(bp.spec.context_length)
     check_trackers(cfg.loggers)
