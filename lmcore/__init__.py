@@ -12,125 +12,55 @@ so lmcore's pytest plugin costs nothing in test runs that never ask for it.
 
 from __future__ import annotations
 
-import importlib
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from lmcore.lazy import attach
 from lmcore.version import __version__ as __version__
 
 if TYPE_CHECKING:
-    from lmcore.blueprint import Blueprint, parse_spec, resolve
-    from lmcore.checkpoint import load, load_state_dict_file, read_info, save
-    from lmcore.components import KINDS, REQUIRED, Arg, Component, Preset
-    from lmcore.errors import (
-        AmbiguousComponentError,
-        CheckpointError,
-        CheckpointWarning,
-        ComponentNotFoundError,
-        ConversionError,
-        DataError,
-        LmcoreError,
-        ModelInputError,
-        PluginFailedError,
-        PluginLoadError,
-        RegistryError,
-        SpecError,
-        TrainError,
-    )
-    from lmcore.hookspecs import hookimpl
-    from lmcore.model.transformer import TransformerLM, build_model
-    from lmcore.registry import Registry, get_registry, scoped_registry, use_registry
-    from lmcore.spec import ComponentSpec, ModelSpec
-    from lmcore.train.config import TrainConfig
-
-_WHERE = {
-    "Blueprint": "blueprint",
-    "parse_spec": "blueprint",
-    "resolve": "blueprint",
-    "load": "checkpoint",
-    "load_state_dict_file": "checkpoint",
-    "read_info": "checkpoint",
-    "save": "checkpoint",
-    "KINDS": "components",
-    "REQUIRED": "components",
-    "Arg": "components",
-    "Component": "components",
-    "Preset": "components",
-    "AmbiguousComponentError": "errors",
-    "CheckpointError": "errors",
-    "CheckpointWarning": "errors",
-    "ComponentNotFoundError": "errors",
-    "ConversionError": "errors",
-    "DataError": "errors",
-    "LmcoreError": "errors",
-    "ModelInputError": "errors",
-    "PluginFailedError": "errors",
-    "PluginLoadError": "errors",
-    "RegistryError": "errors",
-    "SpecError": "errors",
-    "TrainError": "errors",
-    "hookimpl": "hookspecs",
-    "TransformerLM": "model.transformer",
-    "build_model": "model.transformer",
-    "Registry": "registry",
-    "get_registry": "registry",
-    "scoped_registry": "registry",
-    "use_registry": "registry",
-    "ComponentSpec": "spec",
-    "ModelSpec": "spec",
-    "TrainConfig": "train.config",
-}
-
-__all__ = [
-    "KINDS",
-    "REQUIRED",
-    "AmbiguousComponentError",
-    "Arg",
-    "Blueprint",
-    "CheckpointError",
-    "CheckpointWarning",
-    "Component",
-    "ComponentNotFoundError",
-    "ComponentSpec",
-    "ConversionError",
-    "DataError",
-    "LmcoreError",
-    "ModelInputError",
-    "ModelSpec",
-    "PluginFailedError",
-    "PluginLoadError",
-    "Preset",
-    "Registry",
-    "RegistryError",
-    "SpecError",
-    "TrainConfig",
-    "TrainError",
-    "TransformerLM",
-    "build_model",
-    "get_registry",
-    "hookimpl",
-    "load",
-    "load_state_dict_file",
-    "parse_spec",
-    "read_info",
-    "resolve",
-    "save",
-    "scoped_registry",
-    "use_registry",
-]
+    from lmcore.blueprint import Blueprint as Blueprint
+    from lmcore.blueprint import parse_spec as parse_spec
+    from lmcore.blueprint import resolve as resolve
+    from lmcore.checkpoint import load as load
+    from lmcore.checkpoint import load_state_dict_file as load_state_dict_file
+    from lmcore.checkpoint import read_info as read_info
+    from lmcore.checkpoint import save as save
+    from lmcore.components import KINDS as KINDS
+    from lmcore.components import REQUIRED as REQUIRED
+    from lmcore.components import Arg as Arg
+    from lmcore.components import Component as Component
+    from lmcore.components import Preset as Preset
+    from lmcore.errors import AmbiguousComponentError as AmbiguousComponentError
+    from lmcore.errors import CheckpointError as CheckpointError
+    from lmcore.errors import CheckpointWarning as CheckpointWarning
+    from lmcore.errors import ComponentNotFoundError as ComponentNotFoundError
+    from lmcore.errors import ConversionError as ConversionError
+    from lmcore.errors import DataError as DataError
+    from lmcore.errors import LmcoreError as LmcoreError
+    from lmcore.errors import ModelInputError as ModelInputError
+    from lmcore.errors import PluginFailedError as PluginFailedError
+    from lmcore.errors import PluginLoadError as PluginLoadError
+    from lmcore.errors import RegistryError as RegistryError
+    from lmcore.errors import SpecError as SpecError
+    from lmcore.errors import TrainError as TrainError
+    from lmcore.hookspecs import hookimpl as hookimpl
+    from lmcore.model.transformer import TransformerLM as TransformerLM
+    from lmcore.model.transformer import build_model as build_model
+    from lmcore.registry import Registry as Registry
+    from lmcore.registry import get_registry as get_registry
+    from lmcore.registry import scoped_registry as scoped_registry
+    from lmcore.registry import use_registry as use_registry
+    from lmcore.spec import ComponentSpec as ComponentSpec
+    from lmcore.spec import ModelSpec as ModelSpec
+    from lmcore.train.config import TrainConfig as TrainConfig
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _WHERE:
-        raise AttributeError(f"module 'lmcore' has no attribute {name!r}")
+def _guard_torch() -> None:
     if "torch" not in sys.modules:  # torch's import fails on malformed metadata: see there
         from lmcore.registry import guard_torch_import
 
         guard_torch_import()
-    value = getattr(importlib.import_module(f"lmcore.{_WHERE[name]}"), name)
-    globals()[name] = value  # later lookups skip this function
-    return value
 
 
-def __dir__() -> list[str]:
-    return [*globals(), *_WHERE]
+__getattr__, __dir__ = attach(__name__, before=_guard_torch)

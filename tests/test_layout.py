@@ -5,7 +5,7 @@ The import graph is read from the source with `ast`, never by importing: an edge
 `import` statement of a module, wherever it sits (function bodies included), except under
 `if TYPE_CHECKING:`. Two edges Python adds by itself are counted too: importing `a.b.c` first
 runs the packages `a` and `a.b`, and a name taken from a lazy package (`lmcore.data`,
-`lmcore.hf`, ... whose `__getattr__` imports it on first use) comes from the module that
+`lmcore.hf`, ... whose `lmcore.lazy.attach` imports it on first use) comes from the module that
 package's `TYPE_CHECKING` block names for it.
 """
 
@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from lmcore.lazy import listed
+
 ROOT = Path(__file__).resolve().parents[1] / "lmcore"
 
 # Each room of the house and its floor: a module may import rooms on its own floor and below,
@@ -28,6 +30,7 @@ FLOORS: dict[str, int] = {
     "lmcore.errors": 0,
     "lmcore.atomic": 0,
     "lmcore.jsonfile": 0,
+    "lmcore.lazy": 0,
     "lmcore.locks": 0,
     "lmcore.version": 0,
     "lmcore.spec": 1,
@@ -105,19 +108,18 @@ def _absolute(module: Module, node: ast.ImportFrom) -> str:
 
 
 def _lazy_names(package: Module, mods: dict[str, Module]) -> dict[str, str]:
-    """{name: defining module} of a package that imports its names on first use."""
-    has_getattr = any(
-        isinstance(n, ast.FunctionDef) and n.name == "__getattr__" for n in package.tree.body
-    )
-    if not (package.is_package and has_getattr):
+    """{name: defining module} of a package that imports its names on first use: one that
+    calls `lmcore.lazy.attach`, its names read from its `TYPE_CHECKING` block as `attach`
+    reads them."""
+    attaches = any(
+        isinstance(n, ast.Assign) and isinstance(n.value, ast.Call)
+        and isinstance(n.value.func, ast.Name) and n.value.func.id == "attach"
+        for n in package.tree.body
+    )  # fmt: skip
+    if not (package.is_package and attaches):
         return {}
-    where = {}
-    for node in ast.walk(package.tree):
-        if isinstance(node, ast.If) and _is_type_checking(node):
-            for stmt in _imports(ast.Module(body=node.body, type_ignores=[]), type_checking=True):
-                if isinstance(stmt, ast.ImportFrom):
-                    for a in stmt.names:
-                        where[a.asname or a.name] = _absolute(package, stmt)
+    source = package.path.read_text(encoding="utf-8")
+    where = {name: module for name, (module, _) in listed(source, package.name).items()}
     return {k: v for k, v in where.items() if v in mods}
 
 

@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from lmcore.errors import TrainError
 from lmcore.train.stats import mean_interval, paired_interval, sample_std
 
 stats = pytest.importorskip("scipy.stats", reason="needs scipy (a dependency of lmcore)")
@@ -50,7 +51,7 @@ def test_one_pair_gives_no_interval_and_equal_differences_a_point() -> None:
         pytest.approx(0.5),
     ) and same.distinguishable
     assert math.isnan(sample_std([1.0]))
-    with pytest.raises(ValueError, match="2 values against 1: pairs need both"):
+    with pytest.raises(TrainError, match="2 values against 1: pairs need both"):
         paired_interval([1.0, 2.0], [1.0])
 
 

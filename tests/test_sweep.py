@@ -344,3 +344,13 @@ def test_a_sweeps_variants_rank_by_their_mean_loss_or_bpb() -> None:
     assert [s.label for s in ranked_summaries(rows, "val_bpb")] == ["baseline", "alibi", "nope"]
     with pytest.raises(TrainError, match=r"--sort 'tokens_per_s': a sweep's table ranks its "):
         ranked_summaries(rows, "tokens_per_s")
+
+
+def test_a_value_toml_cannot_hold_is_a_train_error(tmp_path: Path) -> None:
+    from lmcore.errors import TrainError
+    from lmcore.train.sweepfile import read_definition
+
+    path = tmp_path / "s.toml"
+    path.write_text('base = "cs336-tiny"\n[launcher.slurm]\npartition = 1979-05-27\n')
+    with pytest.raises(TrainError, match=r"no TOML for datetime.date\(1979, 5, 27\)"):
+        read_definition(path).to_toml()

@@ -13,6 +13,8 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from lmcore.errors import CheckpointWarning, LmcoreError
+from lmcore.train.options import positive as positive
+from lmcore.train.options import seed_value as seed_value
 
 if TYPE_CHECKING:
     from lmcore.blueprint import Blueprint
@@ -85,20 +87,6 @@ def torch_dtype(args: argparse.Namespace, info: CheckpointInfo | None) -> Any:
     if args.dtype is not None:
         return getattr(torch, args.dtype)
     return info.torch_dtype if info is not None else torch.float32
-
-
-def positive(text: str) -> int:
-    value = int(text) if re.fullmatch(r"\s*\+?\d{1,19}\s*", text) else 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
-
-
-def seed_value(text: str) -> int:
-    value = int(text) if re.fullmatch(r"\s*\+?\d{1,20}\s*", text) else -1
-    if not 0 <= value < 2**64:
-        raise argparse.ArgumentTypeError(f"expected an integer in 0 .. 2**64-1, got {text!r}")
-    return value
 
 
 def byte_count(text: str) -> int:

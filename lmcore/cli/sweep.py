@@ -131,7 +131,7 @@ def definition(args: argparse.Namespace) -> tuple[Any, str | None]:
     """The sweep's definition: the sweep file's (BASE.toml, or SWEEP/sweep.toml with
     --resume) with the command line's options in place of its own; and the file's name."""
     from lmcore.train.sweep import DEFINITION_FILE, SWEEP_FILE
-    from lmcore.train.sweepfile import SweepDefinition, merged, read_definition
+    from lmcore.train.sweepfile import SweepDefinition, merged, read_definition, train_table
 
     source = None
     file = SweepDefinition()
@@ -162,9 +162,7 @@ def definition(args: argparse.Namespace) -> tuple[Any, str | None]:
         file = read_definition(source)
     elif args.base is not None:
         file = merged(file, base=args.base)
-    train = given_options(args)
-    if "betas" in train:
-        train["betas"] = list(train["betas"])
+    train = train_table(given_options(args))
     result = merged(
         file,
         variants=tuple(args.vary) if args.vary else None,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from lmcore.cli.common import OR_CHECKPOINT, UsageError, exit_code, positive, seed_value, source
+from lmcore.cli.common import OR_CHECKPOINT, UsageError, exit_code, source
 
 
 def add_parser(sub: Any) -> None:
@@ -58,100 +58,26 @@ def add_parallel_options(p: argparse.ArgumentParser) -> None:
 
 
 def add_budget_options(p: argparse.ArgumentParser) -> None:
-    """The training options of `train` and `sweep`; each defaults to TrainConfig's."""
-    from lmcore.train.config import AUTOCAST, DTYPES, TRACKERS, TrainConfig
+    """The training options of `train` and `sweep`, one flag per declared option of
+    `TrainConfig` (lmcore.train.config); each defaults to None: not given."""
+    from lmcore.train.config import TrainConfig
+    from lmcore.train.options import add_flags
 
-    d = TrainConfig()
-    budget = p.add_mutually_exclusive_group()
-    budget.add_argument(
-        "--steps", type=positive, metavar="N", help=f"optimizer steps (default: {d.steps})"
-    )
-    budget.add_argument(
-        "--tokens",
-        type=positive,
-        metavar="N",
-        help="train on N tokens instead: steps = ceil(N / (batch size × context length))",
-    )
-    options: list[tuple[str, Any, str, str]] = [
-        ("--batch-size", positive, "B", f"sequences per step (default: {d.batch_size})"),
-        ("--lr", float, "LR", f"peak learning rate (default: {d.lr:g})"),
-        ("--min-lr", float, "LR", "the cosine schedule's floor (default: lr / 10)"),
-        ("--warmup", int, "N", "linear warmup steps (default: 10%% of the steps)"),
-        ("--weight-decay", float, "WD", f"AdamW's, on matrices only (default: {d.weight_decay:g})"),
-        ("--grad-clip", float, "NORM", f"global gradient norm; 0: off (default: {d.grad_clip:g})"),
-        ("--eval-every", int, "N", f"steps between evaluations; 0: only first and last "
-                                   f"(default: {d.eval_every})"),
-        ("--eval-batches", positive, "N", f"fixed validation batches (default: {d.eval_batches})"),
-        ("--log-every", positive, "N", f"steps per metrics record (default: {d.log_every})"),
-        ("--save-every", int, "N", f"steps between checkpoints; 0: only at the end "
-                                   f"(default: {d.save_every})"),
-        ("--keep", int, "N", f"newest checkpoints kept; 0: all (default: {d.keep})"),
-        ("--seed", seed_value, "N", f"initial weights and batch order (default: {d.seed})"),
-        ("--device", str, "DEVICE", f"auto (cuda if available, else cpu), cpu, cuda:N "
-                                    f"(default: {d.device})"),
-    ]  # fmt: skip
-    for flag, kind, metavar, text in options:
-        p.add_argument(flag, type=kind, metavar=metavar, help=text)
-    p.add_argument(
-        "--betas",
-        type=float,
-        nargs=2,
-        metavar=("B1", "B2"),
-        help=f"AdamW's betas (default: {d.betas[0]} {d.betas[1]})",
-    )
-    p.add_argument(
-        "--dtype", choices=DTYPES, help="parameter dtype (default: float32, or a checkpoint's)"
-    )
-    p.add_argument(
-        "--bf16",
-        action="store_const",
-        const=AUTOCAST[0],
-        dest="autocast",
-        help="run the forward under bfloat16 autocast (parameters stay in --dtype)",
-    )
-    p.add_argument("--compile", action="store_true", default=None, help="torch.compile the model")
-    p.add_argument(
-        "--eval-bpb",
-        action="store_true",
-        default=None,
-        help="evaluations also report bits per byte (val_bpb in metrics.jsonl): the loss in "
-        "bits per UTF-8 byte of the validation text, comparable across tokenizers",
-    )
-    p.add_argument(
-        "--logger",
-        action="append",
-        choices=TRACKERS,
-        dest="loggers",
-        help="also log to this experiment tracker (repeatable; each needs its extra, e.g. "
-        "pip install 'lmcore-registry[tensorboard]'); metrics.jsonl and loss.png are always "
-        "written",
-    )
-    p.add_argument(
-        "--log-group",
-        metavar="NAME",
-        help="the trackers' experiment (MLflow) and group (W&B) (default: lmcore; a sweep's "
-        "directory name in a sweep)",
-    )
+    add_flags(p, TrainConfig)
 
 
 def given_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The training options given on the command line, as TrainConfig fields."""
-    from lmcore.train.config import CLI_OPTIONS
+    """The training options given on the command line, as the flags give them."""
+    from lmcore.train.config import TrainConfig
+    from lmcore.train.options import given
 
-    given = {k: getattr(args, k) for k in CLI_OPTIONS if getattr(args, k, None) is not None}
-    for key in ("betas", "loggers"):
-        if key in given:
-            given[key] = tuple(given[key])
-    return given
+    return given(args, TrainConfig)
 
 
 def train_config(args: argparse.Namespace) -> Any:
     from lmcore.train.config import TrainConfig
 
-    given = given_options(args)
-    if given.get("grad_clip") == 0:
-        given["grad_clip"] = None
-    return TrainConfig(**given)
+    return TrainConfig.from_flags(given_options(args))
 
 
 def run(args: argparse.Namespace) -> int:

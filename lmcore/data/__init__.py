@@ -11,52 +11,22 @@ Names are imported on first use: `prepare` (and `lmcore data prepare`) never imp
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from lmcore.lazy import attach
 
 if TYPE_CHECKING:
-    from lmcore.data.meta import EOT, DataMeta, dtype_for
-    from lmcore.data.prepare import PrepareResult, load_tokenizer, prepare, train_tokenizer
-    from lmcore.data.tokens import BatchSampler, EvalBatches, TokenData, get_batch, step_seed
+    from lmcore.data.meta import EOT as EOT
+    from lmcore.data.meta import DataMeta as DataMeta
+    from lmcore.data.meta import dtype_for as dtype_for
+    from lmcore.data.prepare import PrepareResult as PrepareResult
+    from lmcore.data.prepare import load_tokenizer as load_tokenizer
+    from lmcore.data.prepare import prepare as prepare
+    from lmcore.data.prepare import train_tokenizer as train_tokenizer
+    from lmcore.data.tokens import BatchSampler as BatchSampler
+    from lmcore.data.tokens import EvalBatches as EvalBatches
+    from lmcore.data.tokens import TokenData as TokenData
+    from lmcore.data.tokens import get_batch as get_batch
+    from lmcore.data.tokens import step_seed as step_seed
 
-_WHERE = {
-    "EOT": "meta",
-    "DataMeta": "meta",
-    "dtype_for": "meta",
-    "PrepareResult": "prepare",
-    "load_tokenizer": "prepare",
-    "prepare": "prepare",
-    "train_tokenizer": "prepare",
-    "BatchSampler": "tokens",
-    "EvalBatches": "tokens",
-    "TokenData": "tokens",
-    "get_batch": "tokens",
-    "step_seed": "tokens",
-}
-
-__all__ = [
-    "EOT",
-    "BatchSampler",
-    "DataMeta",
-    "EvalBatches",
-    "PrepareResult",
-    "TokenData",
-    "dtype_for",
-    "get_batch",
-    "load_tokenizer",
-    "prepare",
-    "step_seed",
-    "train_tokenizer",
-]
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _WHERE:
-        raise AttributeError(f"module 'lmcore.data' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"lmcore.data.{_WHERE[name]}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return [*globals(), *_WHERE]
+__getattr__, __dir__ = attach(__name__)

@@ -10,43 +10,17 @@ onto the Hugging Face families' tables), `tokenizer.py` (`tokenizer.ggml.*` <-> 
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from lmcore.lazy import attach
 
 if TYPE_CHECKING:
-    from lmcore.gguf.architectures import ARCHITECTURES
-    from lmcore.gguf.convert import convert_from_gguf, convert_to_gguf, load_gguf, save_gguf
-    from lmcore.gguf.reading import read_gguf
-    from lmcore.gguf.writing import TYPES
+    from lmcore.gguf.architectures import ARCHITECTURES as ARCHITECTURES
+    from lmcore.gguf.convert import convert_from_gguf as convert_from_gguf
+    from lmcore.gguf.convert import convert_to_gguf as convert_to_gguf
+    from lmcore.gguf.convert import load_gguf as load_gguf
+    from lmcore.gguf.convert import save_gguf as save_gguf
+    from lmcore.gguf.reading import read_gguf as read_gguf
+    from lmcore.gguf.writing import TYPES as TYPES
 
-_WHERE = {
-    "ARCHITECTURES": "architectures",
-    "TYPES": "writing",
-    "convert_from_gguf": "convert",
-    "convert_to_gguf": "convert",
-    "load_gguf": "convert",
-    "read_gguf": "reading",
-    "save_gguf": "convert",
-}
-
-__all__ = [
-    "ARCHITECTURES",
-    "TYPES",
-    "convert_from_gguf",
-    "convert_to_gguf",
-    "load_gguf",
-    "read_gguf",
-    "save_gguf",
-]
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _WHERE:
-        raise AttributeError(f"module 'lmcore.gguf' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"lmcore.gguf.{_WHERE[name]}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return [*globals(), *_WHERE]
+__getattr__, __dir__ = attach(__name__)

@@ -11,115 +11,35 @@ Names are imported on first use.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from lmcore.lazy import attach
 
 if TYPE_CHECKING:
-    from lmcore.hf.convert import (
-        CONFIG_KEY,
-        INDEX,
-        WEIGHTS,
-        config_path,
-        convert_from_hf,
-        convert_to_hf,
-        hf_config,
-        hf_reading,
-        load_hf,
-        load_llama,
-        save_hf,
-        save_llama,
-    )
-    from lmcore.hf.family import (
-        FAMILIES,
-        PASSIVE,
-        Family,
-        Reading,
-        config_to_spec,
-        family_of,
-        read_config,
-        spec_to_config,
-    )
-    from lmcore.hf.weights import (
-        Weight,
-        from_hf_state_dict,
-        permute_from_hf,
-        permute_to_hf,
-        to_hf_state_dict,
-    )
+    from lmcore.hf.convert import CONFIG_KEY as CONFIG_KEY
+    from lmcore.hf.convert import INDEX as INDEX
+    from lmcore.hf.convert import WEIGHTS as WEIGHTS
+    from lmcore.hf.convert import config_path as config_path
+    from lmcore.hf.convert import convert_from_hf as convert_from_hf
+    from lmcore.hf.convert import convert_to_hf as convert_to_hf
+    from lmcore.hf.convert import hf_config as hf_config
+    from lmcore.hf.convert import hf_reading as hf_reading
+    from lmcore.hf.convert import load_hf as load_hf
+    from lmcore.hf.convert import load_llama as load_llama
+    from lmcore.hf.convert import save_hf as save_hf
+    from lmcore.hf.convert import save_llama as save_llama
+    from lmcore.hf.family import FAMILIES as FAMILIES
+    from lmcore.hf.family import PASSIVE as PASSIVE
+    from lmcore.hf.family import Family as Family
+    from lmcore.hf.family import Reading as Reading
+    from lmcore.hf.family import config_to_spec as config_to_spec
+    from lmcore.hf.family import family_of as family_of
+    from lmcore.hf.family import read_config as read_config
+    from lmcore.hf.family import spec_to_config as spec_to_config
+    from lmcore.hf.weights import Weight as Weight
+    from lmcore.hf.weights import from_hf_state_dict as from_hf_state_dict
+    from lmcore.hf.weights import permute_from_hf as permute_from_hf
+    from lmcore.hf.weights import permute_to_hf as permute_to_hf
+    from lmcore.hf.weights import to_hf_state_dict as to_hf_state_dict
 
-_WHERE = {
-    **dict.fromkeys(
-        (
-            "CONFIG_KEY",
-            "INDEX",
-            "WEIGHTS",
-            "config_path",
-            "convert_from_hf",
-            "convert_to_hf",
-            "hf_config",
-            "hf_reading",
-            "load_hf",
-            "load_llama",
-            "save_hf",
-            "save_llama",
-        ),
-        "convert",
-    ),
-    **dict.fromkeys(
-        (
-            "FAMILIES",
-            "PASSIVE",
-            "Family",
-            "Reading",
-            "config_to_spec",
-            "family_of",
-            "read_config",
-            "spec_to_config",
-        ),
-        "family",
-    ),
-    **dict.fromkeys(
-        ("Weight", "from_hf_state_dict", "permute_from_hf", "permute_to_hf", "to_hf_state_dict"),
-        "weights",
-    ),
-}
-
-__all__ = [
-    "CONFIG_KEY",
-    "FAMILIES",
-    "INDEX",
-    "PASSIVE",
-    "WEIGHTS",
-    "Family",
-    "Reading",
-    "Weight",
-    "config_path",
-    "config_to_spec",
-    "convert_from_hf",
-    "convert_to_hf",
-    "family_of",
-    "from_hf_state_dict",
-    "hf_config",
-    "hf_reading",
-    "load_hf",
-    "load_llama",
-    "permute_from_hf",
-    "permute_to_hf",
-    "read_config",
-    "save_hf",
-    "save_llama",
-    "spec_to_config",
-    "to_hf_state_dict",
-]
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _WHERE:
-        raise AttributeError(f"module 'lmcore.hf' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"lmcore.hf.{_WHERE[name]}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return [*globals(), *_WHERE]
+__getattr__, __dir__ = attach(__name__)

@@ -15,41 +15,20 @@ that never pass ``--lmcore-conformance``.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from lmcore.lazy import attach
 
 if TYPE_CHECKING:
-    from lmcore.testing.core import CHECKS, Check, ConformanceError, Settings, Target
-    from lmcore.testing.suite import Case, CaseSkipped, SelectionError, cases, select
+    from lmcore.testing.core import CHECKS as CHECKS
+    from lmcore.testing.core import Check as Check
+    from lmcore.testing.core import ConformanceError as ConformanceError
+    from lmcore.testing.core import Settings as Settings
+    from lmcore.testing.core import Target as Target
+    from lmcore.testing.suite import Case as Case
+    from lmcore.testing.suite import CaseSkipped as CaseSkipped
+    from lmcore.testing.suite import SelectionError as SelectionError
+    from lmcore.testing.suite import cases as cases
+    from lmcore.testing.suite import select as select
 
-__all__ = [
-    "CHECKS",
-    "Case",
-    "CaseSkipped",
-    "Check",
-    "ConformanceError",
-    "SelectionError",
-    "Settings",
-    "Target",
-    "cases",
-    "select",
-]
-
-_WHERE = {
-    "CHECKS": "core",
-    "Check": "core",
-    "ConformanceError": "core",
-    "Settings": "core",
-    "Target": "core",
-    "Case": "suite",
-    "CaseSkipped": "suite",
-    "SelectionError": "suite",
-    "cases": "suite",
-    "select": "suite",
-}
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _WHERE:
-        raise AttributeError(f"module 'lmcore.testing' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"lmcore.testing.{_WHERE[name]}"), name)
+__getattr__, __dir__ = attach(__name__)

@@ -1,7 +1,8 @@
-"""Every option of a training run, checked, and the learning-rate schedule; no torch here, so
+"""Every option of a training run, declared once (`lmcore.train.options` derives the flags,
+the checks and the resumable set from it), and the learning-rate schedule; no torch here, so
 the command line reads the defaults without importing it.
 
-    config = TrainConfig(steps=300, lr=3e-3).resolved(context_length=128)
+    config = TrainConfig(steps=300, lr=3e-3).resolved(context_length=128)  # a ResolvedConfig
     cosine_lr(t, lr=config.lr, min_lr=config.min_lr, warmup=config.warmup,
               decay_steps=config.decay_steps)
 """
@@ -15,8 +16,19 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from lmcore.errors import TrainError
+from lmcore.train import options
+from lmcore.train.options import Check, Flag, among, count, option, positive, seed_value
 
-__all__ = ["AUTOCAST", "CLI_OPTIONS", "DTYPES", "RESUMABLE", "TRACKERS", "TrainConfig", "cosine_lr"]
+__all__ = [
+    "AUTOCAST",
+    "CLI_OPTIONS",
+    "DTYPES",
+    "RESUMABLE",
+    "TRACKERS",
+    "ResolvedConfig",
+    "TrainConfig",
+    "cosine_lr",
+]
 
 DTYPES: Final = ("float32", "bfloat16", "float16")
 AUTOCAST: Final = ("bfloat16",)
@@ -28,36 +40,169 @@ TRACKERS: Final = ("tensorboard", "mlflow", "wandb")  # lmcore.train.trackers
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """Every option of a run, with its default. `resolved()` fills in the derived ones."""
+    """Every option of a run, each declared once: its default, its help (the command line's),
+    its flag, whether a resumed run may change it, and its range (`lmcore.train.options`).
+    `resolved()` fills in the derived ones."""
 
-    steps: int = 1000  # optimizer steps (updates)
-    tokens: int | None = None  # instead of steps: ceil(tokens / (batch_size × context_length))
-    batch_size: int = 32  # sequences per step, all processes together
-    lr: float = 1e-3  # peak learning rate, reached after warmup
-    min_lr: float | None = None  # the schedule's floor; default lr / 10
-    warmup: int | None = None  # linear warmup steps; default 10% of steps (rounded)
-    decay_steps: int | None = None  # where the cosine reaches min_lr; default steps
-    weight_decay: float = 0.1  # AdamW's decoupled decay, on matrices only
-    betas: tuple[float, float] = (0.9, 0.95)
-    eps: float = 1e-8
-    grad_clip: float | None = 1.0  # global L2 norm; None: no clipping
-    eval_every: int = 100  # steps between evaluations (0: only before and after)
-    eval_batches: int = 20  # fixed validation batches of batch_size sequences
-    log_every: int = 10  # steps per train record in metrics.jsonl
-    save_every: int = 1000  # steps between checkpoints (0: only at the end and on interrupt)
-    keep: int = 2  # newest checkpoints kept (0: all)
-    seed: int = 0  # the weights' initialisation and the order of the batches
-    device: str = "auto"  # auto: cuda if available, else cpu
-    dtype: str | None = None  # parameters: float32, or a checkpoint's own dtype
-    autocast: str | None = None  # "bfloat16": forward under torch.autocast
-    compile: bool = False  # torch.compile the model
-    eval_bpb: bool = False  # evaluations also report bits per byte (val_bpb)
-    loggers: tuple[str, ...] = ()  # trackers beside metrics.jsonl (lmcore.train.trackers)
-    log_group: str | None = None  # the trackers' experiment / group (a sweep's name)
+    steps: int = option(
+        1000,
+        "optimizer steps (default: {default})",
+        Flag(type=positive, metavar="N", exclusive="budget"),
+        resumable=True,
+        checks=(count(1),),
+    )
+    tokens: int | None = option(
+        None,
+        "train on N tokens instead: steps = ceil(N / (batch size × context length))",
+        Flag(type=positive, metavar="N", exclusive="budget"),
+        resumable=True,
+        checks=(Check(lambda v, _: v >= 1, "a positive integer"),),
+    )
+    batch_size: int = option(
+        32,
+        "sequences per step (default: {default})",  # all processes together
+        Flag(type=positive, metavar="B"),
+        checks=(count(1),),
+    )
+    lr: float = option(
+        1e-3,
+        "peak learning rate (default: {default:g})",  # reached after warmup
+        Flag(type=float, metavar="LR"),
+        checks=(Check(lambda v, _: math.isfinite(v) and v > 0, "a number > 0, e.g. 1e-3"),),
+    )
+    min_lr: float | None = option(
+        None,
+        "the cosine schedule's floor (default: lr / 10)",
+        Flag(type=float, metavar="LR"),
+        checks=(Check(lambda v, c: 0 <= v <= c.lr, "in [0, lr={lr}]"),),
+    )
+    warmup: int | None = option(
+        None,
+        "linear warmup steps (default: 10% of the steps)",  # rounded
+        Flag(type=int, metavar="N"),
+        checks=(
+            Check(lambda v, _: v >= 0, "an integer ≥ 0"),
+            Check(lambda v, c: c.decay_steps is None or c.decay_steps < 1 or v <= c.decay_steps,
+                  "at most decay_steps={decay_steps}"),  # below 1, decay_steps' own check fails
+        ),
+    )  # fmt: skip
+    decay_steps: int | None = option(
+        None,
+        "where the cosine reaches min_lr (default: the steps)",
+        checks=(Check(lambda v, _: v >= 1, "at least 1"),),
+    )
+    weight_decay: float = option(
+        0.1,
+        "AdamW's, on matrices only (default: {default:g})",  # decoupled
+        Flag(type=float, metavar="WD"),
+        checks=(Check(lambda v, _: v >= 0, "a number ≥ 0"),),
+    )
+    betas: tuple[float, float] = option(
+        (0.9, 0.95),
+        "AdamW's betas (default: {default[0]} {default[1]})",
+        Flag(type=float, nargs=2, metavar=("B1", "B2"), after="device"),
+        checks=(
+            Check(lambda v, _: len(v) == 2 and all(0 <= b < 1 for b in v),
+                  "two numbers in [0, 1), e.g. 0.9 0.95"),
+        ),
+    )  # fmt: skip
+    eps: float = option(
+        1e-8,
+        "AdamW's epsilon (default: {default:g})",
+        checks=(Check(lambda v, _: v > 0, "a number > 0"),),
+    )
+    grad_clip: float | None = option(
+        1.0,
+        "global gradient norm; 0: off (default: {default:g})",  # L2, over all parameters
+        Flag(type=float, metavar="NORM", off=0),
+        checks=(Check(lambda v, _: v > 0, "> 0 (or 0 for no clipping)"),),
+    )
+    eval_every: int = option(
+        100,
+        "steps between evaluations; 0: only first and last (default: {default})",
+        Flag(type=int, metavar="N"),
+        resumable=True,
+        checks=(count(0),),
+    )
+    eval_batches: int = option(
+        20,
+        "fixed validation batches (default: {default})",  # of batch_size sequences
+        Flag(type=positive, metavar="N"),
+        checks=(count(1),),
+    )
+    log_every: int = option(
+        10,
+        "steps per metrics record (default: {default})",  # train records in metrics.jsonl
+        Flag(type=positive, metavar="N"),
+        resumable=True,
+        checks=(count(1),),
+    )
+    save_every: int = option(
+        1000,
+        "steps between checkpoints; 0: only at the end (default: {default})",  # and on Ctrl-C
+        Flag(type=int, metavar="N"),
+        resumable=True,
+        checks=(count(0),),
+    )
+    keep: int = option(
+        2,
+        "newest checkpoints kept; 0: all (default: {default})",
+        Flag(type=int, metavar="N"),
+        resumable=True,
+        checks=(count(0),),
+    )
+    seed: int = option(
+        0,
+        "initial weights and batch order (default: {default})",
+        Flag(type=seed_value, metavar="N"),
+        checks=(count(0), Check(lambda v, _: v < 2**64, "below 2**64 (torch's seeds are 64-bit)")),
+    )
+    device: str = option(
+        "auto",
+        "auto (cuda if available, else cpu), cpu, cuda:N (default: {default})",
+        Flag(type=str, metavar="DEVICE"),
+        resumable=True,
+    )
+    dtype: str | None = option(
+        None,
+        "parameter dtype (default: float32, or a checkpoint's)",
+        Flag(choices=DTYPES),
+        checks=(among(DTYPES),),
+    )
+    autocast: str | None = option(
+        None,
+        "run the forward under bfloat16 autocast (parameters stay in --dtype)",
+        Flag("--bf16", action="store_const", const=AUTOCAST[0]),
+        checks=(Check(lambda v, _: v in AUTOCAST, "bfloat16"),),
+    )
+    compile: bool = option(False, "torch.compile the model", Flag(action="store_true"))
+    eval_bpb: bool = option(
+        False,
+        "evaluations also report bits per byte (val_bpb in metrics.jsonl): the loss in bits "
+        "per UTF-8 byte of the validation text, comparable across tokenizers",
+        Flag(action="store_true"),
+        resumable=True,
+    )
+    loggers: tuple[str, ...] = option(
+        (),
+        "also log to this experiment tracker (repeatable; each needs its extra, e.g. pip "
+        "install 'lmcore-registry[tensorboard]'); metrics.jsonl and loss.png are always written",
+        Flag("--logger", action="append", choices=TRACKERS),
+        resumable=True,
+        checks=(among(TRACKERS),),
+    )
+    log_group: str | None = option(
+        None,
+        "the trackers' experiment (MLflow) and group (W&B) (default: lmcore; a sweep's "
+        "directory name in a sweep)",
+        Flag(metavar="NAME"),
+        resumable=True,
+    )
 
-    def resolved(self, context_length: int) -> TrainConfig:
+    def resolved(self, context_length: int, dtype: str = "float32") -> ResolvedConfig:
         """This config with `steps` (from `tokens`), `min_lr`, `warmup` and `decay_steps` set,
-        checked; `TrainError` names the first bad option."""
+        checked (`TrainError` names the first bad option), and `dtype` when it names none (a
+        checkpoint's own, say)."""
         self.check()
         steps = self.steps
         if self.tokens is not None:
@@ -70,50 +215,16 @@ class TrainConfig:
             decay_steps=steps if self.decay_steps is None else self.decay_steps,
         )
         out.check()
-        return out
+        values = {f.name: getattr(out, f.name) for f in dataclasses.fields(out)}
+        return ResolvedConfig(**{**values, "dtype": self.dtype or dtype})
 
     def check(self) -> None:
         """`TrainError` for the first option out of its range, named as on the command line."""
-        positive = {"steps": self.steps, "batch_size": self.batch_size, "eval_batches":
-                    self.eval_batches, "log_every": self.log_every}  # fmt: skip
-        for name, value in positive.items():
-            _require(isinstance(value, int) and value >= 1, name, value, "a positive integer")
-        if self.tokens is not None:
-            _require(self.tokens >= 1, "tokens", self.tokens, "a positive integer")
-        for name, value in {"eval_every": self.eval_every, "save_every": self.save_every,
-                            "keep": self.keep, "seed": self.seed}.items():  # fmt: skip
-            _require(isinstance(value, int) and value >= 0, name, value, "an integer ≥ 0")
-        _require(self.seed < 2**64, "seed", self.seed, "below 2**64 (torch's seeds are 64-bit)")
-        _require(math.isfinite(self.lr) and self.lr > 0, "lr", self.lr, "a number > 0, e.g. 1e-3")
-        if self.min_lr is not None:
-            _require(0 <= self.min_lr <= self.lr, "min_lr", self.min_lr, f"in [0, lr={self.lr}]")
-        if self.warmup is not None:
-            _require(self.warmup >= 0, "warmup", self.warmup, "an integer ≥ 0")
-        if self.decay_steps is not None:
-            _require(self.decay_steps >= 1, "decay_steps", self.decay_steps, "at least 1")
-            if self.warmup is not None:
-                _require(self.warmup <= self.decay_steps, "warmup", self.warmup,
-                         f"at most decay_steps={self.decay_steps}")  # fmt: skip
-        _require(self.weight_decay >= 0, "weight_decay", self.weight_decay, "a number ≥ 0")
-        _require(
-            len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas),
-            "betas",
-            " ".join(map(str, self.betas)),
-            "two numbers in [0, 1), e.g. 0.9 0.95",
-        )
-        _require(self.eps > 0, "eps", self.eps, "a number > 0")
-        if self.grad_clip is not None:
-            _require(self.grad_clip > 0, "grad_clip", self.grad_clip, "> 0 (or 0 for no clipping)")
-        _require(self.dtype in (None, *DTYPES), "dtype", self.dtype, f"one of {', '.join(DTYPES)}")
-        _require(self.autocast in (None, *AUTOCAST), "autocast", self.autocast, "bfloat16")
-        for name in self.loggers:
-            _require(name in TRACKERS, "logger", name, f"one of {', '.join(TRACKERS)}")
+        options.check(self)
 
     def to_json(self) -> dict[str, Any]:
         return {
-            **dataclasses.asdict(self),
-            "betas": list(self.betas),
-            "loggers": list(self.loggers),
+            k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()
         }
 
     def given(self) -> dict[str, Any]:
@@ -124,59 +235,56 @@ class TrainConfig:
     def cli_args(self) -> list[str]:
         """The `lmcore train` options that give this config (those that differ from the
         defaults); `TrainError` for an option the command line does not have."""
-        default, args = TrainConfig(), []
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if value == getattr(default, f.name) or (f.name == "steps" and self.tokens):
-                continue
-            flag = f"--{f.name.replace('_', '-')}"
-            if f.name not in CLI_OPTIONS:
-                raise TrainError(
-                    f"{f.name}={value}: lmcore train has no option for it (it takes "
-                    f"{', '.join(CLI_OPTIONS)}); leave it at its default {getattr(default, f.name)}"
-                )
-            if f.name == "betas":
-                args += [flag, *(str(b) for b in value)]
-            elif f.name == "grad_clip":
-                args += [flag, "0" if value is None else repr(value)]
-            elif f.name == "autocast":
-                args.append("--bf16")
-            elif f.name in ("compile", "eval_bpb"):
-                args.append(flag)
-            elif f.name == "loggers":
-                args += [a for name in value for a in ("--logger", name)]
-            else:
-                args += [flag, repr(value) if isinstance(value, float) else str(value)]
-        return args
+        return options.cli_args(self)
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> TrainConfig:
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise TrainError(f"unknown training options {', '.join(unknown)} in a run.json")
-        values = dict(data)
-        for key in ("betas", "loggers"):
-            if key in values:
-                values[key] = tuple(values[key])
-        return cls(**values)
+        return cls(**_json_values(cls, data))
+
+    @classmethod
+    def from_flags(cls, values: Mapping[str, Any]) -> TrainConfig:
+        """The config of options as the command line (or a sweep file's `[train]`) gives them
+        (`grad_clip` 0: no clipping)."""
+        return cls.from_json(options.from_flags(values, cls))
 
 
-def _require(ok: bool, name: str, value: object, what: str) -> None:
-    if not ok:
-        raise TrainError(f"--{name.replace('_', '-')} {value}: must be {what}")
+@dataclass(frozen=True)
+class ResolvedConfig(TrainConfig):
+    """The config a run trains with (its run.json's `config`): `TrainConfig.resolved()`, with
+    the derived options set."""
+
+    min_lr: float = dataclasses.field(kw_only=True)
+    warmup: int = dataclasses.field(kw_only=True)
+    decay_steps: int = dataclasses.field(kw_only=True)
+    dtype: str = dataclasses.field(kw_only=True)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> ResolvedConfig:
+        unset = [k for k in ("min_lr", "warmup", "decay_steps", "dtype") if data.get(k) is None]
+        if unset:
+            raise TrainError(
+                f"a run.json's config without {', '.join(unset)}: lmcore train writes every "
+                "option of a run there; restore the file or start a new run"
+            )
+        return cls(**_json_values(cls, data))
 
 
-# Options `lmcore train` takes on its command line (`eps` and `decay_steps` it does not).
-CLI_OPTIONS: Final = (
-    "steps", "tokens", "batch_size", "lr", "min_lr", "warmup", "weight_decay", "grad_clip",
-    "eval_every", "eval_batches", "log_every", "save_every", "keep", "seed", "device", "betas",
-    "dtype", "autocast", "compile", "eval_bpb", "loggers", "log_group",
-)  # fmt: skip
+def _json_values(cls: type[TrainConfig], data: Mapping[str, Any]) -> dict[str, Any]:
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise TrainError(f"unknown training options {', '.join(unknown)} in a run.json")
+    values = dict(data)
+    for opt in options.options(cls):  # JSON's lists back to tuples (betas, loggers)
+        if isinstance(opt.default, tuple) and opt.name in values:
+            values[opt.name] = tuple(values[opt.name])
+    return values
 
-# Options a resumed run may change: none of them changes the steps already taken.
-RESUMABLE: Final = ("steps", "tokens", "device", "eval_every", "save_every", "log_every", "keep",
-                     "eval_bpb", "loggers", "log_group")  # fmt: skip
+
+# Options `lmcore train` takes on its command line, in `--help`'s order (`eps` and
+# `decay_steps` it does not); those a resumed run may change (none changes the steps taken).
+CLI_OPTIONS: Final = tuple(opt.name for opt, _ in options.flagged(TrainConfig))
+RESUMABLE: Final = options.resumable(TrainConfig)
 
 
 def cosine_lr(t: float, *, lr: float, min_lr: float, warmup: int, decay_steps: int) -> float:

@@ -22,6 +22,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
+from lmcore.errors import TrainError
+
 CONFIDENCE: Final = 0.95
 
 
@@ -70,7 +72,7 @@ def t_quantile(p: float, dof: int) -> float:
 def mean_interval(values: Sequence[float], confidence: float = CONFIDENCE) -> Interval:
     """The t-interval of the mean of `values` (the one-sample interval the paired one uses)."""
     if not values:
-        raise ValueError("no values to average")
+        raise TrainError("no values to average")
     m, n = mean(values), len(values)
     if n < 2:
         return Interval(m, None, None, n, confidence)
@@ -83,5 +85,5 @@ def paired_interval(
 ) -> Interval:
     """The paired t-interval of `variant - baseline`, element by element (one pair a seed)."""
     if len(variant) != len(baseline):
-        raise ValueError(f"{len(variant)} values against {len(baseline)}: pairs need both")
+        raise TrainError(f"{len(variant)} values against {len(baseline)}: pairs need both")
     return mean_interval([v - b for v, b in zip(variant, baseline, strict=True)], confidence)

@@ -45,8 +45,9 @@ from pathlib import Path
 from typing import Any, Final
 
 from lmcore.errors import TrainError, did_you_mean
-from lmcore.train.config import CLI_OPTIONS
+from lmcore.train.config import CLI_OPTIONS, TrainConfig
 from lmcore.train.launch import LauncherOptions
+from lmcore.train.options import to_flags
 
 TOP: Final = ("base", "variants", "data", "out", "seeds", "match", "train", "launcher")
 LAUNCHER: Final = ("name", "threads", "cpus_per_run", "gpus_per_run", "slurm", "ray")
@@ -73,7 +74,7 @@ class SweepDefinition:
             value = getattr(self, key)
             if value is not None and value != ():
                 lines.append(f"{key} = {_value(value)}")
-        train = {k: 0 if k == "grad_clip" and v is None else v for k, v in self.train.items()}
+        train = train_table(self.train)
         lines += ["", "[train]"]
         lines += [f"{k} = {_value(v)}" for k, v in train.items() if v is not None]
         opts = self.launcher
@@ -106,7 +107,7 @@ def _value(v: Any) -> str:
         return "[" + ", ".join(_value(x) for x in v) + "]"
     if isinstance(v, Mapping):
         return "{ " + ", ".join(f"{json.dumps(str(k))} = {_value(x)}" for k, x in v.items()) + " }"
-    raise TypeError(f"no TOML for {v!r}")
+    raise TrainError(f"no TOML for {v!r}")
 
 
 def _load_toml(path: Path) -> dict[str, Any]:
@@ -149,8 +150,7 @@ def read_definition(path: str | os.PathLike[str]) -> SweepDefinition:
         _typed(v, str, f"{file}: variants", 'a list of strings such as ["pos=nope"]')
     train = _typed(doc.get("train", {}), dict, f"{file}: [train]", "a table")
     _known(train, CLI_OPTIONS, f"{file}: [train]")
-    if "betas" in train:
-        train["betas"] = list(train["betas"])
+    train = train_table(train)
     launcher = _typed(doc.get("launcher", {}), dict, f"{file}: [launcher]", "a table")
     _known(launcher, LAUNCHER, f"{file}: [launcher]")
     slurm = _typed(launcher.get("slurm", {}), dict, f"{file}: [launcher.slurm]", "a table")
@@ -182,14 +182,15 @@ def read_definition(path: str | os.PathLike[str]) -> SweepDefinition:
                            launcher=options)  # fmt: skip
 
 
-def train_config(train: Mapping[str, Any]) -> Any:
-    """The `TrainConfig` of a definition's `train` table (`grad_clip = 0`: no clipping)."""
-    from lmcore.train.config import TrainConfig
+def train_table(values: Mapping[str, Any]) -> dict[str, Any]:
+    """Training options as a sweep file's `[train]` holds them, as `lmcore train`'s flags take
+    them: `grad_clip = 0` for no clipping, lists for several values."""
+    return to_flags(values, TrainConfig)
 
-    values = dict(train)
-    if values.get("grad_clip") == 0:
-        values["grad_clip"] = None
-    return TrainConfig.from_json(values)
+
+def train_config(train: Mapping[str, Any]) -> TrainConfig:
+    """The `TrainConfig` of a definition's `train` table (`grad_clip = 0`: no clipping)."""
+    return TrainConfig.from_flags(train)
 
 
 def merged(file: SweepDefinition, **given: Any) -> SweepDefinition:

@@ -30,7 +30,6 @@ writes metrics, plots and checkpoints.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import datetime
 import math
 import os
@@ -61,8 +60,9 @@ from lmcore.model.nn import cross_entropy
 from lmcore.model.transformer import TransformerLM
 from lmcore.registry import Registry
 from lmcore.spec import ModelSpec
-from lmcore.train.config import RESUMABLE, TrainConfig, cosine_lr
+from lmcore.train.config import RESUMABLE, ResolvedConfig, TrainConfig, cosine_lr
 from lmcore.train.optim import clip_gradients, make_optimizer
+from lmcore.train.options import replaced
 from lmcore.train.runs import (
     METRICS_FILE,
     PLOT_FILE,
@@ -250,13 +250,12 @@ def train(
         bp = resolve_checkpoint(init, registry)
     else:
         bp = resolve(source, registry)
-    cfg = config.resolved(bp.spec.context_length)
+    cfg = config.resolved(bp.spec.context_length, init.dtype if init is not None else "float32")
     check_trackers(cfg.loggers)
     tokens = data if isinstance(data, TokenData) else TokenData.open(data)
     tokens.check(context_length=bp.spec.context_length, vocab_size=bp.spec.vocab_size)
     run = Path(out)
     lock, created = claim(par, lambda: claim_new_run(run), f"--out {run}")
-    dtype = cfg.dtype or (init.dtype if init is not None else "float32")
     info = {
         "format": RUN_FORMAT,
         "version": RUN_VERSION,
@@ -265,7 +264,7 @@ def train(
         "spec_hash": spec_hash(bp.spec),
         "init": None if init is None else str(Path(init.path).resolve()),
         "data": _data_json(tokens),
-        "config": dataclasses.replace(cfg, dtype=dtype).to_json(),
+        "config": cfg.to_json(),
         "tokenizer": TOKENIZER_FILE,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "versions": versions("torch"),
@@ -341,11 +340,8 @@ def _resume(
             + ", ".join(f"--{k.replace('_', '-')}" for k in RESUMABLE)
             + "; for other options start a new run with another --out"
         )
-    config = TrainConfig.from_json(info["config"])
     updates = {k: v for k, v in changes.items() if v is not None}
-    if "steps" in updates or "tokens" in updates:
-        updates.setdefault("tokens", None)
-    config = dataclasses.replace(config, **updates)
+    config = replaced(TrainConfig.from_json(info["config"]), updates)  # --steps: no more tokens
     bp = resolve(info["spec"], registry)
     cfg = config.resolved(bp.spec.context_length)
     check_trackers(cfg.loggers)
@@ -484,7 +480,7 @@ class _Loop:
         stop_after: int | None,
     ):
         self.run_dir, self.info, self.bp, self.data, self.par = run, info, bp, data, parallel
-        self.cfg = cfg = TrainConfig.from_json(info["config"])
+        self.cfg = cfg = ResolvedConfig.from_json(info["config"])
         self.echo = echo if parallel.is_writer else None
         self.show_bar = parallel.is_writer and (
             sys.stderr.isatty() if progress is None else progress
@@ -494,7 +490,6 @@ class _Loop:
         self.tag: str = info["tag"]
         self.tokens_per_step = cfg.batch_size * bp.spec.context_length
         self.device = parallel.place(resolve_device(cfg.device))  # this rank's device
-        assert cfg.dtype is not None and cfg.min_lr is not None  # resolved
         self.dtype: torch.dtype = getattr(torch, cfg.dtype)
         self.stop = _Stop(self.say)
         self.bar: Any = None
@@ -602,7 +597,6 @@ class _Loop:
             f"data: {data.path}: train {train_t:,} tokens, val {val_t:,}, vocabulary "
             f"{data.vocab_size:,}{note}"
         )
-        assert cfg.warmup is not None and cfg.decay_steps is not None and cfg.min_lr is not None
         clip = f"clip {cfg.grad_clip:g}" if cfg.grad_clip is not None else "no clipping"
         self.say(
             f"budget: {cfg.steps:,} steps × batch {cfg.batch_size} × {spec.context_length} "
@@ -714,7 +708,6 @@ class _Loop:
         """Update number `step + 1`, on batch `step`; the loss and the gradients' norm (on the
         device, unsynchronised)."""
         cfg = self.cfg
-        assert cfg.min_lr is not None and cfg.warmup is not None and cfg.decay_steps is not None
         lr = cosine_lr(
             step + 1, lr=cfg.lr, min_lr=cfg.min_lr, warmup=cfg.warmup, decay_steps=cfg.decay_steps
         )
@@ -748,7 +741,6 @@ class _Loop:
         extra = {"aux_loss": self.par.mean(torch.stack(aux).mean()).item()} if aux else {}
         window_time, self.window_time = self.window_time, 0.0
         cfg = self.cfg
-        assert cfg.min_lr is not None and cfg.warmup is not None and cfg.decay_steps is not None
         for s, loss in zip(steps, values[0], strict=True):
             if not math.isfinite(loss):
                 self.record(kind="event", event="diverged", step=s, loss=loss,
