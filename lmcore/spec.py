@@ -44,7 +44,7 @@ from lmcore.components import (
     format_qualified,
     format_scalar,
 )
-from lmcore.errors import SpecError, clip
+from lmcore.errors import SpecError, ValueProblem, clip
 
 # ------------------------------------------------------------------------------ data
 
@@ -312,22 +312,21 @@ class LayerRange(NamedTuple):
 
     def select(self, num_layers: int) -> list[int]:
         """The layers it names, by Python's indexing rules (a negative index counts from the end;
-        a slice is clipped to the model); ValueError with a sentence for what cannot work."""
+        a slice is clipped to the model); a `ValueProblem` saying what cannot work."""
         if self.single:
-            assert self.start is not None
-            if not -num_layers <= self.start < num_layers:
-                raise ValueError(
+            if self.start is None or not -num_layers <= self.start < num_layers:
+                raise ValueProblem(
                     f"layer {self.start} is out of range: num_layers={num_layers}, so layers are "
                     f"0..{num_layers - 1} (or -{num_layers}..-1 from the end)"
                 )
             return [self.start % num_layers]
         if self.step is not None and self.step < 1:
-            raise ValueError(
+            raise ValueProblem(
                 f"a layer range's step must be at least 1, got {self.step} (e.g. 1::2)"
             )
         chosen = list(range(num_layers)[slice(self.start, self.stop, self.step)])
         if not chosen:
-            raise ValueError(
+            raise ValueProblem(
                 f"selects no layer of the {num_layers} (layers are 0..{num_layers - 1})"
             )
         return chosen
@@ -664,9 +663,12 @@ class _Parser:
                     f"expected a value for {clip(key.text)}, found {_show(ahead)}", ahead
                 )
             val = self.value(depth + 1)
-            plain = val.scalar if val.scalar is not None else val.name
-            arg = plain if val.is_plain_name or val.scalar is not None else val
-            assert arg is not None
+            # A scalar or a plain name is held as its value; anything else as the `Value`.
+            arg: Scalar | Value = val
+            if val.scalar is not None:
+                arg = val.scalar
+            elif val.is_plain_name and val.name is not None:
+                arg = val.name
             args.append((key.text, arg, key.start, val.end))
         close = self.take()
         return Value(tok.start, close.end, name=name.text, provider=provider, args=tuple(args))
