@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from lmcore import ComponentSpec, ModelSpec, SpecError, parse_spec
 from lmcore.components import Arg, format_scalar
 from lmcore.errors import ValueProblem, ValueTypeProblem
-from lmcore.spec import parse_items
+from lmcore.syntax import parse_items
 
 TINY = (
     "vocab_size=10000,context_length=16,d_model=64,num_layers=3,num_heads=4,num_kv_heads=4,"
@@ -257,7 +257,7 @@ def test_scalars_format_to_text_that_parses_back(value) -> None:
     spec = parse_spec("tinystories")
     # Round trip through a component argument of a made-up spec line: format, then tokenize.
     text = format_scalar(value)
-    from lmcore.spec import _tokenize
+    from lmcore.syntax import _tokenize
 
     tok = _tokenize(text)[0]
     assert tok.value == value and type(tok.value) is type(value)

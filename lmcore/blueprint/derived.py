@@ -19,7 +19,8 @@ from lmcore.blueprint.origins import Origin, Origins
 from lmcore.components import Scalar
 from lmcore.errors import PluginError, ValueProblem, ValueTypeProblem
 from lmcore.parts import Part
-from lmcore.spec import KEY_ARGS, MAX_INT, SLOTS, Value, default_query_scale
+from lmcore.spec import KEY_ARGS, SLOTS, default_query_scale
+from lmcore.syntax import MAX_INT, Value
 
 
 def derived(

@@ -19,11 +19,11 @@ from lmcore.spec import (
     MAX_LAYERED,
     SLOTS,
     LayerValue,
-    Value,
     canonical_base,
     default_query_scale,
     layer_groups,
 )
+from lmcore.syntax import Value
 
 LayerParts = tuple[tuple[str, tuple[int, ...], Part | None], ...]
 

@@ -13,7 +13,8 @@ from lmcore.components import Arg, Component, format_scalar
 from lmcore.errors import RegistryError, SpecError, ValueProblem, clip, did_you_mean, one_of
 from lmcore.parts import Part
 from lmcore.registry import Registry
-from lmcore.spec import SLOTS, ComponentSpec, Value, parse_value
+from lmcore.spec import SLOTS, ComponentSpec
+from lmcore.syntax import Value, parse_value
 
 
 class PartLookup:

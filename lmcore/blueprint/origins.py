@@ -15,7 +15,8 @@ from typing import Any
 from lmcore.components import Arg
 from lmcore.errors import SpecError, ValueProblem, one_of
 from lmcore.registry import Registry
-from lmcore.spec import KEY_ARGS, Item
+from lmcore.spec import KEY_ARGS
+from lmcore.syntax import Item
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,8 @@ from lmcore.blueprint.resolved import Blueprint
 from lmcore.errors import RegistryError, SpecError, SpecTypeError, clip, did_you_mean
 from lmcore.parts import Part
 from lmcore.registry import Registry, get_registry
-from lmcore.spec import ALL_KEYS, KEY_ARGS, LAYER_KEYS, SLOTS, Item, ModelSpec, parse_items
+from lmcore.spec import ALL_KEYS, KEY_ARGS, LAYER_KEYS, SLOTS, ModelSpec
+from lmcore.syntax import Item, parse_items
 
 # Model keys with a plain default (the others are derived, or components).
 _PLAIN_KEYS = tuple(
