@@ -1,13 +1,14 @@
 """The values a spec may leave out because lmcore derives them: `num_kv_heads`, `head_dim`, the
 query scale and the feed-forward width `d_ff`.
 
-The one `d_ff` rule. An ffn that does not declare `d_ff` itself may be given its width as an
-argument (`swiglu(d_ff=512)`): `d_ff_argument` finds it and `width` checks it as the `d_ff` key is
-checked, wherever an ffn is written: the whole model's (`ffn=`: the model's `d_ff`), some layers'
-(`ffn[layers]=`: those layers' `d_ff`, in `lmcore.blueprint.layers`) and a nested one's
-(`moe(shared=swiglu(d_ff=...))`: its own, in `lmcore.blueprint.lookup`). The model's width is,
-first match: the ffn's argument, the `d_ff` key, the ffn's `default_d_ff(d_model)`, else
-4·d_model (`d_ff` below, the one place a default width is computed).
+The one `d_ff` rule. An ffn may be given its width as an argument (`swiglu(d_ff=512)`; no
+component declares `d_ff`, lmcore passes it): `d_ff_argument` finds it and `width` checks it as
+the `d_ff` key is checked, wherever an ffn is written: the whole model's (`ffn=`: the model's
+`d_ff`), some layers' (`ffn[layers]=`: those layers' `d_ff`, in `lmcore.blueprint.layers`) and a
+nested one's (`moe(shared=swiglu(d_ff=...))`: its own, in `lmcore.blueprint.lookup`). The
+model's width is, first match: the ffn's argument, the `d_ff` key, the ffn's
+`default_d_ff(d_model)`, else 4·d_model (`d_ff` below, the one place a default width is
+computed).
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ def d_ff(origins: Origins, d_model: int, ffn: Part, preset: Mapping[str, Origin]
     arg = KEY_ARGS["d_ff"]
     origin = origins.values.get("ffn")
     given = d_ff_argument(origin.item.value) if origin is not None else None
-    if origin is not None and given is not None and ffn.component.arg("d_ff") is None:
+    if origin is not None and given is not None:
         raw, start, end = given
         if origins.by_user("d_ff"):
             key = origins.values["d_ff"]

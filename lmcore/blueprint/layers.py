@@ -154,7 +154,7 @@ class PerLayer:
         whole-model ffn's belongs to the model's `d_ff`."""
         value = origin.item.value
         given = d_ff_argument(value)
-        if given is None or parts["ffn"].component.arg("d_ff") is not None:
+        if given is None:
             return
         raw, start, end = given
         try:

@@ -69,9 +69,8 @@ class PartLookup:
         comp = entry.component
         declared = {a.name: a for a in comp.args}
         given = {name: (raw, start, end) for name, raw, start, end in value.args or ()}
-        accepted = (
-            [*declared, "d_ff"] if kind == "ffn" and "d_ff" not in declared else list(declared)
-        )
+        # An ffn also takes its width, d_ff (no component declares it: lmcore passes it).
+        accepted = [*declared, "d_ff"] if kind == "ffn" else list(declared)
         for name, (_, start, end) in given.items():
             if name not in accepted:
                 raise fail(
@@ -104,7 +103,7 @@ class PartLookup:
                     continue
             values.append((a.name, got))
             written.append((a.name, canon))
-        if depth > 0 and "d_ff" in given and "d_ff" not in declared:
+        if depth > 0 and "d_ff" in given:
             raw, start, end = given["d_ff"]
             if isinstance(raw, Value):
                 raise fail(
