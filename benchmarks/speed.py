@@ -429,7 +429,7 @@ def hook_overhead(args: argparse.Namespace, device: torch.device) -> None:
     """lmcore with and without the forward hooks `Blueprint.create` puts on every norm, ffn and
     attn module to check its output's shape and dtype: inference forward and forward+backward,
     at the benchmark's shape and at one token (a decoding step), interleaved, median ratio."""
-    from lmcore.blueprint import _OutputCheck
+    from lmcore.parts import _OutputCheck
 
     spec = parse_spec(args.spec)
     torch.manual_seed(0)

@@ -43,6 +43,8 @@ from typing import Any, Final, cast
 from lmcore.errors import (
     InvalidComponentError,
     PluginError,
+    ValueProblem,
+    ValueTypeProblem,
     clip,
     describe_exception,
     did_you_mean,
@@ -148,10 +150,12 @@ class Arg:
         return self.type if isinstance(self.type, str) else self.type.__name__
 
     def check(self, value: Any) -> Scalar:
-        """Return `value` converted to this argument's type, or raise ValueError/TypeError.
-        (A component-valued argument is checked by `lmcore.blueprint`, against the registry.)"""
+        """Return `value` converted to this argument's type, or raise a `ValueProblem` saying
+        what is wrong (a ValueError; a `ValueTypeProblem`, a TypeError too, for the type), which
+        the caller places. (A component-valued argument is checked by `lmcore.blueprint`,
+        against the registry.)"""
         if isinstance(self.type, str):
-            raise TypeError(f"takes a {self.type} component, checked against the registry")
+            raise ValueTypeProblem(f"takes a {self.type} component, checked against the registry")
         expected = self.type.__name__
         if self.type is float and type(value) is int:
             value = float(value)  # 10000 is a fine theta; canonical form writes 10000.0
@@ -159,14 +163,14 @@ class Arg:
             shown = (
                 format_scalar(value) if isinstance(value, bool) else clip(repr(value), quote=False)
             )
-            raise TypeError(f"expects {expected}, got {type(value).__name__} {shown}")
+            raise ValueTypeProblem(f"expects {expected}, got {type(value).__name__} {shown}")
         if isinstance(value, int | float) and not isinstance(value, bool):
             if self.gt is not None and not value > self.gt:
-                raise ValueError(f"must be > {self.gt}, got {value!r}")
+                raise ValueProblem(f"must be > {self.gt}, got {value!r}")
             if self.ge is not None and not value >= self.ge:
-                raise ValueError(f"must be >= {self.ge}, got {value!r}")
+                raise ValueProblem(f"must be >= {self.ge}, got {value!r}")
         if self.choices is not None and value not in self.choices:
-            raise ValueError(
+            raise ValueProblem(
                 f"must be one of {one_of(self.choices)}, got {clip(str(value))}"
                 + did_you_mean(str(value), self.choices)
             )
@@ -505,7 +509,7 @@ def validate_component(item: object) -> Component:
         if not a.required:
             try:
                 a.check(a.default)
-            except (TypeError, ValueError) as e:
+            except ValueProblem as e:
                 raise InvalidComponentError(
                     f"{what}: default of argument {a.name!r} is invalid: it {e}"
                 ) from None
@@ -514,7 +518,7 @@ def validate_component(item: object) -> Component:
         fn = getattr(c, fn_name)
         try:
             fn is None or inspect.signature(fn)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError):  # what inspect.signature raises for such a callable
             raise InvalidComponentError(
                 f"{what}: {fn_name} {fn!r} has no signature lmcore can read; wrap it in a function"
             ) from None

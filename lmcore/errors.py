@@ -55,6 +55,20 @@ class SpecTypeError(SpecError, TypeError):
     """Something other than a spec string (or `ModelSpec`, `Blueprint`) was given as a spec."""
 
 
+class ValueProblem(LmcoreError, ValueError):
+    """What is wrong with one value, said as the end of a sentence ("must be > 0, got -1").
+
+    Raised where a value is checked (`Arg.check`, a layer range's `select`), which does not know
+    where the value was written, and caught by the caller, which does: it raises the user's error
+    from it (a `SpecError` with a caret under the value, an `InvalidComponentError` naming the
+    declaration). It never reaches a user on its own.
+    """
+
+
+class ValueTypeProblem(ValueProblem, TypeError):
+    """A `ValueProblem` with the value's type ("expects int, got str 'x'")."""
+
+
 class ConfigError(LmcoreError, ValueError):
     """An environment variable or option holds a value lmcore cannot read."""
 

@@ -34,6 +34,7 @@ FLOORS: dict[str, int] = {
     "lmcore.locks": 0,
     "lmcore.version": 0,
     "lmcore.spec": 1,
+    "lmcore.syntax": 1,
     "lmcore.components": 1,
     "lmcore.interfaces": 1,
     "lmcore.hookspecs": 1,

@@ -29,3 +29,12 @@ def test_builtins_are_top_level_modules_named_lmcore_something() -> None:
     for name in PROJECT["project"]["entry-points"]["lmcore"].values():
         module = name.split(":")[0]
         assert module.startswith("lmcore_") and "." not in module
+
+
+def test_every_package_under_lmcore_is_in_the_wheel() -> None:
+    """An editable install finds a package missing from the list; a wheel would leave it out."""
+    found = {
+        ".".join(path.parent.relative_to(ROOT).parts)
+        for path in (ROOT / "lmcore").rglob("__init__.py")
+    }
+    assert set(PROJECT["tool"]["setuptools"]["packages"]) == found

@@ -37,7 +37,8 @@ from lmcore import (
     use_registry,
 )
 from lmcore.cli.main import main
-from lmcore.errors import LmcoreWarning, SlowPluginWarning
+from lmcore.errors import LmcoreWarning, PluginNameError, SlowPluginWarning
+from lmcore.registry.loading import Plugins
 
 Module = torch.nn.Module
 
@@ -488,8 +489,9 @@ def test_register_and_unregister(registry: Registry) -> None:
     prov = registry.get("norm", "scale").provenance
     assert name == "scaler" and prov.plugin == "scaler"
     assert prov.module == __name__  # where the component's factory lives
-    with pytest.raises(ValueError, match=r"a plugin named 'scaler' is already registered"):
+    with pytest.raises(PluginNameError, match=r"a plugin named 'scaler' is already registered"):
         registry.add(SCALE, name="scaler")
+    assert issubclass(PluginNameError, ValueError)  # what callers caught before it had a name
     registry.unregister("scaler")
     assert "scale" not in registry.names("norm")
     with pytest.raises(KeyError, match=r"no plugin named 'scaler'"):
@@ -639,15 +641,15 @@ def test_concurrent_first_use_loads_exactly_once(monkeypatch: pytest.MonkeyPatch
     """8 threads ask a fresh registry at once, 25 registries in a row: every thread sees every
     preset (one used to see a registry that had marked itself loaded before it finished), and
     each registry scans its entry points once."""
-    scans: list[Registry] = []  # kept alive, so that no two registries share an id
-    real = Registry._load_entry_points
+    scans: list[Plugins] = []  # kept alive, so that no two registries share an id
+    real = Plugins._load_entry_points
 
-    def counting(self: Registry, *args: object) -> None:
+    def counting(self: Plugins, *args: object) -> None:
         scans.append(self)
         time.sleep(0.01)  # widen the window a racing thread would fall into
         real(self, *args)
 
-    monkeypatch.setattr(Registry, "_load_entry_points", counting)
+    monkeypatch.setattr(Plugins, "_load_entry_points", counting)
     for _ in range(25):
         registry = Registry()
         barrier = threading.Barrier(8)
@@ -670,7 +672,7 @@ def test_concurrent_first_use_loads_exactly_once(monkeypatch: pytest.MonkeyPatch
         for t in threads:
             t.join()
         assert seen == [512] * 8, seen
-        assert sum(scanned is registry for scanned in scans) == 1
+        assert sum(scanned is registry._plugins for scanned in scans) == 1
 
 
 def test_eight_threads_in_a_fresh_interpreter_all_find_the_preset() -> None:
@@ -705,13 +707,14 @@ def test_a_fork_while_another_thread_loads_waits_and_the_child_sees_a_whole_regi
     registry = Registry()
     loader = threading.Thread(target=registry.load)
     loader.start()
-    while registry._loading is None and not registry._loaded:
+    while registry._plugins.loading is None and not registry._plugins.loaded:
         time.sleep(0.005)
     with warnings.catch_warnings():  # Python 3.12+ warns about fork() with threads
         warnings.simplefilter("ignore", DeprecationWarning)
         pid = os.fork()
     if pid == 0:  # the child: a whole registry, or exit status 1
-        ok = registry._loaded and {r.name for r in registry.plugins()} >= {"slow", "rmsnorm"}
+        loaded = registry._plugins.loaded
+        ok = loaded and {r.name for r in registry.plugins()} >= {"slow", "rmsnorm"}
         os._exit(0 if ok else 1)
     loader.join()
     _, status = os.waitpid(pid, 0)
@@ -738,6 +741,26 @@ def test_another_tools_malformed_entry_points_never_reach_lmcore(tmp_path, monke
         "unrelated_tool-1.0.dist-info/entry_points.txt line 2, 'broken-line-without-equals', "
         "has no '='"
     ]
+
+
+def test_a_plugin_distribution_without_a_name_is_reported_and_the_rest_loads(
+    tmp_path, monkeypatch
+) -> None:
+    info = tmp_path / "nameless_norms-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[lmcore]\nnameless = nameless_mod\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    registry = Registry()
+    [record] = [r for r in registry.plugins() if r.status == "failed"]
+    assert (record.name, record.provenance.dist, record.provenance.version) == (
+        "nameless",
+        "nameless_norms",
+        "1.0",
+    )
+    assert record.reason.startswith("the METADATA of nameless_norms cannot be read (")
+    assert record.reason.endswith("); reinstall it")
+    assert registry.get("norm", "rmsnorm").status == "ok"
 
 
 def test_a_malformed_entry_points_file_does_not_break_the_cli_in_a_fresh_process(
@@ -838,7 +861,7 @@ def test_a_real_ctrl_c_while_loading_still_interrupts(make_dist) -> None:
             registry.load()
     finally:
         signal.signal(signal.SIGINT, inherited)
-    assert not registry._loaded  # nothing half-loaded: the next use starts over
+    assert not registry._plugins.loaded  # nothing half-loaded: the next use starts over
 
 
 # ------------------------------------------------------------------ plugin faults (issue 11)
@@ -971,9 +994,9 @@ def test_a_plugin_that_declares_nothing_is_listed(make_dist, registry: Registry,
 def test_a_slow_plugin_import_is_named_while_it_runs(
     make_dist, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import lmcore.registry
+    import lmcore.registry.loading
 
-    monkeypatch.setattr(lmcore.registry, "SLOW_IMPORT_SECONDS", 0.05)
+    monkeypatch.setattr(lmcore.registry.loading, "SLOW_IMPORT_SECONDS", 0.05)  # where it is read
     make_dist(
         "lmcore-sleepy",
         entry_points={"sleepy": "sleepy_mod"},

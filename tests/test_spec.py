@@ -11,7 +11,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lmcore import ComponentSpec, ModelSpec, SpecError, parse_spec
-from lmcore.components import format_scalar
+from lmcore.components import Arg, format_scalar
+from lmcore.errors import ValueProblem, ValueTypeProblem
+from lmcore.syntax import parse_items
 
 TINY = (
     "vocab_size=10000,context_length=16,d_model=64,num_layers=3,num_heads=4,num_kv_heads=4,"
@@ -255,7 +257,7 @@ def test_scalars_format_to_text_that_parses_back(value) -> None:
     spec = parse_spec("tinystories")
     # Round trip through a component argument of a made-up spec line: format, then tokenize.
     text = format_scalar(value)
-    from lmcore.spec import _tokenize
+    from lmcore.syntax import _tokenize
 
     tok = _tokenize(text)[0]
     assert tok.value == value and type(tok.value) is type(value)
@@ -506,3 +508,20 @@ def test_any_text_gives_a_spec_or_a_short_spec_error(text: str) -> None:
         assert e.message and len(str(e)) < 4_000
     else:
         assert parse_spec(str(spec)) == spec
+
+
+def test_a_checked_value_says_what_is_wrong_and_its_caller_says_where() -> None:
+    """`Arg.check` and a layer range's `select` raise a `ValueProblem` (still a ValueError, the
+    type's a TypeError too); resolution places it under the value."""
+    eps = Arg("eps", float, 1e-5, gt=0.0)
+    with pytest.raises(ValueProblem, match=r"^must be > 0.0, got -1.0$"):
+        eps.check(-1.0)
+    with pytest.raises(ValueTypeProblem, match=r"^expects float, got str 'x'$"):
+        eps.check("x")
+    assert issubclass(ValueProblem, ValueError) and issubclass(ValueTypeProblem, TypeError)
+    [item] = parse_items("d_ff[5]=64")
+    with pytest.raises(ValueProblem, match=r"^layer 5 is out of range: num_layers=4"):
+        (item.layers or ())[0].select(4)
+    with pytest.raises(SpecError, match=r"d_ff\[\.\.\.\]: layer 5 is out of range") as e:
+        parse_spec("cs336-tiny, d_ff[5]=64")
+    assert e.value.start == len("cs336-tiny, d_ff[")
