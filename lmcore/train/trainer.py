@@ -53,9 +53,9 @@ from torch import Tensor, nn
 from lmcore.atomic import atomic_path
 from lmcore.blueprint import Blueprint, resolve
 from lmcore.checkpoint import CheckpointInfo, load_weights, read_info, resolve_checkpoint
+from lmcore.data.bytecount import bytes_per_token
 from lmcore.data.tokens import TokenData
 from lmcore.errors import TrainError
-from lmcore.eval.bpb import bytes_per_token
 from lmcore.model.inputs import resolve_device
 from lmcore.model.nn import cross_entropy
 from lmcore.model.transformer import TransformerLM
