@@ -9,7 +9,8 @@
 A checkpoint is a plain safetensors file (weights only, no pickle) whose string metadata says how
 to rebuild the model (`lmcore.model.saving` writes it and lists the keys). `load` takes the file,
 a checkpoint directory holding `model.safetensors`, or a run directory of `lmcore train` (its
-newest checkpoint, `checkpoints/step-NNNNNN/`): `find_checkpoint` says which file that is.
+newest checkpoint, `checkpoints/step-NNNNNN/`): `lmcore.runfiles.find_checkpoint` says which
+file that is.
 
 Loading re-resolves the spec through the registry. A component whose plugin is missing names the
 distribution to install; one installed at another version loads with a `CheckpointWarning` (an
@@ -57,6 +58,7 @@ from lmcore.model.reading import (
 from lmcore.model.saving import FORMAT_VERSION, KEYS, PREFIX, SUFFIX, dtype_of
 from lmcore.model.transformer import TransformerLM, unwrap
 from lmcore.registry import Entry, Registry, get_registry, normalize_dist
+from lmcore.runfiles import CHECKPOINTS, MODEL_FILE, RUN_FILE, find_checkpoint, step_dirs
 from lmcore.spec import SLOTS, ModelSpec, parse_items
 from lmcore.tokenizer import SavedTokenizer
 
@@ -86,12 +88,6 @@ __all__ = [
     "verify_checksums",
 ]
 
-# Where model files sit: a checkpoint directory holds MODEL_FILE; a run directory (marked by
-# RUN_FILE, laid out by `lmcore.train.runs`) holds one checkpoint directory per saved step.
-MODEL_FILE: Final = "model.safetensors"
-RUN_FILE: Final = "run.json"
-CHECKPOINTS: Final = "checkpoints"
-STEP_DIR: Final = re.compile(r"step-(\d+)")
 _MAX_NAME: Final = 200  # characters of a name or version lmcore's metadata may hold
 
 
@@ -253,51 +249,6 @@ def _dtype(name: str, path: Path) -> torch.dtype:
             "dtype; the file was edited or damaged after lmcore saved it"
         )
     return value
-
-
-# ------------------------------------------------------------------------------ finding
-
-
-def step_dirs(run: str | os.PathLike[str]) -> list[tuple[int, Path]]:
-    """`(step, directory)` of each checkpoint directory in a run's `checkpoints/`, oldest first
-    (hidden directories of interrupted saves are not among them)."""
-    found = []
-    root = Path(run) / CHECKPOINTS
-    if root.is_dir():
-        for d in root.iterdir():
-            m = STEP_DIR.fullmatch(d.name)
-            if m and d.is_dir():
-                found.append((int(m.group(1)), d))
-    return sorted(found)
-
-
-def find_checkpoint(path: str | os.PathLike[str]) -> Path:
-    """The model file that `path` names: the path itself unless it is a directory; a checkpoint
-    directory's `model.safetensors`; a run directory's newest checkpoint's. `CheckpointError`
-    for a directory that is none of these, or a run with no checkpoint yet."""
-    p = Path(path)
-    if not p.is_dir():
-        return p  # a file, or nothing: `read_header` says which
-    if (p / RUN_FILE).is_file():
-        saved = [d / MODEL_FILE for _, d in step_dirs(p) if (d / MODEL_FILE).is_file()]
-        if not saved:
-            raise CheckpointError(
-                f"run {str(p)!r} has no checkpoint yet (it saves every --save-every steps, at "
-                f"the end and when interrupted); resume it: lmcore train --resume {p}"
-            )
-        return saved[-1]
-    if (p / MODEL_FILE).is_file():
-        return p / MODEL_FILE
-    hint = (
-        "; it holds a config.json: for a Hugging Face model directory run "
-        f"`lmcore convert --from-hf {p} OUT.safetensors`"
-        if (p / "config.json").is_file()
-        else ""
-    )
-    raise CheckpointError(
-        f"{str(p)!r} is neither a model file, a checkpoint directory (holding {MODEL_FILE}) nor "
-        f"a run directory (holding {RUN_FILE}){hint}"
-    )
 
 
 # ------------------------------------------------------------------------------ resolving

@@ -23,7 +23,6 @@ from safetensors.torch import load_file, save_file
 import lmcore
 from lmcore import CheckpointError, CheckpointWarning, Registry, build_model
 from lmcore.checkpoint import (
-    find_checkpoint,
     is_checkpoint_path,
     load_weights,
     read_header,
@@ -31,6 +30,7 @@ from lmcore.checkpoint import (
     resolve_checkpoint,
 )
 from lmcore.model.saving import FORMAT_VERSION, checksums_json
+from lmcore.runfiles import find_checkpoint
 
 SMALL = "vocab_size=97, context_length=16, d_model=32, num_layers=2, num_heads=4, d_ff=64"
 

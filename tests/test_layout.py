@@ -29,6 +29,7 @@ FLOORS: dict[str, int] = {
     "lmcore.atomic": 0,
     "lmcore.jsonfile": 0,
     "lmcore.locks": 0,
+    "lmcore.runfiles": 0,  # file names and paths: where runs, checkpoints and tokenizers lie
     "lmcore.version": 0,
     "lmcore.spec": 1,
     "lmcore.components": 1,

@@ -139,9 +139,10 @@ def chat_messages(user: str, system: str | None = None) -> list[dict[str, str]]:
 
 def model_path(text: str) -> Path | None:
     """The model file a SPEC|CHECKPOINT argument names: a model file, a checkpoint directory or a
-    run directory (its newest checkpoint; `lmcore.checkpoint.find_checkpoint`); None for a
+    run directory (its newest checkpoint; `lmcore.runfiles.find_checkpoint`); None for a
     spec."""
-    from lmcore.checkpoint import find_checkpoint, is_checkpoint_path
+    from lmcore.checkpoint import is_checkpoint_path
+    from lmcore.runfiles import find_checkpoint
 
     p = Path(text)
     return find_checkpoint(p) if p.is_dir() or is_checkpoint_path(text) else None
@@ -149,11 +150,11 @@ def model_path(text: str) -> Path | None:
 
 def _tokenizer(args: argparse.Namespace, info: CheckpointInfo | None) -> Any:
     """The tokenizer to use: --tokenizer, else the one found for the checkpoint
-    (`lmcore.train.runs.find_tokenizer`); None when the prompt is ids and none is found (ids
+    (`lmcore.runfiles.find_tokenizer`); None when the prompt is ids and none is found (ids
     are then printed)."""
     from tokenizers import Tokenizer
 
-    from lmcore.train.runs import TOKENIZER_FILE, TokenizerSearch, find_tokenizer
+    from lmcore.runfiles import TokenizerSearch, find_tokenizer
 
     if args.tokenizer is not None:
         given = Path(args.tokenizer)
@@ -163,22 +164,16 @@ def _tokenizer(args: argparse.Namespace, info: CheckpointInfo | None) -> Any:
     elif info is not None and info.tokenizer is not None:
         return info.tokenizer.tokenizer()  # saved with the model
     elif info is not None:
-        search = find_tokenizer(info.path, info)
+        search = find_tokenizer(info.path, info.metadata)
     else:
         search = TokenizerSearch(None, ())
     if search.found is None:
         if args.prompt is None and args.chat is None:
             return None
-        where = (
-            f"looked for {TOKENIZER_FILE} in {', '.join(str(p.parent) for p in search.places)}"
-            if search.places
-            else "a spec has no tokenizer"
-        )
-        if search.problem is not None:
-            where += f"; the run's data directory is unknown: {search.problem}"
+        where = search.looked() if search.places else "a spec has no tokenizer"
         raise UsageError(
             f"{'--chat' if args.prompt is None else '--prompt'} needs a tokenizer, but none was "
-            f"found for {args.spec!r} ({where}); "
+            f"found for {args.spec!r} ({where}{search.unknown()}); "
             "pass --tokenizer PATH (e.g. the tokenizer.json lmcore data prepare wrote), or give "
             "token ids with --prompt-ids 1,2,3"
         )

@@ -4,7 +4,7 @@
     tokenizer, where = load_tokenizer(info)            # beside it, in its run, in its data
 
 `MODEL` is a model file, a checkpoint directory or a run directory (its newest checkpoint:
-`lmcore.checkpoint.find_checkpoint`); the tokenizer is the one `lmcore.train.runs.find_tokenizer`
+`lmcore.runfiles.find_checkpoint`); the tokenizer is the one `lmcore.runfiles.find_tokenizer`
 finds for it, unless one is given.
 """
 
@@ -14,16 +14,10 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from lmcore.checkpoint import (
-    CheckpointInfo,
-    build_from_checkpoint,
-    find_checkpoint,
-    read_info,
-    resolve_checkpoint,
-)
+from lmcore.checkpoint import CheckpointInfo, build_from_checkpoint, read_info, resolve_checkpoint
 from lmcore.errors import EvalError
 from lmcore.model.inputs import resolve_device
-from lmcore.train.runs import TOKENIZER_FILE, find_tokenizer
+from lmcore.runfiles import find_checkpoint, find_tokenizer
 
 if TYPE_CHECKING:
     import torch
@@ -67,16 +61,11 @@ def load_tokenizer(
         if not found.is_file():
             raise EvalError(f"tokenizer {str(found)!r} does not exist; give a tokenizer.json")
     else:
-        search = find_tokenizer(info.path, info)
+        search = find_tokenizer(info.path, info.metadata)
         if search.found is None:
-            where = ", ".join(str(p.parent) for p in search.places)
-            problem = f"; the run's data directory is unknown: {search.problem}" * bool(
-                search.problem
-            )
             raise EvalError(
-                f"no tokenizer found for {str(info.path)!r} (looked for {TOKENIZER_FILE} in "
-                f"{where}){problem}; pass --tokenizer PATH (e.g. the tokenizer.json lmcore data "
-                "prepare wrote)"
+                f"no tokenizer found for {str(info.path)!r} ({search.looked()}){search.unknown()}"
+                "; pass --tokenizer PATH (e.g. the tokenizer.json lmcore data prepare wrote)"
             )
         found = search.found
     try:

@@ -24,7 +24,6 @@ from torch import Tensor, nn
 
 from lmcore.atomic import atomic_path, atomic_write
 from lmcore.checkpoint import (
-    RUN_FILE,
     build_empty,
     build_from_checkpoint,
     check_dtypes,
@@ -43,6 +42,7 @@ from lmcore.model.reading import read_header, read_tensors
 from lmcore.model.saving import dtype_of, save_tensors
 from lmcore.model.transformer import TransformerLM, unwrap
 from lmcore.registry import Registry
+from lmcore.runfiles import HF_CONFIG, RUN_FILE
 from lmcore.tokenizer import SavedTokenizer
 
 __all__ = [
@@ -73,8 +73,8 @@ def config_path(path: str | os.PathLike[str]) -> Path | None:
     config.json (and no lmcore run), or a `.json` file. None otherwise (a spec, a checkpoint)."""
     p = Path(path)
     try:
-        if p.is_dir() and (p / "config.json").is_file() and not (p / RUN_FILE).is_file():
-            return p / "config.json"
+        if p.is_dir() and (p / HF_CONFIG).is_file() and not (p / RUN_FILE).is_file():
+            return p / HF_CONFIG
         if p.suffix == ".json" and p.is_file():
             return p
     except OSError:
@@ -96,12 +96,12 @@ def hf_reading(path: str | os.PathLike[str], *, ignore: Iterable[str] = ()) -> R
     """What the config.json of a model directory (or the `.json` file `path`) says in lmcore's
     terms (`lmcore.hf.family.read_config`): the spec, its family, the kept fields, notes."""
     p = Path(path)
-    where = p / "config.json" if p.is_dir() else p
+    where = p / HF_CONFIG if p.is_dir() else p
     return read_config(hf_config(p), str(where), ignore=ignore)
 
 
 def _read_config(directory: Path) -> dict[str, Any]:
-    path = directory / "config.json"
+    path = directory / HF_CONFIG
     if not directory.is_dir():
         raise ConversionError(f"{directory}: is not a directory (a Hugging Face model directory)")
     if not path.is_file():
@@ -197,7 +197,7 @@ def _load(
     ignore: Iterable[str],
 ) -> tuple[TransformerLM, dict[str, Any]]:
     config = _read_config(directory)
-    reading = read_config(config, str(directory / "config.json"), ignore=ignore)
+    reading = read_config(config, str(directory / HF_CONFIG), ignore=ignore)
     where = torch.device(device) if device is not None else torch.device("cpu")
     tensors = _read_weights(directory, where)
     saved = getattr(torch, dtype_of(tensors))
@@ -330,7 +330,7 @@ def _write(
     ) as tmp:
         with atomic_path(tmp / WEIGHTS) as path:
             save_tensors(tensors, path, {"format": "pt"}, out / WEIGHTS)
-        with atomic_write(tmp / "config.json", "w") as f:
+        with atomic_write(tmp / HF_CONFIG, "w") as f:
             f.write(json.dumps(config, indent=2, sort_keys=True) + "\n")
         if model.tokenizer is not None:  # the tokenizer travels with the weights, both ways
             for name, text in model.tokenizer.hf_files().items():

@@ -22,6 +22,7 @@ from torch import Tensor
 
 from lmcore.errors import CheckpointError
 from lmcore.model.saving import CHECKSUM, KEYS, checksum
+from lmcore.runfiles import hf_hint
 
 __all__ = [
     "Header",
@@ -89,13 +90,7 @@ def read_header(path: str | os.PathLike[str]) -> Header:
     except FileNotFoundError:
         raise CheckpointError(f"{p}: no such file") from None
     except IsADirectoryError:
-        hint = (
-            "; it holds a config.json: for a Hugging Face model directory run "
-            f"`lmcore convert --from-hf {p} OUT.safetensors`"
-            if (p / "config.json").is_file()
-            else ""
-        )
-        raise CheckpointError(f"{p}: is a directory, not a checkpoint file{hint}") from None
+        raise CheckpointError(f"{p}: is a directory, not a checkpoint file{hf_hint(p)}") from None
     except OSError as e:
         raise CheckpointError(f"{p}: cannot be read: {e.strerror or e}") from None
     if len(head) < 8 or not raw.startswith(b"{"):
