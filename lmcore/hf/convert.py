@@ -26,9 +26,6 @@ from lmcore.atomic import atomic_path, atomic_write
 from lmcore.checkpoint import (
     build_empty,
     build_from_checkpoint,
-    check_dtypes,
-    check_finite,
-    load_strict,
     read_info,
     resolve_checkpoint,
     save,
@@ -41,6 +38,7 @@ from lmcore.locks import new_directory
 from lmcore.model.reading import read_header, read_tensors
 from lmcore.model.saving import dtype_of, save_tensors
 from lmcore.model.transformer import TransformerLM, unwrap
+from lmcore.model.weights import check_dtypes, check_finite, load_strict
 from lmcore.registry import Registry
 from lmcore.runfiles import HF_CONFIG, RUN_FILE
 from lmcore.tokenizer import SavedTokenizer
