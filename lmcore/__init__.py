@@ -20,7 +20,7 @@ from lmcore.version import __version__ as __version__
 
 if TYPE_CHECKING:
     from lmcore.blueprint import Blueprint, parse_spec, resolve
-    from lmcore.checkpoint import load, load_state_dict_file, read_info, save
+    from lmcore.checkpoint import load_state_dict_file, read_info, save
     from lmcore.components import KINDS, REQUIRED, Arg, Component, Preset
     from lmcore.errors import (
         AmbiguousComponentError,
@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from lmcore.hookspecs import hookimpl
     from lmcore.model.transformer import TransformerLM, build_model
     from lmcore.registry import Registry, get_registry, scoped_registry, use_registry
+    from lmcore.sources import load
     from lmcore.spec import ComponentSpec, ModelSpec
     from lmcore.train.config import TrainConfig
 
@@ -47,7 +48,7 @@ _WHERE = {
     "Blueprint": "blueprint",
     "parse_spec": "blueprint",
     "resolve": "blueprint",
-    "load": "checkpoint",
+    "load": "sources",
     "load_state_dict_file": "checkpoint",
     "read_info": "checkpoint",
     "save": "checkpoint",

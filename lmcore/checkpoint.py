@@ -7,10 +7,12 @@
     tiny = lmcore.load_state_dict_file("ts_state_dict.pt", "cs336-tiny")  # CS336 state dicts
 
 A checkpoint is a plain safetensors file (weights only, no pickle) whose string metadata says how
-to rebuild the model (`lmcore.model.saving` writes it and lists the keys). `load` takes the file,
-a checkpoint directory holding `model.safetensors`, or a run directory of `lmcore train` (its
-newest checkpoint, `checkpoints/step-NNNNNN/`): `lmcore.runfiles.find_checkpoint` says which
-file that is.
+to rebuild the model (`lmcore.model.saving` writes it and lists the keys). `lmcore.load`
+(`lmcore.sources`) takes the file, a checkpoint directory holding `model.safetensors`, or a run
+directory of `lmcore train` (its newest checkpoint, `checkpoints/step-NNNNNN/`):
+`lmcore.runfiles.find_checkpoint` says which file that is; this module reads the file
+(`read_info`), resolves its spec (`resolve_checkpoint`) and loads its weights
+(`build_from_checkpoint`, `load_weights`).
 
 Loading re-resolves the spec through the registry. A component whose plugin is missing names the
 distribution to install; one installed at another version loads with a `CheckpointWarning` (an
@@ -25,6 +27,7 @@ import json
 import os
 import pickle
 import re
+import sys
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -68,15 +71,12 @@ __all__ = [
     "check_dtypes",
     "check_finite",
     "find_checkpoint",
-    "is_checkpoint_path",
-    "load",
     "load_state_dict_file",
     "load_weights",
     "read_header",
     "read_info",
     "resolve_checkpoint",
     "save",
-    "spec_or_checkpoint",
     "step_dirs",
     "verify_checksums",
 ]
@@ -291,7 +291,7 @@ def resolve_checkpoint(
             f"{info.path}: {what}. Loading it anyway; if its tensors no longer fit, or to "
             f"reproduce it exactly, {fix}",
             CheckpointWarning,
-            stacklevel=3,
+            stacklevel=_outside_lmcore(),
         )
     try:
         return resolve(_qualified(info.spec, chosen, registry), registry)
@@ -299,6 +299,17 @@ def resolve_checkpoint(
         raise CheckpointError(
             f"{info.path}: its spec no longer resolves with the installed plugins: {e}"
         ) from None
+
+
+def _outside_lmcore() -> int:
+    """The `stacklevel` for a warning issued by this function's caller that names the first line
+    outside lmcore on the way there: the user's call of `lmcore.load`, `train`, ..., however
+    many of lmcore's functions lie between."""
+    root = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    level, frame = 1, sys._getframe(1)
+    while frame.f_back is not None and os.path.abspath(frame.f_code.co_filename).startswith(root):
+        level, frame = level + 1, frame.f_back
+    return level
 
 
 def _and(names: Sequence[str]) -> str:
@@ -362,7 +373,7 @@ def _qualified(spec: str, chosen: Mapping[str, Entry], registry: Registry) -> st
     return ",".join(out)
 
 
-# ------------------------------------------------------------------------------ save
+# ------------------------------------------------------------------------------ save and load
 
 
 def save(
@@ -377,43 +388,10 @@ def save(
 
     `metadata` adds the caller's own string entries (e.g. a trainer's step); names starting with
     "lmcore." and "format" are lmcore's. `tokenizer` (default: the model's own, `model.tokenizer`,
-    which `load` sets) is stored with the weights. Shared parameters (tied embeddings) are stored
-    once. Returns the path written.
+    which `lmcore.load` sets) is stored with the weights. Shared parameters (tied embeddings) are
+    stored once. Returns the path written.
     """
     return unwrap(model).save(path, metadata=metadata, tokenizer=tokenizer)
-
-
-# ------------------------------------------------------------------------------ load
-
-
-def load(
-    path: str | os.PathLike[str],
-    device: torch.device | str | None = None,
-    dtype: torch.dtype | None = None,
-    registry: Registry | None = None,
-    *,
-    verify: bool = True,
-    nonfinite: str = "warn",
-) -> TransformerLM:
-    """Rebuild the model a checkpoint describes and load its weights, strictly and without pickle.
-
-    `path` is a model file, a checkpoint directory or a run directory (`find_checkpoint`).
-    The model is built from the embedded spec through `registry` (default: the one in use) on
-    `device` (default CPU) in `dtype` (default: the dtype it was saved in; giving one converts
-    every tensor to it). Raises `CheckpointError` naming the file and what to do: an unreadable
-    or damaged file, a component whose plugin is not installed, tensors that are missing,
-    unexpected, misshapen or of another kind (integers where the model holds floats), a tie the
-    stored tensors contradict.
-
-    `verify` (default on) first checks each tensor's bytes against the CRC-32 saved with it
-    (`verify_checksums`; about the cost of copying the file once); files saved before lmcore
-    wrote checksums have none to check. `nonfinite`: what a NaN or infinite weight does:
-    "warn" (a `NonFiniteWeightsWarning` naming the tensors), "error" (a `CheckpointError`) or
-    "ignore".
-    """
-    info = read_info(find_checkpoint(path))
-    bp = resolve_checkpoint(info, registry)
-    return build_from_checkpoint(info, bp, device, dtype, verify=verify, nonfinite=nonfinite)
 
 
 def build_from_checkpoint(
@@ -426,9 +404,9 @@ def build_from_checkpoint(
     verify: bool = True,
     nonfinite: str = "warn",
 ) -> TransformerLM:
-    """`load`'s second half, for a caller that has resolved the checkpoint already
+    """`lmcore.load`'s second half, for a caller that has resolved the checkpoint already
     (`resolve_checkpoint`): build `blueprint` and load the checkpoint's weights into it.
-    `max_bytes`: as `build_model`'s size check; `verify`, `nonfinite`: as `load`'s.
+    `max_bytes`: as `build_model`'s size check; `verify`, `nonfinite`: as `lmcore.load`'s.
 
     The parameters are not initialised (`lmcore.model.empty`): the model is built with them on
     the meta device and the checkpoint's tensors, memory-mapped, become them (no copy when
@@ -472,7 +450,7 @@ def load_weights(
     of another kind than the model's (`check_dtypes`; `convert` allows any) and a tie
     (`lmcore.tied`) that the stored tensors or the model contradict. `verify`: check the
     checksums first (`verify_checksums`). Values move to the model's device; a floating tensor
-    is widened to the model's dtype. `nonfinite`: as `load`'s."""
+    is widened to the model's dtype. `nonfinite`: as `lmcore.load`'s."""
     info = source if isinstance(source, CheckpointInfo) else read_info(source)
     if verify:
         verify_checksums(info)
@@ -604,24 +582,3 @@ def _torch_load(p: Path) -> Any:
             f"{p}: is not a readable torch.save file ({first}); lmcore reads CS336 state dicts "
             "written by torch.save, or safetensors files"
         ) from None
-
-
-# ------------------------------------------------------------------------------ the CLI's helper
-
-
-def is_checkpoint_path(text: str) -> bool:
-    """Whether a command-line argument names a checkpoint rather than spelling a spec: it ends in
-    `.safetensors`, or it holds a path separator and no `=` (a spec holds a `/` only inside a
-    quoted value, which needs a `key=`)."""
-    return text.endswith(SUFFIX) or (("/" in text or os.sep in text) and "=" not in text)
-
-
-def spec_or_checkpoint(
-    text: str, registry: Registry | None = None
-) -> tuple[Blueprint, CheckpointInfo | None]:
-    """Resolve a command-line argument that is a spec or a checkpoint path; the checkpoint's
-    info when it is one."""
-    if is_checkpoint_path(text):
-        info = read_info(text)
-        return resolve_checkpoint(info, registry), info
-    return resolve(text, registry), None

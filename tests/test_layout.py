@@ -45,6 +45,7 @@ FLOORS: dict[str, int] = {
     "lmcore.checkpoint": 4,
     "lmcore.hf": 5,
     "lmcore.gguf": 5,
+    "lmcore.sources": 5,  # what a command's model argument names (it reads Hugging Face configs)
     "lmcore.train": 6,
     "lmcore.testing": 6,
     "lmcore.eval": 6,
