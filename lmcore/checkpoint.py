@@ -84,9 +84,6 @@ __all__ = [
 _MAX_NAME: Final = 200  # characters of a name or version lmcore's metadata may hold
 
 
-# ------------------------------------------------------------------------------ the header
-
-
 # ------------------------------------------------------------------------------ lmcore's metadata
 
 
@@ -191,10 +188,10 @@ def read_info(path: str | os.PathLike[str]) -> CheckpointInfo:
         raise bad(KEYS["components"], f"cannot be read ({type(e).__name__}: {e})") from None
     try:
         tied = load_json(meta.get(KEYS["tied"], "{}"))
-        if not isinstance(tied, dict) or not all(isinstance(v, str) for v in tied.values()):
-            raise TypeError("not a mapping of names")
-    except (json.JSONDecodeError, TypeError) as e:
+    except json.JSONDecodeError as e:
         raise bad(KEYS["tied"], f"cannot be read ({e})") from None
+    if not isinstance(tied, dict) or not all(isinstance(v, str) for v in tied.values()):
+        raise bad(KEYS["tied"], "cannot be read (not a mapping of names)")
     missing_stored = sorted(v for v in tied.values() if v not in header.tensors)
     if missing_stored:
         raise bad(

@@ -130,12 +130,12 @@ def _weight_files(directory: Path) -> list[Path]:
         try:
             weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
             shards = sorted(set(weight_map.values()))
-            if not all(isinstance(s, str) for s in shards):
-                raise TypeError("a shard name is not a string")
         except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, AttributeError):
-            raise ConversionError(f"{index}: is not a valid safetensors index") from None
+            shards = None
         except RecursionError:
             raise ConversionError(f"{index}: nests deeper than Python's parser follows") from None
+        if shards is None or not all(isinstance(s, str) for s in shards):
+            raise ConversionError(f"{index}: is not a valid safetensors index")
         files = [_inside(directory, s, index) for s in shards]
         missing = [s for s, f in zip(shards, files, strict=True) if not f.is_file()]
         if missing:

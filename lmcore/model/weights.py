@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from lmcore.errors import CheckpointError, NonFiniteWeightsWarning
+from lmcore.errors import CheckpointError, ConfigError, NonFiniteWeightsWarning
 from lmcore.model.empty import assign
 from lmcore.model.reading import listed
 
@@ -68,7 +68,7 @@ def check_finite(tensors: Mapping[str, Tensor], path: Path, nonfinite: str = "wa
     """Report floating tensors holding NaN or infinite values: `NonFiniteWeightsWarning`
     ("warn"), `CheckpointError` ("error"), nothing ("ignore")."""
     if nonfinite not in ("warn", "error", "ignore"):
-        raise ValueError(f"nonfinite must be 'warn', 'error' or 'ignore', not {nonfinite!r}")
+        raise ConfigError(f"nonfinite must be 'warn', 'error' or 'ignore', not {nonfinite!r}")
     if nonfinite == "ignore":
         return
     bad = []
