@@ -22,7 +22,6 @@ if TYPE_CHECKING:
     from lmcore.blueprint import Blueprint as Blueprint
     from lmcore.blueprint import parse_spec as parse_spec
     from lmcore.blueprint import resolve as resolve
-    from lmcore.checkpoint import load as load
     from lmcore.checkpoint import load_state_dict_file as load_state_dict_file
     from lmcore.checkpoint import read_info as read_info
     from lmcore.checkpoint import save as save
@@ -51,6 +50,7 @@ if TYPE_CHECKING:
     from lmcore.registry import get_registry as get_registry
     from lmcore.registry import scoped_registry as scoped_registry
     from lmcore.registry import use_registry as use_registry
+    from lmcore.sources import load as load
     from lmcore.spec import ComponentSpec as ComponentSpec
     from lmcore.spec import ModelSpec as ModelSpec
     from lmcore.train.config import TrainConfig as TrainConfig

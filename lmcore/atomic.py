@@ -27,6 +27,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
+from lmcore.errors import ConfigError
+
 __all__ = ["atomic_path", "atomic_write", "fsync_directory"]
 
 
@@ -68,7 +70,7 @@ def atomic_write(
     `mode` is "w" or "wb" (optionally with "+"); text mode defaults to UTF-8.
     """
     if not mode.startswith("w") or set(mode) - set("wb+"):
-        raise ValueError(
+        raise ConfigError(
             f"atomic_write writes a whole new file: mode must be 'w' or 'wb', not {mode!r}"
         )
     if "b" not in mode and encoding is None:

@@ -7,15 +7,18 @@
     tiny = lmcore.load_state_dict_file("ts_state_dict.pt", "cs336-tiny")  # CS336 state dicts
 
 A checkpoint is a plain safetensors file (weights only, no pickle) whose string metadata says how
-to rebuild the model (`lmcore.model.saving` writes it and lists the keys). `load` takes the file,
-a checkpoint directory holding `model.safetensors`, or a run directory of `lmcore train` (its
-newest checkpoint, `checkpoints/step-NNNNNN/`): `find_checkpoint` says which file that is.
+to rebuild the model (`lmcore.model.saving` writes it and lists the keys). `lmcore.load`
+(`lmcore.sources`) takes the file, a checkpoint directory holding `model.safetensors`, or a run
+directory of `lmcore train` (its newest checkpoint, `checkpoints/step-NNNNNN/`):
+`lmcore.runfiles.find_checkpoint` says which file that is; this module reads the file
+(`read_info`), resolves its spec (`resolve_checkpoint`) and loads its weights
+(`build_from_checkpoint`, `load_weights`).
 
 Loading re-resolves the spec through the registry. A component whose plugin is missing names the
 distribution to install; one installed at another version loads with a `CheckpointWarning` (an
 error under `LMCORE_STRICT_PLUGINS`). Tensors are checked by name and shape against the rebuilt
-model and every mismatch is listed. The header is parsed here, not by safetensors, so a damaged
-file gets a message that says what is wrong with it.
+model and every mismatch is listed (`lmcore.model.weights`). The header is parsed here, not by
+safetensors, so a damaged file gets a message that says what is wrong with it.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import json
 import os
 import pickle
 import re
+import sys
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -35,19 +39,11 @@ from torch import Tensor, nn
 
 from lmcore.blueprint import Blueprint, resolve
 from lmcore.components import KINDS
-from lmcore.errors import (
-    CheckpointError,
-    CheckpointWarning,
-    NonFiniteWeightsWarning,
-    RegistryError,
-    SpecError,
-    clip,
-)
-from lmcore.model.empty import assign, parameters_on_meta, shared_parameters
+from lmcore.errors import CheckpointError, CheckpointWarning, RegistryError, SpecError, clip
+from lmcore.model.empty import parameters_on_meta, shared_parameters
 from lmcore.model.reading import (
     Header,
     TensorInfo,
-    listed,
     load_json,
     read_header,
     read_tensors,
@@ -56,7 +52,9 @@ from lmcore.model.reading import (
 )
 from lmcore.model.saving import FORMAT_VERSION, KEYS, PREFIX, SUFFIX, dtype_of
 from lmcore.model.transformer import TransformerLM, unwrap
+from lmcore.model.weights import check_dtypes, check_finite, device_of, load_strict
 from lmcore.registry import Entry, Registry, get_registry, normalize_dist
+from lmcore.runfiles import CHECKPOINTS, MODEL_FILE, RUN_FILE, find_checkpoint, step_dirs
 from lmcore.spec import SLOTS, ModelSpec, parse_items
 from lmcore.tokenizer import SavedTokenizer
 
@@ -73,29 +71,17 @@ __all__ = [
     "check_dtypes",
     "check_finite",
     "find_checkpoint",
-    "is_checkpoint_path",
-    "load",
     "load_state_dict_file",
     "load_weights",
     "read_header",
     "read_info",
     "resolve_checkpoint",
     "save",
-    "spec_or_checkpoint",
     "step_dirs",
     "verify_checksums",
 ]
 
-# Where model files sit: a checkpoint directory holds MODEL_FILE; a run directory (marked by
-# RUN_FILE, laid out by `lmcore.train.runs`) holds one checkpoint directory per saved step.
-MODEL_FILE: Final = "model.safetensors"
-RUN_FILE: Final = "run.json"
-CHECKPOINTS: Final = "checkpoints"
-STEP_DIR: Final = re.compile(r"step-(\d+)")
 _MAX_NAME: Final = 200  # characters of a name or version lmcore's metadata may hold
-
-
-# ------------------------------------------------------------------------------ the header
 
 
 # ------------------------------------------------------------------------------ lmcore's metadata
@@ -202,10 +188,10 @@ def read_info(path: str | os.PathLike[str]) -> CheckpointInfo:
         raise bad(KEYS["components"], f"cannot be read ({type(e).__name__}: {e})") from None
     try:
         tied = load_json(meta.get(KEYS["tied"], "{}"))
-        if not isinstance(tied, dict) or not all(isinstance(v, str) for v in tied.values()):
-            raise TypeError("not a mapping of names")
-    except (json.JSONDecodeError, TypeError) as e:
+    except json.JSONDecodeError as e:
         raise bad(KEYS["tied"], f"cannot be read ({e})") from None
+    if not isinstance(tied, dict) or not all(isinstance(v, str) for v in tied.values()):
+        raise bad(KEYS["tied"], "cannot be read (not a mapping of names)")
     missing_stored = sorted(v for v in tied.values() if v not in header.tensors)
     if missing_stored:
         raise bad(
@@ -255,51 +241,6 @@ def _dtype(name: str, path: Path) -> torch.dtype:
     return value
 
 
-# ------------------------------------------------------------------------------ finding
-
-
-def step_dirs(run: str | os.PathLike[str]) -> list[tuple[int, Path]]:
-    """`(step, directory)` of each checkpoint directory in a run's `checkpoints/`, oldest first
-    (hidden directories of interrupted saves are not among them)."""
-    found = []
-    root = Path(run) / CHECKPOINTS
-    if root.is_dir():
-        for d in root.iterdir():
-            m = STEP_DIR.fullmatch(d.name)
-            if m and d.is_dir():
-                found.append((int(m.group(1)), d))
-    return sorted(found)
-
-
-def find_checkpoint(path: str | os.PathLike[str]) -> Path:
-    """The model file that `path` names: the path itself unless it is a directory; a checkpoint
-    directory's `model.safetensors`; a run directory's newest checkpoint's. `CheckpointError`
-    for a directory that is none of these, or a run with no checkpoint yet."""
-    p = Path(path)
-    if not p.is_dir():
-        return p  # a file, or nothing: `read_header` says which
-    if (p / RUN_FILE).is_file():
-        saved = [d / MODEL_FILE for _, d in step_dirs(p) if (d / MODEL_FILE).is_file()]
-        if not saved:
-            raise CheckpointError(
-                f"run {str(p)!r} has no checkpoint yet (it saves every --save-every steps, at "
-                f"the end and when interrupted); resume it: lmcore train --resume {p}"
-            )
-        return saved[-1]
-    if (p / MODEL_FILE).is_file():
-        return p / MODEL_FILE
-    hint = (
-        "; it holds a config.json: for a Hugging Face model directory run "
-        f"`lmcore convert --from-hf {p} OUT.safetensors`"
-        if (p / "config.json").is_file()
-        else ""
-    )
-    raise CheckpointError(
-        f"{str(p)!r} is neither a model file, a checkpoint directory (holding {MODEL_FILE}) nor "
-        f"a run directory (holding {RUN_FILE}){hint}"
-    )
-
-
 # ------------------------------------------------------------------------------ resolving
 
 
@@ -347,7 +288,7 @@ def resolve_checkpoint(
             f"{info.path}: {what}. Loading it anyway; if its tensors no longer fit, or to "
             f"reproduce it exactly, {fix}",
             CheckpointWarning,
-            stacklevel=3,
+            stacklevel=_outside_lmcore(),
         )
     try:
         return resolve(_qualified(info.spec, chosen, registry), registry)
@@ -355,6 +296,17 @@ def resolve_checkpoint(
         raise CheckpointError(
             f"{info.path}: its spec no longer resolves with the installed plugins: {e}"
         ) from None
+
+
+def _outside_lmcore() -> int:
+    """The `stacklevel` for a warning issued by this function's caller that names the first line
+    outside lmcore on the way there: the user's call of `lmcore.load`, `train`, ..., however
+    many of lmcore's functions lie between."""
+    root = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    level, frame = 1, sys._getframe(1)
+    while frame.f_back is not None and os.path.abspath(frame.f_code.co_filename).startswith(root):
+        level, frame = level + 1, frame.f_back
+    return level
 
 
 def _and(names: Sequence[str]) -> str:
@@ -418,7 +370,7 @@ def _qualified(spec: str, chosen: Mapping[str, Entry], registry: Registry) -> st
     return ",".join(out)
 
 
-# ------------------------------------------------------------------------------ save
+# ------------------------------------------------------------------------------ save and load
 
 
 def save(
@@ -433,43 +385,10 @@ def save(
 
     `metadata` adds the caller's own string entries (e.g. a trainer's step); names starting with
     "lmcore." and "format" are lmcore's. `tokenizer` (default: the model's own, `model.tokenizer`,
-    which `load` sets) is stored with the weights. Shared parameters (tied embeddings) are stored
-    once. Returns the path written.
+    which `lmcore.load` sets) is stored with the weights. Shared parameters (tied embeddings) are
+    stored once. Returns the path written.
     """
     return unwrap(model).save(path, metadata=metadata, tokenizer=tokenizer)
-
-
-# ------------------------------------------------------------------------------ load
-
-
-def load(
-    path: str | os.PathLike[str],
-    device: torch.device | str | None = None,
-    dtype: torch.dtype | None = None,
-    registry: Registry | None = None,
-    *,
-    verify: bool = True,
-    nonfinite: str = "warn",
-) -> TransformerLM:
-    """Rebuild the model a checkpoint describes and load its weights, strictly and without pickle.
-
-    `path` is a model file, a checkpoint directory or a run directory (`find_checkpoint`).
-    The model is built from the embedded spec through `registry` (default: the one in use) on
-    `device` (default CPU) in `dtype` (default: the dtype it was saved in; giving one converts
-    every tensor to it). Raises `CheckpointError` naming the file and what to do: an unreadable
-    or damaged file, a component whose plugin is not installed, tensors that are missing,
-    unexpected, misshapen or of another kind (integers where the model holds floats), a tie the
-    stored tensors contradict.
-
-    `verify` (default on) first checks each tensor's bytes against the CRC-32 saved with it
-    (`verify_checksums`; about the cost of copying the file once); files saved before lmcore
-    wrote checksums have none to check. `nonfinite`: what a NaN or infinite weight does:
-    "warn" (a `NonFiniteWeightsWarning` naming the tensors), "error" (a `CheckpointError`) or
-    "ignore".
-    """
-    info = read_info(find_checkpoint(path))
-    bp = resolve_checkpoint(info, registry)
-    return build_from_checkpoint(info, bp, device, dtype, verify=verify, nonfinite=nonfinite)
 
 
 def build_from_checkpoint(
@@ -482,9 +401,9 @@ def build_from_checkpoint(
     verify: bool = True,
     nonfinite: str = "warn",
 ) -> TransformerLM:
-    """`load`'s second half, for a caller that has resolved the checkpoint already
+    """`lmcore.load`'s second half, for a caller that has resolved the checkpoint already
     (`resolve_checkpoint`): build `blueprint` and load the checkpoint's weights into it.
-    `max_bytes`: as `build_model`'s size check; `verify`, `nonfinite`: as `load`'s.
+    `max_bytes`: as `build_model`'s size check; `verify`, `nonfinite`: as `lmcore.load`'s.
 
     The parameters are not initialised (`lmcore.model.empty`): the model is built with them on
     the meta device and the checkpoint's tensors, memory-mapped, become them (no copy when
@@ -528,13 +447,13 @@ def load_weights(
     of another kind than the model's (`check_dtypes`; `convert` allows any) and a tie
     (`lmcore.tied`) that the stored tensors or the model contradict. `verify`: check the
     checksums first (`verify_checksums`). Values move to the model's device; a floating tensor
-    is widened to the model's dtype. `nonfinite`: as `load`'s."""
+    is widened to the model's dtype. `nonfinite`: as `lmcore.load`'s."""
     info = source if isinstance(source, CheckpointInfo) else read_info(source)
     if verify:
         verify_checksums(info)
     lm = unwrap(model)
     expected = lm.state_dict()
-    device = _device(lm)
+    device = device_of(lm)
     tensors = read_tensors(info.path, device)
     _apply_ties(info, tensors, expected, shared_parameters(lm))
     if not convert:
@@ -547,15 +466,6 @@ def load_weights(
     )
     load_strict(lm, tensors, info.path, what)
     check_finite(tensors, info.path, nonfinite)
-
-
-def _device(model: nn.Module) -> torch.device:
-    """Where a model's weights go: its parameters' device, or its buffers' when the parameters
-    are on meta awaiting their tensors (`build_empty`)."""
-    tensors = [*model.parameters(), *model.buffers()]
-    real = next((t.device for t in tensors if not t.is_meta), None)
-    built = getattr(model, "build_device", None)
-    return real or (built if isinstance(built, torch.device) else torch.device("cpu"))
 
 
 def _apply_ties(
@@ -589,106 +499,6 @@ def _apply_ties(
             )
         else:
             tensors[alias] = tensors[stored]
-
-
-def check_dtypes(
-    tensors: Mapping[str, Tensor],
-    expected: Mapping[str, Tensor],
-    path: Path,
-    error: type[CheckpointError] = CheckpointError,
-) -> None:
-    """`CheckpointError` naming each tensor whose dtype would change in a way that loses
-    something: integers, booleans or complex numbers into floats, or a float narrowed (float32
-    into bfloat16). Widening a float (bfloat16 into float32) is exact and allowed."""
-    changed = []
-    for name, t in tensors.items():
-        want = expected.get(name)
-        if want is None or t.dtype == want.dtype:
-            continue
-        exact = (
-            t.is_floating_point()
-            and want.is_floating_point()
-            and torch.promote_types(t.dtype, want.dtype) == want.dtype
-            and t.element_size() < want.element_size()
-        )
-        if not exact:
-            changed.append(f"{name} ({_short(t.dtype)}, model {_short(want.dtype)})")
-    if changed:
-        raise error(
-            f"{path}: tensors of another dtype than the model's, which loading would convert "
-            f"without asking: {listed(changed)}; lmcore never changes a dtype silently: load "
-            "with dtype= (--dtype) to convert every tensor, or fix the file"
-        )
-
-
-def check_finite(tensors: Mapping[str, Tensor], path: Path, nonfinite: str = "warn") -> None:
-    """Report floating tensors holding NaN or infinite values: `NonFiniteWeightsWarning`
-    ("warn"), `CheckpointError` ("error"), nothing ("ignore")."""
-    if nonfinite not in ("warn", "error", "ignore"):
-        raise ValueError(f"nonfinite must be 'warn', 'error' or 'ignore', not {nonfinite!r}")
-    if nonfinite == "ignore":
-        return
-    bad = []
-    for name, t in tensors.items():
-        # A finite sum means every value is finite (NaN and inf propagate), and costs no
-        # temporaries as large as the tensor; only a sum that is not (an overflow, or a true
-        # NaN/inf) is looked at element by element.
-        if (
-            t.is_floating_point()
-            and not bool(torch.isfinite(t.sum()))
-            and not bool(torch.isfinite(t).all())
-        ):
-            nan = int(torch.isnan(t).sum())
-            inf = int(torch.isinf(t).sum())
-            counts = ", ".join(f"{n:,} {w}" for n, w in ((nan, "NaN"), (inf, "inf")) if n)
-            bad.append(f"{name} ({counts})")
-    if not bad:
-        return
-    message = (
-        f"{path}: holds weights that are not finite: {listed(bad)}; the model's outputs will "
-        "not be finite either (a run that diverged? a damaged file?)"
-    )
-    if nonfinite == "error":
-        raise CheckpointError(message)
-    warnings.warn(message, NonFiniteWeightsWarning, stacklevel=4)
-
-
-def _short(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
-def load_strict(model: nn.Module, tensors: Mapping[str, Tensor], path: Path, what: str) -> None:
-    """`model.load_state_dict(tensors, strict=True)`, after a check that lists every missing,
-    unexpected and misshapen tensor in one `CheckpointError` about `path` and `what` it feeds.
-    A model whose parameters wait on the meta device (`build_empty`) gets the tensors
-    themselves (`lmcore.model.empty.assign`, moved to its device and dtype)."""
-    expected = model.state_dict()
-    missing = [k for k in expected if k not in tensors]
-    unexpected = [k for k in tensors if k not in expected]
-    misshapen = [
-        f"{k} (file {tuple(tensors[k].shape)}, model {tuple(expected[k].shape)})"
-        for k in expected
-        if k in tensors and tensors[k].shape != expected[k].shape
-    ]
-    problems = [
-        f"{label} ({len(names)}): {listed(names)}"
-        for label, names in (
-            ("missing", missing),
-            ("unexpected", unexpected),
-            ("wrong shape", misshapen),
-        )
-        if names
-    ]
-    if problems:
-        raise CheckpointError(
-            f"{path}: its tensors do not fit {what}: " + "; ".join(problems) + ". The file was "
-            "changed after it was saved, or a plugin's parameters changed between versions "
-            "(`lmcore describe` on the file shows the versions that saved it)"
-        )
-    if any(p.is_meta for p in model.parameters()):
-        assign(model, tensors, _device(model))
-    else:
-        model.load_state_dict(tensors, strict=True)
 
 
 # ------------------------------------------------------------------------------ CS336 state dicts
@@ -769,24 +579,3 @@ def _torch_load(p: Path) -> Any:
             f"{p}: is not a readable torch.save file ({first}); lmcore reads CS336 state dicts "
             "written by torch.save, or safetensors files"
         ) from None
-
-
-# ------------------------------------------------------------------------------ the CLI's helper
-
-
-def is_checkpoint_path(text: str) -> bool:
-    """Whether a command-line argument names a checkpoint rather than spelling a spec: it ends in
-    `.safetensors`, or it holds a path separator and no `=` (a spec holds a `/` only inside a
-    quoted value, which needs a `key=`)."""
-    return text.endswith(SUFFIX) or (("/" in text or os.sep in text) and "=" not in text)
-
-
-def spec_or_checkpoint(
-    text: str, registry: Registry | None = None
-) -> tuple[Blueprint, CheckpointInfo | None]:
-    """Resolve a command-line argument that is a spec or a checkpoint path; the checkpoint's
-    info when it is one."""
-    if is_checkpoint_path(text):
-        info = read_info(text)
-        return resolve_checkpoint(info, registry), info
-    return resolve(text, registry), None

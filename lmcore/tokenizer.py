@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from lmcore.errors import CheckpointError, GenerationError
+from lmcore.runfiles import TOKENIZER_FILE
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -42,7 +43,6 @@ __all__ = [
 
 METADATA_KEY: Final = "lmcore.tokenizer"  # tokenizer.json, as text
 CONFIG_KEY: Final = "lmcore.tokenizer_config"  # JSON: ids, chat template, add_bos_token
-TOKENIZER_FILE: Final = "tokenizer.json"
 # Spellings of end-of-text and end-of-turn tokens across model families (llama.cpp ends
 # generation at the same ones): a special token spelled so stops generation.
 END_TOKENS: Final = (

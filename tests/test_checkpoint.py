@@ -22,15 +22,9 @@ from safetensors.torch import load_file, save_file
 
 import lmcore
 from lmcore import CheckpointError, CheckpointWarning, Registry, build_model
-from lmcore.checkpoint import (
-    find_checkpoint,
-    is_checkpoint_path,
-    load_weights,
-    read_header,
-    read_info,
-    resolve_checkpoint,
-)
+from lmcore.checkpoint import load_weights, read_header, read_info, resolve_checkpoint
 from lmcore.model.saving import FORMAT_VERSION, checksums_json
+from lmcore.runfiles import find_checkpoint
 
 SMALL = "vocab_size=97, context_length=16, d_model=32, num_layers=2, num_heads=4, d_ff=64"
 
@@ -250,12 +244,6 @@ def test_load_takes_a_checkpoint_directory_or_a_run_directory(tmp_path: Path) ->
         r"directory run `lmcore convert --from-hf .*hf OUT.safetensors`",
     ):
         lmcore.load(hf)
-
-
-def test_checkpoint_paths_are_told_from_specs() -> None:
-    assert is_checkpoint_path("m.safetensors") and is_checkpoint_path("runs/step-100")
-    assert not is_checkpoint_path("tinystories, pos=nope") and not is_checkpoint_path("gpt2-xl")
-    assert not is_checkpoint_path('cs336-tiny, norm=mine(table="data/gains.txt")')
 
 
 # ------------------------------------------------------------------ save's own errors

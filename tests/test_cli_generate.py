@@ -14,7 +14,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 import lmcore
 from lmcore.cli.main import main
 from lmcore.model.generate import GREEDY, Sampling
-from lmcore.train.runs import CHECKPOINT_FILES, MODEL_FILE, RUN_FORMAT, RUN_VERSION, TOKENIZER_FILE
+from lmcore.runfiles import CHECKPOINT_FILES, MODEL_FILE, RUN_FORMAT, RUN_VERSION, TOKENIZER_FILE
 
 SPEC = "vocab_size=300, context_length=32, d_model=32, num_layers=2, num_heads=4, d_ff=64"
 EOT = "<|endoftext|>"

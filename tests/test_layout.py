@@ -32,6 +32,7 @@ FLOORS: dict[str, int] = {
     "lmcore.jsonfile": 0,
     "lmcore.lazy": 0,
     "lmcore.locks": 0,
+    "lmcore.runfiles": 0,  # file names and paths: where runs, checkpoints and tokenizers lie
     "lmcore.version": 0,
     "lmcore.spec": 1,
     "lmcore.syntax": 1,
@@ -48,6 +49,7 @@ FLOORS: dict[str, int] = {
     "lmcore.checkpoint": 4,
     "lmcore.hf": 5,
     "lmcore.gguf": 5,
+    "lmcore.sources": 5,  # what a command's model argument names (it reads Hugging Face configs)
     "lmcore.train": 6,
     "lmcore.testing": 6,
     "lmcore.eval": 6,

@@ -47,21 +47,19 @@ def add_parser(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from lmcore.checkpoint import build_from_checkpoint, save
+    from lmcore.checkpoint import save
     from lmcore.model.inputs import check_device
     from lmcore.model.transformer import build_model
 
-    bp, info = source(args)
-    dtype = torch_dtype(args, info)
+    src = source(args)
+    dtype = torch_dtype(args, src.info)
     device = check_device(args.device)
-    if info is not None and device.type != "meta":
+    if src.info is not None and device.type != "meta":
         with checkpoint_warnings(args.command):
-            model = build_from_checkpoint(
-                info, bp, device=device, dtype=dtype, max_bytes=args.max_bytes
-            )
-    else:
+            model = src.model(device, dtype, args.max_bytes)  # the checkpoint's weights
+    else:  # seeded weights (a checkpoint's structure alone on meta)
         torch.manual_seed(args.seed)
-        model = build_model(bp, device=device, dtype=dtype, max_bytes=args.max_bytes)
+        model = build_model(src.blueprint, device=device, dtype=dtype, max_bytes=args.max_bytes)
     n = sum(p.numel() for p in model.parameters())
     print(model.spec)
     print(f"parameters: {n:,}")

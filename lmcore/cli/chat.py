@@ -139,28 +139,30 @@ class Conversation:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lmcore.cli.generate import model_path
-    from lmcore.eval.loading import load_model
+    from lmcore.model.inputs import resolve_device
+    from lmcore.sources import locate
 
-    path = model_path(args.model)
-    if path is None:
+    where = locate(args.model, directories=True)
+    if where.kind != "checkpoint":
         raise UsageError(f"MODEL {args.model!r} is not a checkpoint (a .safetensors file or dir)")
     import torch
 
     dtype = None if args.dtype is None else getattr(torch, args.dtype)
     with checkpoint_warnings(args.command):
-        model, info = load_model(path, device=args.device, dtype=dtype)
+        src = where.open()
+        model = src.model(resolve_device(args.device), dtype)
+    model.eval()
     saved = model.tokenizer
     if saved is None or saved.chat_template is None:
         raise UsageError(
-            f"{info.path} stores no chat template; lmcore chat needs a checkpoint converted "
+            f"{src.path} stores no chat template; lmcore chat needs a checkpoint converted "
             "from a GGUF file or a Hugging Face directory with one (lmcore generate --prompt "
             "works with any)"
         )
     from lmcore.model.generate import Sampling
 
     chat = Conversation(model, saved, saved.tokenizer(), system=args.system)
-    say(f"lmcore chat: {info.path} ({model.spec.context_length} tokens of context); "
+    say(f"lmcore chat: {src.path} ({model.spec.context_length} tokens of context); "
         f"{COMMANDS_HELP}")  # fmt: skip
     interactive = sys.stdin.isatty()
 

@@ -17,8 +17,8 @@ from lmcore.train.options import positive as positive
 from lmcore.train.options import seed_value as seed_value
 
 if TYPE_CHECKING:
-    from lmcore.blueprint import Blueprint
     from lmcore.checkpoint import CheckpointInfo
+    from lmcore.sources import Location, Source
 
 
 class UsageError(LmcoreError, ValueError):
@@ -47,23 +47,22 @@ OR_CHECKPOINT = (
 DTYPE_HELP = "default: float32, or a checkpoint's own dtype"
 
 
-def source(args: argparse.Namespace) -> tuple[Blueprint, CheckpointInfo | None]:
-    """The blueprint of a command's SPEC argument, a spec string or a checkpoint path (with the
-    checkpoint's info), or a Hugging Face model directory or config.json: the spec its config
-    gives (the architecture only; `lmcore convert --from-hf` brings the weights)."""
-    from pathlib import Path
+def source(args: argparse.Namespace) -> Source:
+    """The model of a command's SPEC argument: a spec string, a checkpoint file (with its
+    info), or a Hugging Face model directory or config.json (the architecture only; `lmcore
+    convert --from-hf` brings the weights), read and resolved (`lmcore.sources.locate`)."""
+    from lmcore.sources import locate
 
-    from lmcore.checkpoint import spec_or_checkpoint
+    return opened(args, locate(args.spec))
 
-    text = args.spec
-    if isinstance(text, str) and (text.endswith(".json") or Path(text).is_dir()):
-        from lmcore.blueprint import resolve
-        from lmcore.hf.convert import config_path, hf_reading
 
-        if config_path(text) is not None:
-            return resolve(hf_reading(text).spec), None
+def opened(args: argparse.Namespace, where: Location) -> Source:
+    """`where.open()`, a checkpoint's (or a spec's plugins') warnings printed as the command's
+    (`checkpoint_warnings`); a Hugging Face config's show as they come."""
+    if where.kind == "hf":
+        return where.open()
     with checkpoint_warnings(args.command):
-        return spec_or_checkpoint(text)
+        return where.open()
 
 
 @contextlib.contextmanager

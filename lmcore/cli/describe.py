@@ -55,10 +55,11 @@ def run(args: argparse.Namespace) -> int:
 
     from lmcore.describe import describe
 
-    bp, info = source(args)
-    check_seq(args, bp.spec.context_length)
+    src = source(args)
+    info = src.info
+    check_seq(args, src.blueprint.spec.context_length)
     found = describe(
-        bp,
+        src.blueprint,
         batch=args.batch,
         seq_len=args.seq,
         dtype=torch_dtype(args, info),

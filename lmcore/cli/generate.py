@@ -16,15 +16,15 @@ from lmcore.cli.common import (
     OR_CHECKPOINT,
     UsageError,
     checkpoint_warnings,
+    opened,
     positive,
     say,
     seed_value,
-    source,
     torch_dtype,
 )
 
 if TYPE_CHECKING:
-    from lmcore.checkpoint import CheckpointInfo
+    from lmcore.sources import Source
 
 
 def add_parser(sub: Any) -> None:
@@ -137,57 +137,33 @@ def chat_messages(user: str, system: str | None = None) -> list[dict[str, str]]:
     return [*head, {"role": "user", "content": user}]
 
 
-def model_path(text: str) -> Path | None:
-    """The model file a SPEC|CHECKPOINT argument names: a model file, a checkpoint directory or a
-    run directory (its newest checkpoint; `lmcore.checkpoint.find_checkpoint`); None for a
-    spec."""
-    from lmcore.checkpoint import find_checkpoint, is_checkpoint_path
-
-    p = Path(text)
-    return find_checkpoint(p) if p.is_dir() or is_checkpoint_path(text) else None
-
-
-def _tokenizer(args: argparse.Namespace, info: CheckpointInfo | None) -> Any:
-    """The tokenizer to use: --tokenizer, else the one found for the checkpoint
-    (`lmcore.train.runs.find_tokenizer`); None when the prompt is ids and none is found (ids
-    are then printed)."""
-    from tokenizers import Tokenizer
-
-    from lmcore.train.runs import TOKENIZER_FILE, TokenizerSearch, find_tokenizer
+def _tokenizer(args: argparse.Namespace, src: Source) -> Any:
+    """The tokenizer to use: --tokenizer, else the checkpoint's own, else the one found for it
+    (`Source.tokenizer_search`); None when the prompt is ids and none is found (ids are then
+    printed)."""
+    from lmcore.runfiles import TokenizerSearch
+    from lmcore.sources import read_tokenizer
 
     if args.tokenizer is not None:
         given = Path(args.tokenizer)
         if not given.is_file():
             raise UsageError(f"--tokenizer {args.tokenizer!r} does not exist")
         search = TokenizerSearch(given, (given,))
-    elif info is not None and info.tokenizer is not None:
-        return info.tokenizer.tokenizer()  # saved with the model
-    elif info is not None:
-        search = find_tokenizer(info.path, info)
+    elif src.saved_tokenizer is not None:
+        return src.saved_tokenizer.tokenizer()  # saved with the model
     else:
-        search = TokenizerSearch(None, ())
+        search = src.tokenizer_search()
     if search.found is None:
         if args.prompt is None and args.chat is None:
             return None
-        where = (
-            f"looked for {TOKENIZER_FILE} in {', '.join(str(p.parent) for p in search.places)}"
-            if search.places
-            else "a spec has no tokenizer"
-        )
-        if search.problem is not None:
-            where += f"; the run's data directory is unknown: {search.problem}"
+        where = search.looked() if search.places else "a spec has no tokenizer"
         raise UsageError(
             f"{'--chat' if args.prompt is None else '--prompt'} needs a tokenizer, but none was "
-            f"found for {args.spec!r} ({where}); "
+            f"found for {args.spec!r} ({where}{search.unknown()}); "
             "pass --tokenizer PATH (e.g. the tokenizer.json lmcore data prepare wrote), or give "
             "token ids with --prompt-ids 1,2,3"
         )
-    try:
-        return Tokenizer.from_file(str(search.found))
-    except Exception as e:  # tokenizers raises a bare Exception for unparsable files
-        raise UsageError(
-            f"{str(search.found)!r} is not a Hugging Face tokenizer.json ({e})"
-        ) from None
+    return read_tokenizer(search.found, UsageError)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -195,23 +171,20 @@ def run(args: argparse.Namespace) -> int:
 
     import torch
 
-    from lmcore.checkpoint import build_from_checkpoint, read_info, resolve_checkpoint
     from lmcore.model.inputs import resolve_device
-    from lmcore.model.transformer import build_model
+    from lmcore.sources import locate
 
-    path = model_path(args.spec)
+    where = locate(args.spec, directories=True)  # a checkpoint, its directory or run, or a spec
     device = resolve_device(args.device)
-    info = None
-    if path is not None:
+    if where.kind == "checkpoint":
         with checkpoint_warnings(args.command):
-            info = read_info(path)
-            bp = resolve_checkpoint(info)
-            model = build_from_checkpoint(info, bp, device=device, dtype=torch_dtype(args, info))
+            src = where.open()
+            model = src.model(device, torch_dtype(args, src.info))
     else:
-        bp, _ = source(args)
+        src = opened(args, where)
         torch.manual_seed(args.seed or 0)
-        model = build_model(bp, device=device, dtype=torch_dtype(args, None))
-    tok = _tokenizer(args, info)
+        model = src.model(device, torch_dtype(args, None))
+    tok = _tokenizer(args, src)
     saved = model.tokenizer if args.tokenizer is None else None
     vocab = model.spec.vocab_size
     if args.system is not None and args.chat is None:

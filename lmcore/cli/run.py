@@ -62,18 +62,17 @@ def run(args: argparse.Namespace) -> int:
 
     from lmcore.train.smoke import ProgressBar, run_steps
 
-    bp, info = source(args)
-    check_seq(args, bp.spec.context_length)
+    src = source(args)
+    check_seq(args, src.blueprint.spec.context_length)
     result = run_steps(
-        bp,
+        src,
         steps=args.steps,
         batch=args.batch,
         seq_len=args.seq,
         device=args.device,
-        dtype=torch_dtype(args, info),
+        dtype=torch_dtype(args, src.info),
         seed=args.seed,
         progress=ProgressBar(sys.stderr),
-        weights=info,
         max_bytes=args.max_bytes,
     )
     print("\n".join(run_lines(result)))

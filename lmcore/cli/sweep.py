@@ -187,7 +187,7 @@ def definition(args: argparse.Namespace) -> tuple[Any, str | None]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lmcore.checkpoint import is_checkpoint_path
+    from lmcore.sources import is_checkpoint_path
     from lmcore.train.summary import ranked_summaries, summary_markdown
     from lmcore.train.sweep import sweep
     from lmcore.train.sweepfile import train_config

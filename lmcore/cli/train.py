@@ -114,6 +114,5 @@ def _train(args: argparse.Namespace, parallel: Any) -> int:
             f"{args.spec!r}: --data names prepared data (lmcore data prepare), --out the new "
             "run directory"
         )
-    bp, info = source(args)
-    result = train(bp, args.data, args.out, train_config(args), init=info, parallel=parallel)
+    result = train(source(args), args.data, args.out, train_config(args), parallel=parallel)
     return exit_code(result.status, result.reason)

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from lmcore.errors import DataError
 from lmcore.jsonfile import read_versioned
+from lmcore.runfiles import TOKENIZER_FILE
 
 if TYPE_CHECKING:
     import numpy as np
@@ -26,7 +27,6 @@ VERSION = 1
 EOT = "<|endoftext|>"  # the end-of-text token: CS336's and GPT-2's spelling
 SPLITS = ("train", "val")
 META_FILE = "meta.json"
-TOKENIZER_FILE = "tokenizer.json"
 DATA_FILES = (*(f"{s}.bin" for s in SPLITS), TOKENIZER_FILE, META_FILE)
 BYTES = 256  # a byte-level BPE starts from every byte value
 MIN_VOCAB = BYTES + 1  # ... plus <|endoftext|>

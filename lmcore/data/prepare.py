@@ -50,7 +50,6 @@ from lmcore.data.meta import (
     META_FILE,
     MIN_VOCAB,
     SPLITS,
-    TOKENIZER_FILE,
     DataMeta,
     SourceInfo,
     SplitInfo,
@@ -69,6 +68,7 @@ from lmcore.data.sources import (
 )
 from lmcore.errors import DataError
 from lmcore.locks import new_directory
+from lmcore.runfiles import TOKENIZER_FILE
 from lmcore.version import versions
 
 if TYPE_CHECKING:

@@ -4,7 +4,7 @@
     tokenizer, where = load_tokenizer(info)            # beside it, in its run, in its data
 
 `MODEL` is a model file, a checkpoint directory or a run directory (its newest checkpoint:
-`lmcore.checkpoint.find_checkpoint`); the tokenizer is the one `lmcore.train.runs.find_tokenizer`
+`lmcore.sources.open_checkpoint`); the tokenizer is the one `lmcore.runfiles.find_tokenizer`
 finds for it, unless one is given.
 """
 
@@ -14,21 +14,16 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from lmcore.checkpoint import (
-    CheckpointInfo,
-    build_from_checkpoint,
-    find_checkpoint,
-    read_info,
-    resolve_checkpoint,
-)
 from lmcore.errors import EvalError
 from lmcore.model.inputs import resolve_device
-from lmcore.train.runs import TOKENIZER_FILE, find_tokenizer
+from lmcore.runfiles import find_tokenizer
+from lmcore.sources import open_checkpoint, read_tokenizer
 
 if TYPE_CHECKING:
     import torch
     from tokenizers import Tokenizer
 
+    from lmcore.checkpoint import CheckpointInfo
     from lmcore.model.transformer import TransformerLM
     from lmcore.registry import Registry
 
@@ -44,11 +39,11 @@ def load_model(
 ) -> tuple[TransformerLM, CheckpointInfo]:
     """The model that `path` names, in eval mode on `device` (auto: cuda if available), in
     `dtype` (default: the checkpoint's own), and the checkpoint's info."""
-    info = read_info(find_checkpoint(path))
-    bp = resolve_checkpoint(info, registry)
-    model = build_from_checkpoint(info, bp, device=resolve_device(device), dtype=dtype)
+    source = open_checkpoint(path, registry=registry)
+    model = source.model(resolve_device(device), dtype)
     model.eval()
-    return model, info
+    assert source.info is not None  # a checkpoint's source has its info
+    return model, source.info
 
 
 def load_tokenizer(
@@ -58,8 +53,6 @@ def load_tokenizer(
     with it), else the one found beside the model file, up to its run directory, or in the
     data directory its run names; and where it was. `EvalError` naming every place looked in
     when there is none."""
-    from tokenizers import Tokenizer
-
     if tokenizer is None and info.tokenizer is not None:
         return info.tokenizer.tokenizer(), info.path  # the checkpoint's own
     if tokenizer is not None:
@@ -67,23 +60,14 @@ def load_tokenizer(
         if not found.is_file():
             raise EvalError(f"tokenizer {str(found)!r} does not exist; give a tokenizer.json")
     else:
-        search = find_tokenizer(info.path, info)
+        search = find_tokenizer(info.path, info.metadata)
         if search.found is None:
-            where = ", ".join(str(p.parent) for p in search.places)
-            problem = f"; the run's data directory is unknown: {search.problem}" * bool(
-                search.problem
-            )
             raise EvalError(
-                f"no tokenizer found for {str(info.path)!r} (looked for {TOKENIZER_FILE} in "
-                f"{where}){problem}; pass --tokenizer PATH (e.g. the tokenizer.json lmcore data "
-                "prepare wrote)"
+                f"no tokenizer found for {str(info.path)!r} ({search.looked()}){search.unknown()}"
+                "; pass --tokenizer PATH (e.g. the tokenizer.json lmcore data prepare wrote)"
             )
         found = search.found
-    try:
-        tok = Tokenizer.from_file(str(found))
-    except Exception as e:  # tokenizers raises a bare Exception for unparsable files
-        raise EvalError(f"{str(found)!r} is not a Hugging Face tokenizer.json ({e})") from None
-    return tok, found
+    return read_tokenizer(found, EvalError), found
 
 
 def check_vocab(tokenizer: Tokenizer, vocab_size: int, where: Path) -> None:

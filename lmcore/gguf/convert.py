@@ -23,7 +23,7 @@ from typing import Final
 
 import torch
 
-from lmcore.checkpoint import build_empty, check_finite, load, load_strict, save
+from lmcore.checkpoint import build_empty, save
 from lmcore.errors import ConversionError
 from lmcore.gguf.architectures import (
     architecture,
@@ -37,7 +37,9 @@ from lmcore.gguf.tokenizer import from_gguf_metadata
 from lmcore.gguf.writing import write_gguf
 from lmcore.hf.weights import from_hf_state_dict
 from lmcore.model.transformer import TransformerLM, unwrap
+from lmcore.model.weights import check_finite, load_strict
 from lmcore.registry import Registry
+from lmcore.sources import load
 
 __all__ = ["METADATA_KEY", "convert_from_gguf", "convert_to_gguf", "load_gguf", "save_gguf"]
 

@@ -109,4 +109,6 @@ def _add(writer: Any, key: str, value: Any) -> None:
     elif isinstance(value, list):
         writer.add_array(key, value)
     else:  # pragma: no cover - the tables hold these types only
-        raise TypeError(f"{key}: {type(value).__name__}")
+        raise ConversionError(
+            f"GGUF metadata {key}: a {type(value).__name__}, not a bool, int, float, str or list"
+        )

@@ -24,12 +24,8 @@ from torch import Tensor, nn
 
 from lmcore.atomic import atomic_path, atomic_write
 from lmcore.checkpoint import (
-    RUN_FILE,
     build_empty,
     build_from_checkpoint,
-    check_dtypes,
-    check_finite,
-    load_strict,
     read_info,
     resolve_checkpoint,
     save,
@@ -42,7 +38,9 @@ from lmcore.locks import new_directory
 from lmcore.model.reading import read_header, read_tensors
 from lmcore.model.saving import dtype_of, save_tensors
 from lmcore.model.transformer import TransformerLM, unwrap
+from lmcore.model.weights import check_dtypes, check_finite, load_strict
 from lmcore.registry import Registry
+from lmcore.runfiles import HF_CONFIG, RUN_FILE
 from lmcore.tokenizer import SavedTokenizer
 
 __all__ = [
@@ -73,8 +71,8 @@ def config_path(path: str | os.PathLike[str]) -> Path | None:
     config.json (and no lmcore run), or a `.json` file. None otherwise (a spec, a checkpoint)."""
     p = Path(path)
     try:
-        if p.is_dir() and (p / "config.json").is_file() and not (p / RUN_FILE).is_file():
-            return p / "config.json"
+        if p.is_dir() and (p / HF_CONFIG).is_file() and not (p / RUN_FILE).is_file():
+            return p / HF_CONFIG
         if p.suffix == ".json" and p.is_file():
             return p
     except OSError:
@@ -96,12 +94,12 @@ def hf_reading(path: str | os.PathLike[str], *, ignore: Iterable[str] = ()) -> R
     """What the config.json of a model directory (or the `.json` file `path`) says in lmcore's
     terms (`lmcore.hf.family.read_config`): the spec, its family, the kept fields, notes."""
     p = Path(path)
-    where = p / "config.json" if p.is_dir() else p
+    where = p / HF_CONFIG if p.is_dir() else p
     return read_config(hf_config(p), str(where), ignore=ignore)
 
 
 def _read_config(directory: Path) -> dict[str, Any]:
-    path = directory / "config.json"
+    path = directory / HF_CONFIG
     if not directory.is_dir():
         raise ConversionError(f"{directory}: is not a directory (a Hugging Face model directory)")
     if not path.is_file():
@@ -132,12 +130,12 @@ def _weight_files(directory: Path) -> list[Path]:
         try:
             weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
             shards = sorted(set(weight_map.values()))
-            if not all(isinstance(s, str) for s in shards):
-                raise TypeError("a shard name is not a string")
         except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, AttributeError):
-            raise ConversionError(f"{index}: is not a valid safetensors index") from None
+            shards = None
         except RecursionError:
             raise ConversionError(f"{index}: nests deeper than Python's parser follows") from None
+        if shards is None or not all(isinstance(s, str) for s in shards):
+            raise ConversionError(f"{index}: is not a valid safetensors index")
         files = [_inside(directory, s, index) for s in shards]
         missing = [s for s, f in zip(shards, files, strict=True) if not f.is_file()]
         if missing:
@@ -197,7 +195,7 @@ def _load(
     ignore: Iterable[str],
 ) -> tuple[TransformerLM, dict[str, Any]]:
     config = _read_config(directory)
-    reading = read_config(config, str(directory / "config.json"), ignore=ignore)
+    reading = read_config(config, str(directory / HF_CONFIG), ignore=ignore)
     where = torch.device(device) if device is not None else torch.device("cpu")
     tensors = _read_weights(directory, where)
     saved = getattr(torch, dtype_of(tensors))
@@ -330,7 +328,7 @@ def _write(
     ) as tmp:
         with atomic_path(tmp / WEIGHTS) as path:
             save_tensors(tensors, path, {"format": "pt"}, out / WEIGHTS)
-        with atomic_write(tmp / "config.json", "w") as f:
+        with atomic_write(tmp / HF_CONFIG, "w") as f:
             f.write(json.dumps(config, indent=2, sort_keys=True) + "\n")
         if model.tokenizer is not None:  # the tokenizer travels with the weights, both ways
             for name, text in model.tokenizer.hf_files().items():

@@ -244,7 +244,7 @@ def account(
 ) -> Accounting:
     """Count parameters, forward FLOPs and activations from the declarations alone; `seq_len`
     defaults to the context length."""
-    bp = resolve(spec, registry)
+    bp = spec if isinstance(spec, Blueprint) and registry is None else resolve(spec, registry)
     spec = bp.spec
     seq = spec.context_length if seq_len is None else seq_len
     _check_shape(spec, batch, seq)

@@ -22,6 +22,7 @@ from torch import Tensor
 
 from lmcore.errors import CheckpointError
 from lmcore.model.saving import CHECKSUM, KEYS, checksum
+from lmcore.runfiles import hf_hint
 
 __all__ = [
     "Header",
@@ -89,13 +90,7 @@ def read_header(path: str | os.PathLike[str]) -> Header:
     except FileNotFoundError:
         raise CheckpointError(f"{p}: no such file") from None
     except IsADirectoryError:
-        hint = (
-            "; it holds a config.json: for a Hugging Face model directory run "
-            f"`lmcore convert --from-hf {p} OUT.safetensors`"
-            if (p / "config.json").is_file()
-            else ""
-        )
-        raise CheckpointError(f"{p}: is a directory, not a checkpoint file{hint}") from None
+        raise CheckpointError(f"{p}: is a directory, not a checkpoint file{hf_hint(p)}") from None
     except OSError as e:
         raise CheckpointError(f"{p}: cannot be read: {e.strerror or e}") from None
     if len(head) < 8 or not raw.startswith(b"{"):
@@ -200,16 +195,22 @@ def read_checksums(path: Path, metadata: Mapping[str, str]) -> Mapping[str, str]
     try:
         parsed = load_json(raw)
         table = parsed["tensors"]
-        if parsed.get("algorithm") != CHECKSUM or not all(
+        strings = parsed.get("algorithm") == CHECKSUM and all(
             isinstance(k, str) and isinstance(v, str) for k, v in table.items()
-        ):
-            raise TypeError(f"not a {CHECKSUM} table of strings")
+        )
     except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
-        raise CheckpointError(
-            f"{path}: has damaged lmcore metadata: {KEYS['checksums']} cannot be read "
-            f"({type(e).__name__}: {e}); the file was edited or damaged after lmcore saved it"
-        ) from None
+        raise _damaged(path, f"{type(e).__name__}: {e}") from None
+    if not strings:
+        raise _damaged(path, f"TypeError: not a {CHECKSUM} table of strings")
     return dict(table)
+
+
+def _damaged(path: Path, problem: str) -> CheckpointError:
+    """`lmcore.checksums` cannot be read: `problem`, as the reader found it."""
+    return CheckpointError(
+        f"{path}: has damaged lmcore metadata: {KEYS['checksums']} cannot be read ({problem}); "
+        "the file was edited or damaged after lmcore saved it"
+    )
 
 
 def verify_metadata(path: Path, metadata: Mapping[str, str]) -> None:
@@ -221,13 +222,10 @@ def verify_metadata(path: Path, metadata: Mapping[str, str]) -> None:
         return
     try:
         table = load_json(raw).get("metadata", {})
-        if not isinstance(table, dict) or not all(isinstance(v, str) for v in table.values()):
-            raise TypeError("not a table of strings")
-    except (json.JSONDecodeError, TypeError, AttributeError) as e:
-        raise CheckpointError(
-            f"{path}: has damaged lmcore metadata: {KEYS['checksums']} cannot be read "
-            f"({type(e).__name__}: {e}); the file was edited or damaged after lmcore saved it"
-        ) from None
+    except (json.JSONDecodeError, AttributeError) as e:
+        raise _damaged(path, f"{type(e).__name__}: {e}") from None
+    if not isinstance(table, dict) or not all(isinstance(v, str) for v in table.values()):
+        raise _damaged(path, "TypeError: not a table of strings")
     differ = sorted(
         key
         for key, crc in table.items()

@@ -232,7 +232,10 @@ class TransformerLM(nn.Module):
         max_bytes: int | None = None,
     ):
         super().__init__()
-        self.blueprint = bp = resolve(spec, registry)
+        # A blueprint is resolved already: it is used as it is unless another registry is asked for.
+        self.blueprint = bp = (
+            spec if isinstance(spec, Blueprint) and registry is None else resolve(spec, registry)
+        )
         self.spec = spec = bp.spec
         device, dtype = check_device(device), check_dtype(dtype)
         check_size(bp, device=device, dtype=dtype, max_bytes=max_bytes)  # before any allocation

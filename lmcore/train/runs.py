@@ -1,17 +1,5 @@
-"""Run directories: what `lmcore train` writes, and how to find a run's checkpoints and tokenizer.
-
-    RUN/
-      .lock                 held (fcntl.flock) by the process training the run, with its PID
-      run.json              the experiment: tag, canonical spec, data, resolved options, status
-      tokenizer.json        a copy of the data's tokenizer
-      metrics.jsonl         one JSON object per line: train, eval and event records
-      loss.png              train and validation loss against tokens
-      checkpoints/
-        step-000200/        one complete checkpoint (written as a hidden directory, renamed)
-          model.safetensors     lmcore.save: weights, spec, provenance (+ train.* metadata)
-          trainer.safetensors   AdamW's moments and step counts, torch/CUDA/numpy RNG states
-          trainer.json          step, tokens, times, data position, AdamW's groups, Python RNG
-          tokenizer.json        so that the checkpoint directory stands alone
+"""Run directories: what `lmcore train` writes into one (its layout, the file names and finding
+a run's model and tokenizer are `lmcore.runfiles`'s).
 
 A run is tagged by its canonical spec: `spec_tag(spec)` is a readable slug and a hash of
 `str(spec)`, equal for equal models, so runs of the same model are recognisably one experiment.
@@ -27,9 +15,9 @@ not at all: its files are written (and fsync'ed) into a hidden directory beside 
 which is renamed into place, so a crash mid-save leaves the previous checkpoints as they were.
 
 For later commands (`lmcore generate RUN`): `find_model(path)` takes a run directory, a
-checkpoint directory or a model file and returns the model file (`lmcore.checkpoint.
-find_checkpoint`) and its tokenizer; `find_tokenizer(model_file)` is the one tokenizer search,
-and says where it looked.
+checkpoint directory or a model file and returns the model file
+(`lmcore.runfiles.find_checkpoint`) and its tokenizer (`lmcore.runfiles.find_tokenizer`, the
+one tokenizer search).
 """
 
 from __future__ import annotations
@@ -44,57 +32,64 @@ import shutil
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final, TypeVar
+from typing import Any, TypeVar
 
 from lmcore.atomic import atomic_write, fsync_directory
-from lmcore.checkpoint import (
+from lmcore.checkpoint import read_info
+from lmcore.errors import LmcoreError, TrainError, TrainMemoryError, clip
+from lmcore.jsonfile import dumps
+from lmcore.locks import LOCK_FILE, DirectoryLock, lock_file
+from lmcore.runfiles import (
+    CHECKPOINT_FILES,
     CHECKPOINTS,
+    META_STEP,
+    META_TAG,
+    META_TOKENIZER,
+    META_TOKENS,
+    METRICS_FILE,
     MODEL_FILE,
+    PLOT_FILE,
     RUN_FILE,
-    CheckpointInfo,
+    RUN_FORMAT,
+    RUN_VERSION,
+    STATE_JSON,
+    STATE_TENSORS,
+    TOKENIZER_FILE,
     find_checkpoint,
-    read_info,
+    find_tokenizer,
+    is_run,
+    read_run,
+    step_dir,
     step_dirs,
 )
-from lmcore.errors import LmcoreError, TrainError, TrainMemoryError, clip
-from lmcore.jsonfile import dumps, read_versioned
-from lmcore.locks import LOCK_FILE, DirectoryLock, lock_file
 
 __all__ = [
     "CHECKPOINTS",
+    "CHECKPOINT_FILES",
+    "META_STEP",
+    "META_TAG",
+    "META_TOKENIZER",
+    "META_TOKENS",
     "METRICS_FILE",
     "MODEL_FILE",
     "PLOT_FILE",
     "RUN_FILE",
+    "RUN_FORMAT",
+    "RUN_VERSION",
+    "STATE_JSON",
+    "STATE_TENSORS",
     "TOKENIZER_FILE",
     "Checkpoint",
-    "TokenizerSearch",
     "checkpoints",
     "find_model",
-    "find_tokenizer",
     "is_run",
     "latest_checkpoint",
     "read_metrics",
     "read_run",
     "spec_hash",
     "spec_tag",
-    "tokenizer_of",
+    "step_dir",
 ]
-
-RUN_FORMAT: Final = "lmcore-run"
-RUN_VERSION: Final = 1
-METRICS_FILE: Final = "metrics.jsonl"
-PLOT_FILE: Final = "loss.png"
-TOKENIZER_FILE: Final = "tokenizer.json"
-STATE_TENSORS: Final = "trainer.safetensors"
-STATE_JSON: Final = "trainer.json"
-CHECKPOINT_FILES: Final = (MODEL_FILE, STATE_TENSORS, STATE_JSON, TOKENIZER_FILE)
-# The model file's metadata keys that point back to its run (strings, safetensors metadata).
-META_STEP: Final = "train.step"
-META_TOKENS: Final = "train.tokens"
-META_TAG: Final = "train.tag"
-META_TOKENIZER: Final = "train.tokenizer"  # a path relative to the model file's directory
-
 
 # ------------------------------------------------------------------------------ tags
 
@@ -124,41 +119,13 @@ def spec_tag(spec: Any) -> str:
     return f"{slug('-'.join(parts))}-{spec_hash(spec)}"
 
 
-# ------------------------------------------------------------------------------ run.json
-
-
-def is_run(path: str | os.PathLike[str]) -> bool:
-    """Whether `path` is a directory holding a `run.json`."""
-    return (Path(path) / RUN_FILE).is_file()
-
-
-def read_run(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """The contents of `RUN/run.json`; `TrainError` naming the directory when it is not a run."""
-    root = Path(path)
-    file = root / RUN_FILE
-    if not root.is_dir():
-        raise TrainError(f"run directory {str(root)!r} does not exist")
-    if not file.is_file():
-        raise TrainError(
-            f"{str(root)!r} is not a run directory: it has no {RUN_FILE} (lmcore train writes "
-            "one when a run starts)"
-        )
-    return read_versioned(
-        file,
-        format=RUN_FORMAT,
-        version=RUN_VERSION,
-        what="an lmcore run description",
-        error=TrainError,
-    )
+# ------------------------------------------------------------------------------ writing a run
 
 
 def write_json(path: Path, data: Mapping[str, Any]) -> None:
     """`data` as indented JSON, written atomically."""
     with atomic_write(path, "w") as f:
         f.write(dumps(data) + "\n")
-
-
-# ------------------------------------------------------------------------------ the lock
 
 
 def lock_run(run: Path) -> DirectoryLock:
@@ -340,10 +307,6 @@ class Checkpoint:
         return self.path / TOKENIZER_FILE
 
 
-def step_dir(step: int) -> str:
-    return f"step-{step:06d}"
-
-
 def checkpoints(run: str | os.PathLike[str]) -> list[Checkpoint]:
     """The complete checkpoints of a run (every file present), oldest first. Hidden
     directories of interrupted saves are not among them."""
@@ -407,62 +370,9 @@ def prune(run: Path, keep: int) -> None:
 # ------------------------------------------------------------------------------ finding models
 
 
-def tokenizer_of(
-    model_file: str | os.PathLike[str], info: CheckpointInfo | None = None
-) -> Path | None:
-    """The tokenizer a model file written by the runner names in its metadata (`train.tokenizer`,
-    relative to the file), when that file exists; None for a model saved otherwise. `info`: the
-    file's `read_info`, when the caller has it."""
-    p = Path(model_file)
-    rel = (info or read_info(p)).metadata.get(META_TOKENIZER)
-    if rel is None:
-        return None
-    found = p.parent / rel
-    return found if found.is_file() else None
-
-
-@dataclass(frozen=True)
-class TokenizerSearch:
-    """Where `find_tokenizer` looked for a model's tokenizer.json, in order, and what it found.
-    `problem` says why the run's data directory is unknown (its run.json cannot be read)."""
-
-    found: Path | None
-    places: tuple[Path, ...]
-    problem: str | None = None
-
-
-def find_tokenizer(
-    model_file: str | os.PathLike[str], info: CheckpointInfo | None = None
-) -> TokenizerSearch:
-    """A model file's tokenizer.json: the one its metadata names (`tokenizer_of`), else the first
-    found beside it, then in each directory up to its run directory (the first holding
-    run.json), then in the data directory the run names. `info`: as for `tokenizer_of`."""
-    p = Path(model_file)
-    named = tokenizer_of(p, info)
-    up, run = [], None
-    for d in p.resolve().parents:
-        up.append(d / TOKENIZER_FILE)
-        if (d / RUN_FILE).is_file():
-            run = d
-            break
-    places = ([] if named is None else [named]) + (up if run is not None else up[:1])
-    problem = None
-    if run is not None:
-        try:
-            data = read_run(run).get("data")  # {"path": ...}
-        except TrainError as e:
-            problem = str(e)
-        else:
-            path = data.get("path") if isinstance(data, dict) else None
-            if isinstance(path, str):
-                places.append(Path(path) / TOKENIZER_FILE)
-    found = next((t for t in places if t.is_file()), None)
-    return TokenizerSearch(found, tuple(places), problem)
-
-
 def find_model(path: str | os.PathLike[str]) -> tuple[Path, Path | None]:
     """`(model file, tokenizer.json or None)` for a run directory (its latest checkpoint), a
     checkpoint directory, or a model `.safetensors` file. `CheckpointError` when there is
     none."""
     model = find_checkpoint(path)
-    return model, find_tokenizer(model).found
+    return model, find_tokenizer(model, read_info(model).metadata).found

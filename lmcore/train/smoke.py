@@ -28,6 +28,7 @@ from lmcore.model.inputs import resolve_device
 from lmcore.model.nn import cross_entropy
 from lmcore.model.transformer import build_model
 from lmcore.registry import Registry
+from lmcore.sources import Source
 from lmcore.spec import ModelSpec
 
 if TYPE_CHECKING:
@@ -96,7 +97,7 @@ Progress = Callable[[int, int, float], None]  # (step done, steps, loss)
 
 
 def run_steps(
-    spec: Blueprint | ModelSpec | str,
+    spec: Source | Blueprint | ModelSpec | str,
     *,
     steps: int = 10,
     batch: int = 2,
@@ -112,7 +113,8 @@ def run_steps(
     """Build the model and run `steps` forward+backward passes on random tokens.
 
     `seq_len` defaults to the shorter of 128 and the context length. `weights`: start from this
-    lmcore checkpoint's weights (`lmcore.checkpoint.load_weights`) instead of random ones.
+    lmcore checkpoint's weights (`lmcore.checkpoint.load_weights`) instead of random ones; a
+    checkpoint's `Source` (`lmcore.sources`) brings its own.
     Before anything is allocated, the memory of the model and of one step (weights, buffers,
     gradients, declared activations, token ids) is checked against `max_bytes` (default: what
     the device has available), as `build_model` checks the model's.
@@ -122,7 +124,10 @@ def run_steps(
     if not 0 <= seed < 2**64:
         raise RunError(f"seed must lie in 0 .. 2**64-1, got {seed}")
     dev = resolve_device(device)
-    bp = resolve(spec, registry)
+    if isinstance(spec, Source):  # resolved already
+        bp, weights = spec.blueprint, spec.info if weights is None else weights
+    else:
+        bp = resolve(spec, registry)
     ctx = bp.spec.context_length
     seq = min(128, ctx) if seq_len is None else seq_len
     if not 1 <= seq <= ctx:

@@ -44,6 +44,7 @@ from lmcore.model.reading import read_header, verify_checksums
 from lmcore.model.saving import KEYS, checksums_json, save_tensors
 from lmcore.tokenizer import SavedTokenizer
 from lmcore.train.runs import (
+    CHECKPOINTS,
     META_STEP,
     META_TAG,
     META_TOKENIZER,
@@ -90,7 +91,7 @@ def save_checkpoint(
             f"run), then continue with lmcore train --resume {run}"
         ) from None
     prune(run, keep)
-    return Checkpoint(run / "checkpoints" / step_dir(step), step)
+    return Checkpoint(run / CHECKPOINTS / step_dir(step), step)
 
 
 def _write(
@@ -123,7 +124,7 @@ def _write(
         state_tensors = {**opt_tensors, **rng_tensors}
         with atomic_path(tmp / STATE_TENSORS) as p:
             sums = {KEYS["checksums"]: checksums_json(state_tensors)}
-            save_tensors(state_tensors, p, sums, run / "checkpoints" / step_dir(step) / p.name)
+            save_tensors(state_tensors, p, sums, run / CHECKPOINTS / step_dir(step) / p.name)
         with atomic_path(tmp / TOKENIZER_FILE) as p:
             shutil.copyfile(run / TOKENIZER_FILE, p)
         with atomic_write(tmp / STATE_JSON, "w") as f:

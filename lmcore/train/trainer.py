@@ -51,14 +51,15 @@ from torch import Tensor, nn
 
 from lmcore.atomic import atomic_path
 from lmcore.blueprint import Blueprint, resolve
-from lmcore.checkpoint import CheckpointInfo, load_weights, read_info, resolve_checkpoint
+from lmcore.checkpoint import CheckpointInfo, load_weights, read_info
+from lmcore.data.bytecount import bytes_per_token
 from lmcore.data.tokens import TokenData
 from lmcore.errors import TrainError
-from lmcore.eval.bpb import bytes_per_token
 from lmcore.model.inputs import resolve_device
 from lmcore.model.nn import cross_entropy
 from lmcore.model.transformer import TransformerLM
 from lmcore.registry import Registry
+from lmcore.sources import Source, source_of
 from lmcore.spec import ModelSpec
 from lmcore.train.config import RESUMABLE, ResolvedConfig, TrainConfig, cosine_lr
 from lmcore.train.optim import clip_gradients, make_optimizer
@@ -222,7 +223,7 @@ Echo = Callable[[str], None]
 
 
 def train(
-    source: Blueprint | ModelSpec | str | CheckpointInfo | os.PathLike[str],
+    source: Source | Blueprint | ModelSpec | str | CheckpointInfo | os.PathLike[str],
     data: str | os.PathLike[str] | TokenData,
     out: str | os.PathLike[str],
     config: TrainConfig | None = None,
@@ -234,9 +235,10 @@ def train(
     registry: Registry | None = None,
     stop_after: int | None = None,
 ) -> TrainResult:
-    """Train a model from `source` (a spec, a blueprint, or a checkpoint whose weights it
-    starts from) on prepared `data` into the new run directory `out`. `init`: start from this
-    checkpoint's weights, `source` being its blueprint (`resolve_checkpoint(init)`).
+    """Train a model from `source` (a spec, a blueprint, a checkpoint whose weights it starts
+    from, or a `lmcore.sources.Source`: `source_of`) on prepared `data` into the new run
+    directory `out`. `init`: start from this checkpoint's weights, `source` being its blueprint
+    (`resolve_checkpoint(init)`).
 
     `echo` gets the report's lines (None: silent); `progress` shows a tqdm bar on stderr
     (None: when stderr is a terminal). `stop_after` stops, with a checkpoint, after that many
@@ -245,11 +247,8 @@ def train(
     """
     config = config or TrainConfig()
     par = parallel or Parallel()
-    if isinstance(source, CheckpointInfo | os.PathLike):
-        init = source if isinstance(source, CheckpointInfo) else read_info(source)
-        bp = resolve_checkpoint(init, registry)
-    else:
-        bp = resolve(source, registry)
+    src = source_of(source, registry)  # resolved once, here or by the caller (lmcore train)
+    bp, init = src.blueprint, init if src.info is None else src.info
     cfg = config.resolved(bp.spec.context_length, init.dtype if init is not None else "float32")
     check_trackers(cfg.loggers)
     tokens = data if isinstance(data, TokenData) else TokenData.open(data)
