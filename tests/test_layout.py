@@ -1,9 +1,11 @@
 """The layout of `lmcore/`: imports run downward only, with no circle, not even through an import
-inside a function; no module reaches the package root for its version; files stay readable.
+inside a function or for a type; each room has its floor and every file is named in the
+layout table of docs/contributing.md; no module reaches the package root for its version;
+files stay readable.
 
 The import graph is read from the source with `ast`, never by importing: an edge is every
-`import` statement of a module, wherever it sits (function bodies included), except under
-`if TYPE_CHECKING:`. Two edges Python adds by itself are counted too: importing `a.b.c` first
+`import` statement of a module, wherever it sits (function bodies and `if TYPE_CHECKING:`
+blocks included: a circle of annotations is a circle of the design). Two edges Python adds by itself are counted too: importing `a.b.c` first
 runs the packages `a` and `a.b`, and a name taken from a lazy package (`lmcore.data`,
 `lmcore.hf`, ... whose `lmcore.lazy.attach` imports it on first use) comes from the module that
 package's `TYPE_CHECKING` block names for it.
@@ -41,23 +43,29 @@ FLOORS: dict[str, int] = {
     "lmcore.hookspecs": 1,
     "lmcore.tokenizer": 1,
     "lmcore.registry": 2,
-    "lmcore.blueprint": 2,
-    "lmcore.parts": 2,
-    "lmcore.data": 3,
-    "lmcore.model": 3,
-    "lmcore.describe": 4,
-    "lmcore.checkpoint": 4,
-    "lmcore.hf": 5,
-    "lmcore.gguf": 5,
-    "lmcore.sources": 5,  # what a command's model argument names (it reads Hugging Face configs)
-    "lmcore.train": 6,
-    "lmcore.testing": 6,
-    "lmcore.eval": 6,
-    "lmcore.cli": 7,
-    "lmcore.__main__": 8,
+    "lmcore.blueprint": 3,
+    "lmcore.parts": 3,
+    "lmcore.data": 4,
+    "lmcore.model": 5,
+    "lmcore.describe": 6,
+    "lmcore.checkpoint": 6,
+    "lmcore.hf": 7,
+    "lmcore.sources": 8,  # what a command's model argument names (it reads Hugging Face configs)
+    "lmcore.gguf": 9,
+    "lmcore.testing": 10,
+    "lmcore.train": 11,
+    "lmcore.eval": 12,
+    "lmcore.cli": 13,
+    "lmcore.__main__": 14,
 }
-MAX_LINES = 950
+# Imports under `if TYPE_CHECKING:` count like any other: a type-level circle is a circle.
+TYPE_CHECKING_TOO = True
+MAX_LINES = 700
 MAX_CLI_LINES = 400
+# Files allowed past MAX_LINES for now, and why.
+LONG_FOR_NOW = {
+    "lmcore/train/trainer.py": "the trainer is reshaped when optimizers and schedules become kinds",
+}
 
 
 @dataclass(frozen=True)
@@ -148,7 +156,7 @@ def edges(mods: dict[str, Module]) -> list[Edge]:
                 out.append(Edge(source, parent, line, "parent package"))
 
     for name, m in mods.items():
-        for stmt in _imports(m.tree, type_checking=False):
+        for stmt in _imports(m.tree, type_checking=TYPE_CHECKING_TOO):
             if isinstance(stmt, ast.Import):
                 for a in stmt.names:
                     if a.name.split(".")[0] == "lmcore":
@@ -264,6 +272,27 @@ def test_the_circle_finder_names_a_circle_through_a_function_level_import(tmp_pa
     assert found == [["lmcore.counting", "lmcore.model.net", "lmcore.counting"]]
 
 
+def test_the_circle_finder_counts_imports_made_for_types(tmp_path: Path) -> None:
+    pkg = tmp_path / "lmcore"
+    (pkg / "model").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "model" / "__init__.py").write_text('"""A package with no imports."""\n')
+    (pkg / "model" / "cache.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+        "    from lmcore.model.transformer import TransformerLM\n"
+    )
+    (pkg / "model" / "transformer.py").write_text("from lmcore.model.cache import KVCache\n")
+    found = circles(graph_of(edges(modules(pkg))))
+    assert found == [["lmcore.model.cache", "lmcore.model.transformer", "lmcore.model.cache"]]
+
+
+def test_each_subpackage_has_a_floor_of_its_own() -> None:
+    packages = [r for r in FLOORS if (ROOT.parent / r.replace(".", "/") / "__init__.py").is_file()]
+    floors = [FLOORS[p] for p in packages if p != "lmcore"]
+    shared = {f: [p for p in packages if FLOORS[p] == f] for f in floors if floors.count(f) > 1}
+    assert not shared, f"subpackages sharing a floor: {shared}"
+
+
 def test_imports_run_down_the_floors_of_the_house() -> None:
     mods = modules()
     assert set(map(room, mods)) <= set(FLOORS)
@@ -298,7 +327,7 @@ def test_the_model_imports_nothing_above_it() -> None:
         f"{e.source} imports {e.target} (line {e.line})"
         for e in edges(modules())
         if e.source.startswith("lmcore.model")
-        and FLOORS[room(e.target)] > FLOORS["lmcore.registry"]
+        and FLOORS[room(e.target)] > FLOORS["lmcore.blueprint"]
         and not e.target.startswith("lmcore.model")
     ]
     assert not above, "\n".join(above)
@@ -309,9 +338,17 @@ def test_no_file_is_too_long_to_read() -> None:
     for name, m in modules().items():
         n = len(m.path.read_text(encoding="utf-8").splitlines())
         limit = MAX_CLI_LINES if name.startswith("lmcore.cli") else MAX_LINES
-        if n > limit:
-            long.append(f"{m.path.relative_to(ROOT.parent)}: {n} lines (limit {limit})")
+        where = m.path.relative_to(ROOT.parent).as_posix()
+        if n > limit and where not in LONG_FOR_NOW:
+            long.append(f"{where}: {n} lines (limit {limit})")
     assert not long, "\n".join(long)
+
+
+def test_the_files_allowed_to_be_long_are_still_long() -> None:
+    stale = [
+        f for f in LONG_FOR_NOW if len((ROOT.parent / f).read_text().splitlines()) <= MAX_LINES
+    ]
+    assert not stale, f"no longer past {MAX_LINES} lines, drop from LONG_FOR_NOW: {stale}"
 
 
 @pytest.mark.parametrize("name", sorted(modules()))
@@ -329,3 +366,70 @@ def test_every_top_level_room_is_listed_with_its_floor() -> None:
     }
     rooms = {("lmcore" if t == "__init__" else f"lmcore.{t}") for t in top}
     assert rooms == set(FLOORS)
+
+
+LAYOUT_PAGE = ROOT.parent / "docs" / "contributing.md"
+
+
+def _layout_rows() -> list[tuple[str, str]]:
+    """(path cell, whole row) of each row of the layout table under the page's "Layout" heading."""
+    text = LAYOUT_PAGE.read_text(encoding="utf-8")
+    section = text.split("\n## Layout\n", 1)[1].split("\n## ", 1)[0]
+    rows = []
+    for line in section.splitlines():
+        if line.startswith("| `"):
+            rows.append((line.split(" | ")[0], line))
+    return rows
+
+
+def named_in_layout(path: str, rows: list[tuple[str, str]]) -> bool:
+    """Whether the layout table names `path` (relative to the repository): in a path cell, as
+    `lmcore/a/b.py`, or as `b.py` in the row of its directory `lmcore/a/` (a package's
+    `__init__.py` is named by its directory's row)."""
+    folder, _, file = path.rpartition("/")
+    for cell, row in rows:
+        if f"`{path}`" in cell:
+            return True
+        if f"`{folder}/`" in cell and (file == "__init__.py" or f"`{file}`" in row):
+            return True
+        # a cell naming siblings: `lmcore/errors.py`, `atomic.py`
+        if f"`{folder}/" in cell and f"`{file}`" in cell:
+            return True
+    return False
+
+
+def test_every_file_of_lmcore_is_named_in_the_layout_table() -> None:
+    rows = _layout_rows()
+    paths = sorted(m.path.relative_to(ROOT.parent).as_posix() for m in modules().values())
+    unnamed = [p for p in paths if not named_in_layout(p, rows)]
+    assert not unnamed, f"files {LAYOUT_PAGE.name}'s layout table does not name: {unnamed}"
+
+
+def test_the_layout_check_needs_the_file_itself_named() -> None:
+    rows = [
+        ("| `lmcore/hf/`", "| `lmcore/hf/` | families: `llama.py`, `mistral.py` |"),
+        ("| `lmcore/errors.py`, `atomic.py`", "| `lmcore/errors.py`, `atomic.py` | ... |"),
+    ]
+    assert named_in_layout("lmcore/hf/llama.py", rows)
+    assert named_in_layout("lmcore/hf/__init__.py", rows)
+    assert named_in_layout("lmcore/atomic.py", rows)
+    assert not named_in_layout("lmcore/hf/gemma.py", rows)
+    assert not named_in_layout("lmcore/jsonfile.py", rows)
+
+
+def test_every_room_is_in_the_readmes_layout_table() -> None:
+    text = (ROOT.parent / "README.md").read_text(encoding="utf-8")
+    section = text.split("\n## Layout\n", 1)[1].split("\n## ", 1)[0]
+    cells = [line.split(" | ")[0] for line in section.splitlines() if line.startswith("| `")]
+    missing = []
+    for name in sorted(FLOORS):
+        path = "lmcore/__init__.py" if name == "lmcore" else name.replace(".", "/")
+        is_package = (ROOT.parent / path / "__init__.py").is_file()
+        rows = [
+            c
+            for c in cells
+            if (f"`{path}/`" if is_package else f"{path.rpartition('/')[2]}.py`") in c
+        ]
+        if not rows and name != "lmcore":
+            missing.append(name)
+    assert not missing, f"rooms README.md's layout table does not name: {missing}"
