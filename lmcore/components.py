@@ -259,17 +259,6 @@ class Component:
     def count_flops(self, **kwargs: Any) -> int:
         return count(self, "flops", kwargs)
 
-    def count_activations(self, **kwargs: Any) -> int | None:
-        """Declared activation bytes, or None when the component declares none (or says they
-        are unknown for these arguments)."""
-        return None if self.activations is None else count_or_unknown(self, "activations", kwargs)
-
-    def count_active_params(self, **kwargs: Any) -> int:
-        """Declared parameters one token uses; all of them when the component declares none."""
-        if self.active_params is None:
-            return self.count_params(**kwargs)
-        return count(self, "active_params", kwargs)
-
     def count_buffers(self, **kwargs: Any) -> int | None:
         """Declared buffer bytes, or None when the component declares none (or unknown)."""
         return None if self.buffers is None else count_or_unknown(self, "buffers", kwargs)

@@ -254,8 +254,8 @@ def measure_activations(acc: Accounting, model: TransformerLM) -> dict[str, int]
 
 def by_part(acc: Accounting, by_row: dict[str, int]) -> dict[str, int]:
     """Activation bytes by row (as `measure_activations` or `declared_activations` give them)
-    summed into `ACTIVATION_PARTS`, plus a part `other` when something was saved outside every
-    row (lmcore's own code never does; the tests check it)."""
+    summed into the model's parts (`Accounting.parts()`) and `loss`, plus a part `other` when
+    something was saved outside every row (lmcore's own code never does; the tests check it)."""
     parts = dict.fromkeys((*acc.parts(), "loss"), 0)
     for row in acc.rows:
         parts[row.part] += by_row.get(row.name, 0)

@@ -259,11 +259,6 @@ class SavedTokenizer:
             raise GenerationError(f"the chat template fails: {type(e).__name__}: {e}") from None
         return text
 
-    def special_ids(self, tokenizer: Tokenizer | None = None) -> set[int]:
-        """The ids of the special tokens (shown only with --show-special)."""
-        tok = tokenizer or self.tokenizer()
-        return {i for i, t in tok.get_added_tokens_decoder().items() if t.special}
-
     def check_vocab(self, vocab_size: int, where: object) -> None:
         """`CheckpointError` when an id of the tokenizer lies outside the model's vocabulary."""
         ids = [self.bos_token_id, self.eos_token_id, *self.stop_token_ids]

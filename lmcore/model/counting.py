@@ -43,7 +43,6 @@ PARTS: Final = (
     "block",
     "lm_head",
 )
-ACTIVATION_PARTS: Final = (*PARTS, "loss")
 # Parts listed only when some row is in them (no built-in block holds anything of its own).
 OPTIONAL_PARTS: Final = frozenset({"block"})
 

@@ -32,6 +32,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor, nn
 
+from lmcore.errors import ConfigError
 from lmcore.model.nn import Linear
 
 SOFTMAX_ORDERS: Final = ("before", "after")
@@ -121,9 +122,9 @@ class MixtureOfExperts(nn.Module):
     ):
         super().__init__()
         if not 1 <= top_k <= len(experts):
-            raise ValueError(f"top_k={top_k} must lie within 1..{len(experts)} (the experts)")
+            raise ConfigError(f"top_k={top_k} must lie within 1..{len(experts)} (the experts)")
         if softmax not in SOFTMAX_ORDERS:
-            raise ValueError(f"softmax={softmax!r} must be 'before' or 'after' the top-k")
+            raise ConfigError(f"softmax={softmax!r} must be 'before' or 'after' the top-k")
         self.d_model, self.num_experts, self.top_k = d_model, len(experts), top_k
         # softmax over all experts, then the top-k (else the top-k logits, then a softmax)
         self.softmax_first = softmax == "before"

@@ -24,14 +24,13 @@ variant's FFN does not use `d_ff`), `MatchError` says so and what the closest wa
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Final, Literal
+from typing import Final
 
 from lmcore.blueprint import Blueprint, resolve
 from lmcore.errors import TrainError
 from lmcore.registry import Registry
 from lmcore.spec import parse_items
 
-MatchBy = Literal["params", "flops"]
 MATCH_BY: Final = ("params", "flops")
 TOLERANCE: Final = 0.01
 MAX_D_FF: Final = 2**24
