@@ -1,13 +1,47 @@
+"""The feed-forward rows (swiglu, geglu, silu, gelu, relu): formulas, keys, default widths, dtypes, in a model."""
+
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from lmcore import build_model, get_registry, parse_spec
-from lmcore_ffn import GEGLU, GELUFeedForward, ReLUFeedForward, SiLUFeedForward
+from lmcore.model.nn import gated_d_ff
+from lmcore_ffn import GEGLU, GELUFeedForward, ReLUFeedForward, SiLUFeedForward, SwiGLU
+from tests.helpers import (
+    COUNT_SHAPES,
+    assert_compile_traces_the_whole_module,
+    assert_declared_counts,
+    assert_model_runs_counts_and_is_causal,
+)
+
+
+def test_swiglu_matches_the_formula() -> None:
+    torch.manual_seed(0)
+    ffn = SwiGLU(d_model=16, d_ff=48)
+    x = torch.randn(2, 3, 16)
+    w1, w2, w3 = ffn.w1.weight, ffn.w2.weight, ffn.w3.weight
+    expected = (F.silu(x @ w1.T) * (x @ w3.T)) @ w2.T
+    torch.testing.assert_close(ffn(x), expected)
+
+
+def test_weight_shapes_and_keys_are_cs336s() -> None:
+    ffn = SwiGLU(d_model=64, d_ff=128)
+    shapes = {k: tuple(v.shape) for k, v in ffn.state_dict().items()}
+    assert shapes == {"w1.weight": (128, 64), "w2.weight": (64, 128), "w3.weight": (128, 64)}
+
+
+def test_declared_default_width_is_the_gated_rule() -> None:
+    declared = get_registry().get("ffn", "swiglu").component.default_d_ff
+    assert declared is not None
+    assert [declared(d) for d in (16, 512, 768, 1600)] == [
+        gated_d_ff(d) for d in (16, 512, 768, 1600)
+    ]
+
 
 UNGATED = {
     "silu": (SiLUFeedForward, F.silu),
@@ -82,3 +116,52 @@ def test_tinystories_silu_is_parameter_matched_with_swiglu() -> None:
     assert (total_swiglu, total_silu) == (22_696_448, 22_827_520)
     assert math.isclose(ffn_params(silu), ffn_params(swiglu), rel_tol=0.02)  # 1.6% apart
     assert math.isclose(total_silu, total_swiglu, rel_tol=0.01)  # 0.6% apart
+
+
+# Declared accounting equals the built module, at two shapes; torch.compile traces it whole.
+@pytest.mark.parametrize("shape", COUNT_SHAPES)
+@pytest.mark.parametrize(
+    "name,args",
+    [("silu", {}), ("gelu", {}), ("relu", {}), ("geglu", {})],
+    ids=["ffn=silu", "ffn=gelu", "ffn=relu", "ffn=geglu"],
+)
+def test_declared_params_and_flops_equal_the_module(
+    name: str, args: dict[str, Any], shape: tuple[int, ...]
+) -> None:
+    assert_declared_counts("ffn", name, args, shape)
+
+
+@pytest.mark.parametrize(
+    "name,args",
+    [("silu", {}), ("gelu", {}), ("relu", {}), ("geglu", {})],
+    ids=["ffn=silu", "ffn=gelu", "ffn=relu", "ffn=geglu"],
+)
+def test_features_are_declared_and_compile_traces_the_whole_module(
+    name: str, args: dict[str, Any]
+) -> None:
+    assert_compile_traces_the_whole_module("ffn", name, args)
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "cs336-tiny, ffn=silu",
+        "cs336-tiny, ffn=gelu",
+        "cs336-tiny, ffn=relu",
+        "cs336-tiny, ffn=geglu",
+    ],
+)
+def test_model_runs_counts_its_parameters_and_is_causal(spec: str) -> None:
+    assert_model_runs_counts_and_is_causal(spec)
+
+
+def test_flops_are_the_matmul_counts_written_out() -> None:
+    reg = get_registry()
+
+    def flops(name: str, **kwargs: int) -> int:
+        return reg.get("ffn", name).component.count_flops(**kwargs)
+
+    matmul = 2 * 10 * 64 * 256  # one (10 × 64) @ (64 × 256) product
+    assert flops("silu", d_model=64, d_ff=256, seq_len=10) == 2 * matmul
+    assert flops("relu", d_model=64, d_ff=256, seq_len=10) == 2 * matmul
+    assert flops("geglu", d_model=64, d_ff=256, seq_len=10) == 3 * matmul

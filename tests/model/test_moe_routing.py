@@ -1,26 +1,24 @@
-"""ffn=moe: the router against a written-out per-token loop, the load-balancing loss against its
-formula (and Hugging Face's), the layer against transformers' Mixtral, Qwen3-MoE and Qwen2-MoE
-blocks on the same weights, and the model around it: accounting, describe, spec errors, the
-kit on its variants, the cache, compile, save/load and training."""
+"""lmcore.model.moe: the router and dispatch against a written-out per-token loop, the
+load-balancing loss against its formula (and Hugging Face's), the layer against transformers'
+Mixtral, Qwen3-MoE and Qwen2-MoE blocks on the same weights, and compiled against eager."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
 import lmcore
-from lmcore import build_model, get_registry
-from lmcore.errors import SpecError
-from lmcore.model.counting import account
-from lmcore.model.generate import GREEDY
+from lmcore import build_model
 from lmcore.model.moe import MixtureOfExperts
-from lmcore.testing import CHECKS, Case, Settings, Target
 
 D, D_FF = 16, 24
+
+
 BASE = "vocab_size=97, context_length=16, d_model=32, num_heads=2, d_ff=48"
+
+
 SMALL = f"{BASE}, num_layers=2"
 
 
@@ -156,9 +154,6 @@ def test_the_model_sums_the_layers_aux_losses() -> None:
     assert build_model(SMALL).aux_loss() is None
 
 
-# ------------------------------------------------------------ against Hugging Face's blocks
-
-
 def _hf_experts(hf: Any, layer: MixtureOfExperts) -> None:
     """Copy lmcore's router and SwiGLU experts into a transformers block (5.x: 3-D weights)."""
     with torch.no_grad():
@@ -209,9 +204,6 @@ def test_the_layer_equals_transformers_block_on_the_same_weights(family: str) ->
     torch.testing.assert_close(layer(x), hf(x), rtol=1e-5, atol=1e-6)
 
 
-# ------------------------------------------------------------------- spec and accounting
-
-
 def test_state_dict_keys_map_one_to_one_onto_mixtrals_checkpoint_names() -> None:
     model = build_model(
         f"{SMALL}, ffn=moe(num_experts=3, top_k=2, shared=swiglu(d_ff=16), shared_gate=sigmoid)"
@@ -222,98 +214,6 @@ def test_state_dict_keys_map_one_to_one_onto_mixtrals_checkpoint_names() -> None
     assert (
         keys == {"layers.0.ffn.router.weight", "layers.0.ffn.shared_gate.weight"} | experts | shared
     )
-
-
-def test_total_and_active_parameters_and_flops_per_token() -> None:
-    spec = f"{SMALL}, ffn=moe(num_experts=8, top_k=2, shared=swiglu(d_ff=16), shared_gate=sigmoid)"
-    acc = account(spec, seq_len=8)
-    model = build_model(spec)
-    d, f = 32, 48
-    expert, shared = 3 * d * f, 3 * d * 16
-    row = acc.row("layers.*.ffn")
-    assert row.params_each == 8 * d + 8 * expert + shared + d
-    assert row.active_params == 2 * (8 * d + 2 * expert + shared + d)
-    assert acc.params == sum(p.numel() for p in model.parameters())
-    assert acc.params - acc.active_params == 2 * 6 * expert
-    # per token: the router, two experts, the shared expert and its gate
-    assert row.flops_each == 8 * (2 * d * 8 + 2 * 2 * expert + 2 * shared + 2 * d)
-    assert acc.flops_per_token == acc.flops / 8
-
-
-def test_describe_prints_total_and_active_parameters() -> None:
-    from lmcore.cli.describe import describe_lines
-    from lmcore.describe import describe
-
-    lines = describe_lines(describe(f"{SMALL}, ffn=moe(num_experts=8, top_k=2, renormalize=true)"))
-    acc = account(f"{SMALL}, ffn=moe(num_experts=8, top_k=2, renormalize=true)")
-    line = next(x for x in lines if x.startswith("active parameters:"))
-    assert f"{acc.active_params:,} of {acc.params:,}" in line and "FLOPs per token" in line
-    assert not any(x.startswith("active parameters:") for x in describe_lines(describe(SMALL)))
-
-
-@pytest.mark.parametrize(
-    ("ffn", "message"),
-    [
-        ("moe(num_experts=4, top_k=5)", r"top_k=5 exceeds num_experts=4"),
-        ("moe(softmax=after, renormalize=true)", r"softmax=after already gives top-k weights"),
-        ("moe(shared_gate=sigmoid)", r"shared_gate=sigmoid gates the shared expert; give one"),
-        ("moe(expert=swiglo)", r"swiglo.*did you mean 'swiglu'"),
-        ("moe(expert=moe)", r"expert=moe.*: an expert is a plain feed-forward network"),
-        ("moe(expert=swiglu(d_ff=64))", r"the experts' width is the moe's d_ff .*moe\(d_ff=64\)"),
-        ("moe(softmax=later)", r"'softmax' of ffn 'moe' must be one of .*before"),
-    ],
-)
-def test_spec_errors_name_the_problem(ffn: str, message: str) -> None:
-    with pytest.raises(SpecError, match=message):
-        lmcore.parse_spec(f"{SMALL}, ffn={ffn}")
-
-
-# ---------------------------------------------------------------- the kit, and the model
-
-KIT_VARIANTS = [
-    (("softmax", "after"), ("top_k", 3)),
-    (("shared", "gelu"), ("shared_gate", "sigmoid")),
-    (("expert", "geglu"), ("num_experts", 3), ("top_k", 1)),
-]
-
-
-@pytest.mark.parametrize("overrides", KIT_VARIANTS, ids=[str(v) for v in KIT_VARIANTS])
-def test_variants_pass_the_conformance_kit(overrides: tuple[tuple[str, Any], ...]) -> None:
-    target = Target(get_registry().get("ffn", "moe"), overrides)
-    for check in CHECKS:
-        if check.applies_to(target):
-            for variant in check.variants:
-                Case(check, target, variant).run(Settings(compile_backend="aot_eager"))
-
-
-MODELS = [
-    f"{SMALL}, ffn=moe(num_experts=4, top_k=2, renormalize=true)",
-    f"{SMALL}, num_kv_heads=1, ffn=moe(num_experts=3, top_k=1, softmax=after, shared=gelu(d_ff=16))",
-]
-
-
-@pytest.mark.parametrize("spec", MODELS)
-def test_cached_greedy_decoding_equals_recomputing(spec: str) -> None:
-    torch.manual_seed(0)
-    model = build_model(spec).eval()
-    prompt = torch.randint(0, 97, (2, 4))
-    seq = prompt
-    with torch.no_grad():
-        for _ in range(8):
-            seq = torch.cat([seq, model(seq)[:, -1].argmax(-1, keepdim=True)], dim=1)
-    assert torch.equal(model.generate(prompt, 8, GREEDY), seq[:, 4:])
-
-
-@pytest.mark.parametrize("spec", MODELS)
-def test_save_and_load_are_bitwise(spec: str, tmp_path: Path) -> None:
-    torch.manual_seed(0)
-    model = build_model(spec)
-    path = model.save(tmp_path / "m.safetensors")
-    torch.manual_seed(1)
-    loaded = lmcore.load(path)
-    x = torch.randint(0, 97, (2, 16))
-    assert str(loaded.spec) == str(model.spec)
-    assert torch.equal(loaded(x), model(x))
 
 
 def test_compiled_forward_and_aux_loss_match_eager_without_recompiling_per_routing() -> None:
@@ -338,34 +238,3 @@ def test_compiled_forward_and_aux_loss_match_eager_without_recompiling_per_routi
     # After the second call (the first makes the uncompiled dispatch, a one-off recompile of
     # the tiny frame that looks it up), a new routing compiles nothing anew.
     assert compiles[0] > 0 and compiles[1:] == [compiles[1]] * 3
-
-
-def test_lmcore_train_adds_and_logs_the_aux_loss(tiny_data: Path, tmp_path: Path) -> None:
-    from lmcore.train.runs import read_metrics
-    from lmcore.train.trainer import TrainConfig, train
-
-    spec = "vocab_size=300, context_length=16, d_model=32, num_layers=2, num_heads=2"
-    config = TrainConfig(steps=4, batch_size=4, eval_batches=1, eval_every=0, log_every=2,
-                         save_every=0, device="cpu", lr=3e-3, warmup=1)  # fmt: skip
-    with_aux = train(f"{spec}, ffn=moe(num_experts=4, top_k=2, aux_loss_coef=0.5)", tiny_data,
-                     tmp_path / "aux", config, echo=None)  # fmt: skip
-    without = train(f"{spec}, ffn=moe(num_experts=4, top_k=2, aux_loss_coef=0.0)", tiny_data,
-                    tmp_path / "none", config, echo=None)  # fmt: skip
-    train_records = [r for r in read_metrics(with_aux.run) if r["kind"] == "train"]
-    assert [r["step"] for r in train_records] == [2, 4]
-    # two layers at the balanced value top_k = 2 or above, times the coefficient
-    assert all(r["aux_loss"] >= 0.5 * 2 * 2 * 0.99 for r in train_records)
-    others = read_metrics(without.run)
-    assert not any("aux_loss" in r for r in others)
-    # the same first batch and initial weights: only the added loss makes the runs differ
-    assert train_records[0]["loss"] != next(r for r in others if r["kind"] == "train")["loss"]
-
-
-def test_lmcore_plugins_lists_the_component_valued_arguments(
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    from lmcore.cli.main import main
-
-    assert main(["plugins", "--kind", "ffn"]) == 0
-    line = next(x for x in capsys.readouterr().out.splitlines() if x.split()[1:2] == ["moe"])
-    assert "expert: ffn = swiglu" in line and "shared: ffn = none" in line

@@ -1,4 +1,8 @@
+"""norm=layernorm: against torch and the formula, in float32 for bf16 input, in a model."""
+
 from __future__ import annotations
+
+from typing import Any
 
 import pytest
 import torch
@@ -6,7 +10,12 @@ import torch.nn.functional as F
 
 from lmcore import SpecError, build_model, parse_spec
 from lmcore_layernorm import LayerNorm
-from lmcore_nonorm import NoNorm
+from tests.helpers import (
+    COUNT_SHAPES,
+    assert_compile_traces_the_whole_module,
+    assert_declared_counts,
+    assert_model_runs_counts_and_is_causal,
+)
 
 
 def _formula(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, eps: float) -> torch.Tensor:
@@ -87,15 +96,30 @@ def test_model_keys_per_norm_slot(bias: bool) -> None:
         assert (f"{name}.bias" in keys) == bias
 
 
-def test_none_is_the_identity_with_no_parameters() -> None:
-    x = torch.randn(2, 3, 8).to(torch.bfloat16)
-    norm = NoNorm()
-    assert norm(x) is x
-    assert norm.state_dict() == {} and list(norm.parameters()) == []
+# Declared accounting equals the built module, at two shapes; torch.compile traces it whole.
+@pytest.mark.parametrize("shape", COUNT_SHAPES)
+@pytest.mark.parametrize(
+    "args",
+    [{"bias": True, "eps": 1e-05}, {"bias": False, "eps": 1e-05}],
+    ids=["norm=layernorm", "norm=layernorm(bias=false)"],
+)
+def test_declared_params_and_flops_equal_the_module(
+    args: dict[str, Any], shape: tuple[int, ...]
+) -> None:
+    assert_declared_counts("norm", "layernorm", args, shape)
 
 
-def test_norm_none_model_has_no_norm_keys_and_runs() -> None:
-    model = build_model("cs336-tiny, norm=none")
-    assert not [k for k in model.state_dict() if "ln" in k]
-    logits = model(torch.randint(0, 10000, (2, 16)))
-    assert logits.shape == (2, 16, 10000) and torch.isfinite(logits).all()
+@pytest.mark.parametrize(
+    "args",
+    [{"bias": True, "eps": 1e-05}, {"bias": False, "eps": 1e-05}],
+    ids=["norm=layernorm", "norm=layernorm(bias=false)"],
+)
+def test_features_are_declared_and_compile_traces_the_whole_module(args: dict[str, Any]) -> None:
+    assert_compile_traces_the_whole_module("norm", "layernorm", args)
+
+
+@pytest.mark.parametrize(
+    "spec", ["cs336-tiny, norm=layernorm", "cs336-tiny, norm=layernorm(bias=false)"]
+)
+def test_model_runs_counts_its_parameters_and_is_causal(spec: str) -> None:
+    assert_model_runs_counts_and_is_causal(spec)

@@ -1,12 +1,20 @@
+"""pos=alibi: the paper's slopes, a bias of minus slope times distance, relative positions only."""
+
 from __future__ import annotations
 
 import pytest
 import torch
 
 import lmcore
-from lmcore import Component, SpecError, build_model, parse_spec
+from lmcore import Component, SpecError, build_model, get_registry, parse_spec
 from lmcore_alibi import ALiBi, alibi_slopes
 from lmcore_sdpa import SDPA
+from tests.helpers import (
+    COUNT_SHAPES,
+    assert_compile_traces_the_whole_module,
+    assert_declared_counts,
+    assert_model_runs_counts_and_is_causal,
+)
 
 
 @pytest.mark.parametrize(
@@ -95,3 +103,25 @@ def test_a_kernel_without_bias_refuses_alibi_before_allocation() -> None:
             parse_spec("cs336-tiny, pos=alibi, attn=nobias")
         # The same kernel is fine with a positional encoding that adds no bias.
         assert parse_spec("cs336-tiny, pos=rope, attn=nobias").attn.name == "nobias"
+
+
+# Declared accounting equals the built module, at two shapes; torch.compile traces it whole.
+@pytest.mark.parametrize("shape", COUNT_SHAPES)
+def test_declared_params_and_flops_equal_the_module(shape: tuple[int, ...]) -> None:
+    assert_declared_counts("pos", "alibi", {}, shape)
+
+
+def test_features_are_declared_and_compile_traces_the_whole_module() -> None:
+    assert_compile_traces_the_whole_module("pos", "alibi", {})
+
+
+@pytest.mark.parametrize(
+    "spec",
+    ["cs336-tiny, pos=alibi", "cs336-tiny, attn=chunked(block_size=5), pos=alibi, num_kv_heads=1"],
+)
+def test_model_runs_counts_its_parameters_and_is_causal(spec: str) -> None:
+    assert_model_runs_counts_and_is_causal(spec)
+
+
+def test_declared_features() -> None:
+    assert get_registry().get("pos", "alibi").component.features == {"bias", "relative", "compile"}

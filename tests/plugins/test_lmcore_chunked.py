@@ -1,12 +1,20 @@
+"""attn=chunked: tiled attention against torch and sdpa, masks and biases, stability, gradients."""
+
 from __future__ import annotations
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from lmcore import SpecError, build_model, parse_spec
+from lmcore import SpecError, build_model, get_registry, parse_spec
 from lmcore_chunked import ChunkedAttention
 from lmcore_sdpa import SDPA
+from tests.helpers import (
+    COUNT_SHAPES,
+    assert_compile_traces_the_whole_module,
+    assert_declared_counts,
+    assert_model_runs_counts_and_is_causal,
+)
 
 
 def _end_aligned(sq: int, sk: int) -> torch.Tensor:
@@ -139,3 +147,32 @@ def test_model_with_chunked_equals_model_with_sdpa(pos: str) -> None:
     chunked.load_state_dict(sdpa.state_dict(), strict=True)
     ids = torch.randint(0, 10000, (2, 16))
     torch.testing.assert_close(chunked(ids), sdpa(ids), rtol=1e-5, atol=1e-5)
+
+
+# Declared accounting equals the built module, at two shapes; torch.compile traces it whole.
+@pytest.mark.parametrize("shape", COUNT_SHAPES)
+def test_declared_params_and_flops_equal_the_module(shape: tuple[int, ...]) -> None:
+    assert_declared_counts("attn", "chunked", {"block_size": 3}, shape)
+
+
+def test_features_are_declared_and_compile_traces_the_whole_module() -> None:
+    assert_compile_traces_the_whole_module("attn", "chunked", {"block_size": 3})
+
+
+def test_model_runs_counts_its_parameters_and_is_causal() -> None:
+    assert_model_runs_counts_and_is_causal("cs336-tiny, attn=chunked(block_size=4)")
+
+
+def test_flops_are_the_matmul_counts_written_out() -> None:
+    component = get_registry().get("attn", "chunked").component
+    # q kᵀ and p v for each of 8 heads, 5 queries over 20 keys, D=64: block size changes nothing.
+    for block in (1, 4, 128):
+        assert component.count_flops(
+            num_heads=8, head_dim=64, seq_len=5, kv_len=20, block_size=block
+        ) == 8 * 2 * (2 * 5 * 64 * 20)
+
+
+def test_declared_features() -> None:
+    assert get_registry().get("attn", "chunked").component.features == {
+        "gqa", "bias", "mask", "scale", "softcap", "window", "compile"
+    }  # fmt: skip
