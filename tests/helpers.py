@@ -89,6 +89,15 @@ def scale_norm() -> Any:
     )
 
 
+def plain_kernel(features: frozenset[str], **declared: Any) -> Any:
+    """lmcore's sdpa module declared as attn 'plain' with only `features` (and what `declared`
+    adds): what it does not declare, lmcore works around or refuses."""
+    from lmcore import Component
+    from lmcore_sdpa import SDPA
+
+    return Component(kind="attn", name="plain", build=SDPA, features=features, **declared)
+
+
 # ---------------------------------------------------------------------------------------------
 # Built-in plugins: a component's declarations against its module, and in a model
 # ---------------------------------------------------------------------------------------------

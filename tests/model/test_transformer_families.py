@@ -14,6 +14,8 @@ from lmcore.model.counting import account
 from lmcore.model.generate import GREEDY
 
 BASE = "vocab_size=97, context_length=32, d_model=64, num_layers=2, num_heads=4"
+
+
 FAMILIES = {
     "llama-3.1": f"{BASE}, num_kv_heads=2, d_ff=128, "
     "pos=rope(theta=500000.0, scaling=llama3, factor=8.0, original_context_length=16)",
