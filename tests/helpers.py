@@ -71,6 +71,22 @@ def raises_naming(
         )
 
 
+@contextmanager
+def warns_naming(
+    category: type[Warning], *facts: str | re.Pattern[str]
+) -> Iterator[pytest.WarningsRecorder]:
+    """Like `pytest.warns(category)`, and one warning of that category names every fact."""
+    _missing("", facts)
+    with pytest.warns(category) as record:
+        yield record
+    messages = [str(w.message) for w in record if issubclass(w.category, category)]
+    if not any(not _missing(message, facts) for message in messages):
+        shown = ", ".join(repr(fact) for fact in facts)
+        raise AssertionError(
+            f"no {category.__name__} names all of {shown}; the warnings:\n" + "\n".join(messages)
+        )
+
+
 # ---------------------------------------------------------------------------------------------
 # Plugins: modules of fake distributions (installed with the `make_dist` fixture)
 # ---------------------------------------------------------------------------------------------
