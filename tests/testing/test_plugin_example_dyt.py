@@ -161,6 +161,7 @@ except Exception as e:
 """
 
 
+@pytest.mark.slow  # six fresh processes, each importing torch: ~20 s on 2 cores
 def test_a_checkpoint_made_with_it_needs_it_and_says_so(tmp_path: Path) -> None:
     """Save with the plugin installed (bitwise-equal logits after load); upgrade it (a warning
     naming both versions, an error when strict); uninstall it (the error names what to install)."""
