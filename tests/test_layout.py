@@ -333,6 +333,19 @@ def test_the_model_imports_nothing_above_it() -> None:
     assert not above, "\n".join(above)
 
 
+@pytest.mark.parametrize("module", ["spec.py", "syntax.py"])
+def test_spec_modules_are_grammar_only(module: str) -> None:
+    source = (ROOT / module).read_text(encoding="utf-8")
+    imported = {
+        node.module
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.ImportFrom) and node.module
+    }
+    assert not {m for m in imported if m.startswith(("lmcore.registry", "lmcore.blueprint"))}
+    # The grammar of keys, nested components and layer selections, and the canonical form.
+    assert len(source.splitlines()) < 600
+
+
 def test_no_file_is_too_long_to_read() -> None:
     long = []
     for name, m in modules().items():

@@ -14,13 +14,13 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import TINY_SPEC, tiny_corpus
 
 from lmcore.cli.main import main
 from lmcore.data import TokenData, prepare
 from lmcore.errors import DataError, TrainError
 from lmcore.locks import LOCK_FILE, Holder, lock_file, new_directory, sibling_lock
 from lmcore.train.runs import lock_run, read_run
+from tests.helpers import TINY_SPEC, raises_naming, tiny_corpus
 
 # "PID 123 on host, started 2026-01-01T00:00:00+00:00 (command)": the holder as named
 HOST = re.escape(socket.gethostname())
@@ -34,11 +34,20 @@ def in_use(what: str, holder: str = HOLDER) -> str:
     )
 
 
+def naming_in_use(what: str, holder: str = HOLDER) -> tuple[str | re.Pattern[str], ...]:
+    """What `in_use` says, as the facts `raises_naming` looks for."""
+    return (
+        f"{what} is in use by another lmcore process: ",
+        re.compile(holder),
+        re.compile(r"wait for it to finish or stop it \(kill \d+\), then try again"),
+    )
+
+
 def test_a_second_lock_names_the_holder_and_is_free_after_release(tmp_path: Path) -> None:
     file = tmp_path / LOCK_FILE
     with lock_file(file, what="run directory r", error=TrainError) as held:
         assert held.held
-        with pytest.raises(TrainError, match=in_use("run directory r")):
+        with raises_naming(TrainError, *naming_in_use("run directory r")):
             lock_file(file, what="run directory r", error=TrainError)
     assert not held.held and file.read_bytes() == b""  # the details go with the lock
     lock_file(file, what="run directory r", error=TrainError).release()
@@ -61,7 +70,7 @@ def test_a_killed_holder_leaves_the_lock_free(tmp_path: Path) -> None:
     try:
         assert child.stdout is not None and child.stdout.readline() == "locked\n"
         holder = rf"PID {child.pid} on {HOST}, started [^ ]+ \(-c\)"
-        with pytest.raises(DataError, match=in_use("--out d", holder)):
+        with raises_naming(DataError, *naming_in_use("--out d", holder)):
             lock_file(file, what="--out d", error=DataError)
         assert Holder.parse(file.read_bytes()) is not None
     finally:
@@ -97,8 +106,13 @@ def test_a_new_directory_appears_whole_and_replaces_only_with_force(tmp_path: Pa
         assert tmp.parent == tmp_path and tmp.name.startswith(".out.") and not out.exists()
         write_dir(tmp, a="1", b="2")
     assert contents(out) == {"a": "1", "b": "2"}
-    refused = rf"--out '{out}' is not empty \(it holds a, b\); nothing was written: pass --force"
-    with pytest.raises(DataError, match=refused), new_directory(out, force=False, **kw):
+    refused = (
+        f"--out '{out}' is not empty",
+        "(it holds a, b)",
+        "nothing was written",
+        "pass --force",
+    )
+    with raises_naming(DataError, *refused), new_directory(out, force=False, **kw):
         pass
     with new_directory(out, force=True, **kw) as tmp:
         write_dir(tmp, c="3")
@@ -114,12 +128,13 @@ def test_force_never_replaces_a_directory_holding_a_source(tmp_path: Path) -> No
     out = tmp_path / "out"
     write_dir(out / "corpus", a="text")
     inside = (
-        rf"SOURCE '{out}/corpus' is inside --out '{out}', which --force would replace whole "
-        r"\(deleting it\); move it out first, or choose another path"
+        f"SOURCE '{out}/corpus' is inside --out '{out}'",
+        "which --force would replace whole (deleting it)",
+        "move it out first, or choose another path",
     )
     keep = [("SOURCE", out / "corpus")]
     with (
-        pytest.raises(DataError, match=inside),
+        raises_naming(DataError, *inside),
         new_directory(out, force=True, what="--out", error=DataError, fix="", keep_out=keep),
     ):
         pass

@@ -1,0 +1,113 @@
+"""ffn=moe, the declaration of lmcore.model.moe's layer: accounting of total and active
+parameters, describe, spec errors, the kit on its variants, and the model around it: the cache
+and save/load."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import lmcore
+from lmcore import build_model, get_registry
+from lmcore.errors import SpecError
+from lmcore.model.counting import account
+from lmcore.model.generate import GREEDY
+from lmcore.testing import CHECKS, Case, Settings, Target
+
+BASE = "vocab_size=97, context_length=16, d_model=32, num_heads=2, d_ff=48"
+
+
+SMALL = f"{BASE}, num_layers=2"
+
+
+def test_total_and_active_parameters_and_flops_per_token() -> None:
+    spec = f"{SMALL}, ffn=moe(num_experts=8, top_k=2, shared=swiglu(d_ff=16), shared_gate=sigmoid)"
+    acc = account(spec, seq_len=8)
+    model = build_model(spec)
+    d, f = 32, 48
+    expert, shared = 3 * d * f, 3 * d * 16
+    row = acc.row("layers.*.ffn")
+    assert row.params_each == 8 * d + 8 * expert + shared + d
+    assert row.active_params == 2 * (8 * d + 2 * expert + shared + d)
+    assert acc.params == sum(p.numel() for p in model.parameters())
+    assert acc.params - acc.active_params == 2 * 6 * expert
+    # per token: the router, two experts, the shared expert and its gate
+    assert row.flops_each == 8 * (2 * d * 8 + 2 * 2 * expert + 2 * shared + 2 * d)
+    assert acc.flops_per_token == acc.flops / 8
+
+
+def test_describe_prints_total_and_active_parameters() -> None:
+    from lmcore.cli.describe import describe_lines
+    from lmcore.describe import describe
+
+    lines = describe_lines(describe(f"{SMALL}, ffn=moe(num_experts=8, top_k=2, renormalize=true)"))
+    acc = account(f"{SMALL}, ffn=moe(num_experts=8, top_k=2, renormalize=true)")
+    line = next(x for x in lines if x.startswith("active parameters:"))
+    assert f"{acc.active_params:,} of {acc.params:,}" in line and "FLOPs per token" in line
+    assert not any(x.startswith("active parameters:") for x in describe_lines(describe(SMALL)))
+
+
+@pytest.mark.parametrize(
+    ("ffn", "message"),
+    [
+        ("moe(num_experts=4, top_k=5)", r"top_k=5 exceeds num_experts=4"),
+        ("moe(softmax=after, renormalize=true)", r"softmax=after already gives top-k weights"),
+        ("moe(shared_gate=sigmoid)", r"shared_gate=sigmoid gates the shared expert; give one"),
+        ("moe(expert=swiglo)", r"swiglo.*did you mean 'swiglu'"),
+        ("moe(expert=moe)", r"expert=moe.*: an expert is a plain feed-forward network"),
+        ("moe(expert=swiglu(d_ff=64))", r"the experts' width is the moe's d_ff .*moe\(d_ff=64\)"),
+        ("moe(softmax=later)", r"'softmax' of ffn 'moe' must be one of .*before"),
+    ],
+)
+def test_spec_errors_name_the_problem(ffn: str, message: str) -> None:
+    with pytest.raises(SpecError, match=message):
+        lmcore.parse_spec(f"{SMALL}, ffn={ffn}")
+
+
+KIT_VARIANTS = [
+    (("softmax", "after"), ("top_k", 3)),
+    (("shared", "gelu"), ("shared_gate", "sigmoid")),
+    (("expert", "geglu"), ("num_experts", 3), ("top_k", 1)),
+]
+
+
+@pytest.mark.parametrize("overrides", KIT_VARIANTS, ids=[str(v) for v in KIT_VARIANTS])
+def test_variants_pass_the_conformance_kit(overrides: tuple[tuple[str, Any], ...]) -> None:
+    target = Target(get_registry().get("ffn", "moe"), overrides)
+    for check in CHECKS:
+        if check.applies_to(target):
+            for variant in check.variants:
+                Case(check, target, variant).run(Settings(compile_backend="aot_eager"))
+
+
+MODELS = [
+    f"{SMALL}, ffn=moe(num_experts=4, top_k=2, renormalize=true)",
+    f"{SMALL}, num_kv_heads=1, ffn=moe(num_experts=3, top_k=1, softmax=after, shared=gelu(d_ff=16))",
+]
+
+
+@pytest.mark.parametrize("spec", MODELS)
+def test_cached_greedy_decoding_equals_recomputing(spec: str) -> None:
+    torch.manual_seed(0)
+    model = build_model(spec).eval()
+    prompt = torch.randint(0, 97, (2, 4))
+    seq = prompt
+    with torch.no_grad():
+        for _ in range(8):
+            seq = torch.cat([seq, model(seq)[:, -1].argmax(-1, keepdim=True)], dim=1)
+    assert torch.equal(model.generate(prompt, 8, GREEDY), seq[:, 4:])
+
+
+@pytest.mark.parametrize("spec", MODELS)
+def test_save_and_load_are_bitwise(spec: str, tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = build_model(spec)
+    path = model.save(tmp_path / "m.safetensors")
+    torch.manual_seed(1)
+    loaded = lmcore.load(path)
+    x = torch.randint(0, 97, (2, 16))
+    assert str(loaded.spec) == str(model.spec)
+    assert torch.equal(loaded(x), model(x))

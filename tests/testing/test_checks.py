@@ -1,0 +1,50 @@
+"""The checks together: every one is shown failing by some planted bug, and correct components
+pass every check."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.helpers import (
+    EXPECTED,
+    NODE,
+    PLANTED_BESIDE_BUILTINS,
+    failures,
+    planted_bugs_caught_by,
+    run_kit,
+)
+
+pytest_plugins = ["pytester"]
+pytestmark = pytest.mark.usefixtures("kit_warmed_up")
+
+
+def test_every_check_is_shown_failing_by_some_planted_bug() -> None:
+    from lmcore.testing import CHECKS
+
+    caught = {
+        test.split("[")[0].removeprefix("test_") for tests in EXPECTED.values() for test in tests
+    }
+    caught.add("build")  # test_module_checks: a module that is not a positional encoding
+    caught.add("activations")  # test_declaration_checks: a wrong activations declaration
+    caught.add("cache")  # test_runtime_checks: a component that breaks the cache
+    caught |= {name for name, *_ in PLANTED_BESIDE_BUILTINS}  # the tests beside the builtins
+    assert caught == {c.name for c in CHECKS}
+    # Each planted bug is run by the tests of the one module of checks that catches it.
+    modules = {c.fn.__module__.rsplit(".", 1)[-1] for c in CHECKS}
+    by_module = [name for module in sorted(modules) for name in planted_bugs_caught_by(module)]
+    assert sorted(by_module) == sorted(EXPECTED)
+
+
+@pytest.mark.parametrize("component", ["good-norm", "good-attn", "good-rotary"])
+def test_correct_components_pass_every_check(pytester: pytest.Pytester, component: str) -> None:
+    outcomes = run_kit(pytester, "--lmcore-component", component)
+    # The activations check needs a declaration, which these components leave out (optional);
+    # the cache check a model around them, which the planted-only registry cannot build.
+    skipped = {k for k, v in outcomes.items() if v == "skipped"}
+    assert sorted(k.split("[")[0] for k in skipped) == [
+        NODE + "test_activations",
+        NODE + "test_cache",
+    ]
+    assert outcomes and {v for k, v in outcomes.items() if k not in skipped} == {"passed"}, (
+        failures(outcomes)
+    )
