@@ -96,3 +96,16 @@ def single_thread() -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(threads)
+
+
+# ------------------------------------------------------------------ checkpoints
+
+
+@pytest.fixture
+def saved(tmp_path: Path) -> Path:
+    """A checkpoint of `SMALL_SPEC`, every weight perturbed: the checkpoint tests (here and in
+    tests/model) load it, or damage a copy of it."""
+    from tests.helpers import SMALL_SPEC, perturbed
+
+    path: Path = perturbed(SMALL_SPEC).save(tmp_path / "m.safetensors")
+    return path

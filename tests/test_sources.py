@@ -1,22 +1,19 @@
 """What a command's model argument may be (a spec, a checkpoint file, directory or run, a Hugging
-Face config), opened once: each kind told apart, built and given its tokenizer; and each command's
-model resolved once (`lmcore.blueprint.resolve` entered once from the command line on)."""
+Face config), opened once: each kind told apart, built and given its tokenizer; `lmcore.load` of a
+file, a checkpoint directory or a run. Each command's model resolved once:
+tests/cli/test_main_resolves_once.py."""
 
 from __future__ import annotations
 
-import sys
-import traceback
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 
 import lmcore
-from lmcore import blueprint
 from lmcore.cli.common import UsageError
-from lmcore.cli.main import main
 from lmcore.errors import CheckpointError, EvalError, SpecError
+from lmcore.runfiles import find_checkpoint
 from lmcore.sources import (
     is_checkpoint_path,
     locate,
@@ -25,9 +22,8 @@ from lmcore.sources import (
     read_tokenizer,
     source_of,
 )
-from tests.helpers import TINY_SPEC
-
-SMALL = "vocab_size=97, context_length=16, d_model=32, num_layers=2, num_heads=4, d_ff=64"
+from tests.helpers import SMALL_SPEC as SMALL
+from tests.helpers import perturbed, raises_naming, token_ids
 
 
 @pytest.fixture
@@ -111,54 +107,36 @@ def test_a_tokenizer_file_that_is_none_is_the_commands_error(tmp_path: Path) -> 
             read_tokenizer(bad, error)
 
 
-# ------------------------------------------------------------------------------ resolved once
-
-
-@pytest.fixture
-def resolutions(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
-    """Each entry into `lmcore.blueprint.resolve` from now on, as the line that called it: the
-    function, and every name a module imported it under."""
-    original = blueprint.resolve
-    calls: list[str] = []
-
-    def counted(spec: object, registry: object = None) -> object:
-        caller = traceback.extract_stack(limit=2)[0]
-        calls.append(f"{Path(caller.filename).name}:{caller.lineno} {caller.name}")
-        return original(spec, registry)  # type: ignore[arg-type]
-
-    for name, module in list(sys.modules.items()):
-        if name.split(".")[0] == "lmcore" and getattr(module, "resolve", None) is original:
-            monkeypatch.setattr(module, "resolve", counted)
-    monkeypatch.setattr(blueprint, "resolve", counted)
-    yield calls
-
-
-@pytest.mark.usefixtures("single_thread")
-def test_each_commands_model_is_resolved_once(
-    tiny_data: Path,
-    tmp_path: Path,
-    resolutions: list[str],
-    capsys: pytest.CaptureFixture[str],
-) -> None:
+def test_load_takes_a_checkpoint_directory_or_a_run_directory(tmp_path: Path) -> None:
+    """What `lmcore generate` takes: a run directory loads its newest checkpoint's model."""
     run = tmp_path / "run"
-    ckpt = run / "checkpoints" / "step-000001" / "model.safetensors"
-    budget = ["--steps", "1", "--batch-size", "2", "--eval-batches", "1", "--device", "cpu"]
-    commands = {
-        "train": ["train", TINY_SPEC, "--data", str(tiny_data), "--out", str(run), *budget],
-        "train CKPT": ["train", str(ckpt), "--data", str(tiny_data), "--out", str(tmp_path / "again"), *budget],
-        "train --resume": ["train", "--resume", str(run), "--steps", "2"],
-        "build": ["build", TINY_SPEC],
-        "build CKPT": ["build", str(ckpt)],
-        "describe CKPT": ["describe", str(ckpt)],
-        "run": ["run", TINY_SPEC, "--steps", "1", "--device", "cpu"],
-        "generate RUN": ["generate", str(run), "--prompt-ids", "1", "--max-new-tokens", "1", "--device", "cpu"],
-        "generate": ["generate", TINY_SPEC, "--prompt-ids", "1", "--max-new-tokens", "1", "--device", "cpu"],
-        "eval RUN": ["eval", str(run), "--data", str(tiny_data), "--device", "cpu"],
-    }  # fmt: skip
-    entered = {}
-    for what, argv in commands.items():
-        resolutions.clear()
-        assert main(argv) == 0, (what, capsys.readouterr().err)
-        entered[what] = list(resolutions)
-    capsys.readouterr()
-    assert {k: len(v) for k, v in entered.items()} == dict.fromkeys(commands, 1), entered
+    models = {}
+    for step in (10, 200, 30):
+        ckpt = run / "checkpoints" / f"step-{step:06d}"
+        ckpt.mkdir(parents=True)
+        models[step] = perturbed(SMALL, seed=step)
+        lmcore.save(models[step], ckpt / "model.safetensors")
+    (run / "checkpoints" / ".step-000300.1a2b.tmp").mkdir()  # an interrupted save: not a step
+    (run / "run.json").write_text("{}")
+    empty = tmp_path / "empty-run"
+    empty.mkdir()
+    (empty / "run.json").write_text("{}")
+    with pytest.raises(CheckpointError, match=r"has no checkpoint yet .*lmcore train --resume"):
+        lmcore.load(empty)
+    x = token_ids()
+    newest = run / "checkpoints" / "step-000200"
+    assert find_checkpoint(run) == newest / "model.safetensors"
+    assert find_checkpoint(newest) == newest / "model.safetensors"
+    assert find_checkpoint(newest / "model.safetensors") == newest / "model.safetensors"
+    for path in (run, newest, newest / "model.safetensors"):
+        assert torch.equal(lmcore.load(path)(x), models[200](x)), path
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "config.json").write_text("{}")
+    with raises_naming(
+        CheckpointError,
+        "neither a model file",
+        "it holds a config.json",
+        f"`lmcore convert --from-hf {hf} OUT.safetensors`",
+    ):
+        lmcore.load(hf)

@@ -8,7 +8,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lmcore import get_registry
 from lmcore.model.nn import (
     Embedding,
     Linear,
@@ -263,24 +262,5 @@ def test_sdpa_stays_finite_and_exact_for_large_logits(scale: float) -> None:
     keep = causal_mask(16, 16)
     out = scaled_dot_product_attention(q, k, v, mask=keep)
     expected = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=True)
-    assert torch.isfinite(out).all()
-    torch.testing.assert_close(out, expected.float(), rtol=1e-4, atol=1e-4)
-
-
-@pytest.mark.parametrize("name", [e.name for e in get_registry().entries("attn")])
-def test_every_attention_kernel_is_stable_for_large_logits(name: str) -> None:
-    torch.manual_seed(0)
-    entry = get_registry().get("attn", name)
-    grouped = "gqa" in entry.component.features
-    kernel = entry.component.create(num_heads=4, num_kv_heads=2 if grouped else 4, head_dim=16)
-    q = 30.0 * torch.randn(2, 4, 12, 16)
-    k, v = 30.0 * torch.randn(2, 2, 12, 16), torch.randn(2, 2, 12, 16)
-    if not grouped:
-        k, v = k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1)
-    with torch.no_grad():
-        out = kernel(q, k, v, causal=True)
-    expected = F.scaled_dot_product_attention(
-        q.double(), k.double(), v.double(), is_causal=True, enable_gqa=grouped
-    )
     assert torch.isfinite(out).all()
     torch.testing.assert_close(out, expected.float(), rtol=1e-4, atol=1e-4)

@@ -1,4 +1,4 @@
-"""lmcore.attention: the tiled kernel behind attn=sdpa and attn=chunked, against an independent
+"""lmcore.model.attention: the tiled kernel behind attn=sdpa and attn=chunked, against an independent
 float64 formula (k and v repeated to q's heads, an explicit mask, torch.softmax), forward and
 gradients, with tiles small enough that every shape is cut into many of them."""
 
@@ -9,9 +9,11 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
 import lmcore.model.attention as attention
+from lmcore import get_registry
 from lmcore.model.attention import Plan, kept_elements, tiled_attention
 
 MODES = {"kept weights (sdpa)": None, "key blocks of 3 (chunked)": 3, "key blocks of 8": 8}
@@ -400,3 +402,25 @@ def test_a_window_keeps_only_the_weights_inside_it_and_counts_them(sq, sk, windo
     assert bool((seen[:, allowed] == 1).all())  # every score in the window, once
     assert kept_elements(plan) == plan.heads * int(seen.sum())
     assert kept_elements(plan) == sum(a * b * c for a, b, c in plan.kept_shapes())
+
+
+# ------------------------------------------------------ every kernel, large logits (issue 11)
+
+
+@pytest.mark.parametrize("name", [e.name for e in get_registry().entries("attn")])
+def test_every_attention_kernel_is_stable_for_large_logits(name: str) -> None:
+    torch.manual_seed(0)
+    entry = get_registry().get("attn", name)
+    grouped = "gqa" in entry.component.features
+    kernel = entry.component.create(num_heads=4, num_kv_heads=2 if grouped else 4, head_dim=16)
+    q = 30.0 * torch.randn(2, 4, 12, 16)
+    k, v = 30.0 * torch.randn(2, 2, 12, 16), torch.randn(2, 2, 12, 16)
+    if not grouped:
+        k, v = k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1)
+    with torch.no_grad():
+        out = kernel(q, k, v, causal=True)
+    expected = F.scaled_dot_product_attention(
+        q.double(), k.double(), v.double(), is_causal=True, enable_gqa=grouped
+    )
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out, expected.float(), rtol=1e-4, atol=1e-4)

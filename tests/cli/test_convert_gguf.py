@@ -1,0 +1,133 @@
+"""`lmcore convert --from-gguf` and `--to-gguf`: a GGUF Llama's tokenizer and chat template stored
+in the checkpoint (and `lmcore generate --chat` stopping at the end of a turn), a checkpoint
+written as GGUF that transformers' own GGUF loader reads with lmcore's logits, and the options
+each direction takes (the conversion itself: tests/gguf/)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import lmcore
+from lmcore.cli.chat import Conversation
+from lmcore.cli.main import main
+from lmcore.gguf import load_gguf
+from lmcore.model.generate import GREEDY
+from lmcore.tokenizer import SavedTokenizer
+from tests.helpers import (
+    CHATML,
+    GGUF_IDS,
+    byte_level_bpe,
+    ggml_tokenizer,
+    hf_llama,
+    needs_gguf,
+    quiet_transformers,
+    write_llama,
+)
+
+gguf = needs_gguf()
+transformers = quiet_transformers()
+T = gguf.GGMLQuantizationType
+
+
+def test_convert_from_gguf_stores_the_tokenizer_and_chat_stops_at_end_of_turn(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    tok = byte_level_bpe()
+    hf = hf_llama(vocab=300)
+    write_llama(tmp_path / "m.gguf", hf, T.Q8_0, tokenizer=ggml_tokenizer(tok))
+    out = tmp_path / "m.safetensors"
+    assert main(["convert", "--from-gguf", str(tmp_path / "m.gguf"), str(out)]) == 0
+    assert "tokenizer: stored" in capsys.readouterr().out
+    info = lmcore.read_info(out)
+    assert info.tokenizer is not None and info.tokenizer.chat_template == CHATML
+    assert json.loads(info.metadata["gguf.metadata"])["general.name"] == "tiny"
+    end = tok.token_to_id("<|im_end|>")
+    model = lmcore.load(out)
+    with torch.no_grad():  # make the model answer "<|im_end|>" after two tokens of anything
+        model.lm_head.weight.zero_()
+    saved = model.tokenizer
+    assert saved is not None
+    chat = Conversation(model, saved, saved.tokenizer())
+    with torch.no_grad():
+        model.lm_head.weight[end] = 1.0
+        model.ln_final.weight.fill_(1.0)
+    written: list[str] = []
+    reply = chat.turn("Hi there", written.append, GREEDY, show_special=True)
+    assert reply == [end] and "".join(written) == "<|im_end|>"
+    first = len(chat.cached)
+    chat.turn("again", written.append, GREEDY)
+    assert chat.kv is not None and chat.kv.length == len(chat.cached) > first
+    capsys.readouterr()
+    edited = model.save(tmp_path / "edited.safetensors")  # keeps the model's tokenizer
+    args = ["generate", str(edited), "--chat", "Hi", "--temperature", "0"]
+    assert main([*args, "--show-special"]) == 0  # no --tokenizer; stops at <|im_end|>
+    shown = capsys.readouterr()
+    assert f"1 tokens (stop token {end})" in shown.err and shown.out == "<|im_end|>\n"
+    assert main(args) == 0
+    assert capsys.readouterr().out == "\n"  # special tokens hidden by default
+
+
+@pytest.mark.parametrize("kind, tolerance", [("f32", 1e-4), ("f16", 2e-2), ("q8_0", 5e-2)])
+def test_to_gguf_loads_in_transformers_with_lmcore_s_logits(
+    tmp_path: Path, kind: str, tolerance: float
+) -> None:
+    torch.manual_seed(0)
+    spec = "vocab_size=300,context_length=64,d_model=64,num_layers=2,num_heads=4,num_kv_heads=2,d_ff=128"
+    model = lmcore.build_model(spec)
+    model.tokenizer = SavedTokenizer.from_tokenizer(byte_level_bpe(), chat_template=CHATML)
+    ckpt = model.save(tmp_path / "m.safetensors")
+    assert main(["convert", "--to-gguf", str(ckpt), str(tmp_path / "m.gguf"), "--type", kind]) == 0
+    reader = gguf.GGUFReader(str(tmp_path / "m.gguf"))
+    types = {t.name: t.tensor_type.name for t in reader.tensors}
+    assert types["blk.0.attn_q.weight"] == kind.upper() and types["output_norm.weight"] == "F32"
+    assert "tokenizer.ggml.merges" in reader.fields and "output.weight" in types
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        tmp_path, gguf_file="m.gguf", dtype=torch.float32
+    )
+    ids = GGUF_IDS % 300
+    with torch.no_grad():
+        theirs, ours = hf(ids).logits, model(ids)
+        again = load_gguf(tmp_path / "m.gguf", dtype=torch.float32)(ids)  # the file, read back
+    torch.testing.assert_close(theirs, again, atol=1e-4, rtol=0)
+    torch.testing.assert_close(theirs, ours, atol=tolerance, rtol=0)
+    roundtrip = load_gguf(tmp_path / "m.gguf").tokenizer
+    assert roundtrip is not None and roundtrip.chat_template == CHATML
+
+
+def test_convert_s_gguf_options_are_checked(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ckpt = lmcore.build_model(
+        "vocab_size=64,context_length=16,d_model=32,num_layers=1,num_heads=2,pos=nope"
+    ).save(tmp_path / "m.safetensors")
+    assert (
+        main(
+            [
+                "convert",
+                "--from-hf",
+                str(tmp_path),
+                str(tmp_path / "o.safetensors"),
+                "--type",
+                "f16",
+            ]
+        )
+        == 2
+    )
+    assert "--type applies to --to-gguf only" in capsys.readouterr().err
+    assert (
+        main(["convert", "--to-gguf", str(ckpt), str(tmp_path / "m.gguf"), "--dtype", "float16"])
+        == 2
+    )
+    assert (
+        "--dtype and --ignore-field apply to --from-hf and --from-gguf only"
+        in capsys.readouterr().err
+    )
+    assert main(["convert", "--to-gguf", str(ckpt), str(tmp_path / "m.gguf")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("lmcore convert: error: ") and "nope" in err and err.count("\n") == 1
+    assert main(["convert", "--from-gguf", str(ckpt), str(tmp_path / "o.safetensors")]) == 2
+    assert "is not a GGUF file" in capsys.readouterr().err

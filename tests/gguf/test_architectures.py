@@ -1,0 +1,59 @@
+"""The GGUF architectures lmcore converts (`lmcore.gguf.architectures`): metadata it does not know
+or cannot express refused by name (unless ignored), and a Qwen 3 whose rotary width is not its
+heads'; what is not a GGUF file at all."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from lmcore.errors import ConversionError
+from lmcore.gguf import load_gguf, read_gguf
+from tests.helpers import (
+    hf_llama,
+    hf_qwen,
+    needs_gguf,
+    quiet_transformers,
+    raises_naming,
+    write_by_gguf_map,
+    write_llama,
+)
+
+gguf = needs_gguf()
+transformers = quiet_transformers()
+
+
+def test_unknown_or_inexpressible_metadata_is_refused_by_name(tmp_path: Path) -> None:
+    write_llama(tmp_path / "m.gguf", hf_llama(), extra={"llama.mystery_knob": 3})
+    with pytest.raises(ConversionError, match=r"llama\.mystery_knob .*--ignore-field"):
+        load_gguf(tmp_path / "m.gguf")
+    assert load_gguf(tmp_path / "m.gguf", ignore=["llama.mystery_knob"]).spec.num_layers == 2
+    write_llama(tmp_path / "e.gguf", hf_llama(), extra={"llama.expert_count": 8})
+    with pytest.raises(ConversionError, match=r"llama\.expert_count=8 \(lmcore converts 0 only\)"):
+        load_gguf(tmp_path / "e.gguf")
+    (tmp_path / "x.gguf").write_bytes(b"GGML" + bytes(60))
+    with pytest.raises(ConversionError, match="is not a GGUF file"):
+        read_gguf(tmp_path / "x.gguf")
+
+
+def test_a_qwen3_whose_rotary_width_differs_from_its_heads_is_refused(tmp_path: Path) -> None:
+    write_by_gguf_map(tmp_path / "m.gguf", hf_qwen("qwen3", 32), gguf.MODEL_ARCH.QWEN3)
+    file = read_gguf(tmp_path / "m.gguf")
+    w = gguf.GGUFWriter(str(tmp_path / "bad.gguf"), "qwen3")
+    for key, field in file.metadata.items():
+        if key.startswith("qwen3.") and key != "qwen3.rope.dimension_count":
+            w.add_uint32(key, field) if isinstance(field, int) else w.add_float32(key, field)
+    w.add_rope_dimension_count(16)
+    for name, t in file.tensors_float().items():
+        w.add_tensor(name, t.numpy())
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with raises_naming(
+        ConversionError,
+        "qwen3.rope.dimension_count=16",
+        "lmcore's heads are qwen3.attention.key_length = 32 wide",
+    ):
+        load_gguf(tmp_path / "bad.gguf")

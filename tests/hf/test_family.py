@@ -1,0 +1,199 @@
+"""A Hugging Face family as data (`lmcore.hf.family`, the tables of `lmcore.hf.<family>`): a
+config.json to a spec and back, what a config holds that lmcore cannot express refused by name,
+every family's default parameter count as Hugging Face's own (counted on the meta device on both
+sides). Each family converted both ways by `lmcore convert`: tests/cli/test_convert_hf_families.py.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import lmcore
+from lmcore import ConversionError
+from lmcore.hf import (
+    FAMILIES,
+    config_to_spec,
+    convert_from_hf,
+    convert_to_hf,
+    read_config,
+    save_llama,
+)
+from tests.helpers import HF_SPEC as SMALL
+from tests.helpers import LLAMA_V4, quiet_transformers, raises_naming, random_family_model
+
+transformers = quiet_transformers()
+from transformers import AutoConfig, AutoModelForCausalLM  # noqa: E402
+
+
+def test_a_transformers_4_config_maps_to_a_spec() -> None:
+    spec = lmcore.parse_spec(config_to_spec(LLAMA_V4))
+    assert str(spec) == (
+        "vocab_size=97,context_length=32,d_model=32,num_layers=2,num_heads=4,num_kv_heads=2,"
+        "d_ff=48,block=prenorm,tie_embeddings=false,norm=rmsnorm(eps=1e-05),ffn=swiglu,"
+        "pos=rope(theta=500000.0),attn=sdpa"
+    )
+    defaults = {k: v for k, v in LLAMA_V4.items() if k not in ("rope_theta", "rms_norm_eps",
+                "num_key_value_heads", "max_position_embeddings", "tie_word_embeddings")}  # fmt: skip
+    spec = lmcore.parse_spec(config_to_spec(defaults))  # Llama's own defaults fill the gaps
+    assert (spec.pos.kwargs["theta"], spec.norm.kwargs["eps"], spec.num_kv_heads) == (
+        10000.0, 1e-6, 4,
+    )  # fmt: skip
+    assert (spec.context_length, spec.tie_embeddings) == (2048, False)
+
+
+@pytest.mark.parametrize(
+    "change, facts",
+    [
+        ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}},
+         ("rope llama3 scaling without low_freq_factor", "rope llama3 scaling without high_freq_factor")),
+        ({"rope_parameters": {"rope_type": "yarn", "factor": 2.0, "rope_theta": 5e5}},
+         ('rope type "yarn"', 'none ("default"), "linear" or "llama3"')),
+        ({"rope_parameters": {"rope_type": "default", "rope_theta": 5e5,
+                              "partial_rotary_factor": 0.5}},
+         ("partial_rotary_factor=0.5", "this family's attention rotates every dimension")),
+        ({"rope_parameters": {"rope_type": "default", "rope_theta": 1e4}},
+         ("rope_theta=500000.0 and rope rope_theta=10000.0 disagree",)),
+        ({"attention_bias": "yes"}, ('attention_bias="yes" is not true or false',)),
+        ({"hidden_act": "relu"},
+         ('hidden_act="relu"', '"silu" or "swish" or "gelu" or "gelu_pytorch_tanh" or "gelu_new"',
+          "a gated MLP's activation")),
+        ({"is_encoder_decoder": True}, ("is_encoder_decoder=true (lmcore computes false)",)),
+        ({"quantization_config": {"bits": 4}, "sliding_window": 4096},
+         ("fields lmcore does not know", "quantization_config, sliding_window",
+          "--ignore-field NAME / ignore=[NAME]")),
+        ({"vocab_size": -3}, ("vocab_size=-3 is not a positive int",)),
+        ({"hidden_size": 0}, ("hidden_size=0 is not a positive int",)),
+        ({"rms_norm_eps": "1e-5"}, ('rms_norm_eps="1e-5" is not a positive float',)),
+        ({"tie_word_embeddings": 1}, ("tie_word_embeddings=1 is not true or false",)),
+],
+)  # fmt: skip
+def test_what_lmcore_cannot_express_is_refused_by_name(change: dict, facts: tuple) -> None:
+    with raises_naming(
+        ConversionError,
+        "DIR/config.json: ",
+        "cannot convert this Hugging Face llama config to lmcore",
+        *facts,
+    ):
+        config_to_spec({**LLAMA_V4, **change}, "DIR/config.json")
+
+
+def test_a_family_lmcore_does_not_convert_and_an_odd_head_are_refused() -> None:
+    with raises_naming(
+        ConversionError,
+        "DIR/config.json: ",
+        "model_type 'bert' does not convert",
+        "llama, mistral, qwen2, qwen3, gemma, gemma2, olmo2, phi3, gpt2, gpt_neox, mixtral, qwen3_moe",
+    ):
+        config_to_spec({**LLAMA_V4, "model_type": "bert"}, "DIR/config.json")
+    with raises_naming(
+        ConversionError,
+        "DIR/config.json: ",
+        "gives a spec lmcore refuses",
+        "pos 'rope'",
+        "head_dim = d_model / num_heads = 7 is odd",
+    ):
+        config_to_spec({**LLAMA_V4, "hidden_size": 30}, "DIR/config.json")
+
+
+def test_every_problem_is_named_at_once() -> None:
+    with pytest.raises(ConversionError) as caught:
+        config_to_spec({**LLAMA_V4, "attention_bias": 1, "mlp_bias": "no", "hidden_act": "relu"})
+    assert str(caught.value).count(";") == 2
+    for name in ("attention_bias", "mlp_bias", "hidden_act"):
+        assert name in str(caught.value)
+
+
+def test_a_third_party_rmsnorm_is_not_taken_for_llamas(tmp_path: Path) -> None:
+    from lmcore import Component, Registry
+    from lmcore_rmsnorm import RMSNorm
+
+    registry = Registry()
+    registry.add(Component(kind="norm", name="rmsnorm", build=RMSNorm), name="mine")
+    with raises_naming(
+        ConversionError,
+        "norm=mine:rmsnorm",
+        "plugin 'mine', module lmcore_rmsnorm",
+        "not lmcore's built-in",
+    ):
+        save_llama(lmcore.build_model(f"{SMALL}, norm=mine:rmsnorm", registry=registry), tmp_path)
+
+
+def _count(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())  # a tied matrix once
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_the_parameter_count_of_the_default_config_is_hugging_faces(name: str) -> None:
+    config = AutoConfig.for_model(name)
+    with torch.device("meta"):
+        theirs = _count(AutoModelForCausalLM.from_config(config))
+    spec = config_to_spec(config.to_dict())
+    assert _count(lmcore.build_model(spec, device="meta")) == theirs
+
+
+def test_fields_transformers_writes_into_every_config_are_kept_not_refused(
+    tmp_path: Path,
+) -> None:
+    random_family_model("qwen3", tmp_path / "hf")
+    path = tmp_path / "hf" / "config.json"
+    neutral = {"_model_name_or_path": "org/model", "unk_token_id": 3, "bos_token_id": 1,
+               "transformers_version": "4.45.0", "torch_dtype": "float32"}  # fmt: skip
+    path.write_text(json.dumps({**json.loads(path.read_text()), **neutral}))
+    reading = read_config(json.loads(path.read_text()))
+    assert {k: reading.kept[k] for k in ("_model_name_or_path", "unk_token_id")} == {
+        "_model_name_or_path": "org/model", "unk_token_id": 3,
+    }  # fmt: skip
+    out = convert_from_hf(tmp_path / "hf", tmp_path / "m.safetensors")
+    back = json.loads((convert_to_hf(out, tmp_path / "back") / "config.json").read_text())
+    assert (back["_model_name_or_path"], back["unk_token_id"], back["bos_token_id"]) == (
+        "org/model", 3, 1,
+    )  # fmt: skip
+
+
+def test_an_edited_spec_is_an_ablation_qwen3_cannot_hold(tmp_path: Path) -> None:
+    random_family_model("qwen3", tmp_path / "hf")
+    spec = config_to_spec(json.loads((tmp_path / "hf" / "config.json").read_text()))
+    assert ",qk_norm=rmsnorm(eps=1e-06)" in spec
+    ablation = lmcore.build_model(spec.replace("qk_norm=rmsnorm(eps=1e-06)", "qk_norm=none"))
+    assert ablation.spec.qk_norm is None
+    with pytest.raises(ConversionError, match=r"qk_norm=none: a Qwen3ForCausalLM has"):
+        lmcore.hf.save_hf(ablation, tmp_path / "out", model_type="qwen3")
+
+
+@pytest.mark.parametrize(
+    "name, change, facts",
+    [
+        ("phi3", {"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4}},
+         ('rope type "longrope"', 'none ("default"), "linear" or "llama3"')),
+        ("llama", {"rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}},
+         ('rope type "dynamic"',)),
+        ("gemma", {"use_bidirectional_attention": True},
+         ("use_bidirectional_attention=true", "lmcore's attention is causal")),
+        ("mixtral", {"hidden_act": "gelu"},
+         ('hidden_act="gelu"', "lmcore's experts here are SwiGLU")),
+        ("gpt2", {"activation_function": "quick_gelu"},
+         ('activation_function="quick_gelu"', 'lmcore expresses "gelu" or "gelu_new"')),
+        ("qwen2", {"layer_types": ["full_attention"]},
+         ('layer_types=["full_attention"]', 'a list of 2 "sliding_attention" or "full_attention"')),
+        ("gpt_neox", {"use_parallel_residual": "yes"},
+         ('use_parallel_residual="yes"', "lmcore expresses true or false")),
+        ("qwen3_moe", {"mlp_only_layers": "all"},
+         ('mlp_only_layers="all" is not a list of layer indices',)),
+],
+)  # fmt: skip
+def test_what_a_family_cannot_express_is_refused_by_name(
+    name: str, change: dict[str, Any], facts: tuple[str, ...]
+) -> None:
+    config = {**AutoConfig.for_model(name, num_hidden_layers=2).to_dict(), **change}
+    with raises_naming(
+        ConversionError,
+        "DIR/config.json: ",
+        f"cannot convert this Hugging Face {name} config to lmcore",
+        *facts,
+    ):
+        config_to_spec(config, "DIR/config.json")
