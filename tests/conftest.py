@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from lmcore.registry import Registry, use_registry
+from tests.helpers import tiny_corpus
 
 MakeDist = Callable[..., Path]
 
@@ -70,21 +71,6 @@ def registry() -> Iterator[Registry]:
     reg = Registry()
     with use_registry(reg):
         yield reg
-
-
-# A small text with structure a tiny model learns in a few hundred steps: a few "functions"
-# repeated with small variations, one per document.
-TINY_SPEC = "vocab_size=300, context_length=16, d_model=32, num_layers=2, num_heads=2"
-
-
-def tiny_corpus(root: Path) -> Path:
-    root.mkdir(parents=True, exist_ok=True)
-    for i in range(24):
-        lines = [
-            f"def f{(i + k) % 5}(x):\n    return x * {k % 3} + {(i * k) % 4}\n" for k in range(12)
-        ]
-        (root / f"doc{i:02d}.py").write_text("".join(lines), encoding="utf-8")
-    return root
 
 
 @pytest.fixture(scope="session")

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TINY_SPEC
 from safetensors import SafetensorError
 
 import lmcore
@@ -22,6 +21,7 @@ import lmcore.model.saving as saving
 from lmcore.cli.main import main
 from lmcore.model.generate import Sampling, sample
 from lmcore.train.runs import checkpoints, read_run
+from tests.helpers import TINY_SPEC
 
 SPEC = "vocab_size=97, context_length=16, d_model=32, num_layers=1, num_heads=2, d_ff=64"
 FULL = "; nothing was replaced: free space there, or write elsewhere"

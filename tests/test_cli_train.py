@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TINY_SPEC, tiny_corpus
 
 import lmcore
 from lmcore.cli.main import main
 from lmcore.model.generate import GREEDY
 from lmcore.train import quickstart as qs
 from lmcore.train.runs import checkpoints, latest_checkpoint, read_metrics, read_run
+from tests.helpers import TINY_SPEC, tiny_corpus
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

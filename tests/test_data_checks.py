@@ -9,7 +9,6 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import tiny_corpus
 from tokenizers import Tokenizer
 
 from lmcore.cli.main import main
@@ -17,6 +16,7 @@ from lmcore.data import TokenData, prepare
 from lmcore.data.prepare import LONG_RUNS, RUN_PIECE, _training_text
 from lmcore.data.sources import SourceFile, forced_cut, read_chunks
 from lmcore.errors import DataError
+from tests.helpers import tiny_corpus
 
 EOT = "<|endoftext|>"
 

@@ -14,13 +14,13 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import TINY_SPEC, tiny_corpus
 
 from lmcore.cli.main import main
 from lmcore.data import TokenData, prepare
 from lmcore.errors import DataError, TrainError
 from lmcore.locks import LOCK_FILE, Holder, lock_file, new_directory, sibling_lock
 from lmcore.train.runs import lock_run, read_run
+from tests.helpers import TINY_SPEC, tiny_corpus
 
 # "PID 123 on host, started 2026-01-01T00:00:00+00:00 (command)": the holder as named
 HOST = re.escape(socket.gethostname())

@@ -17,7 +17,6 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
-from parallel_worker import CONFIG, OPTIONS, SPEC, TIED, TP_OPTIONS, probe
 from safetensors.torch import load_file
 
 import lmcore
@@ -36,6 +35,7 @@ from lmcore.train.parallel import (
 )
 from lmcore.train.runs import CHECKPOINTS, checkpoints, latest_checkpoint, read_metrics, read_run
 from lmcore.train.trainer import Parallel, train
+from tests.parallel_worker import CONFIG, OPTIONS, SPEC, TIED, TP_OPTIONS, probe
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

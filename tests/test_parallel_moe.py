@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from parallel_moe_worker import AUX, CONFIG, SPEC
 from safetensors.torch import load_file
-from test_parallel import torchrun
 
 from lmcore.train.runs import latest_checkpoint, read_metrics
 from lmcore.train.trainer import train
+from tests.parallel_moe_worker import AUX, CONFIG, SPEC
+from tests.test_parallel import torchrun
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TINY_SPEC
 
 import lmcore
 from lmcore import blueprint
@@ -26,6 +25,7 @@ from lmcore.sources import (
     read_tokenizer,
     source_of,
 )
+from tests.helpers import TINY_SPEC
 
 SMALL = "vocab_size=97, context_length=16, d_model=32, num_layers=2, num_heads=4, d_ff=64"
 

@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import TINY_SPEC
 from torch import nn
 
 import lmcore
@@ -20,6 +19,7 @@ from lmcore.train.config import TrainConfig
 from lmcore.train.runs import read_metrics, read_run, spec_hash
 from lmcore.train.summary import summary_markdown
 from lmcore.train.sweep import compare_runs, plan, sweep, table_markdown, variant_spec
+from tests.helpers import TINY_SPEC
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

@@ -11,13 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import TINY_SPEC
 
 from lmcore.train.config import TrainConfig
 from lmcore.train.launch import LauncherOptions, RunTask, slurm_minutes
 from lmcore.train.launch.process import outcome_of, reason
 from lmcore.train.runs import read_metrics
 from lmcore.train.sweep import plan, sweep
+from tests.helpers import TINY_SPEC
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

@@ -13,7 +13,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import TINY_SPEC
 
 from lmcore.cli.main import main
 from lmcore.data.tokens import TokenData
@@ -21,6 +20,7 @@ from lmcore.train.config import TRACKERS, TrainConfig
 from lmcore.train.runs import read_metrics
 from lmcore.train.trackers import STATE_FILE, TB_DIR
 from lmcore.train.trainer import train
+from tests.helpers import TINY_SPEC
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 INSTALLED = [t for t in TRACKERS if importlib.util.find_spec(t) is not None]

@@ -11,7 +11,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import TINY_SPEC
 from safetensors.torch import load_file
 from tokenizers import Tokenizer
 
@@ -34,6 +33,7 @@ from lmcore.train.runs import (
     spec_tag,
 )
 from lmcore.train.trainer import resume, train
+from tests.helpers import TINY_SPEC
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
