@@ -13,8 +13,8 @@ from safetensors.torch import load_file
 
 from lmcore.train.runs import latest_checkpoint, read_metrics
 from lmcore.train.trainer import train
-from tests.parallel_moe_worker import AUX, CONFIG, SPEC
-from tests.test_parallel import torchrun
+from tests.train.parallel_moe_worker import AUX, CONFIG, SPEC
+from tests.train.test_parallel import torchrun
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

@@ -1,7 +1,7 @@
-"""Run by tests/test_parallel.py under torchrun (2 CPU processes, gloo); not a test module.
+"""Run by tests/train/test_parallel.py under torchrun (2 CPU processes, gloo); not a test module.
 
-    torchrun --nproc-per-node 2 tests/parallel_worker.py runs DATA OUT
-    torchrun --nproc-per-node 2 tests/parallel_worker.py fail DATA OUT
+    torchrun --nproc-per-node 2 tests/train/parallel_worker.py runs DATA OUT
+    torchrun --nproc-per-node 2 tests/train/parallel_worker.py fail DATA OUT
 
 `runs`: in one process group, the 2-rank runs the tests compare with one-process runs: ddp and
 fsdp (tied embeddings) for 4 steps, fsdp stopped after 2 steps and resumed to 4, fsdp with

@@ -1,6 +1,7 @@
-"""Run by tests/test_parallel_moe.py under torchrun (2 CPU processes, gloo); not a test module.
+"""Run by tests/train/test_parallel_moe.py under torchrun (2 CPU processes, gloo); not a test
+module.
 
-    torchrun --nproc-per-node 2 tests/parallel_moe_worker.py DATA OUT
+    torchrun --nproc-per-node 2 tests/train/parallel_moe_worker.py DATA OUT
 
 Trains a mixture-of-experts model with DDP and with FSDP2, without the load-balancing loss (so
 that two ranks must reproduce one process exactly) and with it (each rank balances its own

@@ -1,7 +1,7 @@
 """lmcore's lm-evaluation-harness model against lm-eval's own `hf` model, on a Llama-shaped
 lmcore checkpoint converted with `lmcore convert --to-hf`: the same log-likelihood for every
 request (within 1e-4), the same accuracies and the same greedy generations, on the local tasks
-in tests/lm_eval_tasks (nothing is downloaded: the datasets load offline)."""
+in tests/eval/lm_eval_tasks (nothing is downloaded: the datasets load offline)."""
 
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # 
 import lmcore  # noqa: E402
 from lmcore.cli.main import main  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
-TASKS_DIR = ROOT / "tests" / "lm_eval_tasks"
+ROOT = Path(__file__).resolve().parents[2]
+TASKS_DIR = Path(__file__).with_name("lm_eval_tasks")
 TASKS = ["lmcore_python_mc", "lmcore_python_ppl", "lmcore_python_gen"]
 SPEC = "vocab_size=320, context_length=64, d_model=64, num_layers=2, num_heads=4, num_kv_heads=2"
 EOT = "<|endoftext|>"

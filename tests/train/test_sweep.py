@@ -294,7 +294,7 @@ def test_the_sweep_file_is_checked_key_by_key(
 def test_the_manuals_sweep_file_is_the_one_it_shows() -> None:
     from lmcore.train.sweepfile import read_definition
 
-    docs = Path(__file__).resolve().parents[1] / "docs"
+    docs = Path(__file__).resolve().parents[2] / "docs"
     page = (docs / "sweeps.md").read_text(encoding="utf-8")
     shown = page.split("```toml\n", 1)[1].split("```", 1)[0]
     assert shown == (docs / "positions.toml").read_text(encoding="utf-8")

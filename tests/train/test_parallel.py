@@ -1,6 +1,6 @@
 """Data-parallel, fully-sharded and tensor-parallel training on 2 CPU processes (torchrun, gloo).
 
-The 2-rank runs happen in two torchrun launches (tests/parallel_worker.py); each test compares
+The 2-rank runs happen in two torchrun launches (tests/train/parallel_worker.py); each test compares
 what they wrote with a one-process run of the same global batch, made here.
 """
 
@@ -35,7 +35,7 @@ from lmcore.train.parallel import (
 )
 from lmcore.train.runs import CHECKPOINTS, checkpoints, latest_checkpoint, read_metrics, read_run
 from lmcore.train.trainer import Parallel, train
-from tests.parallel_worker import CONFIG, OPTIONS, SPEC, TIED, TP_OPTIONS, probe
+from tests.train.parallel_worker import CONFIG, OPTIONS, SPEC, TIED, TP_OPTIONS, probe
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
