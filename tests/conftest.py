@@ -76,7 +76,7 @@ def registry() -> Iterator[Registry]:
 @pytest.fixture(scope="session")
 def tiny_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Prepared token data of `tiny_corpus` (vocabulary 300), shared by the training tests."""
-    from lmcore.data import prepare
+    from lmcore.data.prepare import prepare
 
     root = tmp_path_factory.mktemp("tiny-data")
     prepare([tiny_corpus(root / "text")], root / "data", vocab_size=300, val_fraction=0.2,
@@ -96,3 +96,15 @@ def single_thread() -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(threads)
+
+
+# --- evaluation -----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def eval_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A directory holding a random tiny model (tests.helpers.EVAL_SPEC) with a byte-level BPE
+    beside it, and two text files, a.py and b.py; shared by the evaluation tests."""
+    from tests.helpers import write_eval_checkpoint
+
+    return write_eval_checkpoint(tmp_path_factory.mktemp("eval"))

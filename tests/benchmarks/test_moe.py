@@ -3,21 +3,13 @@ and experts, computes lmcore's mixture (the benchmark checks this before timing 
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import torch
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "moe.py"
+from tests.helpers import load_benchmark
 
 
 def test_the_mixtral_block_computes_lmcores_mixture() -> None:
-    spec = importlib.util.spec_from_file_location("moe_benchmark", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    bench = importlib.util.module_from_spec(spec)
-    sys.modules["moe_benchmark"] = bench
-    spec.loader.exec_module(bench)
+    bench = load_benchmark("moe")
     torch.manual_seed(0)
     ours = bench.lmcore_layer(16, 24, 4, 2, torch.float32)
     theirs = bench.mixtral_block(ours)

@@ -4,7 +4,6 @@ here it runs at the CS336 test shape, in seconds)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -15,18 +14,14 @@ import pytest
 import torch
 
 from lmcore import build_model
+from tests.helpers import load_benchmark
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "speed.py"
 
 
 @pytest.fixture(scope="module")
 def speed() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("speed", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["speed"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("speed")
 
 
 @pytest.mark.parametrize("spec", ["cs336-tiny", "cs336-tiny, num_kv_heads=2, tie_embeddings=true"])

@@ -1,4 +1,5 @@
-"""`lmcore data prepare`: the summary it prints, its options, and its errors (exit 2, one line)."""
+"""`lmcore data prepare`: the summary it prints, its options, and its errors (exit 2, one line);
+a vocabulary larger than the text can fill is not reserved."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 
 from lmcore.cli.main import main
 from lmcore.data import TokenData
+from tests.helpers import tiny_corpus
 
 TEXT = "The quick brown fox jumps over the lazy dog. " * 30 + "\n"
 
@@ -141,3 +143,15 @@ def test_skip_undecodable_in_the_summary(
         "from 1 source; skipped 1 not UTF-8 (meta.json lists them), e.g. "
         f"{bad}: not UTF-8 at byte offset 3"
     )
+
+
+def test_a_vocabulary_larger_than_the_text_can_fill_is_not_reserved(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The probe: --vocab-size 1000000000 aborted the process in Rust (exit 134) although the
+    # range check lets up to 2**32 through. No text of B bytes has more than B merges.
+    text = tiny_corpus(tmp_path / "text")
+    code = main(["data", "prepare", str(text), "--out", str(tmp_path / "d"), "--vocab-size",
+                 "1000000000"])  # fmt: skip
+    assert code == 0, capsys.readouterr().err
+    assert TokenData.open(tmp_path / "d").vocab_size < 10_000

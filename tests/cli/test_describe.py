@@ -1,8 +1,10 @@
-"""`lmcore describe`: the table, the totals, --json, and its errors."""
+"""`lmcore describe`: the table, the totals, --json, a checkpoint's spec and provenance, and its
+errors; metadata never reaches the terminal raw."""
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -11,10 +13,12 @@ from typing import Any
 import pytest
 import torch
 
+import lmcore
 from lmcore import Component, parse_spec, scoped_registry
 from lmcore.cli.main import main
 from lmcore.describe import activation_bytes
 from lmcore.model.transformer import build_model
+from tests.helpers import CHECKPOINT_SPEC, PROBE_SPEC, mib
 
 ROWS = [
     "token_embeddings",
@@ -255,3 +259,76 @@ def test_a_declaration_the_measurement_contradicts_exits_1(
     err = capsys.readouterr().err.splitlines()
     assert err[0] == "lmcore describe: error: declared activations differ from the measurement:"
     assert err[1].startswith("  layers.*.ln1: declared 0 bytes, measured ")
+
+
+def test_describe_shows_the_embedded_spec_and_provenance(
+    checkpoint: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["describe", str(checkpoint)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == (
+        f"checkpoint: {checkpoint} ({mib(checkpoint)}, 30 tensors, float32; lmcore checkpoint format 1, "
+        f"written by lmcore {lmcore.__version__} with torch {torch.__version__})"
+    )
+    version = lmcore.__version__
+    assert lines[1:7] == [
+        f"  norm   rmsnorm  lmcore-registry {version} (entry point 'rmsnorm', module lmcore_rmsnorm)",
+        f"  ffn    swiglu   lmcore-registry {version} (entry point 'swiglu', module lmcore_ffn:swiglu)",
+        f"  pos    nope     lmcore-registry {version} (entry point 'nope', module lmcore_nope)",
+        f"  attn   sdpa     lmcore-registry {version} (entry point 'sdpa', module lmcore_sdpa)",
+        f"  block  prenorm  lmcore-registry {version} (entry point 'prenorm', module lmcore_blocks:prenorm)",
+        "  checksums: crc32 of each of the 30 tensors, verified on load",
+    ]
+    assert lines[7] == ""
+    assert lines[8] == f"spec: {parse_spec(CHECKPOINT_SPEC)}"
+    assert lines[9] == "input: batch 1 × seq 16 tokens, float32"
+    assert "total" in "\n".join(lines)
+
+
+def test_describe_json_has_the_checkpoint(checkpoint: Path, capsys) -> None:
+    lmcore.build_model(CHECKPOINT_SPEC).save(checkpoint, metadata={"note": "hello"})
+    assert main(["describe", str(checkpoint), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["checkpoint"]["spec"] == data["spec"] == str(parse_spec(CHECKPOINT_SPEC))
+    assert data["checkpoint"]["components"]["pos"]["dist"] == "lmcore-registry"
+    assert data["checkpoint"]["metadata"] == {"note": "hello"}
+    assert data["dtype"] == "float32" and data["total"]["params"] == 1_403_328
+
+
+def test_describe_uses_the_checkpoints_dtype(checkpoint: Path, capsys) -> None:
+    half = lmcore.build_model(CHECKPOINT_SPEC, dtype=torch.bfloat16).save(
+        checkpoint.with_name("h.safetensors")
+    )
+    assert main(["describe", str(half)]) == 0
+    assert "input: batch 1 × seq 16 tokens, bfloat16" in capsys.readouterr().out
+
+
+def test_metadata_strings_never_reach_the_terminal_raw(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The probe: ANSI escapes in metadata reached the terminal; a 10 MB version string printed
+    # 30 MB.
+    model = lmcore.build_model(PROBE_SPEC)
+    path = model.save(tmp_path / "m.safetensors", metadata={"note": "\x1b[31mred\x1b[0m"})
+    assert main(["describe", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and r"metadata: note = '\x1b[31mred\x1b[0m'" in out
+    from safetensors.torch import load_file, save_file
+
+    header = _metadata(path)
+    header["lmcore.lmcore_version"] = "9" * 10_000_000
+    save_file(load_file(str(path)), str(path), metadata=header)
+    assert main(["describe", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert len(err) < 400 and re.fullmatch(
+        rf"lmcore describe: error: {re.escape(str(path))}: has damaged lmcore metadata: "
+        r"lmcore.lmcore_version is not a short printable string \('9999.*9999' \(10,000,000 "
+        r"characters\)\); the file was edited or damaged after lmcore saved it\n",
+        err,
+    )
+
+
+def _metadata(path: Path) -> dict[str, str]:
+    raw = path.read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    return dict(json.loads(raw[8 : 8 + n])["__metadata__"])

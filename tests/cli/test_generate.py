@@ -1,38 +1,34 @@
 """`lmcore generate`: token ids from a spec, text from a checkpoint with the tokenizer beside it,
-in its run directory or in the data directory its run names; every error exits 2 in one line."""
+in its run directory or in the data directory its run names; every error exits 2 in one line,
+naming the fix (a prompt that is not UTF-8, one longer than the context)."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
 import pytest
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Tokenizer, models
 
 import lmcore
 from lmcore.cli.main import main
+from lmcore.data import EOT
 from lmcore.model.generate import GREEDY, Sampling
 from lmcore.runfiles import CHECKPOINT_FILES, MODEL_FILE, RUN_FORMAT, RUN_VERSION, TOKENIZER_FILE
+from tests.helpers import PROBE_SPEC, byte_level_bpe
 
 SPEC = "vocab_size=300, context_length=32, d_model=32, num_layers=2, num_heads=4, d_ff=64"
-EOT = "<|endoftext|>"
+
+
 TEXT = "Once upon a time there was a little dog. The dog liked to run and play in the sun. "
 
 
 def make_tokenizer(path: Path) -> Tokenizer:
     """A byte-level BPE of at most 300 tokens, EOT first, written to `path`."""
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=300,
-        special_tokens=[EOT],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator([TEXT] * 20, trainer)
+    tok = byte_level_bpe([TEXT] * 20, 300)
     path.parent.mkdir(parents=True, exist_ok=True)
     tok.save(str(path))
     return tok
@@ -174,3 +170,33 @@ def test_an_explicit_tokenizer_serves_a_lone_checkpoint_and_stops_at_its_eot(
                  "--max-new-tokens", "3", "--temperature", "0"]) == 0  # fmt: skip
     expected = model.generate(torch.tensor([5, 6]), 3, GREEDY).tolist()
     assert capsys.readouterr().out == " ".join(map(str, expected)) + "\n"
+
+
+def test_a_prompt_with_bytes_that_are_not_utf8(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The probe: invalid UTF-8 in --prompt raised TypeError from tokenizers.
+    tok = tmp_path / "tokenizer.json"
+    Tokenizer(models.BPE()).save(str(tok))
+    model = lmcore.build_model(PROBE_SPEC).save(tmp_path / "m.safetensors")
+    prompt = os.fsdecode(b"a\xffb")  # how Python hands the command line's bytes over
+    assert main(["generate", str(model), "--prompt", prompt, "--tokenizer", str(tok)]) == 2
+    assert capsys.readouterr().err == (
+        "lmcore generate: error: --prompt holds a byte that is not UTF-8 (0xff at character 1); "
+        "give the prompt as UTF-8 text (e.g. convert it with iconv), or its ids with "
+        "--prompt-ids\n"
+    )
+
+
+def test_a_prompt_longer_than_the_context_is_told_how_much_to_keep(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The probe: told to "truncate to the last 16 tokens", which leaves no room to generate.
+    model = lmcore.build_model(PROBE_SPEC).save(tmp_path / "m.safetensors")
+    ids = ",".join(["1"] * 20)
+    assert main(["generate", str(model), "--prompt-ids", ids, "--device", "cpu"]) == 2
+    assert capsys.readouterr().err == (
+        "lmcore generate: error: the prompt is 20 tokens, more than context_length=16; a prompt "
+        "of P tokens leaves room for 17 - P new ones: shorten it, e.g. to its last 8 tokens "
+        "(room for 9); lmcore never drops tokens silently\n"
+    )

@@ -1,21 +1,20 @@
-"""`lmcore run`: output format, a finite loss, gradients everywhere, and its errors."""
+"""`lmcore run`: output format, a finite loss, gradients everywhere, from a checkpoint, and its
+errors."""
 
 from __future__ import annotations
 
-import io
 import math
 import re
+from pathlib import Path
 
 import pytest
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from lmcore import Component, ModelInputError, parse_spec, scoped_registry
+from lmcore import Component, parse_spec, scoped_registry
 from lmcore.cli.main import main
 from lmcore.interfaces import PositionalEncodingBase
-from lmcore.model.nn import cross_entropy
-from lmcore.train.smoke import ProgressBar, gradient_problems, run_steps
+from tests.helpers import CHECKPOINT_SPEC
 
 SMALL = ["cs336-tiny", "--steps", "3", "--batch", "2", "--seq", "8", "--device", "cpu"]
 
@@ -41,53 +40,6 @@ def test_output_format_finite_loss_and_gradients(capsys: pytest.CaptureFixture[s
     assert len(lines) == 7
     # stderr is not a terminal here: the bar is written once, complete.
     assert re.fullmatch(r"\[#{24}\] 3/3  loss \d+\.\d{4}  \d+\.\d s\n", captured.err)
-
-
-def test_run_steps_reaches_every_parameter_and_is_seeded() -> None:
-    result = run_steps("cs336-tiny, pos=learned", steps=2, batch=2, seq_len=16, device="cpu")
-    assert result.ok and result.gradient_problems == ()
-    assert result.param_tensors == 31  # cs336-tiny's 30 plus the learned position table
-    assert result.timed_steps == 1 and result.tokens_per_second > 0
-    again = run_steps("cs336-tiny, pos=learned", steps=2, batch=2, seq_len=16, device="cpu")
-    other = run_steps("cs336-tiny, pos=learned", steps=2, batch=2, seq_len=16, device="cpu", seed=1)
-    assert again.losses == result.losses != other.losses
-
-
-def test_default_sequence_is_the_shorter_of_128_and_the_context() -> None:
-    assert run_steps("cs336-tiny", steps=1, batch=1, device="cpu").seq_len == 16
-    assert (
-        run_steps("cs336-tiny, context_length=300", steps=1, batch=1, device="cpu").seq_len == 128
-    )
-
-
-def test_cross_entropy_matches_torch_and_survives_large_logits() -> None:
-    g = torch.Generator().manual_seed(0)
-    logits = torch.randn(3, 5, 11, generator=g)
-    targets = torch.randint(0, 11, (3, 5), generator=g)
-    expected = F.cross_entropy(logits.reshape(-1, 11), targets.reshape(-1))
-    torch.testing.assert_close(cross_entropy(logits, targets), expected)
-    torch.testing.assert_close(cross_entropy(logits * 1000 + 100, targets), F.cross_entropy(
-        (logits * 1000 + 100).reshape(-1, 11), targets.reshape(-1)
-    ))  # fmt: skip
-    bf16 = cross_entropy(logits.bfloat16(), targets)
-    assert bf16.dtype == torch.float32
-    torch.testing.assert_close(bf16, expected, atol=0.05, rtol=0.0)
-
-
-def test_gradient_problems_names_each_parameter_and_why() -> None:
-    module = nn.Module()
-    module.used = nn.Parameter(torch.ones(2))
-    module.unused = nn.Parameter(torch.ones(2))
-    module.nan = nn.Parameter(torch.ones(2))
-    module.flat = nn.Parameter(torch.ones(2))
-    module.frozen = nn.Parameter(torch.ones(2), requires_grad=False)
-    loss = (module.used * 2).sum() + (module.nan * float("nan")).sum() + module.flat.sum() * 0
-    loss.backward()
-    assert gradient_problems(module) == [
-        "unused: no gradient",
-        "nan: non-finite gradient",
-        "flat: zero gradient",
-    ]
 
 
 class IdlePosition(PositionalEncodingBase):
@@ -122,13 +74,6 @@ def test_seq_beyond_the_context_exits_2(capsys: pytest.CaptureFixture[str]) -> N
     )
 
 
-def test_run_steps_rejects_a_sequence_beyond_the_context() -> None:
-    with pytest.raises(
-        ModelInputError, match=r"sequence length 17 does not fit context_length=16; use 1\.\.16"
-    ):
-        run_steps("cs336-tiny", seq_len=17, device="cpu")
-
-
 @pytest.mark.parametrize(
     ("device", "message"),
     [
@@ -154,16 +99,7 @@ def test_bad_step_count_is_an_argparse_error(capsys: pytest.CaptureFixture[str])
     )
 
 
-def test_progress_bar_redraws_one_line_on_a_terminal() -> None:
-    class Terminal(io.StringIO):
-        def isatty(self) -> bool:
-            return True
-
-    stream = Terminal()
-    bar = ProgressBar(stream, width=4)
-    for step in range(1, 3):
-        bar(step, 2, 9.5 - step)
-    drawn = stream.getvalue()
-    assert re.fullmatch(
-        r"\r\[##\.\.\] 1/2  loss 8\.5000  \d+\.\d s\r\[####\] 2/2  loss 7\.5000  \d+\.\d s\n", drawn
-    )
+def test_run_accepts_a_checkpoint(checkpoint: Path, capsys) -> None:
+    assert main(["run", str(checkpoint), "--steps", "2", "--seq", "8", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == f"spec: {parse_spec(CHECKPOINT_SPEC)}"

@@ -1,7 +1,9 @@
-"""`lmcore train`, `lmcore quickstart` on the command line: the report, Ctrl-C, resuming, errors."""
+"""`lmcore train` on the command line: the report, Ctrl-C, resuming, a full disk, today's
+options, and its errors, one line naming the fix."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -17,11 +19,11 @@ import torch
 import lmcore
 from lmcore.cli.main import main
 from lmcore.model.generate import GREEDY
-from lmcore.train import quickstart as qs
 from lmcore.train.runs import checkpoints, latest_checkpoint, read_metrics, read_run
-from tests.helpers import TINY_SPEC, tiny_corpus
+from tests.helpers import TINY_SPEC, disk_full_after, one_line_error
 
 pytestmark = pytest.mark.usefixtures("single_thread")
+
 
 FAST = ["--batch-size", "8", "--eval-batches", "2", "--device", "cpu"]
 
@@ -154,11 +156,6 @@ def test_a_signal_saves_a_checkpoint_and_resume_goes_on(
          "directory: give neither SPEC nor --out with it"),
         (["train", "--resume", "DATA"], "is not a run directory: it has no run.json"),
         (["train", "nope.safetensors", "--data", "DATA", "--out", "r"], "nope.safetensors: no such file"),
-        (["compare", "DATA"], "is not a run directory: it has no run.json"),
-        (["sweep", "ckpt.safetensors", "--vary", "norm=none", "--data", "DATA", "--out", "s"],
-         "BASE 'ckpt.safetensors' looks like a checkpoint path; a sweep trains every model from "
-         "the start"),
-        (["quickstart", "--data", "DATA"], "holds other prepared data (277 tokens from"),
     ],
 )  # fmt: skip
 def test_bad_input_exits_2_with_one_line(
@@ -171,12 +168,7 @@ def test_bad_input_exits_2_with_one_line(
 ) -> None:
     monkeypatch.chdir(tmp_path)
     argv = [str(tiny_data) if a == "DATA" else a for a in argv]
-    code = main(argv)
-    captured = capsys.readouterr()
-    assert code == 2, captured
-    assert captured.err.startswith(f"lmcore {argv[0]}: error: ")
-    assert message in captured.err
-    assert captured.err.count("\n") == 1
+    assert message in one_line_error(capsys, argv)
     assert not (tmp_path / "r").exists()
 
 
@@ -185,62 +177,6 @@ def test_steps_and_tokens_exclude_each_other(capsys: pytest.CaptureFixture[str])
     err = capsys.readouterr().err
     assert "argument --tokens: not allowed with argument --steps" in err
     assert err.count("\n") == 1
-
-
-def test_quickstart_prepares_once_and_prints_the_falling_loss(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    fake = tiny_corpus(tmp_path / "stdlib")  # stands in for the standard library: fast
-    monkeypatch.setattr(qs, "stdlib", lambda: fake)
-    monkeypatch.chdir(tmp_path)
-    assert main(["quickstart", "--steps", "12", "--device", "cpu"]) == 0
-    out = capsys.readouterr().out
-    lines = out.splitlines()
-    assert lines[0].startswith("quickstart: a small model learns Python from this Python's")
-    assert lines[2] == (
-        f"  lmcore data prepare {fake} --ext .py --exclude site-packages --exclude test "
-        "--vocab-size 2048 --out data/stdlib-2k"
-    )
-    assert lines[3] == (
-        f"  lmcore train '{qs.QUICKSTART_SPEC}' --data data/stdlib-2k --out runs/quickstart "
-        "--steps 12 --batch-size 16 --lr 0.003 --eval-every 20 --eval-batches 4 --save-every 0"
-    )
-    assert "data: data/stdlib-2k: train.bin, val.bin (uint16), tokenizer.json, meta.json" in lines
-    vals = [float(m[1]) for m in re.finditer(r"^step +\d+  val (\d+\.\d+)", out, re.M)]
-    assert len(vals) == 2 and vals[1] < vals[0] - 1
-    assert read_run("runs/quickstart")["status"]["state"] == "done"
-    # again: the data is reused, the run goes to the next free directory
-    assert main(["quickstart", "--steps", "2", "--device", "cpu"]) == 0
-    out = capsys.readouterr().out
-    assert "data: data/stdlib-2k holds the standard library already; reusing it" in out
-    assert "run: runs/quickstart-2  (tag L4-d128-rmsnorm-swiglu-rope-" in out
-    meta = json.loads((tmp_path / "data/stdlib-2k/meta.json").read_text())
-    assert meta["sources"][0]["path"] == str(fake)
-
-
-def test_quickstart_trains_on_one_thread_on_a_busy_machine(monkeypatch: pytest.MonkeyPatch) -> None:
-    import torch
-
-    lines: list[str] = []
-    threads = torch.get_num_threads()
-    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    monkeypatch.setattr(os, "cpu_count", lambda: 2)
-    try:
-        torch.set_num_threads(2)
-        monkeypatch.setattr(os, "getloadavg", lambda: (1.5, 1.0, 1.0))  # not busy: unchanged
-        assert not qs.one_thread_if_busy("cpu", lines.append) and torch.get_num_threads() == 2
-        monkeypatch.setenv("OMP_NUM_THREADS", "2")  # busy, but the user chose
-        monkeypatch.setattr(os, "getloadavg", lambda: (5.2, 4.0, 3.0))
-        assert not qs.one_thread_if_busy("cpu", lines.append) and torch.get_num_threads() == 2
-        assert lines == []
-        monkeypatch.delenv("OMP_NUM_THREADS")
-        assert qs.one_thread_if_busy("cpu", lines.append) and torch.get_num_threads() == 1
-        assert lines == [
-            "threads: 1, as the machine is busy (load average 5.2 on 2 cores); OMP_NUM_THREADS=N "
-            "chooses instead"
-        ]
-    finally:
-        torch.set_num_threads(threads)
 
 
 @pytest.mark.parametrize(
@@ -267,3 +203,78 @@ def test_train_takes_todays_options_and_the_run_generates_and_loads(
     prompt = torch.tensor([[1, 2, 3]])
     assert torch.equal(model.generate(prompt, 5, GREEDY),
                        model.generate(prompt, 5, GREEDY, cache=False))  # fmt: skip
+
+
+def test_a_full_disk_during_a_checkpoint_keeps_the_older_ones(
+    tiny_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str], single_thread: None,
+) -> None:  # fmt: skip
+    run = tmp_path / "run"
+    disk_full_after(monkeypatch, 2)  # step 1's model and trainer state; step 2's model fails
+    code = main(["train", TINY_SPEC, "--data", str(tiny_data), "--out", str(run), "--steps",
+                 "3", "--batch-size", "2", "--eval-batches", "1", "--save-every", "1"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2 and err == (
+        f"lmcore train: error: cannot save checkpoint {run}/checkpoints/step-000002: No space "
+        "left on device; the checkpoints before it are whole: free space (or move the run), "
+        f"then continue with lmcore train --resume {run}\n"
+    )
+    assert [c.step for c in checkpoints(run)] == [1]
+    assert not [p for p in (run / "checkpoints").iterdir() if p.name.startswith(".")]
+    monkeypatch.undo()
+    assert main(["train", "--resume", str(run)]) == 0
+    assert read_run(run)["status"]["state"] == "done"
+
+
+def test_a_stub_left_by_a_killed_start_is_reused(
+    tiny_data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], single_thread: None
+) -> None:
+    # The probe: an aborted torchrun start left a run directory that a new start refused. A
+    # stub: run.json still "starting", nothing trained (killed before it could remove it).
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "run.json").write_text(json.dumps({"format": "lmcore-run", "version": 1,
+                                              "tag": "t", "status": {"state": "starting"}}))  # fmt: skip
+    (run / "tokenizer.json").write_text("{}")
+    code = main(["train", TINY_SPEC, "--data", str(tiny_data), "--out", str(run), "--steps", "1",
+                 "--batch-size", "2", "--eval-batches", "1"])  # fmt: skip
+    assert code == 0, capsys.readouterr().err
+    assert read_run(run)["status"]["state"] == "done"
+
+
+def test_the_command_line_names_the_fix(
+    tiny_data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    from lmcore.cli.main import main
+
+    for var in ("RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(var, raising=False)
+    code = main(["train", TINY_SPEC, "--data", str(tiny_data), "--out", str(tmp_path / "r"),
+                 "--parallel", "ddp"])  # fmt: skip
+    assert code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "torchrun --nproc-per-node N -m lmcore train" in err
+
+
+def test_a_tracker_that_is_not_installed_names_its_extra(
+    tiny_data: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda n, *a: None if n == "mlflow" else real(n, *a)
+    )
+    argv = ["train", TINY_SPEC, "--data", str(tiny_data), "--out", str(tmp_path / "r"),
+            "--steps", "2", "--logger", "mlflow"]  # fmt: skip
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert (
+        err
+        == "lmcore train: error: --logger mlflow needs the 'mlflow' extra: pip install 'lmcore-registry[mlflow]'\n"
+    )
+    assert not (tmp_path / "r").exists()
+    assert main([*argv[:-1], "comet"]) == 2
+    assert "argument --logger: invalid choice: 'comet'" in capsys.readouterr().err

@@ -16,16 +16,17 @@ lm_eval = pytest.importorskip("lm_eval", reason=EXTRA)
 pytest.importorskip("accelerate", reason="needs the 'test' extra (accelerate, for lm-eval's hf)")
 
 import torch  # noqa: E402
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: E402
+from tokenizers import Tokenizer  # noqa: E402
 
 import lmcore  # noqa: E402
 from lmcore.cli.main import main  # noqa: E402
+from lmcore.data import EOT  # noqa: E402
+from tests.helpers import byte_level_bpe  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 TASKS_DIR = Path(__file__).with_name("lm_eval_tasks")
 TASKS = ["lmcore_python_mc", "lmcore_python_ppl", "lmcore_python_gen"]
 SPEC = "vocab_size=320, context_length=64, d_model=64, num_layers=2, num_heads=4, num_kv_heads=2"
-EOT = "<|endoftext|>"
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -48,17 +49,7 @@ def _tokenizer() -> Tokenizer:
         for f in sorted(TASKS_DIR.glob("*.jsonl"))
         for line in f.read_text(encoding="utf-8").splitlines()
     ]
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=320,
-        special_tokens=[EOT],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator([str(t) for t in texts] * 5, trainer)
-    return tok
+    return byte_level_bpe([str(t) for t in texts] * 5, 320)
 
 
 @pytest.fixture(scope="module")

@@ -7,9 +7,6 @@ what they wrote with a one-process run of the same global batch, made here.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +17,6 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 
 import lmcore
-from lmcore.data import TokenData
 from lmcore.describe import describe
 from lmcore.model.transformer import TransformerLM
 from lmcore.train.optim import make_optimizer
@@ -35,28 +31,13 @@ from lmcore.train.parallel import (
 )
 from lmcore.train.runs import CHECKPOINTS, checkpoints, latest_checkpoint, read_metrics, read_run
 from lmcore.train.trainer import Parallel, train
+from tests.helpers import latest_weights, raises_naming, torchrun
 from tests.train.parallel_worker import CONFIG, OPTIONS, SPEC, TIED, TP_OPTIONS, probe
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
 WORKER = Path(__file__).with_name("parallel_worker.py")
 TOL = 1e-5
-
-
-def torchrun(*args: str | os.PathLike[str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    """`torchrun --nproc-per-node 2 ARGS` (as `python -m torch.distributed.run`), CPU only."""
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-           "--standalone", *map(str, args)]  # fmt: skip
-    with subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True) as proc:  # fmt: skip
-        try:
-            out, err = proc.communicate(timeout=300)
-        except subprocess.TimeoutExpired:
-            proc.terminate()  # torchrun stops its workers (they run in sessions of their own)
-            out, err = proc.communicate()
-            pytest.fail(f"torchrun timed out: {' '.join(cmd)}\n{err[-4000:]}")
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
 @pytest.fixture(scope="module")
@@ -91,12 +72,6 @@ def val_losses(run: Path) -> list[tuple[int, float]]:
     return [(r["step"], r["val_loss"]) for r in read_metrics(run) if r["kind"] == "eval"]
 
 
-def weights(run: Path) -> dict[str, torch.Tensor]:
-    ckpt = latest_checkpoint(run)
-    assert ckpt is not None
-    return load_file(str(ckpt.model))
-
-
 def trainer_state(run: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     ckpt = latest_checkpoint(run)
     assert ckpt is not None
@@ -111,7 +86,7 @@ def assert_close_runs(got: Path, want: Path, tol: float = TOL) -> None:
     va, vb = val_losses(got), val_losses(want)
     assert [s for s, _ in va] == [s for s, _ in vb] == [0, 2, 4]
     assert max(abs(x - y) for (_, x), (_, y) in zip(va, vb, strict=True)) <= tol
-    wa, wb = weights(got), weights(want)
+    wa, wb = latest_weights(got), latest_weights(want)
     assert wa.keys() == wb.keys()
     for name in wb:
         assert (wa[name] - wb[name]).abs().max().item() <= tol, name
@@ -171,7 +146,7 @@ def test_a_two_rank_resume_equals_the_uninterrupted_run(two_ranks: Path) -> None
     events = [r["event"] for r in read_metrics(split) if r["kind"] == "event"]
     assert events == ["start", "interrupted", "resume", "done"]
     assert losses(split) == losses(whole)  # the same numbers, step by step
-    wa, wb = weights(split), weights(whole)
+    wa, wb = latest_weights(split), latest_weights(whole)
     for name in wb:
         assert torch.equal(wa[name], wb[name]), name
     (ta, _), (tb, _) = trainer_state(split), trainer_state(whole)
@@ -261,18 +236,6 @@ def test_the_command_line_resumes_it_on_two_processes(failed: tuple[Path, str]) 
 # ------------------------------------------------------------------------------ one process
 
 
-def test_ranks_draw_disjoint_rows_of_the_one_process_batch(tiny_data: Path) -> None:
-    data = TokenData.open(tiny_data)
-    one = data.sampler("train", batch_size=8, context_length=16, seed=3)
-    ranks = [data.sampler("train", batch_size=8, context_length=16, seed=3, rank=r,
-                          world_size=2) for r in (0, 1)]  # fmt: skip
-    for step in (0, 5):
-        x, _ = one.batch(step)
-        parts = [s.batch(step)[0] for s in ranks]
-        assert torch.equal(torch.cat(parts), x)
-        assert not torch.equal(parts[0], parts[1])
-
-
 def test_launch_environment() -> None:
     assert launch_env({}) is None
     env = {"RANK": "1", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}
@@ -308,21 +271,6 @@ def test_modes_need_torchrun_and_torchrun_needs_a_mode() -> None:
         distributed("ddp", mixed_precision="bfloat16", env=two),
     ):
         pass
-
-
-def test_the_command_line_names_the_fix(
-    tiny_data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:  # fmt: skip
-    from lmcore.cli.main import main
-
-    for var in ("RANK", "WORLD_SIZE"):
-        monkeypatch.delenv(var, raising=False)
-    code = main(["train", SPEC, "--data", str(tiny_data), "--out", str(tmp_path / "r"),
-                 "--parallel", "ddp"])  # fmt: skip
-    assert code == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "torchrun --nproc-per-node N -m lmcore train" in err
 
 
 def test_optimizer_state_by_name_and_back(tiny_data: Path) -> None:
@@ -379,10 +327,10 @@ def test_tensor_parallel_refuses_qk_norms_and_per_layer_attention_biases() -> No
         def size(self) -> int:
             return 2
 
-    for spec, message in (
+    for spec, facts in (
         (f"{SPEC}, qk_norm[1]=rmsnorm, qk_norm_scope[1]=full",
-         r"qk_norm=rmsnorm\(eps=1e-05\): tensor parallelism splits the heads across ranks"),
-        (f"{SPEC}, pos[1]=alibi", r"adds an attention bias across the heads"),
+         ("qk_norm=rmsnorm(eps=1e-05)", "tensor parallelism splits the heads across ranks")),
+        (f"{SPEC}, pos[1]=alibi", ("adds an attention bias across the heads",)),
     ):  # fmt: skip
-        with pytest.raises(ParallelError, match=message):
+        with raises_naming(ParallelError, *facts):
             apply_tensor_parallel(TransformerLM(spec), Mesh())  # type: ignore[arg-type]

@@ -9,14 +9,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
-from lmcore.train.runs import latest_checkpoint, read_metrics
+from lmcore.train.runs import read_metrics
 from lmcore.train.trainer import train
+from tests.helpers import latest_weights, torchrun
 from tests.train.parallel_moe_worker import AUX, CONFIG, SPEC
-from tests.train.test_parallel import torchrun
 
-pytestmark = pytest.mark.usefixtures("single_thread")
+pytestmark = [
+    pytest.mark.usefixtures("single_thread"),
+    pytest.mark.slow,
+]  # 2-process runs: ~15-20 s
 
 WORKER = Path(__file__).with_name("parallel_moe_worker.py")
 
@@ -41,18 +43,12 @@ def train_records(run: Path) -> list[dict[str, float]]:
     return [r for r in read_metrics(run) if r["kind"] == "train"]
 
 
-def weights(run: Path) -> dict[str, torch.Tensor]:
-    ckpt = latest_checkpoint(run)
-    assert ckpt is not None
-    return load_file(str(ckpt.model))
-
-
 @pytest.mark.parametrize("mode", ["ddp", "fsdp"])
 def test_two_ranks_train_the_mixture_as_one_process(runs: Path, mode: str) -> None:
     got, want = train_records(runs / mode), train_records(runs / "one")
     assert [r["step"] for r in got] == [r["step"] for r in want] == [1, 2, 3]
     assert max(abs(a["loss"] - b["loss"]) for a, b in zip(got, want, strict=True)) <= 1e-5
-    wa, wb = weights(runs / mode), weights(runs / "one")
+    wa, wb = latest_weights(runs / mode), latest_weights(runs / "one")
     assert wa.keys() == wb.keys() and "layers.1.ffn.experts.3.w2.weight" in wa
     for name in wb:
         assert (wa[name] - wb[name]).abs().max().item() <= 1e-5, name

@@ -1,4 +1,5 @@
-"""`lmcore sweep` and `lmcore compare`: variants, the table, the plot, divergence, continuing."""
+"""`lmcore.train.sweep`: variants, the plan, the table, the plot, divergence, continuing, seeds
+paired and their intervals."""
 
 from __future__ import annotations
 
@@ -18,13 +19,12 @@ from lmcore.errors import SpecError, TrainError
 from lmcore.train.config import TrainConfig
 from lmcore.train.runs import read_metrics, read_run, spec_hash
 from lmcore.train.summary import summary_markdown
-from lmcore.train.sweep import compare_runs, plan, sweep, table_markdown, variant_spec
-from tests.helpers import TINY_SPEC
+from lmcore.train.sweep import plan, sweep, table_markdown, variant_spec
+from tests.helpers import PNG, TINY_SPEC, interrupted_sweep, raises_naming, sweep_config
+
+CONFIG = sweep_config()
 
 pytestmark = pytest.mark.usefixtures("single_thread")
-
-CONFIG = TrainConfig(steps=20, batch_size=8, eval_every=10, eval_batches=2, device="cpu", lr=3e-3)
-PNG = b"\x89PNG\r\n\x1a\n"
 
 
 class NanNorm(nn.Module):
@@ -55,9 +55,7 @@ def test_a_variant_replaces_or_adds_items() -> None:
     assert variant_spec("cs336-tiny,d_model=32", "d_model=64, num_layers=2") == (
         "cs336-tiny, d_model=64, num_layers=2"
     )
-    with pytest.raises(
-        SpecError, match=r"--vary 'gpt2-small': 'gpt2-small' is not a key=value item"
-    ):
+    with raises_naming(SpecError, "--vary 'gpt2-small'", "not a key=value item"):
         variant_spec("tinystories", "gpt2-small")
     with pytest.raises(SpecError, match=r"--vary 'norm=': "):
         variant_spec("tinystories", "norm=")
@@ -70,13 +68,9 @@ def test_the_plan_names_runs_by_change_and_model() -> None:
     assert runs[2].name == f"pos-nope-num_layers-2-{spec_hash(spec)}"
     assert runs[2].run_name(3) == f"pos-nope-num_layers-2-{spec_hash(spec)}-seed3"
     assert spec.num_layers == 2 and spec.pos.name == "nope"
-    with pytest.raises(
-        TrainError, match=r"--vary 'norm=rmsnorm' builds the same model as the baseline"
-    ):
+    with raises_naming(TrainError, "--vary 'norm=rmsnorm'", "the same model as the baseline"):
         plan("cs336-tiny", ["norm=rmsnorm"])
-    with pytest.raises(
-        TrainError, match=r"--vary 'pos = nope' builds the same model as --vary 'pos=nope'"
-    ):
+    with raises_naming(TrainError, "--vary 'pos = nope'", "the same model as --vary 'pos=nope'"):
         plan("cs336-tiny", ["pos=nope", "pos = nope"])
     with pytest.raises(SpecError, match=r"no installed plugin provides norm 'nonorm'"):
         plan("cs336-tiny", ["pos=nope", "norm=nonorm"])  # before anything trains
@@ -142,56 +136,14 @@ def test_sweep_writes_table_json_and_plot_and_survives_divergence(
 def test_an_interrupted_sweep_continues(
     tiny_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from lmcore.train import trainer
-
-    real = trainer.train
-
-    def stopped(*args: Any, **kw: Any) -> Any:  # as if Ctrl-C came at step 7 of the first run
-        return real(*args, **{**kw, "stop_after": 7})
-
-    monkeypatch.setattr(trainer, "train", stopped)
     out = tmp_path / "sweep"
-    first = sweep(TINY_SPEC, ["pos=nope"], tiny_data, out, CONFIG, echo=None)
+    first = interrupted_sweep(tiny_data, out, ["pos=nope"], monkeypatch)  # Ctrl-C at step 7
     assert first.interrupted == "stop_after" and len(first.rows) == 1
     assert first.rows[0].status == "interrupted at step 7/20"
-    monkeypatch.setattr(trainer, "train", real)
     second = sweep(TINY_SPEC, ["pos=nope"], tiny_data, out, CONFIG, echo=None)
     assert [r.status for r in second.rows] == ["done", "done"]
     steps = [r["step"] for r in read_metrics(second.rows[0].run) if r["kind"] == "train"]
     assert steps == [7, 10, 20]  # one record at the stop, then the usual every log_every=10
-
-
-def test_compare_existing_runs(
-    tiny_data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    from lmcore.train.trainer import train
-
-    a, b = tmp_path / "a", tmp_path / "b"
-    train(TINY_SPEC, tiny_data, a, CONFIG, echo=None)
-    train(TINY_SPEC + ", ffn=silu", tiny_data, b, CONFIG, echo=None)
-    rows = compare_runs([a, b])
-    assert [r.label for r in rows] == ["a", "b"] and rows[1].spec.endswith(
-        "ffn=silu,pos=rope(theta=10000.0),attn=sdpa"
-    )
-    assert main(["compare", str(a), str(b), "--out", str(tmp_path / "cmp")]) == 0
-    out = capsys.readouterr().out
-    assert out.startswith(table_markdown(rows))
-    assert (
-        f"table: {tmp_path / 'cmp' / 'compare.md'} (and compare.json), validation curves: " in out
-    )
-    assert (tmp_path / "cmp" / "val_loss.png").read_bytes()[:8] == PNG
-
-
-def test_sweep_on_the_command_line(
-    tiny_data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    out = tmp_path / "s"
-    argv = ["sweep", TINY_SPEC, "--vary", "ffn=silu", "--data", str(tiny_data), "--out", str(out),
-            "--steps", "10", "--batch-size", "8", "--eval-batches", "2", "--device", "cpu"]  # fmt: skip
-    assert main(argv) == 0
-    printed = capsys.readouterr().out
-    assert "| `baseline` |" in printed and "| `ffn=silu` |" in printed
-    assert f"validation curves: {out / 'val_loss.png'}" in printed
 
 
 def test_seeds_are_paired_and_the_table_shows_their_intervals(
@@ -239,118 +191,3 @@ def test_seeds_are_paired_and_the_table_shows_their_intervals(
     assert capsys.readouterr().out.count("before, kept") == 6
     assert main(["sweep", "--resume", str(out), "--seeds", "4"]) == 2
     assert "lmcore sweep: error: --resume " in capsys.readouterr().err
-
-
-class BoomNorm(NanNorm):
-    """A norm whose forward raises: a run that fails with an exception."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        raise RuntimeError("boom in the norm")
-
-
-def test_a_failed_run_is_reported_and_the_others_go_on(
-    tiny_data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    with scoped_registry() as registry:
-        registry.add(
-            Component(kind="norm", name="boom", build=BoomNorm, params=lambda d_model: d_model)
-        )
-        argv = ["sweep", TINY_SPEC, "--vary", "norm=boom", "--vary", "pos=nope", "--data",
-                str(tiny_data), "--out", str(tmp_path / "s"), "--steps", "5", "--batch-size",
-                "8", "--eval-batches", "1", "--device", "cpu"]  # fmt: skip
-        assert main(argv) == 1
-    captured = capsys.readouterr()
-    assert "lmcore sweep: error: norm=boom, seed 0: RuntimeError: boom in the norm" in captured.err
-    assert "| `norm=boom` | 20,640 | – | – | 0/1 done; seed 0: failed: RuntimeError: boom" in (
-        captured.out
-    )
-    assert "| `pos=nope` | 20,640 | " in captured.out and captured.out.count(" | 1/1 done |") == 2
-
-
-def test_the_sweep_file_is_checked_key_by_key(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    file = tmp_path / "s.toml"
-    file.write_text('base = "cs336-tiny"\nvariants = ["pos=nope"]\nseed = 3\n')
-    assert main(["sweep", str(file)]) == 2
-    assert (
-        f"lmcore sweep: error: {file}: unknown key 'seed' (did you mean 'seeds'?); the keys are "
-        "base, variants, data, out, seeds, match, train, launcher" in capsys.readouterr().err
-    )
-    file.write_text('base = "cs336-tiny"\nvariants = ["pos=nope"]\n[train]\nlearning_rate = 1\n')
-    assert main(["sweep", str(file)]) == 2
-    assert "[train]: unknown key 'learning_rate'" in capsys.readouterr().err
-    file.write_text('base = "cs336-tiny"\nvariants = ["pos=nope"]\n')
-    assert main(["sweep", str(file)]) == 2
-    assert (
-        f"lmcore sweep: error: --data DIR, --out SWEEP are needed (neither on the command line nor in {file})"
-        in capsys.readouterr().err
-    )
-    assert main(["sweep", "cs336-tiny", "--vary", "pos=nope", "--data", "d", "--out", "o",
-                 "--slurm-extra", "account"]) == 2  # fmt: skip
-    assert "--slurm-extra 'account': expected KEY=VALUE" in capsys.readouterr().err
-
-
-def test_the_manuals_sweep_file_is_the_one_it_shows() -> None:
-    from lmcore.train.sweepfile import read_definition
-
-    docs = Path(__file__).resolve().parents[2] / "docs"
-    page = (docs / "sweeps.md").read_text(encoding="utf-8")
-    shown = page.split("```toml\n", 1)[1].split("```", 1)[0]
-    assert shown == (docs / "positions.toml").read_text(encoding="utf-8")
-    defn = read_definition(docs / "positions.toml")
-    assert (defn.variants, defn.seeds, defn.match) == (("pos=nope", "pos=alibi"), 3, "params")
-    assert defn.train["tokens"] == 409_600 and defn.launcher.threads == 1
-
-
-def test_a_band_is_the_mean_and_range_of_the_seeds_at_each_evaluation(tmp_path: Path) -> None:
-    from lmcore.train.plots import Band, band_points, plot_bands
-
-    def evals(*losses: float) -> list[dict[str, Any]]:
-        return [{"kind": "eval", "tokens": 100 * i, "val_loss": v} for i, v in enumerate(losses)]
-
-    runs = [evals(7.0, 5.0, 4.0), evals(7.2, 5.3, 4.3), evals(7.1, 5.2)]  # the last still running
-    xs, mean, low, high = band_points(runs)
-    assert xs == [0.0, 100.0, 200.0]
-    assert mean == pytest.approx([7.1, 15.5 / 3, 4.15])
-    assert (low, high) == ([7.0, 5.0, 4.0], [7.2, 5.3, 4.3])
-    plot_bands([Band("baseline", runs)], tmp_path / "b.png", "t")
-    assert (tmp_path / "b.png").read_bytes()[:8] == PNG
-
-
-def test_tracker_and_bpb_options_reach_a_launched_run_as_train_flags() -> None:
-    cfg = TrainConfig(steps=5, eval_bpb=True, loggers=("tensorboard", "mlflow"), log_group="g")
-    args = cfg.cli_args()
-    assert args == [
-        "--steps", "5", "--eval-bpb", "--logger", "tensorboard", "--logger", "mlflow",
-        "--log-group", "g",
-    ]  # fmt: skip
-    from lmcore.cli.main import _parser
-
-    parsed = _parser().parse_args(["train", "cs336-tiny", *args])
-    from lmcore.cli.train import train_config
-
-    assert train_config(parsed) == cfg
-
-
-def test_a_sweeps_variants_rank_by_their_mean_loss_or_bpb() -> None:
-    from lmcore.train.summary import Summary, ranked_summaries
-
-    def variant(label: str, loss: float | None, bpb: float | None = None) -> Summary:
-        return Summary(label, "", None, None, 3, 3, loss, None, val_bpb=bpb)
-
-    rows = [variant("baseline", 4.2, 2.1), variant("nope", 4.3), variant("alibi", 4.1, 2.2)]
-    assert [s.label for s in ranked_summaries(rows, "val_loss")] == ["alibi", "baseline", "nope"]
-    assert [s.label for s in ranked_summaries(rows, "val_bpb")] == ["baseline", "alibi", "nope"]
-    with pytest.raises(TrainError, match=r"--sort 'tokens_per_s': a sweep's table ranks its "):
-        ranked_summaries(rows, "tokens_per_s")
-
-
-def test_a_value_toml_cannot_hold_is_a_train_error(tmp_path: Path) -> None:
-    from lmcore.errors import TrainError
-    from lmcore.train.sweepfile import read_definition
-
-    path = tmp_path / "s.toml"
-    path.write_text('base = "cs336-tiny"\n[launcher.slurm]\npartition = 1979-05-27\n')
-    with pytest.raises(TrainError, match=r"no TOML for datetime.date\(1979, 5, 27\)"):
-        read_definition(path).to_toml()

@@ -1,7 +1,6 @@
 """Experiment trackers and bits per byte in training: what TensorBoard, MLflow and W&B hold,
 read back with each library's own reader, is what metrics.jsonl holds; val_bpb is the
-validation loss over the bytes its targets stand for; compare and sweep rank by it; a missing
-tracker names its extra."""
+validation loss over the bytes its targets stand for; a sweep logs each variant as a run."""
 
 from __future__ import annotations
 
@@ -14,7 +13,6 @@ from typing import Any
 import numpy as np
 import pytest
 
-from lmcore.cli.main import main
 from lmcore.data.tokens import TokenData
 from lmcore.train.config import TRACKERS, TrainConfig
 from lmcore.train.runs import read_metrics
@@ -23,6 +21,8 @@ from lmcore.train.trainer import train
 from tests.helpers import TINY_SPEC
 
 pytestmark = pytest.mark.usefixtures("single_thread")
+
+
 INSTALLED = [t for t in TRACKERS if importlib.util.find_spec(t) is not None]
 
 
@@ -183,51 +183,6 @@ def test_wandb_offline_run_holds_the_series_config_and_checkpoint(tracked: dict[
     assert config["spec"] == saved["spec"] and config["ffn.dist"] == "lmcore-registry"
     assert summary["checkpoint"] == str(tracked["result"].checkpoint.model.resolve())
     assert group == "tracked-test"
-
-
-def test_compare_ranks_runs_by_bits_per_byte(
-    tracked: dict[str, Any], tiny_data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    other = tmp_path / "other"
-    argv = ["train", TINY_SPEC.replace("d_model=32", "d_model=16"), "--data", str(tiny_data), "--out", str(other),
-            "--steps", "3", "--batch-size", "4", "--eval-batches", "2", "--save-every", "0",
-            "--eval-bpb"]  # fmt: skip
-    assert main(argv) == 0
-    assert " bpb " in capsys.readouterr().out
-    bpb = {p: read_metrics(p)[-2]["val_bpb"] for p in (tracked["run"], other)}
-    assert main(["compare", str(other), str(tracked["run"]), "--sort", "val_bpb"]) == 0
-    table = capsys.readouterr().out.splitlines()
-    assert (
-        table[0]
-        == "| run | parameters | train loss | val loss | val bpb | Δ val | tokens/s | wall time | status |"
-    )
-    best = min(bpb, key=lambda p: bpb[p])
-    assert table[2].startswith(f"| `{best.name}` |") and f"| {bpb[best]:.3f} |" in table[2]
-    assert main(["compare", str(other), "--sort", "val_bits"]) == 2
-    assert "--sort 'val_bits': must be one of val_loss, val_bpb" in capsys.readouterr().err
-
-
-def test_a_tracker_that_is_not_installed_names_its_extra(
-    tiny_data: Path,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    real = importlib.util.find_spec
-    monkeypatch.setattr(
-        importlib.util, "find_spec", lambda n, *a: None if n == "mlflow" else real(n, *a)
-    )
-    argv = ["train", TINY_SPEC, "--data", str(tiny_data), "--out", str(tmp_path / "r"),
-            "--steps", "2", "--logger", "mlflow"]  # fmt: skip
-    assert main(argv) == 2
-    err = capsys.readouterr().err
-    assert (
-        err
-        == "lmcore train: error: --logger mlflow needs the 'mlflow' extra: pip install 'lmcore-registry[mlflow]'\n"
-    )
-    assert not (tmp_path / "r").exists()
-    assert main([*argv[:-1], "comet"]) == 2
-    assert "argument --logger: invalid choice: 'comet'" in capsys.readouterr().err
 
 
 def test_a_sweep_logs_each_variant_as_its_own_run_grouped_under_the_sweep(
