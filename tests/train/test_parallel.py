@@ -1,7 +1,8 @@
 """Data-parallel, fully-sharded and tensor-parallel training on 2 CPU processes (torchrun, gloo).
 
 The 2-rank runs happen in two torchrun launches (tests/train/parallel_worker.py); each test compares
-what they wrote with a one-process run of the same global batch, made here.
+what they wrote with a one-process run of the same global batch, made here. The tests that use
+those launches are marked slow: each launch takes 15-25 s on two shared cores.
 """
 
 from __future__ import annotations
@@ -103,10 +104,12 @@ def assert_close_runs(got: Path, want: Path, tol: float = TOL) -> None:
 # ------------------------------------------------------------------------------ 2 ranks = 1
 
 
+@pytest.mark.slow
 def test_ddp_on_two_ranks_matches_one_process(two_ranks: Path, one_rank: Path) -> None:
     assert_close_runs(two_ranks / "ddp", one_rank / "untied")
 
 
+@pytest.mark.slow
 def test_fsdp_on_two_ranks_matches_one_process(two_ranks: Path, one_rank: Path) -> None:
     # tied embeddings: one parameter in the root group, stored once in the checkpoint
     assert_close_runs(two_ranks / "fsdp", one_rank / "tied")
@@ -116,6 +119,7 @@ def test_fsdp_on_two_ranks_matches_one_process(two_ranks: Path, one_rank: Path) 
     assert infos[0].tensors.keys() == infos[1].tensors.keys()
 
 
+@pytest.mark.slow
 def test_only_rank_zero_writes(two_ranks: Path) -> None:
     run = two_ranks / "ddp"
     records = read_metrics(run)
@@ -130,6 +134,7 @@ def test_only_rank_zero_writes(two_ranks: Path) -> None:
     assert read_run(run)["status"]["state"] == "done"
 
 
+@pytest.mark.slow
 def test_a_sharded_checkpoint_loads_in_one_process_with_identical_logits(two_ranks: Path) -> None:
     ckpt = latest_checkpoint(two_ranks / "fsdp")
     assert ckpt is not None
@@ -141,6 +146,7 @@ def test_a_sharded_checkpoint_loads_in_one_process_with_identical_logits(two_ran
     assert (logits - sharded).abs().max().item() <= 1e-6
 
 
+@pytest.mark.slow
 def test_a_two_rank_resume_equals_the_uninterrupted_run(two_ranks: Path) -> None:
     split, whole = two_ranks / "split", two_ranks / "fsdp"
     events = [r["event"] for r in read_metrics(split) if r["kind"] == "event"]
@@ -155,6 +161,7 @@ def test_a_two_rank_resume_equals_the_uninterrupted_run(two_ranks: Path) -> None
             assert torch.equal(ta[name], tb[name]), name
 
 
+@pytest.mark.slow
 def test_fsdp_mixed_precision_trains_near_float32(two_ranks: Path) -> None:
     got, want = losses(two_ranks / "bf16"), losses(two_ranks / "fsdp")
     diffs = [abs(x - y) for (_, x), (_, y) in zip(got, want, strict=True)]
@@ -164,6 +171,7 @@ def test_fsdp_mixed_precision_trains_near_float32(two_ranks: Path) -> None:
     assert lmcore.read_info(ckpt.model).dtype == "float32"  # the sharded weights stay float32
 
 
+@pytest.mark.slow
 def test_ddp_and_fsdp_of_todays_options_match_one_process(two_ranks: Path, one_rank: Path) -> None:
     assert_close_runs(two_ranks / "options-ddp", one_rank / "options")
     assert_close_runs(two_ranks / "options-fsdp", one_rank / "options")
@@ -171,6 +179,7 @@ def test_ddp_and_fsdp_of_todays_options_match_one_process(two_ranks: Path, one_r
     assert ckpt is not None and lmcore.load(ckpt.model).spec == lmcore.parse_spec(OPTIONS)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("spec", "name"), [(SPEC, "tp"), (TP_OPTIONS, "tp-options")])
 def test_tensor_parallel_matches_one_process(two_ranks: Path, spec: str, name: str) -> None:
     from lmcore.model.nn import cross_entropy
@@ -204,6 +213,7 @@ def failed(tiny_data: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[P
     return out / "fail", done.stderr
 
 
+@pytest.mark.slow
 def test_a_rank_failing_mid_step_fails_the_job_and_leaves_no_partial_checkpoint(
     failed: tuple[Path, str],
 ) -> None:
@@ -217,6 +227,7 @@ def test_a_rank_failing_mid_step_fails_the_job_and_leaves_no_partial_checkpoint(
     assert [r["step"] for r in read_metrics(run) if r["kind"] == "train"] == [1, 2]
 
 
+@pytest.mark.slow
 def test_the_command_line_resumes_it_on_two_processes(failed: tuple[Path, str]) -> None:
     # `torchrun -m lmcore train --resume`: the ddp run's checkpoint continues under fsdp
     run, _ = failed

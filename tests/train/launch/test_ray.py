@@ -18,6 +18,7 @@ CONFIG = sweep_config()
 RAY = "needs the 'ray' extra: pip install -e '.[ray]'"
 
 
+@pytest.mark.slow  # starting a local Ray and its tasks: ~20-25 s
 def test_ray_runs_give_the_same_numbers_and_resume(
     tiny_data: Path, tmp_path: Path, reference: dict[str, list[float]],
     monkeypatch: pytest.MonkeyPatch,
