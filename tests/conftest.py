@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from lmcore.registry import Registry, use_registry
-from tests.helpers import tiny_corpus
+from tests.helpers.models import tiny_corpus
 
 MakeDist = Callable[..., Path]
 
@@ -76,7 +76,7 @@ def registry() -> Iterator[Registry]:
 @pytest.fixture(scope="session")
 def tiny_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Prepared token data of `tiny_corpus` (vocabulary 300), shared by the training tests."""
-    from lmcore.data import prepare
+    from lmcore.data.prepare import prepare
 
     root = tmp_path_factory.mktemp("tiny-data")
     prepare([tiny_corpus(root / "text")], root / "data", vocab_size=300, val_fraction=0.2,
@@ -105,7 +105,19 @@ def single_thread() -> Iterator[None]:
 def saved(tmp_path: Path) -> Path:
     """A checkpoint of `SMALL_SPEC`, every weight perturbed: the checkpoint tests (here and in
     tests/model) load it, or damage a copy of it."""
-    from tests.helpers import SMALL_SPEC, perturbed
+    from tests.helpers.models import SMALL_SPEC, perturbed
 
     path: Path = perturbed(SMALL_SPEC).save(tmp_path / "m.safetensors")
     return path
+
+
+# --- evaluation -----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def eval_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A directory holding a random tiny model (tests.helpers.EVAL_SPEC) with a byte-level BPE
+    beside it, and two text files, a.py and b.py; shared by the evaluation tests."""
+    from tests.helpers.runs import write_eval_checkpoint
+
+    return write_eval_checkpoint(tmp_path_factory.mktemp("eval"))

@@ -18,9 +18,10 @@ import lmcore
 from lmcore import CheckpointError, Registry
 from lmcore.checkpoint import load_weights, read_info, resolve_checkpoint
 from lmcore.model.saving import FORMAT_VERSION
-from tests.helpers import SMALL_SPEC as SMALL
-from tests.helpers import edit, perturbed, raises_naming, rewrite
-from tests.helpers import token_ids as ids
+from tests.helpers.errors import raises_naming
+from tests.helpers.models import SMALL_SPEC as SMALL
+from tests.helpers.models import edit, perturbed, rewrite
+from tests.helpers.models import token_ids as ids
 
 
 def builtins(kind: str) -> list[str]:

@@ -12,8 +12,9 @@ from safetensors.torch import save_file
 
 import lmcore
 from lmcore import CheckpointError
-from tests.helpers import perturbed, raises_naming
-from tests.helpers import token_ids as ids
+from tests.helpers.errors import raises_naming
+from tests.helpers.models import perturbed
+from tests.helpers.models import token_ids as ids
 
 
 @pytest.mark.parametrize("suffix", [".pt", ".pth", ".safetensors"])

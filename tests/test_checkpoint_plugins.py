@@ -19,8 +19,9 @@ import pytest
 import lmcore
 from lmcore import CheckpointError, CheckpointWarning, Registry
 from lmcore.checkpoint import read_info
-from tests.helpers import SMALL_SPEC as SMALL
-from tests.helpers import perturbed, raises_naming, rewrite, warns_naming
+from tests.helpers.errors import raises_naming, warns_naming
+from tests.helpers.models import SMALL_SPEC as SMALL
+from tests.helpers.models import perturbed, rewrite
 
 
 def test_an_lmcore_upgrade_is_one_sentence_for_all_its_components(saved: Path) -> None:

@@ -11,7 +11,7 @@ import torch
 from lmcore import Component, build_model, resolve, scoped_registry
 from lmcore.describe import describe
 from lmcore.errors import PluginError, SpecError
-from tests.helpers import raises_naming
+from tests.helpers.errors import raises_naming
 
 
 def boom(d_model: int) -> torch.nn.Module:

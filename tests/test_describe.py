@@ -28,7 +28,8 @@ from lmcore.describe import (
 )
 from lmcore.model.counting import AccountingError, account
 from lmcore.model.nn import Linear
-from tests.helpers import PlainNorm, components, raises_naming, spec_for
+from tests.helpers.errors import raises_naming
+from tests.helpers.models import PlainNorm, components, spec_for
 
 # --------------------------------------------------------------- declared vs built parameters
 

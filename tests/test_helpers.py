@@ -1,4 +1,4 @@
-"""tests/helpers.py: the fact checks the error tests lean on catch a missing fact and name it."""
+"""tests/helpers/errors.py: the fact checks the error tests lean on catch a missing fact and name it."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import warnings
 
 import pytest
 
-from tests.helpers import assert_naming, raises_naming, warns_naming
+from tests.helpers.errors import assert_naming, raises_naming, warns_naming
 
 
 def test_raises_naming_passes_when_every_fact_is_named() -> None:

@@ -10,7 +10,7 @@ import pytest
 
 from lmcore.errors import DataError, TrainError
 from lmcore.jsonfile import read_versioned
-from tests.helpers import raises_naming
+from tests.helpers.errors import raises_naming
 
 
 def read(file: Path, fix: str | None = None) -> dict[str, object]:

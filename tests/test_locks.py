@@ -20,7 +20,8 @@ from lmcore.data import TokenData, prepare
 from lmcore.errors import DataError, TrainError
 from lmcore.locks import LOCK_FILE, Holder, lock_file, new_directory, sibling_lock
 from lmcore.train.runs import lock_run, read_run
-from tests.helpers import TINY_SPEC, raises_naming, tiny_corpus
+from tests.helpers.errors import raises_naming
+from tests.helpers.models import TINY_SPEC, tiny_corpus
 
 # "PID 123 on host, started 2026-01-01T00:00:00+00:00 (command)": the holder as named
 HOST = re.escape(socket.gethostname())

@@ -24,7 +24,7 @@ PROJECT_WIDE = {
     "test_from_scratch.py": "the CS336 reference tests through lmcore's public names",
     "test_packaging.py": "the wheel and what it ships",
     "test_mirror.py": "this file: the tests mirror the tree",
-    "test_helpers.py": "tests/helpers.py, which the other tests lean on",
+    "test_helpers.py": "tests/helpers/errors.py, the fact checks the other tests lean on",
 }
 # A test directory's first part, where it is not a directory of lmcore/: what it mirrors.
 ROOTS = {"plugins": "plugins", "benchmarks": "benchmarks"}

@@ -11,7 +11,7 @@ from lmcore import Component, build_model, scoped_registry
 from lmcore.describe import describe
 from lmcore.errors import PluginError
 from lmcore_sdpa import SDPA
-from tests.helpers import raises_naming
+from tests.helpers.errors import raises_naming
 
 
 class Squash(torch.nn.Module):

@@ -22,8 +22,9 @@ from lmcore.sources import (
     read_tokenizer,
     source_of,
 )
-from tests.helpers import SMALL_SPEC as SMALL
-from tests.helpers import perturbed, raises_naming, token_ids
+from tests.helpers.errors import raises_naming
+from tests.helpers.models import SMALL_SPEC as SMALL
+from tests.helpers.models import perturbed, token_ids
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from lmcore import SpecError, parse_spec
 from lmcore.components import format_scalar
-from tests.helpers import raises_naming
+from tests.helpers.errors import raises_naming
 
 
 @pytest.mark.parametrize(

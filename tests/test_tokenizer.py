@@ -15,7 +15,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 import lmcore
 from lmcore.errors import CheckpointError, GenerationError
 from lmcore.tokenizer import CONFIG_KEY, METADATA_KEY, SavedTokenizer
-from tests.helpers import raises_naming
+from tests.helpers.errors import raises_naming
 
 SPEC = "vocab_size=300,context_length=32,d_model=32,num_layers=2,num_heads=2,d_ff=64"
 CHATML = (

@@ -7,7 +7,8 @@ import pytest
 
 from lmcore import SpecError, parse_spec, scoped_registry
 from lmcore.blueprint import divisors_near
-from tests.helpers import plain_kernel, raises_naming
+from tests.helpers.errors import raises_naming
+from tests.helpers.plugins import plain_kernel
 
 
 def test_the_divisor_suggestion_does_not_grow_with_d_model() -> None:

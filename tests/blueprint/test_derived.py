@@ -12,7 +12,7 @@ from lmcore import (
     parse_spec,
     scoped_registry,
 )
-from tests.helpers import raises_naming
+from tests.helpers.errors import raises_naming
 
 
 def test_ffn_d_ff_argument_is_the_models_d_ff() -> None:

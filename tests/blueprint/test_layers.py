@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 import lmcore
 from lmcore import ComponentSpec, SpecError, build_model, parse_spec
 from lmcore.spec import LayerValue, format_layers
-from tests.helpers import raises_naming
+from tests.helpers.errors import raises_naming
 
 BASE = "vocab_size=97, context_length=16, d_model=32, num_layers=6, num_heads=4, d_ff=48"
 

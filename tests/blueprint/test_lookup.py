@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from lmcore import SpecError, build_model, parse_spec
 from lmcore.model.counting import account
-from tests.helpers import raises_naming
+from tests.helpers.errors import raises_naming
 
 BASE = "vocab_size=97, context_length=16, d_model=32, num_layers=6, num_heads=4, d_ff=48"
 

@@ -12,7 +12,7 @@ from lmcore import SpecError, parse_spec
 from lmcore.components import Arg
 from lmcore.errors import ValueProblem, ValueTypeProblem
 from lmcore.syntax import parse_items
-from tests.helpers import raises_naming
+from tests.helpers.errors import raises_naming
 
 
 @pytest.mark.parametrize(

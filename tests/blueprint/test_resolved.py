@@ -10,7 +10,7 @@ from lmcore import Component, build_model, parse_spec, resolve, scoped_registry
 from lmcore.components import KINDS
 from lmcore.model.counting import account
 from lmcore_sdpa import SDPA
-from tests.helpers import plain_kernel
+from tests.helpers.plugins import plain_kernel
 
 
 def test_resolve_holds_the_canonical_spec_and_one_entry_per_kind() -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from lmcore.checkpoint import read_info
-from tests.helpers import perturbed
+from tests.helpers.models import perturbed
 
 
 def test_the_readme_saving_and_loading_example_runs(tmp_path: Path, monkeypatch) -> None:

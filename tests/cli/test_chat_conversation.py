@@ -12,7 +12,7 @@ import lmcore
 from lmcore.cli.chat import Conversation
 from lmcore.model.generate import GREEDY
 from lmcore.tokenizer import SavedTokenizer
-from tests.helpers import CHATML, byte_level_bpe
+from tests.helpers.gguf import CHATML, byte_level_bpe
 
 pytest.importorskip("jinja2", reason="needs the 'chat' extra: pip install -e '.[chat]'")
 

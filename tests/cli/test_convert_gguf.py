@@ -17,16 +17,16 @@ from lmcore.cli.main import main
 from lmcore.gguf import load_gguf
 from lmcore.model.generate import GREEDY
 from lmcore.tokenizer import SavedTokenizer
-from tests.helpers import (
+from tests.helpers.gguf import (
     CHATML,
     GGUF_IDS,
     byte_level_bpe,
     ggml_tokenizer,
     hf_llama,
     needs_gguf,
-    quiet_transformers,
     write_llama,
 )
+from tests.helpers.hf import quiet_transformers
 
 gguf = needs_gguf()
 transformers = quiet_transformers()

@@ -14,17 +14,17 @@ import lmcore
 from lmcore import ConversionError
 from lmcore.cli.main import main
 from lmcore.hf import config_to_spec, convert_from_hf, convert_to_hf
-from tests.helpers import HF_SPEC as SMALL
-from tests.helpers import (
+from tests.helpers.errors import raises_naming
+from tests.helpers.hf import HF_SPEC as SMALL
+from tests.helpers.hf import (
     HF_TOLERANCE,
     LLAMA_V4,
     hf_logits,
     lm_logits,
     quiet_transformers,
-    raises_naming,
     random_llama,
-    token_ids,
 )
+from tests.helpers.models import token_ids
 
 transformers = quiet_transformers()
 from transformers import LlamaForCausalLM  # noqa: E402

@@ -15,7 +15,7 @@ import lmcore
 from lmcore.cli.main import main
 from lmcore.hf import FAMILIES
 from lmcore.model.generate import GREEDY
-from tests.helpers import FAMILY_CONFIGS, HF_VOCAB, quiet_transformers, random_family_model
+from tests.helpers.hf import FAMILY_CONFIGS, HF_VOCAB, quiet_transformers, random_family_model
 
 transformers = quiet_transformers()
 from transformers import AutoModelForCausalLM  # noqa: E402

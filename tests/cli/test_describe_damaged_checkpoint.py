@@ -10,7 +10,7 @@ import pytest
 import lmcore
 from lmcore import CheckpointError
 from lmcore.cli.main import main
-from tests.helpers import edit, nest_components
+from tests.helpers.models import edit, nest_components
 
 
 def test_metadata_nested_too_deep_is_one_line_from_describe_and_run(

@@ -9,7 +9,7 @@ import pytest
 
 import lmcore
 from lmcore.cli.main import main
-from tests.helpers import quiet_transformers
+from tests.helpers.hf import quiet_transformers
 
 transformers = quiet_transformers()
 

@@ -10,7 +10,7 @@ import pytest
 import lmcore
 from lmcore.cli.main import main
 from lmcore.errors import NonFiniteWeightsWarning
-from tests.helpers import non_finite_checkpoint
+from tests.helpers.models import non_finite_checkpoint
 
 
 def test_generate_warns_of_non_finite_weights_and_goes_on(

@@ -12,7 +12,7 @@ import pytest
 
 from lmcore import blueprint
 from lmcore.cli.main import main
-from tests.helpers import TINY_SPEC
+from tests.helpers.models import TINY_SPEC
 
 
 @pytest.fixture

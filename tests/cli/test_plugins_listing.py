@@ -12,7 +12,7 @@ from lmcore import (
     Registry,
 )
 from lmcore.cli.main import main
-from tests.helpers import BROKEN_IMPORT, OTHER_RMSNORM
+from tests.helpers.plugins import BROKEN_IMPORT, OTHER_RMSNORM
 
 
 def test_plugins_table_lists_kind_name_dist_version_status_args(

@@ -10,15 +10,9 @@ import pytest
 
 from lmcore.errors import ConversionError
 from lmcore.gguf import load_gguf, read_gguf
-from tests.helpers import (
-    hf_llama,
-    hf_qwen,
-    needs_gguf,
-    quiet_transformers,
-    raises_naming,
-    write_by_gguf_map,
-    write_llama,
-)
+from tests.helpers.errors import raises_naming
+from tests.helpers.gguf import hf_llama, hf_qwen, needs_gguf, write_by_gguf_map, write_llama
+from tests.helpers.hf import quiet_transformers
 
 gguf = needs_gguf()
 transformers = quiet_transformers()

@@ -15,16 +15,16 @@ import torch
 
 import lmcore
 from lmcore.gguf import convert_from_gguf, load_gguf
-from tests.helpers import (
+from tests.helpers.gguf import (
     GGUF_IDS,
     hf_llama,
     hf_qwen,
     needs_gguf,
-    quiet_transformers,
     reference_logits,
     write_by_gguf_map,
     write_llama,
 )
+from tests.helpers.hf import quiet_transformers
 
 gguf = needs_gguf()
 transformers = quiet_transformers()

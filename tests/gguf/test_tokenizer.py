@@ -10,7 +10,7 @@ import pytest
 
 from lmcore.errors import ConversionError
 from lmcore.gguf.tokenizer import from_gguf_metadata, to_gguf_metadata
-from tests.helpers import CHATML, CORPUS, byte_level_bpe, ggml_tokenizer, needs_gguf
+from tests.helpers.gguf import CHATML, CORPUS, byte_level_bpe, ggml_tokenizer, needs_gguf
 
 gguf = needs_gguf()
 

@@ -11,7 +11,7 @@ import pytest
 import lmcore
 from lmcore.errors import ConversionError
 from lmcore.gguf import save_gguf
-from tests.helpers import needs_gguf
+from tests.helpers.gguf import needs_gguf
 
 gguf = needs_gguf()
 

@@ -16,18 +16,17 @@ from safetensors.torch import load_file, save_file
 import lmcore
 from lmcore import ConversionError
 from lmcore.hf import convert_from_hf, convert_to_hf, load_llama, save_llama
-from tests.helpers import HF_SPEC as SMALL
-from tests.helpers import (
+from tests.helpers.errors import raises_naming
+from tests.helpers.hf import HF_SPEC as SMALL
+from tests.helpers.hf import (
     HF_TOLERANCE,
     LLAMA_V4,
     hf_logits,
     lm_logits,
-    perturbed,
     quiet_transformers,
-    raises_naming,
     random_llama,
-    token_ids,
 )
+from tests.helpers.models import perturbed, token_ids
 
 transformers = quiet_transformers()
 from transformers import LlamaForCausalLM  # noqa: E402

@@ -23,8 +23,9 @@ from lmcore.hf import (
     read_config,
     save_llama,
 )
-from tests.helpers import HF_SPEC as SMALL
-from tests.helpers import LLAMA_V4, quiet_transformers, raises_naming, random_family_model
+from tests.helpers.errors import raises_naming
+from tests.helpers.hf import HF_SPEC as SMALL
+from tests.helpers.hf import LLAMA_V4, quiet_transformers, random_family_model
 
 transformers = quiet_transformers()
 from transformers import AutoConfig, AutoModelForCausalLM  # noqa: E402

@@ -12,14 +12,9 @@ from safetensors.torch import load_file, save_file
 
 from lmcore import ConversionError
 from lmcore.hf import load_llama, permute_from_hf, permute_to_hf
-from tests.helpers import (
-    hf_logits,
-    lm_logits,
-    quiet_transformers,
-    raises_naming,
-    random_llama,
-    token_ids,
-)
+from tests.helpers.errors import raises_naming
+from tests.helpers.hf import hf_logits, lm_logits, quiet_transformers, random_llama
+from tests.helpers.models import token_ids
 
 transformers = quiet_transformers()
 from transformers import LlamaConfig  # noqa: E402

@@ -8,7 +8,8 @@ import torch
 
 from lmcore.errors import ModelInputError
 from lmcore.model.cache import KVCache
-from tests.helpers import decoding_model, raises_naming
+from tests.helpers.errors import raises_naming
+from tests.helpers.models import decoding_model
 
 
 def test_the_cache_is_preallocated_and_written_in_place() -> None:

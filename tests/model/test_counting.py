@@ -12,7 +12,8 @@ from lmcore import Component, ModelInputError, build_model, resolve, scoped_regi
 from lmcore.describe import check_params
 from lmcore.errors import ModelTooLargeError, PluginError
 from lmcore.model.counting import account, footprint
-from tests.helpers import PlainNorm, components, raises_naming, spec_for
+from tests.helpers.errors import raises_naming
+from tests.helpers.models import PlainNorm, components, spec_for
 
 
 def gpt2_forward_flops(seq: int, d: int, layers: int, d_ff: int, vocab: int) -> int:

@@ -25,7 +25,8 @@ from lmcore.errors import GenerationError, ModelInputError
 from lmcore.model.generate import GREEDY, Sampling, sample
 from lmcore.model.transformer import TransformerLM
 from lmcore.registry import use_registry
-from tests.helpers import decoding_model, raises_naming
+from tests.helpers.errors import raises_naming
+from tests.helpers.models import decoding_model
 
 ROOT = Path(__file__).resolve().parents[2]
 

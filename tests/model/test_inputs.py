@@ -13,7 +13,7 @@ import torch
 
 from lmcore import ModelInputError, build_model
 from lmcore.errors import BuildOptionError
-from tests.helpers import raises_naming
+from tests.helpers.errors import raises_naming
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,8 @@ import torch
 import lmcore
 from lmcore import CheckpointError
 from lmcore.checkpoint import read_header, read_info
-from tests.helpers import edit, nest_components, raises_naming
+from tests.helpers.errors import raises_naming
+from tests.helpers.models import edit, nest_components
 
 
 def start_of(name: str) -> Callable[[dict], int]:

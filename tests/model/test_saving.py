@@ -13,8 +13,9 @@ import torch
 import lmcore
 from lmcore import CheckpointError, build_model
 from lmcore.checkpoint import read_header, read_info, verify_checksums
-from tests.helpers import SMALL_SPEC as SMALL
-from tests.helpers import perturbed, raises_naming
+from tests.helpers.errors import raises_naming
+from tests.helpers.models import SMALL_SPEC as SMALL
+from tests.helpers.models import perturbed
 
 
 def test_each_tensors_crc32_is_stored_in_the_metadata(saved: Path) -> None:

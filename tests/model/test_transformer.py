@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from lmcore import TransformerLM, build_model, parse_spec
 from lmcore.errors import ModelTooLargeError, StateDictError
 from lmcore.interfaces import LayerContext
-from tests.helpers import raises_naming
+from tests.helpers.errors import raises_naming
 
 
 def cs336_state_dict_shapes(

@@ -21,7 +21,8 @@ from lmcore.model.attention import tiled_attention
 from lmcore.model.generate import GREEDY
 from lmcore.model.transformer import split_heads
 from lmcore.registry import scoped_registry
-from tests.helpers import plain_kernel, raises_naming
+from tests.helpers.errors import raises_naming
+from tests.helpers.plugins import plain_kernel
 
 BASE = "vocab_size=97, context_length=16, d_model=32, num_layers=3, num_heads=4, d_ff=48"
 

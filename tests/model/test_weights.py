@@ -13,8 +13,9 @@ import torch
 import lmcore
 from lmcore import CheckpointError
 from lmcore.errors import NonFiniteWeightsWarning
-from tests.helpers import SMALL_SPEC as SMALL
-from tests.helpers import non_finite_checkpoint, raises_naming, rewrite, warns_naming
+from tests.helpers.errors import raises_naming, warns_naming
+from tests.helpers.models import SMALL_SPEC as SMALL
+from tests.helpers.models import non_finite_checkpoint, rewrite
 
 
 def test_missing_unexpected_and_misshapen_tensors_are_all_listed(saved: Path) -> None:

@@ -9,12 +9,12 @@ import lmcore
 from lmcore import Component, SpecError, build_model, get_registry, parse_spec
 from lmcore_alibi import ALiBi, alibi_slopes
 from lmcore_sdpa import SDPA
-from tests.helpers import (
+from tests.helpers.errors import raises_naming
+from tests.helpers.plugins import (
     COUNT_SHAPES,
     assert_compile_traces_the_whole_module,
     assert_declared_counts,
     assert_model_runs_counts_and_is_causal,
-    raises_naming,
 )
 
 

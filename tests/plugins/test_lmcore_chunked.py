@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from lmcore import SpecError, build_model, get_registry, parse_spec
 from lmcore_chunked import ChunkedAttention
 from lmcore_sdpa import SDPA
-from tests.helpers import (
+from tests.helpers.plugins import (
     COUNT_SHAPES,
     assert_compile_traces_the_whole_module,
     assert_declared_counts,

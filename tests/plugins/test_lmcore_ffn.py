@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from lmcore import build_model, get_registry, parse_spec
 from lmcore.model.nn import gated_d_ff
 from lmcore_ffn import GEGLU, GELUFeedForward, ReLUFeedForward, SiLUFeedForward, SwiGLU
-from tests.helpers import (
+from tests.helpers.plugins import (
     COUNT_SHAPES,
     assert_compile_traces_the_whole_module,
     assert_declared_counts,

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from lmcore import SpecError, build_model, parse_spec
 from lmcore_layernorm import LayerNorm
-from tests.helpers import (
+from tests.helpers.plugins import (
     COUNT_SHAPES,
     assert_compile_traces_the_whole_module,
     assert_declared_counts,

@@ -7,7 +7,7 @@ import torch
 
 from lmcore import build_model
 from lmcore_nonorm import NoNorm
-from tests.helpers import (
+from tests.helpers.plugins import (
     COUNT_SHAPES,
     assert_compile_traces_the_whole_module,
     assert_declared_counts,

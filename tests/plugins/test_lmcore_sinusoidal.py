@@ -9,13 +9,13 @@ import torch
 
 from lmcore import SpecError, get_registry, parse_spec
 from lmcore_sinusoidal import SinusoidalPositionalEncoding
-from tests.helpers import (
+from tests.helpers.errors import raises_naming
+from tests.helpers.plugins import (
     COUNT_SHAPES,
     assert_compile_traces_the_whole_module,
     assert_declared_counts,
     assert_logits_depend_on_positions,
     assert_model_runs_counts_and_is_causal,
-    raises_naming,
 )
 
 

@@ -13,7 +13,7 @@ from lmcore import (
     scoped_registry,
     use_registry,
 )
-from tests.helpers import scale_norm
+from tests.helpers.plugins import scale_norm
 
 
 def test_scoped_registry_does_not_leak() -> None:

@@ -16,7 +16,7 @@ import pytest
 from lmcore import (
     Registry,
 )
-from tests.helpers import assert_naming
+from tests.helpers.errors import assert_naming
 
 BUILTINS = {"rmsnorm", "swiglu", "rope", "nope", "sdpa", "presets"}
 

@@ -22,7 +22,8 @@ from lmcore import (
     use_registry,
 )
 from lmcore.errors import SlowPluginWarning
-from tests.helpers import BROKEN_IMPORT, assert_naming, plugin_source, raises_naming, warns_naming
+from tests.helpers.errors import assert_naming, raises_naming, warns_naming
+from tests.helpers.plugins import BROKEN_IMPORT, plugin_source
 
 Module = torch.nn.Module
 

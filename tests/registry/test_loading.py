@@ -26,7 +26,8 @@ from lmcore import (
 )
 from lmcore.errors import LmcoreWarning, PluginNameError
 from lmcore.registry.loading import Plugins
-from tests.helpers import BROKEN_IMPORT, OTHER_RMSNORM, raises_naming, scale_norm, warns_naming
+from tests.helpers.errors import raises_naming, warns_naming
+from tests.helpers.plugins import BROKEN_IMPORT, OTHER_RMSNORM, scale_norm
 
 
 def test_importing_lmcore_does_no_discovery() -> None:
@@ -184,7 +185,7 @@ def test_register_and_unregister(registry: Registry) -> None:
     name = registry.add(scale_norm(), name="scaler")
     prov = registry.get("norm", "scale").provenance
     assert name == "scaler" and prov.plugin == "scaler"
-    assert prov.module == "tests.helpers"  # where the component's factory lives
+    assert prov.module == "tests.helpers.plugins"  # where the component's factory lives
     with pytest.raises(PluginNameError, match=r"a plugin named 'scaler' is already registered"):
         registry.add(scale_norm(), name="scaler")
     assert issubclass(PluginNameError, ValueError)  # what callers caught before it had a name

@@ -19,7 +19,8 @@ from lmcore import (
     build_model,
     parse_spec,
 )
-from tests.helpers import BROKEN_IMPORT, OTHER_RMSNORM, raises_naming
+from tests.helpers.errors import raises_naming
+from tests.helpers.plugins import BROKEN_IMPORT, OTHER_RMSNORM
 
 Module = torch.nn.Module
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.helpers import PLANTED, PlantedRegistry
+from tests.helpers.kit import PLANTED, PlantedRegistry
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from lmcore import Component
-from tests.helpers import (
+from tests.helpers.kit import (
     assert_planted_bug_beside_the_builtins_fails,
     assert_planted_bug_fails_its_check,
     beside_builtins_caught_by,

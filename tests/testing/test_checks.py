@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.helpers import (
+from tests.helpers.kit import (
     EXPECTED,
     NODE,
     PLANTED_BESIDE_BUILTINS,

@@ -9,17 +9,16 @@ import pytest
 import torch
 from torch import Tensor
 
-from tests.helpers import (
+from tests.helpers.errors import assert_naming, raises_naming
+from tests.helpers.kit import (
     NODE,
     Norm,
     WithBuiltins,
-    assert_naming,
     assert_planted_bug_fails_its_check,
     failures,
     norm,
     norm_activations,
     planted_bugs_caught_by,
-    raises_naming,
     run_kit,
 )
 

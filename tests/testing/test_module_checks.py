@@ -8,10 +8,10 @@ import pytest
 from torch import nn
 
 from lmcore import Component
-from tests.helpers import (
+from tests.helpers.errors import assert_naming
+from tests.helpers.kit import (
     NODE,
     PlantedRegistry,
-    assert_naming,
     assert_planted_bug_fails_its_check,
     planted_bugs_caught_by,
     run_kit,

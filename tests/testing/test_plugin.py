@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.helpers import NODE, QUIET, PlantedRegistry, run_kit
+from tests.helpers.kit import NODE, QUIET, PlantedRegistry, run_kit
 
 pytest_plugins = ["pytester"]
 pytestmark = pytest.mark.usefixtures("kit_warmed_up")

@@ -12,7 +12,8 @@ from torch import Tensor
 
 from lmcore import Component
 from lmcore.interfaces import PositionalEncodingBase
-from tests.helpers import (
+from tests.helpers.errors import raises_naming
+from tests.helpers.kit import (
     PLANTED,
     PlantedRegistry,
     StartAlignedAttention,
@@ -20,7 +21,6 @@ from tests.helpers import (
     assert_planted_bug_fails_its_check,
     attn,
     planted_bugs_caught_by,
-    raises_naming,
 )
 
 pytest_plugins = ["pytester"]

@@ -9,16 +9,8 @@ import re
 import pytest
 import torch
 
-from tests.helpers import (
-    NODE,
-    QUIET,
-    Norm,
-    PlantedRegistry,
-    assert_naming,
-    norm,
-    raises_naming,
-    run_kit,
-)
+from tests.helpers.errors import assert_naming, raises_naming
+from tests.helpers.kit import NODE, QUIET, Norm, PlantedRegistry, norm, run_kit
 
 pytest_plugins = ["pytester"]
 pytestmark = pytest.mark.usefixtures("kit_warmed_up")

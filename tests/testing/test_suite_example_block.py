@@ -16,7 +16,7 @@ import lmcore
 from lmcore.model.generate import GREEDY
 from lmcore.registry import scoped_registry
 from lmcore.testing import CaseSkipped, Settings, cases
-from tests.helpers import raises_naming
+from tests.helpers.errors import raises_naming
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "lmcore-ngpt" / "lmcore_ngpt.py"
 # Where the distribution is installed too (tox's py311-ngpt), its entry point steps aside for the file.

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from lmcore.errors import ModelTooLargeError
 from lmcore.train.smoke import run_steps
-from tests.helpers import raises_naming
+from tests.helpers.errors import raises_naming
 
 
 def test_a_step_beyond_the_memory_is_refused_naming_the_largest_part() -> None:

@@ -1,0 +1,99 @@
+"""`lmcore eval --text/--data`: numbers that do not depend on the batch size, the report, a data
+split with the data's tokenizer, errors in one line with the fix; --tasks without lm-eval."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import lmcore
+from lmcore.cli.main import main
+from lmcore.data import EOT
+from tests.helpers.runs import EVAL_SPEC, eval_model
+
+pytestmark = pytest.mark.usefixtures("single_thread")  # tiny models: one thread is faster
+
+
+def test_the_numbers_do_not_depend_on_the_batch_size(
+    eval_checkpoint: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    seen = []
+    for batch in (1, 3, 8, 64):
+        for stride in (16, 5):
+            args = ["eval", str(eval_checkpoint), "--text", str(eval_checkpoint / "a.py"),
+                    str(eval_checkpoint / "b.py"), "--json", "--batch-size", str(batch),
+                    "--stride", str(stride)]  # fmt: skip
+            assert main(args) == 0
+            out = json.loads(capsys.readouterr().out)
+            seen.append((stride, out["nats"], out["bits_per_byte"], out["tokens"], out["bytes"]))
+    assert len(set(seen)) == 2  # one result per stride, bit for bit, whatever the batch
+
+
+def test_the_report_shows_loss_perplexity_and_bits_per_byte(
+    eval_checkpoint: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["eval", str(eval_checkpoint), "--text", str(eval_checkpoint / "a.py")]) == 0
+    out = capsys.readouterr().out
+    assert f"model: {eval_checkpoint / 'model.safetensors'}" in out
+    assert "windows: " in out and "stride 16 (non-overlapping), batch 8" in out
+    assert "nats/token" in out and "perplexity" in out and "bits per byte" in out
+    assert len(out.splitlines()) <= 8
+
+
+def test_data_split_is_evaluated_with_the_datas_tokenizer(
+    tiny_data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from lmcore.data.tokens import TokenData
+
+    torch.manual_seed(0)
+    lmcore.save(lmcore.build_model(EVAL_SPEC), tmp_path / "m.safetensors")
+    assert main(["eval", str(tmp_path / "m.safetensors"), "--data", str(tiny_data), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    data = TokenData.open(tiny_data)
+    val = np.asarray(data.val)
+    assert out["tokens"] == len(val) - 1 and out["source"] == f"val split of {tiny_data}"
+    assert out["bytes"] == len(data.decode(val[1:]).replace(EOT, "").encode("utf-8"))
+
+
+def test_eval_errors_are_one_line_with_the_fix(
+    eval_checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    lone = tmp_path / "lone"
+    lone.mkdir()
+    lmcore.save(eval_model(), lone / "model.safetensors")
+    assert main(["eval", str(lone), "--text", str(eval_checkpoint / "a.py")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("lmcore eval: error: no tokenizer found for") and "--tokenizer" in err
+    assert len(err.splitlines()) == 1
+    argv = ["eval", str(eval_checkpoint), "--text", str(eval_checkpoint / "a.py"), "--stride", "40"]
+    assert main(argv) == 2
+    assert "--stride 40: must be in 1..16" in capsys.readouterr().err
+    assert main(["eval", str(eval_checkpoint), "--text", "nope.txt"]) == 2
+    assert "--text 'nope.txt' is not a file" in capsys.readouterr().err
+    assert (
+        main(
+            ["eval", str(eval_checkpoint), "--text", str(eval_checkpoint / "a.py"), "--limit", "3"]
+        )
+        == 2
+    )
+    assert "--limit applies to --tasks only" in capsys.readouterr().err
+
+
+def test_tasks_without_lm_eval_name_the_extra(
+    eval_checkpoint: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "lm_eval", None)  # as if it were not installed
+    monkeypatch.delitem(sys.modules, "lmcore.eval.harness", raising=False)
+    assert main(["eval", str(eval_checkpoint), "--tasks", "hellaswag"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(
+        "lmcore eval: error: --tasks needs the 'eval' extra (lm-evaluation-harness): "
+        "pip install 'lmcore-registry[eval]' (no module named 'lm_eval')"
+    )
+    assert len(err.splitlines()) == 1

@@ -1,0 +1,106 @@
+"""`lmcore sweep` on the command line: the table it prints, a failed run reported while the
+others go on, a sweep file checked key by key, and what it refuses."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from lmcore import Component, scoped_registry
+from lmcore.cli.main import main
+from tests.helpers.models import TINY_SPEC
+from tests.helpers.runs import one_line_error
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+
+def test_sweep_on_the_command_line(
+    tiny_data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "s"
+    argv = ["sweep", TINY_SPEC, "--vary", "ffn=silu", "--data", str(tiny_data), "--out", str(out),
+            "--steps", "10", "--batch-size", "8", "--eval-batches", "2", "--device", "cpu"]  # fmt: skip
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "| `baseline` |" in printed and "| `ffn=silu` |" in printed
+    assert f"validation curves: {out / 'val_loss.png'}" in printed
+
+
+class BoomNorm(nn.Module):
+    """A norm whose forward raises: a run that fails with an exception."""
+
+    def __init__(self, d_model: int, device: Any = None, dtype: Any = None):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(d_model, device=device, dtype=dtype))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError("boom in the norm")
+
+
+def test_a_failed_run_is_reported_and_the_others_go_on(
+    tiny_data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with scoped_registry() as registry:
+        registry.add(
+            Component(kind="norm", name="boom", build=BoomNorm, params=lambda d_model: d_model)
+        )
+        argv = ["sweep", TINY_SPEC, "--vary", "norm=boom", "--vary", "pos=nope", "--data",
+                str(tiny_data), "--out", str(tmp_path / "s"), "--steps", "5", "--batch-size",
+                "8", "--eval-batches", "1", "--device", "cpu"]  # fmt: skip
+        assert main(argv) == 1
+    captured = capsys.readouterr()
+    assert "lmcore sweep: error: norm=boom, seed 0: RuntimeError: boom in the norm" in captured.err
+    assert "| `norm=boom` | 20,640 | – | – | 0/1 done; seed 0: failed: RuntimeError: boom" in (
+        captured.out
+    )
+    assert "| `pos=nope` | 20,640 | " in captured.out and captured.out.count(" | 1/1 done |") == 2
+
+
+def test_the_sweep_file_is_checked_key_by_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    file = tmp_path / "s.toml"
+    file.write_text('base = "cs336-tiny"\nvariants = ["pos=nope"]\nseed = 3\n')
+    assert main(["sweep", str(file)]) == 2
+    assert (
+        f"lmcore sweep: error: {file}: unknown key 'seed' (did you mean 'seeds'?); the keys are "
+        "base, variants, data, out, seeds, match, train, launcher" in capsys.readouterr().err
+    )
+    file.write_text('base = "cs336-tiny"\nvariants = ["pos=nope"]\n[train]\nlearning_rate = 1\n')
+    assert main(["sweep", str(file)]) == 2
+    assert "[train]: unknown key 'learning_rate'" in capsys.readouterr().err
+    file.write_text('base = "cs336-tiny"\nvariants = ["pos=nope"]\n')
+    assert main(["sweep", str(file)]) == 2
+    assert (
+        f"lmcore sweep: error: --data DIR, --out SWEEP are needed (neither on the command line nor in {file})"
+        in capsys.readouterr().err
+    )
+    assert main(["sweep", "cs336-tiny", "--vary", "pos=nope", "--data", "d", "--out", "o",
+                 "--slurm-extra", "account"]) == 2  # fmt: skip
+    assert "--slurm-extra 'account': expected KEY=VALUE" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["sweep", "ckpt.safetensors", "--vary", "norm=none", "--data", "DATA", "--out", "s"],
+         "BASE 'ckpt.safetensors' looks like a checkpoint path; a sweep trains every model from "
+         "the start"),
+    ],
+)  # fmt: skip
+def test_bad_input_exits_2_with_one_line(
+    tiny_data: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    argv: list[str],
+    message: str,
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    argv = [str(tiny_data) if a == "DATA" else a for a in argv]
+    assert message in one_line_error(capsys, argv)
+    assert not (tmp_path / "r").exists()

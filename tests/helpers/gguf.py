@@ -1,0 +1,284 @@
+"""GGUF files written as llama.cpp's converter writes them, by code here, not by lmcore."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+# ---------------------------------------------------------------------------------------------
+# GGUF interop: files written as llama.cpp's converter writes them, by code here, not lmcore
+# ---------------------------------------------------------------------------------------------
+
+
+def needs_gguf() -> Any:
+    """The `gguf` package; a module that calls this at import is skipped without the extra."""
+    reason = "needs the 'gguf' extra: pip install -e '.[gguf]'"
+    pytest.importorskip("jinja2", reason=reason)
+    return pytest.importorskip("gguf", reason=reason)
+
+
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+CORPUS = [
+    "Hello world, the cat sat on the mat.",
+    "Numbers 12345 and 3.14159; emoji 🙂 and accents: café naïve.",
+    "  leading spaces\n\nnew lines\ttabs   and trailing ",
+    "<|im_start|>user\nHi there<|im_end|>\n",
+    "don't won't it's WE'LL THEY'RE",
+]
+GGUF_IDS = torch.tensor([[1, 5, 9, 2, 77, 31, 4, 100, 64, 12, 3, 8]])
+
+
+def perturb_norms(model: Any) -> Any:
+    """`model` with norm gains that are not all ones and biases that are not all zeros."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name or name.endswith("bias"):
+                p.add_(torch.randn_like(p) * 0.1)
+    return model
+
+
+def hf_llama(d: int = 64, ff: int = 128, vocab: int = 128, tied: bool = False) -> Any:
+    """A random transformers Llama, norms perturbed, two layers of 4 heads and 2 k/v heads."""
+    import transformers
+
+    config = transformers.LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=d,
+        intermediate_size=ff,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        rms_norm_eps=1e-5,
+        rope_theta=10000.0,
+        tie_word_embeddings=tied,
+    )
+    torch.manual_seed(0)
+    return perturb_norms(transformers.LlamaForCausalLM(config).eval())
+
+
+def hf_qwen(model_type: str, head_dim: int | None = None) -> Any:
+    """A tiny random Qwen 2 (q/k/v biases) or Qwen 3 (q/k norms), norms and biases perturbed."""
+    import transformers
+
+    config = transformers.AutoConfig.for_model(
+        model_type,
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        rms_norm_eps=1e-6,
+        rope_theta=10000.0,
+        tie_word_embeddings=False,
+        **({} if head_dim is None else {"head_dim": head_dim}),
+    )
+    torch.manual_seed(0)
+    return perturb_norms(transformers.AutoModelForCausalLM.from_config(config).eval())
+
+
+def _add_shape(w: Any, c: Any, rope_theta: float = 10000.0) -> None:
+    """The architecture's metadata of config `c`, as llama.cpp's converter writes it."""
+    w.add_block_count(c.num_hidden_layers)
+    w.add_context_length(c.max_position_embeddings)
+    w.add_embedding_length(c.hidden_size)
+    w.add_feed_forward_length(c.intermediate_size)
+    w.add_head_count(c.num_attention_heads)
+    w.add_head_count_kv(c.num_key_value_heads)
+    w.add_layer_norm_rms_eps(c.rms_norm_eps)
+    w.add_rope_freq_base(rope_theta)
+    w.add_rope_dimension_count(
+        getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    )
+    w.add_vocab_size(c.vocab_size)
+
+
+def _permute(w: Any, heads: int) -> Any:
+    """llama.cpp's converter (convert_hf_to_gguf.py, LlamaModel.permute)."""
+    return (
+        w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+    )
+
+
+def _k_quant(rows: int, cols: int, qtype: Any, rng: Any) -> Any:
+    """Random blocks of a K-quant (gguf's Python cannot quantize them), with sane f16 scales."""
+    import gguf
+    import numpy as np
+
+    T = gguf.GGMLQuantizationType
+    block, size = gguf.GGML_QUANT_SIZES[qtype]
+    raw = rng.integers(0, 256, (rows, cols // block, size), dtype=np.uint8)
+    scale = np.array([0.0004], dtype=np.float16).view(np.uint8)
+    at = {T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.Q6_K: (size - 2,)}[qtype]
+    for offset in at:
+        raw[..., offset : offset + 2] = scale
+    return raw.reshape(rows, -1)
+
+
+_GGUF_NAMES = {
+    "model.embed_tokens.weight": "token_embd.weight",
+    "model.norm.weight": "output_norm.weight",
+    "lm_head.weight": "output.weight",
+    "input_layernorm": "attn_norm",
+    "post_attention_layernorm": "ffn_norm",
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+}
+
+
+def _gguf_name(hf: str) -> str:
+    if hf in _GGUF_NAMES:
+        return _GGUF_NAMES[hf]
+    _, _, i, module, *rest = hf.split(".")
+    key = f"{module}.{rest[0]}" if module in ("self_attn", "mlp") else module
+    return f"blk.{i}.{_GGUF_NAMES[key]}.weight"
+
+
+def write_llama(
+    path: Path,
+    model: Any,
+    qtype: Any = None,
+    *,
+    tokenizer: dict[str, Any] | None = None,
+    extra: dict[str, Any] | None = None,
+) -> dict[str, torch.Tensor]:
+    """`model` as llama.cpp writes a Llama (`qtype`: a `gguf.GGMLQuantizationType`, F32 unless
+    given); returns the weights the file holds, dequantized, in Hugging Face's names and row
+    order (the reference)."""
+    import gguf
+    import numpy as np
+
+    T = gguf.GGMLQuantizationType
+    qtype = T.F32 if qtype is None else qtype
+    c = model.config
+    w = gguf.GGUFWriter(str(path), "llama")
+    _add_shape(w, c)  # rope_theta as hf_llama sets it
+    w.add_name("tiny")
+    for key, value in (extra or {}).items():
+        w.add_uint32(key, value)
+    for key, value in (tokenizer or {}).items():
+        if isinstance(value, list):
+            w.add_array(key, value)
+        elif isinstance(value, bool):
+            w.add_bool(key, value)
+        elif isinstance(value, int):
+            w.add_uint32(key, value)
+        else:
+            w.add_string(key, value)
+    rng = np.random.default_rng(0)
+    held = {}
+    for name, p in model.state_dict().items():
+        if name == "lm_head.weight" and c.tie_word_embeddings:
+            continue
+        x = p.detach().numpy().astype(np.float32)
+        if "q_proj" in name:
+            x = _permute(x, c.num_attention_heads)
+        elif "k_proj" in name:
+            x = _permute(x, c.num_key_value_heads)
+        kind = qtype if x.ndim == 2 else T.F32
+        if kind in (T.Q4_K, T.Q5_K, T.Q6_K):
+            raw = _k_quant(*x.shape, kind, rng)
+        else:
+            raw = gguf.quants.quantize(x, kind)
+        w.add_tensor(_gguf_name(name), raw, raw_dtype=None if kind in (T.F32, T.F16) else kind)
+        back = gguf.quants.dequantize(raw, kind).reshape(x.shape).astype(np.float32)
+        if "q_proj" in name or "k_proj" in name:  # undo the permutation: rows move whole
+            heads = c.num_attention_heads if "q_proj" in name else c.num_key_value_heads
+            inverse = np.argsort(_permute(np.arange(x.shape[0]), heads))
+            back = back[inverse]
+        held[name] = torch.from_numpy(back.copy())
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return held
+
+
+def write_by_gguf_map(path: Path, model: Any, arch: Any) -> None:
+    """`model` in float32 under the tensor names gguf's own map gives (llama.cpp's converter
+    uses it), rows as Hugging Face holds them: Qwen's converters do not permute q and k."""
+    import gguf
+    import numpy as np
+
+    c = model.config
+    w = gguf.GGUFWriter(str(path), gguf.MODEL_ARCH_NAMES[arch])
+    _add_shape(w, c)  # rope_theta as hf_qwen sets it
+    if arch == gguf.MODEL_ARCH.QWEN3:
+        head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+        w.add_key_length(head_dim)
+        w.add_value_length(head_dim)
+    names = gguf.get_tensor_name_map(arch, c.num_hidden_layers)
+    for name, p in model.state_dict().items():
+        target = names.get_name(name, try_suffixes=(".weight", ".bias"))
+        assert target is not None, name
+        w.add_tensor(target, p.detach().numpy().astype(np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def reference_logits(model: Any, held: dict[str, torch.Tensor], ids: torch.Tensor) -> torch.Tensor:
+    """The transformers model's logits with the weights a GGUF file holds (`write_llama`)."""
+    model.load_state_dict(held, strict=False)
+    if model.config.tie_word_embeddings:
+        model.tie_weights()
+    with torch.no_grad():
+        logits: torch.Tensor = model(ids).logits
+    return logits
+
+
+def byte_level_bpe() -> Any:
+    """A SmolLM-style tokenizer: digits split one by one, then GPT-2's byte-level BPE."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=300,
+        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(CORPUS * 20, trainer)
+    return tok
+
+
+def ggml_tokenizer(tok: Any) -> dict[str, Any]:
+    """`tokenizer.ggml.*` as llama.cpp's converter writes them for a byte-level BPE."""
+    config = json.loads(tok.to_str())
+    vocab = tok.get_vocab()
+    by_id = sorted(vocab, key=vocab.__getitem__)
+    special = {t["content"] for t in config["added_tokens"] if t["special"]}
+    merges = [m if isinstance(m, str) else " ".join(m) for m in config["model"]["merges"]]
+    return {
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.pre": "smollm",
+        "tokenizer.ggml.tokens": by_id,
+        "tokenizer.ggml.token_type": [3 if t in special else 1 for t in by_id],
+        "tokenizer.ggml.merges": merges,
+        "tokenizer.ggml.bos_token_id": vocab["<|im_start|>"],
+        "tokenizer.ggml.eos_token_id": vocab["<|im_end|>"],
+        "tokenizer.ggml.add_bos_token": False,
+        "tokenizer.chat_template": CHATML,
+    }
