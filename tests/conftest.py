@@ -121,3 +121,19 @@ def eval_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from tests.helpers.runs import write_eval_checkpoint
 
     return write_eval_checkpoint(tmp_path_factory.mktemp("eval"))
+
+
+@pytest.fixture
+def resolutions(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every spec text resolved while the test runs, in order (each run of the resolver)."""
+    import lmcore.blueprint
+
+    seen: list[str] = []
+    real = lmcore.blueprint._Resolver.resolve
+
+    def counting(self: lmcore.blueprint._Resolver) -> lmcore.blueprint.Blueprint:
+        seen.append(self.text)
+        return real(self)
+
+    monkeypatch.setattr(lmcore.blueprint._Resolver, "resolve", counting)
+    return seen

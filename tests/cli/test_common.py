@@ -12,7 +12,6 @@ from safetensors.torch import load_file, save_file
 
 import lmcore
 import lmcore.blueprint
-from lmcore.blueprint import Blueprint
 from lmcore.cli.main import main
 
 
@@ -21,19 +20,6 @@ def test_a_bad_checkpoint_path_exits_2(command: str, tmp_path: Path, capsys) -> 
     missing = tmp_path / "nope.safetensors"
     assert main([command, str(missing)]) == 2
     assert capsys.readouterr().err == f"lmcore {command}: error: {missing}: no such file\n"
-
-
-@pytest.fixture
-def resolutions(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    seen: list[str] = []
-    real = lmcore.blueprint._Resolver.resolve
-
-    def counting(self: lmcore.blueprint._Resolver) -> Blueprint:
-        seen.append(self.text)
-        return real(self)
-
-    monkeypatch.setattr(lmcore.blueprint._Resolver, "resolve", counting)
-    return seen
 
 
 @pytest.mark.parametrize(

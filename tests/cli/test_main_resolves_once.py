@@ -16,7 +16,7 @@ from tests.helpers.models import TINY_SPEC
 
 
 @pytest.fixture
-def resolutions(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+def resolve_calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
     """Each entry into `lmcore.blueprint.resolve` from now on, as the line that called it: the
     function, and every name a module imported it under."""
     original = blueprint.resolve
@@ -38,7 +38,7 @@ def resolutions(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
 def test_each_commands_model_is_resolved_once(
     tiny_data: Path,
     tmp_path: Path,
-    resolutions: list[str],
+    resolve_calls: list[str],
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     run = tmp_path / "run"
@@ -58,8 +58,8 @@ def test_each_commands_model_is_resolved_once(
     }  # fmt: skip
     entered = {}
     for what, argv in commands.items():
-        resolutions.clear()
+        resolve_calls.clear()
         assert main(argv) == 0, (what, capsys.readouterr().err)
-        entered[what] = list(resolutions)
+        entered[what] = list(resolve_calls)
     capsys.readouterr()
     assert {k: len(v) for k, v in entered.items()} == dict.fromkeys(commands, 1), entered
