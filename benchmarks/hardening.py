@@ -2,12 +2,19 @@
 """Every hostile-input reproduction (no input may hang, crash or silently mislead), run as written.
 
     python benchmarks/hardening.py [--timeout 30] [--only R4] [--pythonpath DIR] [--before DIR]
+                                   [--max-rss-mb 3000]
 
 Each case runs in a fresh process (the CLI through the installed `lmcore` script, the rest
 through `python -c`), with the fake distributions it needs on PYTHONPATH. The table gives the
 exit status, the wall-clock seconds, the peak RSS of that process and the first line of what it
 said (stderr for the CLI, the printed outcome for Python snippets). `lmcore build cs336-tiny
 --device meta` and `python -c "import lmcore.model.transformer"` are timed too: the least a command costs.
+
+A case runs in a session of its own; every 0.2 s the resident memory of it and of every process
+it started is read from /proc, and all of them are killed ("killed at N MB") when together they
+hold more than --max-rss-mb (0: no limit), when the case's timeout passes ("timeout"), and
+when the case has ended (what it left running). Peak RSS is the larger of the process's own
+(wait4) and of those readings. A case may feed its stdin (bytes, a file, or closed).
 
 `--pythonpath DIR` puts DIR (and DIR/plugins) first on the children's path, to run the same
 cases against another checkout (e.g. `git archive main | tar -x -C /tmp/base`); `--before DIR`
@@ -22,15 +29,20 @@ Never run by the test suite; the tests reproduce each case on its own.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 SHOW = 110  # characters of the outcome shown per row
 
@@ -44,6 +56,7 @@ class Case:
     env: dict[str, str] = field(default_factory=dict)
     sites: tuple[str, ...] = ()  # fake distributions to put on the path
     stdout: str | None = None  # a file to send stdout to (e.g. /dev/full), or "closed"
+    stdin: str | bytes | None = None  # bytes to send, a file to read, "closed"; None: inherited
     timeout: float | None = None  # seconds, when the default is too short (torch.compile)
     setup: str | None = None  # Python run first in the case's directory (PRELUDE's helpers)
     teardown: str | None = None  # Python run after it, whatever happened
@@ -585,9 +598,17 @@ def cases() -> list[Case]:
 
 # ------------------------------------------------------------------ running
 
+POLL_S = 0.2  # how often the memory of a case's processes is read
+MAX_RSS_MB = 3000.0  # a case whose processes together hold more is killed (--max-rss-mb)
+SETUP_TIMEOUT = 300.0  # seconds for a case's setup or teardown
+
 
 def run(
-    case: Case, root: Path, timeout: float, pythonpath: list[str]
+    case: Case,
+    root: Path,
+    timeout: float,
+    pythonpath: list[str],
+    max_rss_mb: float = MAX_RSS_MB,
 ) -> tuple[str, float, float, str]:
     script = shutil.which("lmcore", path=str(Path(sys.executable).parent))
     if case.argv is not None:
@@ -609,56 +630,212 @@ def run(
     env = {**os.environ, **case.env}
     env["PYTHONPATH"] = os.pathsep.join([*paths, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     if case.setup is not None:
-        done = subprocess.run([sys.executable, "-c", PRELUDE + case.setup], env=env, cwd=here,
-                              capture_output=True, text=True, check=False)  # fmt: skip
-        if done.returncode:
-            return "setup", 0.0, float("nan"), _last_error(done.stderr.splitlines())
+        done = supervise([sys.executable, "-c", PRELUDE + case.setup], env, here,
+                         SETUP_TIMEOUT, max_rss_mb, leave=True)  # fmt: skip
+        if done.returncode != 0:
+            said = done.err.decode(errors="replace").splitlines()
+            return "setup", 0.0, done.rss, done.problem or _last_error(said)
     try:
-        code, seconds, rss, shown = _run(case, command, env, here, timeout)
+        code, seconds, rss, shown = _run(case, command, env, here, timeout, max_rss_mb)
     finally:
         after = ""
         if case.teardown is not None:
-            done = subprocess.run([sys.executable, "-c", PRELUDE + case.teardown], env=env,
-                                  cwd=here, capture_output=True, text=True, check=False)  # fmt: skip
-            after = done.stdout.strip().replace("\n", "; ")
+            done = supervise([sys.executable, "-c", PRELUDE + case.teardown], env, here,
+                             SETUP_TIMEOUT, max_rss_mb)  # fmt: skip
+            after = done.problem or done.out.decode(errors="replace").strip().replace("\n", "; ")
     return code, seconds, rss, shown + (f" [then: {after}]" if after else "")
 
 
 def _run(
-    case: Case, command: list[str], env: dict[str, str], here: Path, timeout: float
-) -> tuple[str, float, float, str]:
-    closed = case.stdout == "closed"
-    out_file = open(case.stdout, "w") if case.stdout and not closed else subprocess.PIPE  # noqa: SIM115
-    start = time.perf_counter()
-    proc = _Popen(command, env=env, stdout=None if closed else out_file, stderr=subprocess.PIPE,
-                  cwd=here, preexec_fn=(lambda: os.close(1)) if closed else None)  # fmt: skip
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.communicate()
-        return "timeout", timeout, _child_rss(proc), f"still running after {timeout:.0f} s (killed)"
-    finally:
-        if case.stdout and not closed:
-            out_file.close()  # type: ignore[union-attr]
-    seconds = time.perf_counter() - start
-    # Peak RSS of that child alone: ru_maxrss of RUSAGE_CHILDREN is a max over all of them.
-    rss = _child_rss(proc)
-    out = out or b""
-    text = (err if case.argv is not None else out or err).decode(errors="replace")
+    case: Case, command: list[str], env: dict[str, str], here: Path, timeout: float,
+    max_rss_mb: float = MAX_RSS_MB,
+) -> tuple[str, float, float, str]:  # fmt: skip
+    done = supervise(command, env, here, timeout, max_rss_mb, stdin=case.stdin,
+                     stdout=case.stdout)  # fmt: skip
+    text = (done.err if case.argv is not None else done.out or done.err).decode(errors="replace")
     lines = [line for line in text.splitlines() if line.strip()]
-    if case.argv is not None and proc.returncode == 0 and out:
+    if done.killed_mb is not None or done.timed_out:
+        traceback = any(line.startswith("Traceback") for line in lines[-60:])
+        said = f"; its last line: {'traceback: ' * traceback}{lines[-1]}" if lines else ""
+        if done.killed_mb is not None:
+            return "killed", done.seconds, done.rss, done.problem + said
+        return "timeout", timeout, done.rss, done.problem + said
+    if case.argv is not None and done.returncode == 0 and done.out:
         # A warning on stderr says more than the output; else the output's last line.
         lines = (
             lines[:1]
-            or [line for line in out.decode(errors="replace").splitlines() if line.strip()][-1:]
+            or [line for line in done.out.decode(errors="replace").splitlines() if line.strip()][
+                -1:
+            ]
         )
-    shown = lines[0] if len(lines) == 1 or proc.returncode in (0, 2) else _last_error(lines)
-    return str(proc.returncode), seconds, rss, shown
+    shown = lines[0] if len(lines) == 1 or done.returncode in (0, 2) else _last_error(lines)
+    return str(done.returncode), done.seconds, done.rss, shown
 
 
-def _child_rss(proc: subprocess.Popen[bytes]) -> float:
-    return getattr(proc, "_rss_mb", float("nan"))
+@dataclass
+class Done:
+    """How a supervised command ended; `rss`: the peak MB of it and its descendants together."""
+
+    returncode: int
+    out: bytes
+    err: bytes
+    seconds: float
+    rss: float
+    timed_out: bool = False
+    killed_mb: float | None = None  # the memory it held when killed for holding too much
+
+    @property
+    def problem(self) -> str:
+        if self.killed_mb is not None:
+            return (
+                f"killed at {self.killed_mb:.0f} MB (over --max-rss-mb) after {self.seconds:.0f} s"
+            )
+        if self.timed_out:
+            return f"still running after {self.seconds:.0f} s (killed)"
+        return ""
+
+
+def supervise(
+    command: list[str],
+    env: dict[str, str],
+    cwd: Path,
+    timeout: float,
+    max_rss_mb: float = MAX_RSS_MB,
+    *,
+    stdin: str | bytes | None = None,
+    stdout: str | None = None,
+    leave: bool = False,
+) -> Done:
+    """Run `command` in a session of its own, reading the memory of it and every process it
+    starts every POLL_S seconds: all of them are killed past `timeout` seconds, when together
+    they hold more than `max_rss_mb` (0: no limit), and when the command has ended (what it
+    left running; with `leave`, what it started in the background is left to run: a setup's
+    second process, which its teardown stops). `stdin`: bytes to send, "closed", a file to
+    read, or None (this process's); `stdout`: a file to write to (e.g. /dev/full), "closed",
+    or None (captured)."""
+    closed = {fd for fd, how in ((0, stdin), (1, stdout)) if how == "closed"}
+
+    def close_fds() -> None:
+        for fd in closed:
+            os.close(fd)
+
+    # Files, not pipes: a process it leaves running cannot hold the reading of its output up.
+    with contextlib.ExitStack() as files:
+        err_file = files.enter_context(tempfile.TemporaryFile())
+        out_file: Any = None
+        if stdout is None:
+            out_file = files.enter_context(tempfile.TemporaryFile())
+        elif stdout != "closed":
+            out_file = files.enter_context(open(stdout, "wb"))
+        in_file: Any = None
+        if isinstance(stdin, bytes):
+            in_file = files.enter_context(tempfile.TemporaryFile())
+            in_file.write(stdin)
+            in_file.seek(0)
+        elif stdin and stdin != "closed":
+            in_file = files.enter_context(open(stdin, "rb"))
+        start = time.perf_counter()
+        proc = _Popen(command, env=env, cwd=cwd, stdin=in_file, stdout=out_file, stderr=err_file,
+                      start_new_session=True, preexec_fn=close_fds if closed else None)  # fmt: skip
+        watch = _Watch(proc.pid, max_rss_mb, leave)
+        watch.start()
+        timed_out = False
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            watch.kill()
+            proc.wait()
+        finally:
+            watch.finish()
+        seconds = time.perf_counter() - start
+
+        def read(f: Any) -> bytes:
+            f.seek(0)
+            return bytes(f.read())
+
+        out = read(out_file) if stdout is None else b""
+        err = read(err_file)
+    # ru_maxrss (from wait4) catches a peak between two readings; the readings, the children.
+    rss = max(getattr(proc, "_rss_mb", 0.0), watch.peak) or float("nan")
+    return Done(proc.returncode, out, err, seconds, rss, timed_out and watch.killed_mb is None,
+                watch.killed_mb)  # fmt: skip
+
+
+class _Watch(threading.Thread):
+    """Reads /proc every POLL_S seconds for the resident memory of process `root` and of every
+    process descending from it (by parent, or by session: a child whose parent died); kills
+    them all when together they hold more than `cap_mb`, or once `root` has ended."""
+
+    def __init__(self, root: int, cap_mb: float, leave: bool = False):
+        super().__init__(daemon=True)
+        self.root, self.cap_mb, self.leave = root, cap_mb, leave
+        self.peak = 0.0
+        self.killed_mb: float | None = None
+        self.seen: dict[int, str] = {}  # pid -> start time (a pid may be reused)
+        self._done = threading.Event()
+        self._page = os.sysconf("SC_PAGE_SIZE")
+
+    def run(self) -> None:
+        while not self._done.wait(POLL_S):
+            members = self._members()
+            mb = sum(rss for _, rss, _ in members.values()) * self._page / 2**20
+            self.peak = max(self.peak, mb)
+            if self.cap_mb and mb > self.cap_mb and self.killed_mb is None:
+                self.killed_mb = mb
+                self.kill()
+            elif not self.leave and members.get(self.root, ("", 0, "Z"))[2] == "Z":
+                self.kill()  # it has ended: what it left running goes too
+
+    def _members(self) -> dict[int, tuple[str, int, str]]:
+        """pid -> (start time, resident pages, state) of root and its descendants."""
+        table: dict[int, tuple[int, int, str, int, str]] = {}
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry.name}/stat", "rb") as f:
+                    stat = f.read().decode(errors="replace")
+            except OSError:
+                continue
+            rest = stat[stat.rindex(")") + 2 :].split()
+            # state, ppid, pgrp, session, ..., starttime (field 22), vsize, rss (field 24)
+            table[int(entry.name)] = (int(rest[1]), int(rest[3]), rest[19], int(rest[21]), rest[0])
+        children: dict[int, list[int]] = {}
+        for pid, (ppid, *_) in table.items():
+            children.setdefault(ppid, []).append(pid)
+        found = {pid for pid, row in table.items() if row[1] == self.root} | {self.root}
+        todo = list(found)
+        while todo:
+            for child in children.get(todo.pop(), ()):
+                if child not in found:
+                    found.add(child)
+                    todo.append(child)
+        members = {
+            pid: (table[pid][2], table[pid][3], table[pid][4]) for pid in found if pid in table
+        }
+        for pid, (started, _, _) in members.items():
+            self.seen.setdefault(pid, started)
+        return members
+
+    def kill(self) -> None:
+        with contextlib.suppress(OSError):
+            os.killpg(self.root, signal.SIGKILL)
+        for pid, started in self.seen.items():
+            try:
+                with open(f"/proc/{pid}/stat", "rb") as f:
+                    stat = f.read().decode(errors="replace")
+                if stat[stat.rindex(")") + 2 :].split()[19] == started:
+                    os.kill(pid, signal.SIGKILL)
+            except (OSError, IndexError):
+                continue
+
+    def finish(self) -> None:
+        self._done.set()
+        self.join()
+        if not self.leave:
+            self._members()  # the last ones started
+            self.kill()
 
 
 def _last_error(lines: list[str]) -> str:
@@ -683,24 +860,33 @@ class _Popen(subprocess.Popen):  # type: ignore[type-arg]
 
 def _cell(text: str) -> str:
     """The outcome, its middle left out when long: the end of a message often holds the fix."""
-    text = text.replace("|", "\\|")
+    text = text.replace("|", "\\|").replace("\n", " ")
     return text if len(text) <= SHOW else f"{text[: SHOW // 2 - 2]} ... {text[-(SHOW // 2 - 2) :]}"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(make_cases: Callable[[], list[Case]] | None = None, doc: str | None = None) -> None:
+    """The command line of this script, and of others that bring their own cases."""
+    doc = doc or __doc__ or ""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     parser.add_argument("--timeout", type=float, default=30.0)
     parser.add_argument("--only", nargs="*", default=[], help="case ids, e.g. R4a R10")
     parser.add_argument("--pythonpath", help="a checkout to run instead of the installed lmcore")
     parser.add_argument(
         "--before", help="a checkout to run first: one table of before -> after per case"
     )
+    parser.add_argument(
+        "--max-rss-mb", type=float, default=MAX_RSS_MB,
+        help=f"kill a case whose processes together hold more memory (default {MAX_RSS_MB:.0f}; "
+        "0: no limit)",
+    )  # fmt: skip
     args = parser.parse_args()
 
     def path(checkout: str | None) -> list[str]:
         return [checkout, str(Path(checkout) / "plugins")] if checkout else []
 
-    chosen = [c for c in cases() if not args.only or any(c.id.startswith(o) for o in args.only)]
+    every = (make_cases or cases)()
+    chosen = [c for c in every if not args.only or any(c.id.startswith(o) for o in args.only)]
+    cap = args.max_rss_mb
     with tempfile.TemporaryDirectory() as tmp:
         if args.before is None:
             print(
@@ -711,16 +897,19 @@ def main() -> None:
                   "outcome |\n|---|---|---|---|")  # fmt: skip
         for case in chosen:
             timeout = case.timeout or args.timeout
+            what = case.what.replace("|", "\\|")
             if args.before is None:
-                code, seconds, rss, shown = run(case, Path(tmp), timeout, path(args.pythonpath))
-                print(f"| {case.id} | {case.what} | {code} | {seconds:.2f} | {rss:.0f} | "
+                code, seconds, rss, shown = run(
+                    case, Path(tmp), timeout, path(args.pythonpath), cap
+                )
+                print(f"| {case.id} | {what} | {code} | {seconds:.2f} | {rss:.0f} | "
                       f"{_cell(shown)} |", flush=True)  # fmt: skip
                 continue
             cells = []
             for name, checkout in (("before", args.before), ("after", args.pythonpath)):
-                code, _, rss, shown = run(case, Path(tmp) / name, timeout, path(checkout))
+                code, _, rss, shown = run(case, Path(tmp) / name, timeout, path(checkout), cap)
                 cells.append(f"{code}, {rss:.0f} MB: {_cell(shown)}")
-            print(f"| {case.id} | {case.what} | {cells[0]} | {cells[1]} |", flush=True)
+            print(f"| {case.id} | {what} | {cells[0]} | {cells[1]} |", flush=True)
 
 
 if __name__ == "__main__":
