@@ -893,7 +893,7 @@ def main(make_cases: Callable[[], list[Case]] | None = None, doc: str | None = N
                 "| case | input | exit | s | peak RSS MB | outcome |\n|---|---|---:|---:|---:|---|"
             )
         else:
-            print("| case | input | before: exit, peak RSS MB, outcome | after: exit, peak RSS MB, "
+            print("| case | input | before: exit, s, peak RSS MB, outcome | after: exit, s, peak RSS MB, "
                   "outcome |\n|---|---|---|---|")  # fmt: skip
         for case in chosen:
             timeout = case.timeout or args.timeout
@@ -907,8 +907,10 @@ def main(make_cases: Callable[[], list[Case]] | None = None, doc: str | None = N
                 continue
             cells = []
             for name, checkout in (("before", args.before), ("after", args.pythonpath)):
-                code, _, rss, shown = run(case, Path(tmp) / name, timeout, path(checkout), cap)
-                cells.append(f"{code}, {rss:.0f} MB: {_cell(shown)}")
+                code, seconds, rss, shown = run(
+                    case, Path(tmp) / name, timeout, path(checkout), cap
+                )
+                cells.append(f"{code}, {seconds:.1f} s, {rss:.0f} MB: {_cell(shown)}")
             print(f"| {case.id} | {what} | {cells[0]} | {cells[1]} |", flush=True)
 
 
