@@ -20,6 +20,7 @@ import torch
 import lmcore
 from lmcore.atomic import atomic_path, atomic_write
 from lmcore.checkpoint import read_info
+from lmcore.hf import save_hf
 
 SMALL = "vocab_size=97, context_length=16, d_model=32, num_layers=2, num_heads=4, d_ff=64"
 
@@ -50,6 +51,25 @@ def test_the_file_gets_ordinary_permissions(tmp_path: Path) -> None:
     finally:
         os.umask(umask)
     assert (tmp_path / "a.bin").stat().st_mode & 0o777 == 0o644
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027, 0o002], ids=oct)
+def test_a_checkpoint_and_its_json_get_the_umasks_mode(tmp_path: Path, umask: int) -> None:
+    # safetensors writes its own 0o600 file and renames it over the temporary one; the file put
+    # in place must still have what a plain open gives, as its JSON neighbour has
+    previous = os.umask(umask)
+    try:
+        model = lmcore.build_model(SMALL)
+        model.save(tmp_path / "model.safetensors")
+        save_hf(model, tmp_path / "hf")
+        with atomic_write(tmp_path / "run.json", "w") as f:
+            f.write("{}")
+    finally:
+        os.umask(previous)
+    written = [tmp_path / "model.safetensors", tmp_path / "run.json", *(tmp_path / "hf").iterdir()]
+    assert {p.name for p in written} >= {"config.json", "model.safetensors"}
+    modes = {str(p.relative_to(tmp_path)): oct(p.stat().st_mode & 0o777) for p in written}
+    assert modes == dict.fromkeys(modes, oct(0o666 & ~umask))
 
 
 def test_an_exception_leaves_the_old_file_and_no_temporary(tmp_path: Path) -> None:
