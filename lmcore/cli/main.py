@@ -183,7 +183,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 class _Version(argparse.Action):
-    """`lmcore --version`: torch is imported for its version only when this is asked for."""
+    """`lmcore --version`: torch's version is read from its installed metadata, not imported."""
 
     def __init__(self, option_strings: Sequence[str], dest: str, help: str | None = None):
         super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=help)

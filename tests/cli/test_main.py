@@ -42,14 +42,25 @@ def test_version_names_lmcore_torch_and_python(capsys) -> None:
 
 
 def test_help_and_version_stay_torch_free() -> None:
+    import platform
+
+    import torch
+
+    import lmcore
+
     code = (
         "import sys; from lmcore.cli.main import main\n"
-        "for argv in (['--help'], ['train', '--help'], ['quickstart', '--help']):\n"
+        "for argv in (['--help'], ['train', '--help'], ['quickstart', '--help'], ['--version']):\n"
         "    try: main(argv)\n"
         "    except SystemExit: pass\n"
         "assert 'torch' not in sys.modules, 'torch was imported'"
     )
-    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
+    # torch's version as its installed metadata gives it, the same as the imported module's
+    assert out.stdout.splitlines()[-1] == (
+        f"lmcore {lmcore.__version__} (torch {torch.__version__}, "
+        f"Python {platform.python_version()})"
+    )
 
 
 ANY_COMMAND = [
