@@ -11,11 +11,11 @@ file is flushed to disk (fsync), renamed over the destination (`os.replace`), an
 fsync'ed so that the rename itself survives a power loss. The file that replaces the destination
 has the mode a plain `open(path, "w")` of a new file gives (0o666 less the umask), even when the
 block wrote it by replacing the temporary file (safetensors renames its own 0o600 file over it):
-others on a shared machine may read a checkpoint as they may read its JSON. When the block raises, the temporary
-file is removed and the destination is untouched; an `OSError` about the temporary file (a full
-disk) names the destination instead. A destination that is a directory is refused first. A
-process killed outright (SIGKILL, power loss) may leave a stale temporary file beside the
-destination, never a partial file under its name.
+others on a shared machine may read a checkpoint as they may read its JSON. When the block
+raises, the temporary file is removed and the destination is untouched; an `OSError` about the
+temporary file (a full disk) names the destination instead. A destination that is a directory is
+refused first. A process killed outright (SIGKILL, power loss) may leave a stale temporary file
+beside the destination, never a partial file under its name.
 
 No torch here: the training runner uses these helpers for its own files too.
 """

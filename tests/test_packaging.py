@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -38,3 +42,58 @@ def test_every_package_under_lmcore_is_in_the_wheel() -> None:
         for path in (ROOT / "lmcore").rglob("__init__.py")
     }
     assert set(PROJECT["tool"]["setuptools"]["packages"]) == found
+
+
+def _editable_wheel(checkout: Path, out: Path) -> Path:
+    """The wheel `pip install -e` installs, built by the project's own backend (no isolation)."""
+    code = "import sys; from setuptools import build_meta; print(build_meta.build_editable(sys.argv[1]))"
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(out)],
+        cwd=checkout,
+        capture_output=True,
+        text=True,
+        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return out / done.stdout.split()[-1]
+
+
+def test_an_editable_install_imports_from_the_checkouts_parent(tmp_path: Path) -> None:
+    """From the directory holding the checkout (a folder named lmcore without an __init__.py),
+    `import lmcore` is the package, not the folder as an empty namespace package: the editable
+    install is a .pth of paths, searched with the rest of sys.path (setuptools' default import
+    hook runs after that search and loses to the folder). PYTHONPATH still comes first."""
+    checkout = tmp_path / "lmcore"
+    shutil.copytree(
+        ROOT / "lmcore", checkout / "lmcore", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    shutil.copytree(
+        ROOT / "plugins", checkout / "plugins", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    for name in ("pyproject.toml", "setup.py", "README.md"):
+        shutil.copy(ROOT / name, checkout / name)
+    wheel = _editable_wheel(checkout, tmp_path / "dist")
+    site = tmp_path / "site"  # the wheel's top level, as pip puts it in site-packages
+    with zipfile.ZipFile(wheel) as z:
+        z.extractall(site, [n for n in z.namelist() if "/" not in n])
+    pth = [p.read_text() for p in site.glob("*.pth")]
+    assert pth == [f"{checkout.resolve()}\n{checkout.resolve() / 'plugins'}\n"]
+
+    def python(code: str, **env: str) -> str:
+        setup = f"import site; site.addsitedir({str(site)!r})\n"  # as the interpreter's start does
+        environ = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | env
+        done = subprocess.run(
+            [sys.executable, "-c", setup + code],
+            cwd=tmp_path,
+            env=environ,
+            capture_output=True,
+            text=True,
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        return done.stdout.strip()
+
+    built = "import lmcore; print(lmcore.__file__, lmcore.build_model('cs336-tiny', device='meta').blueprint.spec.d_model)"
+    assert python(built) == f"{checkout / 'lmcore' / '__init__.py'} 64"
+    assert python("import lmcore; print(lmcore.__file__)", PYTHONPATH=str(ROOT)) == str(
+        ROOT / "lmcore" / "__init__.py"
+    )
