@@ -36,7 +36,7 @@ from tokenizers import Tokenizer, pre_tokenizers, trainers
 
 from lmcore.data import prepare
 from lmcore.data.meta import EOT
-from lmcore.data.prepare import new_tokenizer
+from lmcore.data.preparing import new_tokenizer
 from lmcore.data.sources import find_files
 
 

@@ -52,8 +52,8 @@ def attach(
             if before is not None:
                 before()
             where = importlib.import_module(names()[name][0])
-            # every name from that module at once: later lookups skip this function, and a
-            # submodule the import bound to the package (`prepare`) yields to the listed name
+            # every name from that module at once: later lookups skip this function. (No listed
+            # name is also a submodule's: importing that submodule would rebind the name.)
             for public, (module_name, original) in names().items():
                 if module_name == where.__name__:
                     setattr(module, public, getattr(where, original))

@@ -76,7 +76,7 @@ def registry() -> Iterator[Registry]:
 @pytest.fixture(scope="session")
 def tiny_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Prepared token data of `tiny_corpus` (vocabulary 300), shared by the training tests."""
-    from lmcore.data.prepare import prepare
+    from lmcore.data.preparing import prepare
 
     root = tmp_path_factory.mktemp("tiny-data")
     prepare([tiny_corpus(root / "text")], root / "data", vocab_size=300, val_fraction=0.2,

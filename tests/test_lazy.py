@@ -5,38 +5,52 @@ from __future__ import annotations
 
 import ast
 import importlib
+import pkgutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from lmcore.lazy import attach
+from lmcore.lazy import attach, listed
 
 LAZY = ["lmcore", "lmcore.data", "lmcore.hf", "lmcore.gguf", "lmcore.testing"]
 
 
 def test_a_lazy_package_serves_every_listed_name_and_only_those() -> None:
     code = f"""
-import importlib
+import importlib, pkgutil
 from pathlib import Path
 from lmcore.lazy import listed
 for name in {LAZY!r}:
     package = importlib.import_module(name)
     names = listed(Path(package.__file__).read_text(encoding="utf-8"), name)
+    for m in pkgutil.iter_modules(package.__path__):  # as `import lmcore.data.preparing` does
+        if m.name != "__main__":
+            importlib.import_module(f"{{name}}.{{m.name}}")
     assert names and package.__all__ == list(names), name
-    for public, (module, original) in names.items():
-        assert getattr(package, public) is getattr(importlib.import_module(module), original)
+    for public, (module, original) in names.items():  # no submodule's import rebound one
+        assert getattr(package, public) is getattr(importlib.import_module(module), original), public
         assert public in dir(package)
     try:
         package.nothing_here
     except AttributeError as e:
         print(e)
-"""  # a fresh process: no test has imported a module (`lmcore.data.prepare`) by its path yet
+"""  # a fresh process: every submodule is imported by its path before any name is asked for
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.splitlines() == [
         f"module '{name}' has no attribute 'nothing_here'" for name in LAZY
     ]
+
+
+@pytest.mark.parametrize("name", LAZY)
+def test_no_listed_name_is_also_a_submodules(name: str) -> None:
+    # `import lmcore.data.prepare` would bind the module over the function `lmcore.data.prepare`
+    package = importlib.import_module(name)
+    names = listed(Path(package.__file__ or "").read_text(encoding="utf-8"), name)
+    submodules = {m.name for m in pkgutil.iter_modules(package.__path__)}
+    assert submodules and names
+    assert sorted(submodules & set(names)) == []
 
 
 @pytest.mark.parametrize("name", LAZY)

@@ -79,7 +79,7 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lmcore.data.prepare import prepare, summary_lines
+    from lmcore.data.preparing import prepare, summary_lines
     from lmcore.data.sources import DEFAULT_EXTENSIONS
 
     result = prepare(

@@ -19,10 +19,10 @@ if TYPE_CHECKING:
     from lmcore.data.meta import EOT as EOT
     from lmcore.data.meta import DataMeta as DataMeta
     from lmcore.data.meta import dtype_for as dtype_for
-    from lmcore.data.prepare import PrepareResult as PrepareResult
-    from lmcore.data.prepare import load_tokenizer as load_tokenizer
-    from lmcore.data.prepare import prepare as prepare
-    from lmcore.data.prepare import train_tokenizer as train_tokenizer
+    from lmcore.data.preparing import PrepareResult as PrepareResult
+    from lmcore.data.preparing import load_tokenizer as load_tokenizer
+    from lmcore.data.preparing import prepare as prepare
+    from lmcore.data.preparing import train_tokenizer as train_tokenizer
     from lmcore.data.tokens import BatchSampler as BatchSampler
     from lmcore.data.tokens import EvalBatches as EvalBatches
     from lmcore.data.tokens import TokenData as TokenData

@@ -118,7 +118,7 @@ def quickstart(
     """Prepare the standard library (unless `data` holds it) and train the quickstart model
     into `out` (default: `runs/quickstart`, or the next free `runs/quickstart-N`). Returns
     the `TrainResult`."""
-    from lmcore.data.prepare import prepare, summary_lines
+    from lmcore.data.preparing import prepare, summary_lines
     from lmcore.train.config import TrainConfig
     from lmcore.train.trainer import train
 

@@ -7,10 +7,6 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer
 
-# Through the package, not its module lmcore.data.prepare: the first import of that module by
-# name binds it on lmcore.data over the function `prepare` of the same name (until the package
-# next hands out one of that module's names), and `from lmcore.data import prepare` in a test
-# collected later would get the module.
 from lmcore.data import train_tokenizer
 from tests.helpers.runs import SAMPLE, write
 

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from tokenizers import Tokenizer
 
 from lmcore.data import EOT
-from lmcore.data.prepare import prepare
+from lmcore.data.preparing import prepare
 from lmcore.data.sources import find_files, forced_cut, read_chunks, safe_cut
 from lmcore.errors import DataError
 from tests.helpers.errors import raises_naming

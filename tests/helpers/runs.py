@@ -48,7 +48,7 @@ def write(path: Path, text: str | bytes) -> Path:
 
 def prepare_small(sources: list[Path], out: Path, **kwargs: object) -> DataMeta:
     """`lmcore.data.prepare` with a small vocabulary (400 unless given) and no progress bars."""
-    from lmcore.data.prepare import prepare
+    from lmcore.data.preparing import prepare
 
     kwargs.setdefault("vocab_size", 400)
     return prepare(sources, out, progress=False, **kwargs).meta  # type: ignore[arg-type]

@@ -1,4 +1,4 @@
-"""`lmcore.data.prepare`: the tokenizer it trains, the split rule, the files it writes, what
+"""`lmcore.data.preparing` (`prepare`): the tokenizer it trains, the split rule, the files it writes, what
 it refuses and how, and text without whitespace, read in bounded pieces."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 
 from lmcore.data import EOT, TokenData, dtype_for
 from lmcore.data.meta import DataMeta
-from lmcore.data.prepare import (
+from lmcore.data.preparing import (
     LONG_RUNS,
     RUN_PIECE,
     _SplitWriter,
