@@ -43,5 +43,8 @@ def test_a_module_no_distribution_names_is_imported_for_its_version(
     (tmp_path / "unpackaged_probe.py").write_text("__version__ = '7.1'\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, "unpackaged_probe", raising=False)
-    assert versions("unpackaged_probe")["unpackaged_probe"] == "7.1"
-    assert "unpackaged_probe" in sys.modules
+    try:
+        assert versions("unpackaged_probe")["unpackaged_probe"] == "7.1"
+        assert "unpackaged_probe" in sys.modules
+    finally:
+        sys.modules.pop("unpackaged_probe", None)
