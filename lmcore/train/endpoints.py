@@ -13,6 +13,7 @@ can shorten it.
 
 from __future__ import annotations
 
+import http.client
 import socket
 import ssl
 import time
@@ -123,6 +124,10 @@ def probe_http(url: str, what: str, fix: str, timeout: float | None = None) -> N
         raise TrainError(
             f"{what}: {host}:{port} takes the connection but does not answer within "
             f"{seconds:g} s (the connect timeout); {fix}"
+        ) from None
+    except http.client.HTTPException:  # something answered, not in HTTP/1
+        raise TrainError(
+            f"{what}: {host}:{port} answers, but not as an HTTP server; {fix}"
         ) from None
     except (OSError, ValueError) as e:  # a reset connection, a malformed URL
         raise TrainError(f"{what}: no answer from {url} ({e}); {fix}") from None
