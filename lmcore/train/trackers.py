@@ -34,6 +34,7 @@ import netrc
 import os
 import tempfile
 import time
+import urllib.parse
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Protocol
@@ -108,9 +109,9 @@ def check_mlflow_store(uri: str, timeout: float | None = None) -> None:
         path = path[1:] if path.startswith("/") else path  # sqlite:///rel.db, sqlite:////abs.db
         if path and path != ":memory:" and not path.startswith("file:"):
             _writable(Path(path), what)
-    elif scheme == "file":
-        path = uri.split("://", 1)[1] if "://" in uri else uri
-        _writable(Path(path) / "x", what)
+    elif scheme == "file":  # a directory of files, made when missing
+        path = urllib.parse.unquote(urllib.parse.urlparse(uri).path) if "://" in uri else uri
+        _writable(Path(path) / "meta.yaml", what)
     elif scheme.split("+")[0] in _DB_PORTS:  # postgresql+psycopg2://user@host:port/db
         rest = uri.split("://", 1)[1].split("/", 1)[0].rsplit("@", 1)[-1]
         port = _DB_PORTS[scheme.split("+")[0]]
@@ -121,15 +122,16 @@ def check_mlflow_store(uri: str, timeout: float | None = None) -> None:
 
 
 def _writable(file: Path, what: str) -> None:
-    """That `file` can be written (or made) in its directory: tried with a temporary file
-    there, so the reason is the file system's own (read-only, permission denied)."""
-    folder = file.parent if str(file.parent) else Path(".")
+    """That `file` can be written (or made): its directory, or the nearest one of its parents
+    that exists, tried with a temporary file, so the reason is the file system's own
+    (read-only, permission denied)."""
     if file.exists() and not os.access(file, os.W_OK):
         raise TrainError(f"{what}: {file} is not writable; give a store this user can write")
+    folder = file.parent if str(file.parent) else Path(".")
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
     if not folder.is_dir():
-        raise TrainError(
-            f"{what}: the directory {folder} does not exist; create it, or give another store"
-        )
+        raise TrainError(f"{what}: {folder} is not a directory; give another store")
     try:
         with tempfile.TemporaryFile(dir=folder):
             pass
