@@ -20,6 +20,11 @@ final checkpoint.
   `RUN/wandb/`; offline (`wandb sync` uploads it later) unless W&B credentials are set up
   (`wandb login`, or `WANDB_API_KEY`) or `WANDB_MODE` says otherwise.
 
+Before the run directory is written, `check_trackers` checks where they write: an HTTP tracking
+server answers within the connect timeout (`lmcore.train.endpoints`), a SQLite or file store
+can be written, W&B's server answers when logging online. A tracker that fails as it opens is
+one `TrainError` naming it and where it writes.
+
 A resumed run continues the same tracker runs (their ids are kept in `RUN/trackers.json`);
 TensorBoard drops what an interrupted session logged after the checkpoint it resumes from.
 """
