@@ -65,3 +65,19 @@ def test_counts_are_bounded_integers_before_they_size_anything(
     path.write_text(f'base = "cs336-tiny"\nvariants = ["norm=none"]\n{text}\n')
     with raises_naming(TrainError, str(path), *facts):
         read_definition(path)
+
+
+def test_the_manual_states_the_bounds_the_code_holds() -> None:
+    from lmcore.train.endpoints import CONNECT_TIMEOUT_S
+    from lmcore.train.launch import MAX_GPUS, MAX_THREADS
+    from lmcore.train.sweepfile import MAX_SEEDS
+    from tests.helpers.errors import assert_naming
+
+    docs = Path(__file__).resolve().parents[2] / "docs"
+    page = " ".join((docs / "sweeps.md").read_text(encoding="utf-8").split())
+    assert_naming(page, f"N from 1 to {MAX_SEEDS}", f"`seeds` 1 to {MAX_SEEDS}",
+                  f"`cpus_per_run` 1 to {MAX_THREADS}", f"`gpus_per_run` 0 to {MAX_GPUS}",
+                  f"connect timeout of {CONNECT_TIMEOUT_S:g} s",
+                  "AF_UNIX's 107 bytes (103 on macOS)")  # fmt: skip
+    trackers = " ".join((docs / "evaluation.md").read_text(encoding="utf-8").split())
+    assert_naming(trackers, f"each within {CONNECT_TIMEOUT_S:g} s")
