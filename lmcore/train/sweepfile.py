@@ -195,7 +195,9 @@ def read_definition(path: str | os.PathLike[str]) -> SweepDefinition:
         slurm_time=None if time is None else str(time),
         slurm_extra={str(k): str(v) for k, v in extra.items()},
         slurm_cluster=slurm.get("cluster", "slurm"),
-        ray_address=ray.get("address"),
+        ray_address=_typed(ray.get("address"), str, f"{file}: [launcher.ray] address",
+                           'a string such as "auto" or "10.0.0.5:6379"')
+        if "address" in ray else None,
     )
     seeds = _count(doc.get("seeds", 1), f"{file}: seeds", 1, MAX_SEEDS, "seeds per variant") or 1
     match = doc.get("match")

@@ -40,13 +40,14 @@ import os
 import tempfile
 import time
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from lmcore.components import KINDS
 from lmcore.errors import TrainError
 from lmcore.train.config import TRACKERS, TrainConfig
+from lmcore.train import endpoints
 from lmcore.train.endpoints import connect, host_port, probe_http
 from lmcore.train.runs import write_json
 
@@ -304,6 +305,22 @@ class _TensorBoard:
 # ------------------------------------------------------------------------------ MLflow
 
 
+@contextlib.contextmanager
+def _bounded_start() -> Iterator[None]:
+    """MLflow's HTTP calls bounded while a run opens (one retry, the connect timeout per
+    request), where the environment does not set them: its defaults retry for minutes. The
+    run's later calls get MLflow's own (or the environment's) settings."""
+    timeout = str(math.ceil(endpoints.CONNECT_TIMEOUT_S))
+    given = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_TIMEOUT": timeout}
+    unset = [k for k in given if k not in os.environ]
+    os.environ.update({k: given[k] for k in unset})
+    try:
+        yield
+    finally:
+        for k in unset:
+            os.environ.pop(k, None)
+
+
 class _Mlflow:
     def __init__(self, run: Path, hp: dict[str, Scalar], group: str, run_id: str | None):
         from mlflow.entities import Param
@@ -311,17 +328,19 @@ class _Mlflow:
 
         self.uri = os.environ.get("MLFLOW_TRACKING_URI") or _default_store(run)
         self.client = MlflowClient(self.uri)
-        if run_id is None:
-            found = self.client.get_experiment_by_name(group)
-            exp = found.experiment_id if found else self.client.create_experiment(group)
-            tags = {"lmcore.run": str(run.resolve()), "lmcore.tag": str(hp["tag"])}
-            self.run_id: str = self.client.create_run(exp, run_name=run.name, tags=tags).info.run_id
-            params = [Param(k, str(v)[:6000]) for k, v in hp.items()]
-            for i in range(0, len(params), 100):  # MLflow takes at most 100 params a batch
-                self.client.log_batch(self.run_id, params=params[i : i + 100])
-        else:
-            self.run_id = run_id
-            self.client.update_run(run_id, status="RUNNING")
+        with _bounded_start():  # a server that fails at the start: one line, not minutes
+            if run_id is None:
+                found = self.client.get_experiment_by_name(group)
+                exp = found.experiment_id if found else self.client.create_experiment(group)
+                tags = {"lmcore.run": str(run.resolve()), "lmcore.tag": str(hp["tag"])}
+                made = self.client.create_run(exp, run_name=run.name, tags=tags)
+                self.run_id: str = made.info.run_id
+                params = [Param(k, str(v)[:6000]) for k, v in hp.items()]
+                for i in range(0, len(params), 100):  # MLflow takes at most 100 params a batch
+                    self.client.log_batch(self.run_id, params=params[i : i + 100])
+            else:
+                self.run_id = run_id
+                self.client.update_run(run_id, status="RUNNING")
 
     def log(self, step: int, values: Mapping[str, float]) -> None:
         from mlflow.entities import Metric

@@ -297,3 +297,26 @@ def test_wandb_online_probes_its_server_and_offline_needs_none(
         check_trackers(["wandb"], timeout=1.0)
     monkeypatch.setenv("WANDB_MODE", "offline")
     check_trackers(["wandb"], timeout=1.0)  # offline: no server to reach
+
+
+def test_an_mlflow_server_failing_as_the_run_opens_is_one_line_not_minutes_of_retries(
+    tiny_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("mlflow", reason=extra("mlflow"))
+    import os
+    import time
+
+    from lmcore.errors import TrainError
+    from tests.helpers.errors import raises_naming
+    from tests.helpers.net import http_server
+
+    monkeypatch.delenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", raising=False)
+    config = TrainConfig(steps=1, batch_size=2, eval_batches=1, loggers=("mlflow",))
+    with http_server(503) as port:  # it answers (the probe passes), then every call fails
+        uri = f"http://127.0.0.1:{port}"
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+        start = time.monotonic()
+        with raises_naming(TrainError, f"--logger mlflow: the store {uri} failed", "503"):
+            train(TINY_SPEC, tiny_data, tmp_path / "run", config, echo=None)
+        assert time.monotonic() - start < 20  # MLflow's own retries: 7, for minutes
+    assert "MLFLOW_HTTP_REQUEST_MAX_RETRIES" not in os.environ  # bounded only while opening
