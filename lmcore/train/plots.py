@@ -97,13 +97,22 @@ def plot_compare(curves: Sequence[Curve], path: str | os.PathLike[str], title: s
         label = curve.label
         if curve.diverged_at is not None:
             label = f"{label} (diverged at step {curve.diverged_at})"
-        (line,) = ax.plot(x, y, **_line_style(n), label=label)
+        (line,) = ax.plot(x, y, **_line_style(n), label=_label(label))
         if curve.diverged_at is not None and x:
             ax.plot(x[-1:], y[-1:], "x", ms=9, mew=2, color=line.get_color(),
                     zorder=line.get_zorder())  # fmt: skip
     _style(ax, title)
     ax.set_ylabel("validation loss (nats per token)")
     _save(fig, path)
+
+
+LABEL_MAX = 60  # characters of a curve's label in the legend; compare.md holds it whole
+
+
+def _label(text: str) -> str:
+    """A legend label that leaves room for the plot: a long one (a whole spec given as a
+    variant) cut to `LABEL_MAX` characters, at a word where it can be."""
+    return textwrap.shorten(text, LABEL_MAX, placeholder=" …") if len(text) > LABEL_MAX else text
 
 
 def _line_style(n: int) -> dict[str, Any]:
@@ -148,7 +157,7 @@ def plot_bands(bands: Sequence[Band], path: str | os.PathLike[str], title: str) 
     ax = fig.add_subplot()
     for n, band in enumerate(bands):
         xs, ys, lo, hi = band_points(band.runs)
-        label = f"{band.label} ({len(band.runs)} seed{'s' * (len(band.runs) != 1)})"
+        label = f"{_label(band.label)} ({len(band.runs)} seed{'s' * (len(band.runs) != 1)})"
         (line,) = ax.plot(xs, ys, **_line_style(n), label=label)
         ax.fill_between(xs, lo, hi, color=line.get_color(), alpha=0.2, lw=0)
     _style(ax, title)

@@ -55,3 +55,16 @@ def test_the_comparison_shows_step_0_and_an_identical_variant_leaves_the_baselin
         assert base.get_linestyle() == "--" and variant.get_linestyle() == "-"
         assert base.get_marker() != variant.get_marker() and base.get_markerfacecolor() == "none"
         assert base.get_markersize() > variant.get_markersize()  # its hollow ring shows around
+
+
+def test_a_variant_as_long_as_a_whole_spec_leaves_the_plot_room(tmp_path: Path) -> None:
+    import warnings
+
+    from lmcore.train.plots import LABEL_MAX, Curve, plot_compare
+
+    long = ", ".join(f"key_{i}=value_{i}" for i in range(20))  # 339 characters, as a --vary
+    records = [{"kind": "eval", "step": s, "tokens": s, "val_loss": 5.0 - s} for s in (0, 1)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # "Tight layout not applied" among them
+        plot_compare([Curve("baseline", records), Curve(long, records)], tmp_path / "c.png", "t")
+    assert (tmp_path / "c.png").read_bytes()[:8] == PNG and len(long) > 4 * LABEL_MAX
