@@ -99,7 +99,8 @@ def add_launcher_options(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--ray-address",
         metavar="ADDR",
-        help="join this Ray cluster (e.g. auto); default: a local Ray for the sweep",
+        help="join this Ray cluster (HOST:PORT, ray://HOST:PORT or auto; HOST:PORT is probed "
+        "first, with a connect timeout of 15 s); default: a local Ray for the sweep",
     )
 
 

@@ -81,3 +81,5 @@ def test_the_manual_states_the_bounds_the_code_holds() -> None:
                   "AF_UNIX's 107 bytes (103 on macOS)")  # fmt: skip
     trackers = " ".join((docs / "evaluation.md").read_text(encoding="utf-8").split())
     assert_naming(trackers, f"each within {CONNECT_TIMEOUT_S:g} s")
+    cli = docs.parent / "lmcore" / "cli" / "sweep.py"  # --ray-address's help, kept light
+    assert_naming(cli.read_text(encoding="utf-8"), f"timeout of {CONNECT_TIMEOUT_S:g} s")

@@ -320,3 +320,24 @@ def test_an_mlflow_server_failing_as_the_run_opens_is_one_line_not_minutes_of_re
             train(TINY_SPEC, tiny_data, tmp_path / "run", config, echo=None)
         assert time.monotonic() - start < 20  # MLflow's own retries: 7, for minutes
     assert "MLFLOW_HTTP_REQUEST_MAX_RETRIES" not in os.environ  # bounded only while opening
+
+
+def test_a_tracker_failing_as_it_opens_is_one_line_naming_it_and_where(
+    tiny_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("tensorboard", reason=extra("tensorboard"))
+    import errno
+
+    from lmcore.errors import TrainError
+    from lmcore.train import trackers
+    from tests.helpers.errors import raises_naming
+
+    def read_only(*_: Any) -> None:  # as SummaryWriter fails on a read-only file system
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(trackers, "_TensorBoard", read_only)
+    config = TrainConfig(steps=1, batch_size=2, eval_batches=1, loggers=("tensorboard",))
+    run = tmp_path / "run"
+    with raises_naming(TrainError, f"--logger tensorboard: cannot write {run / TB_DIR}",
+                       "Read-only file system"):  # fmt: skip
+        train(TINY_SPEC, tiny_data, run, config, echo=None)
