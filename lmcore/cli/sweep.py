@@ -99,7 +99,8 @@ def add_launcher_options(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--ray-address",
         metavar="ADDR",
-        help="join this Ray cluster (e.g. auto); default: a local Ray for the sweep",
+        help="join this Ray cluster (HOST:PORT, ray://HOST:PORT or auto; HOST:PORT is probed "
+        "first, with a connect timeout of 15 s); default: a local Ray for the sweep",
     )
 
 
@@ -130,7 +131,7 @@ def launcher_given(args: argparse.Namespace) -> dict[str, Any]:
 def definition(args: argparse.Namespace) -> tuple[Any, str | None]:
     """The sweep's definition: the sweep file's (BASE.toml, or SWEEP/sweep.toml with
     --resume) with the command line's options in place of its own; and the file's name."""
-    from lmcore.train.sweep import DEFINITION_FILE, SWEEP_FILE
+    from lmcore.train.sweep import DEFINITION_FILE, SWEEP_FILE, read_sweep_json
     from lmcore.train.sweepfile import SweepDefinition, merged, read_definition, train_table
 
     source = None
@@ -153,9 +154,8 @@ def definition(args: argparse.Namespace) -> tuple[Any, str | None]:
             )
         source = str(root / DEFINITION_FILE)
         file = read_definition(source)
-        import json
-
-        data = json.loads((root / SWEEP_FILE).read_text(encoding="utf-8")).get("data")
+        described = root / SWEEP_FILE
+        data = read_sweep_json(described).get("data") if described.is_file() else None
         file = merged(file, out=str(root), data=data or file.data)
     elif args.base is not None and args.base.endswith(".toml"):
         source = args.base

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
 
 Record = Mapping[str, Any]
-_STYLES = ("o-", "s--", "^-.", "D:", "v-", "P--", "X-.", "*:")
+_MARKERS = ("s", "^", "D", "v", "P", "X", "*", "h")
 
 
 @dataclass(frozen=True)
@@ -84,33 +84,46 @@ def plot_run(records: Sequence[Record], path: str | os.PathLike[str], title: str
 
 
 def plot_compare(curves: Sequence[Curve], path: str | os.PathLike[str], title: str) -> None:
-    """Every run's validation loss against tokens, one line each; a run that diverged ends in
-    an x at its last evaluation. The y axis leaves out each run's highest loss (the untrained
-    model's, at step 0), so that the differences between the runs show."""
+    """Every run's validation loss against tokens, one line each, the first (the baseline)
+    dashed on top of the others, so a variant with the same curve leaves it visible; a run
+    that diverged ends in an x at its last evaluation. The y axis holds every evaluation,
+    the untrained model's at step 0 included."""
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(7.5, 4.5), dpi=100)
     ax = fig.add_subplot()
-    lows, highs = [], []
     for n, curve in enumerate(curves):
         x, y = _points(curve.records, "eval", "val_loss")
         label = curve.label
         if curve.diverged_at is not None:
             label = f"{label} (diverged at step {curve.diverged_at})"
-        style = _STYLES[n % len(_STYLES)]  # curves that coincide stay visible
-        (line,) = ax.plot(x, y, style, ms=3, lw=1.5, label=label)
+        (line,) = ax.plot(x, y, **_line_style(n), label=_label(label))
         if curve.diverged_at is not None and x:
-            ax.plot(x[-1:], y[-1:], "x", ms=9, mew=2, color=line.get_color())
-        if len(y) > 1:
-            lows.append(min(y))
-            highs.append(sorted(y)[-2] if len(y) > 2 else max(y))  # skip the untrained start
-    if lows:
-        low, high = min(lows), max(highs)
-        pad = 0.05 * (high - low or 1.0)
-        ax.set_ylim(low - pad, high + pad)
+            ax.plot(x[-1:], y[-1:], "x", ms=9, mew=2, color=line.get_color(),
+                    zorder=line.get_zorder())  # fmt: skip
     _style(ax, title)
     ax.set_ylabel("validation loss (nats per token)")
     _save(fig, path)
+
+
+LABEL_MAX = 60  # characters of a curve's label in the legend; compare.md holds it whole
+
+
+def _label(text: str) -> str:
+    """A legend label that leaves room for the plot: a long one (a whole spec given as a
+    variant) cut to `LABEL_MAX` characters, at a word where it can be."""
+    return textwrap.shorten(text, LABEL_MAX, placeholder=" …") if len(text) > LABEL_MAX else text
+
+
+def _line_style(n: int) -> dict[str, Any]:
+    """The `n`th curve's look: the first (the baseline) dashed with hollow markers, drawn
+    above the others; the others solid, each its own marker, below it. A curve that
+    coincides with the baseline shows through its dashes and its hollow markers."""
+    if n == 0:
+        return {"marker": "o", "ms": 6, "mfc": "none", "mew": 1.5, "ls": "--", "lw": 2.0,
+                "zorder": 3}  # fmt: skip
+    return {"marker": _MARKERS[(n - 1) % len(_MARKERS)], "ms": 3, "ls": "-", "lw": 1.5,
+            "zorder": 2}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -136,25 +149,17 @@ def band_points(runs: Sequence[Sequence[Record]]) -> tuple[list[float], list[flo
 
 def plot_bands(bands: Sequence[Band], path: str | os.PathLike[str], title: str) -> None:
     """Each variant's mean validation curve over its seeds, in a band from the lowest to the
-    highest seed at each evaluation; the y axis leaves out the untrained start, as
-    `plot_compare` does."""
+    highest seed at each evaluation, drawn as `plot_compare` draws its curves (the baseline
+    dashed on top; every evaluation on the y axis)."""
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(7.5, 4.5), dpi=100)
     ax = fig.add_subplot()
-    lows, highs = [], []
     for n, band in enumerate(bands):
         xs, ys, lo, hi = band_points(band.runs)
-        label = f"{band.label} ({len(band.runs)} seed{'s' * (len(band.runs) != 1)})"
-        (line,) = ax.plot(xs, ys, _STYLES[n % len(_STYLES)], ms=3, lw=1.5, label=label)
+        label = f"{_label(band.label)} ({len(band.runs)} seed{'s' * (len(band.runs) != 1)})"
+        (line,) = ax.plot(xs, ys, **_line_style(n), label=label)
         ax.fill_between(xs, lo, hi, color=line.get_color(), alpha=0.2, lw=0)
-        if len(ys) > 1:
-            lows.append(min(lo))
-            highs.append(sorted(hi)[-2] if len(hi) > 2 else max(hi))
-    if lows:
-        low, high = min(lows), max(highs)
-        pad = 0.05 * (high - low or 1.0)
-        ax.set_ylim(low - pad, high + pad)
     _style(ax, title)
     ax.set_ylabel(
         "validation loss (nats per token): mean,\nband from the lowest to the highest seed"

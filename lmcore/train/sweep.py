@@ -40,6 +40,7 @@ from lmcore.spec import parse_items
 from lmcore.train.matching import WHAT, measure
 from lmcore.train.runs import RUN_FILE, is_run, read_metrics, read_run, slug, spec_hash, write_json
 from lmcore.train.summary import summarize
+from lmcore.train.sweepfile import MAX_SEEDS
 
 if TYPE_CHECKING:
     from lmcore.train.launch import LauncherOptions, Outcome, RunTask
@@ -54,6 +55,9 @@ TABLE_JSON: Final = "compare.json"
 PLOT_FILE: Final = "val_loss.png"
 DEFINITION_FILE: Final = "sweep.toml"
 BASELINE: Final = "baseline"
+# A run directory's name is its variant's slug, its hash and its seed: names longer than a
+# file system takes (255 bytes) keep the slug's first characters (the hash tells runs apart).
+SLUG_MAX: Final = 200
 
 
 # ------------------------------------------------------------------------------ variants
@@ -134,7 +138,8 @@ def plan(
                     f"--vary {change!r} builds the same model as {same} ({bp.spec}); drop it or "
                     "change something else"
                 )
-        runs.append(Variant(label, change, bp, f"{slug(label)}-{spec_hash(bp.spec)}", matched))
+        name = f"{slug(label)[:SLUG_MAX].rstrip('-')}-{spec_hash(bp.spec)}"
+        runs.append(Variant(label, change, bp, name, matched))
     return runs
 
 
@@ -361,6 +366,7 @@ def sweep(
     """
     from lmcore.data.tokens import TokenData
     from lmcore.train.launch import LauncherOptions, RunTask, make_launcher
+    from lmcore.train.trackers import check_trackers
     from lmcore.train.sweepfile import SweepDefinition, write_definition
     from lmcore.train.trainer import TrainConfig
 
@@ -370,8 +376,11 @@ def sweep(
         cfg = replace(cfg, log_group=Path(out).resolve().name)
     options = launcher or LauncherOptions()
     options.check()
-    if not isinstance(seeds, int) or seeds < 1:
-        raise TrainError(f"--seeds {seeds}: must be a positive integer")
+    if not isinstance(seeds, int) or isinstance(seeds, bool) or not 1 <= seeds <= MAX_SEEDS:
+        raise TrainError(
+            f"--seeds {seeds}: must be an integer from 1 to {MAX_SEEDS} (seeds per variant)"
+        )
+    check_trackers(cfg.loggers)  # an unreachable tracker fails here, not in every run
     variants = plan(base, changes, registry, match)
     tokens = TokenData.open(data)
     for v in variants:  # every model fits the data before the first step
@@ -381,6 +390,8 @@ def sweep(
     if options.name != "local":
         cfg.cli_args()  # each run is an `lmcore train` command: every option must be one
     root = Path(out)
+    runner = make_launcher(options, root, say, progress)
+    runner.check()  # Ray's address answers, SLURM is here: before the directory is claimed
     described = {
         "format": SWEEP_FORMAT,
         "version": SWEEP_VERSION,
@@ -459,7 +470,7 @@ def sweep(
             table()
 
         table()
-        stopped = make_launcher(options, root, say, progress).run(tasks, tokens.path, finished)
+        stopped = runner.run(tasks, tokens.path, finished)
         table()
         rows, summaries, files = latest
         return SweepResult(rows, stopped, files, summaries)
@@ -504,10 +515,34 @@ def _claim(root: Path, described: dict[str, Any]) -> DirectoryLock:
     return lock
 
 
+def read_sweep_json(file: Path) -> dict[str, Any]:
+    """A sweep's `sweep.json`; `TrainError` naming the file and where it stops being JSON
+    (an edit by hand), and what to do."""
+    try:
+        found = json.loads(file.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise TrainError(
+            f"{file}: not JSON at line {e.lineno}, column {e.colno} ({e.msg}); lmcore writes "
+            "it when a sweep starts and it says which sweep the directory holds: undo the "
+            "edit, or start the sweep afresh with another --out"
+        ) from None
+    except (UnicodeDecodeError, OSError) as e:
+        raise TrainError(
+            f"{file}: cannot read it ({e}); undo the edit, or start the sweep afresh with "
+            "another --out"
+        ) from None
+    if not isinstance(found, dict):
+        raise TrainError(
+            f"{file}: not a sweep's description (a JSON object); undo the edit, or start the "
+            "sweep afresh with another --out"
+        )
+    return found
+
+
 def _check(root: Path, described: dict[str, Any]) -> None:
     file = root / SWEEP_FILE
     if file.is_file():
-        found = json.loads(file.read_text(encoding="utf-8"))
+        found = read_sweep_json(file)
         if found != described:
             diff = [k for k in described if found.get(k) != described[k]]
             raise TrainError(

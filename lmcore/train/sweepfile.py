@@ -46,9 +46,10 @@ from typing import Any, Final
 
 from lmcore.errors import TrainError, did_you_mean
 from lmcore.train.config import CLI_OPTIONS, TrainConfig
-from lmcore.train.launch import LauncherOptions
+from lmcore.train.launch import MAX_GPUS, MAX_THREADS, LauncherOptions
 from lmcore.train.options import to_flags
 
+MAX_SEEDS: Final = 1000  # seeds per variant: more is a typo, not an experiment
 TOP: Final = ("base", "variants", "data", "out", "seeds", "match", "train", "launcher")
 LAUNCHER: Final = ("name", "threads", "cpus_per_run", "gpus_per_run", "slurm", "ray")
 SLURM: Final = ("partition", "time", "extra", "cluster")
@@ -116,11 +117,22 @@ def _load_toml(path: Path) -> dict[str, Any]:
     else:  # pragma: no cover - Python 3.10
         import tomli as tomllib
     try:
-        with open(path, "rb") as f:
-            doc: dict[str, Any] = tomllib.load(f)
-            return doc
+        raw = path.read_bytes()
     except FileNotFoundError:
         raise TrainError(f"sweep file {str(path)!r} does not exist") from None
+    except OSError as e:
+        raise TrainError(f"sweep file {str(path)!r}: cannot read it: {e.strerror}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:  # TOML is UTF-8: say where, not tomllib's traceback
+        line = raw.count(b"\n", 0, e.start) + 1
+        raise TrainError(
+            f"{path}: not UTF-8 at byte {e.start} (line {line}: byte 0x{raw[e.start]:02x}); a "
+            "TOML file is UTF-8 text: save it as UTF-8 (e.g. iconv -f latin1 -t utf-8)"
+        ) from None
+    try:
+        doc: dict[str, Any] = tomllib.loads(text)
+        return doc
     except tomllib.TOMLDecodeError as e:
         raise TrainError(f"{path}: not a TOML file: {e}") from None
 
@@ -138,6 +150,17 @@ def _typed(value: Any, kind: type | tuple[type, ...], where: str, what: str) -> 
     if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
         raise TrainError(f"{where}: must be {what}, got {value!r}")
     return value
+
+
+def _count(value: Any, where: str, low: int, high: int, what: str) -> int | None:
+    """An integer count of the file in [low, high] (None when left out): a float token such as
+    `1e9` or a number past `high` is refused before it sizes anything."""
+    if value is None:
+        return None
+    _typed(value, int, where, f"an integer from {low} to {high} ({what})")
+    if not low <= value <= high:
+        raise TrainError(f"{where}: {value} is out of range: must be from {low} to {high} ({what})")
+    return int(value)
 
 
 def read_definition(path: str | os.PathLike[str]) -> SweepDefinition:
@@ -159,18 +182,24 @@ def read_definition(path: str | os.PathLike[str]) -> SweepDefinition:
     _known(ray, RAY, f"{file}: [launcher.ray]")
     extra = _typed(slurm.get("extra", {}), dict, f"{file}: [launcher.slurm] extra", "a table")
     time = slurm.get("time")
+    where = f"{file}: launcher."
     options = LauncherOptions(
         name=_typed(launcher.get("name", "local"), str, f"{file}: launcher.name", "a string"),
-        threads=launcher.get("threads"),
-        cpus_per_run=launcher.get("cpus_per_run"),
-        gpus_per_run=launcher.get("gpus_per_run", 0),
+        threads=_count(launcher.get("threads"), where + "threads", 1, MAX_THREADS,
+                       "torch threads per run"),
+        cpus_per_run=_count(launcher.get("cpus_per_run"), where + "cpus_per_run", 1, MAX_THREADS,
+                            "CPUs per run"),
+        gpus_per_run=_count(launcher.get("gpus_per_run", 0), where + "gpus_per_run", 0, MAX_GPUS,
+                            "GPUs per run") or 0,
         slurm_partition=slurm.get("partition"),
         slurm_time=None if time is None else str(time),
         slurm_extra={str(k): str(v) for k, v in extra.items()},
         slurm_cluster=slurm.get("cluster", "slurm"),
-        ray_address=ray.get("address"),
+        ray_address=_typed(ray.get("address"), str, f"{file}: [launcher.ray] address",
+                           'a string such as "auto" or "10.0.0.5:6379"')
+        if "address" in ray else None,
     )
-    seeds = _typed(doc.get("seeds", 1), int, f"{file}: seeds", "a positive integer")
+    seeds = _count(doc.get("seeds", 1), f"{file}: seeds", 1, MAX_SEEDS, "seeds per variant") or 1
     match = doc.get("match")
     if match is not None:
         _typed(match, str, f"{file}: match", '"params" or "flops"')

@@ -20,6 +20,11 @@ final checkpoint.
   `RUN/wandb/`; offline (`wandb sync` uploads it later) unless W&B credentials are set up
   (`wandb login`, or `WANDB_API_KEY`) or `WANDB_MODE` says otherwise.
 
+Before the run directory is written, `check_trackers` checks where they write: an HTTP tracking
+server answers within the connect timeout (`lmcore.train.endpoints`), a SQLite or file store
+can be written, W&B's server answers when logging online. A tracker that fails as it opens is
+one `TrainError` naming it and where it writes.
+
 A resumed run continues the same tracker runs (their ids are kept in `RUN/trackers.json`);
 TensorBoard drops what an interrupted session logged after the checkpoint it resumes from.
 """
@@ -32,14 +37,18 @@ import json
 import math
 import netrc
 import os
+import tempfile
 import time
-from collections.abc import Mapping
+import urllib.parse
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from lmcore.components import KINDS
 from lmcore.errors import TrainError
 from lmcore.train.config import TRACKERS, TrainConfig
+from lmcore.train import endpoints
+from lmcore.train.endpoints import connect, host_port, probe_http
 from lmcore.train.runs import write_json
 
 if TYPE_CHECKING:
@@ -61,13 +70,17 @@ TB_DIR: Final = "tensorboard"
 STATE_FILE: Final = "trackers.json"
 DEFAULT_GROUP: Final = "lmcore"
 _MODULE = {"tensorboard": "tensorboard", "mlflow": "mlflow", "wandb": "wandb"}
+WANDB_URL: Final = "https://api.wandb.ai"  # W&B's server unless WANDB_BASE_URL says another
 
 Scalar = str | int | float | bool
 
 
-def check_trackers(names: tuple[str, ...] | list[str]) -> None:
-    """`TrainError` naming the extra to install for the first tracker whose library is
-    missing (before any run directory is written)."""
+def check_trackers(names: tuple[str, ...] | list[str], timeout: float | None = None) -> None:
+    """`TrainError` before any run directory is written: naming the extra to install for the
+    first tracker whose library is missing; the store `MLFLOW_TRACKING_URI` names when it is
+    read-only or its server does not answer; the W&B server when logging online and it does
+    not answer. A server gets a connect and a first answer within `timeout` seconds each
+    (default `lmcore.train.endpoints.CONNECT_TIMEOUT_S`)."""
     for name in names:
         if name not in TRACKERS:
             raise TrainError(f"--logger {name}: must be one of {', '.join(TRACKERS)}")
@@ -75,6 +88,64 @@ def check_trackers(names: tuple[str, ...] | list[str]) -> None:
             raise TrainError(
                 f"--logger {name} needs the '{name}' extra: pip install 'lmcore-registry[{name}]'"
             )
+    if "mlflow" in names and os.environ.get("MLFLOW_TRACKING_URI"):
+        check_mlflow_store(os.environ["MLFLOW_TRACKING_URI"], timeout)
+    if "wandb" in names and _wandb_mode() == "online":
+        url = os.environ.get("WANDB_BASE_URL") or WANDB_URL
+        probe_http(url, f"--logger wandb: the W&B server {url}", "check the network (or "
+                   "WANDB_BASE_URL), or log offline with WANDB_MODE=offline and `wandb sync` "
+                   "later", timeout)  # fmt: skip
+
+
+_DB_PORTS: Final = {"postgresql": 5432, "mysql": 3306, "mssql": 1433}
+
+
+def check_mlflow_store(uri: str, timeout: float | None = None) -> None:
+    """`TrainError` naming `uri` when MLflow could not write there: an HTTP server that does
+    not answer (MLflow itself retries for minutes), a SQLite file or a directory that cannot
+    be written, a database server that takes no connection."""
+    what = f"--logger mlflow: MLFLOW_TRACKING_URI {uri}"
+    fix = ("start the tracking server, or give another MLFLOW_TRACKING_URI (unset: a SQLite "
+           "file beside the run)")  # fmt: skip
+    scheme = uri.split("://", 1)[0].lower() if "://" in uri else "file"
+    if scheme in ("http", "https"):
+        probe_http(uri, what, fix, timeout)
+    elif scheme == "sqlite":
+        path = uri.split("://", 1)[1]
+        path = path[1:] if path.startswith("/") else path  # sqlite:///rel.db, sqlite:////abs.db
+        if path and path != ":memory:" and not path.startswith("file:"):
+            _writable(Path(path), what)
+    elif scheme == "file":  # a directory of files, made when missing
+        path = urllib.parse.unquote(urllib.parse.urlparse(uri).path) if "://" in uri else uri
+        _writable(Path(path) / "meta.yaml", what)
+    elif scheme.split("+")[0] in _DB_PORTS:  # postgresql+psycopg2://user@host:port/db
+        rest = uri.split("://", 1)[1].split("/", 1)[0].rsplit("@", 1)[-1]
+        port = _DB_PORTS[scheme.split("+")[0]]
+        if not rest.rsplit("]", 1)[-1].count(":"):
+            rest = f"{rest}:{port}"
+        host, port = host_port(rest, what, "HOST[:PORT]")
+        connect(host, port, what, fix, timeout).close()
+
+
+def _writable(file: Path, what: str) -> None:
+    """That `file` can be written (or made): its directory, or the nearest one of its parents
+    that exists, tried with a temporary file, so the reason is the file system's own
+    (read-only, permission denied)."""
+    if file.exists() and not os.access(file, os.W_OK):
+        raise TrainError(f"{what}: {file} is not writable; give a store this user can write")
+    folder = file.parent if str(file.parent) else Path(".")
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        raise TrainError(f"{what}: {folder} is not a directory; give another store")
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as e:
+        raise TrainError(
+            f"{what}: cannot write in {folder} ({e.strerror}); give a store on a writable "
+            "file system (unset MLFLOW_TRACKING_URI: a SQLite file beside the run)"
+        ) from None
 
 
 def hyperparameters(info: Mapping[str, Any], bp: Blueprint) -> dict[str, Scalar]:
@@ -161,17 +232,42 @@ def open_trackers(
     made: list[_Tracker] = []
     for name in dict.fromkeys(config.loggers):
         saved = state.get(name, {})
-        if name == "tensorboard":
-            made.append(_TensorBoard(run, hp, group, step))
-        elif name == "mlflow":
-            made.append(_Mlflow(run, hp, group, saved.get("run_id")))
-            state[name] = {"run_id": made[-1].run_id, "tracking_uri": made[-1].uri}  # type: ignore[attr-defined]
-        else:
-            made.append(_Wandb(run, hp, group, saved.get("id")))
-            state[name] = {"id": made[-1].run.id}  # type: ignore[attr-defined]
+        try:
+            if name == "tensorboard":
+                made.append(_TensorBoard(run, hp, group, step))
+            elif name == "mlflow":
+                made.append(_Mlflow(run, hp, group, saved.get("run_id")))
+                state[name] = {"run_id": made[-1].run_id, "tracking_uri": made[-1].uri}  # type: ignore[attr-defined]
+            else:
+                made.append(_Wandb(run, hp, group, saved.get("id")))
+                state[name] = {"id": made[-1].run.id}  # type: ignore[attr-defined]
+        except Exception as e:  # the library's own error, as one line naming where
+            for tracker in made:  # those already open end as failed
+                with contextlib.suppress(Exception):
+                    tracker.close(None, "failed")
+            raise TrainError(f"--logger {name}: {_where(name, run)}: {_first_line(e)}") from None
     if state:
         write_json(state_file, state)
     return Trackers(made)
+
+
+def _where(name: str, run: Path) -> str:
+    """Where tracker `name` writes for the run in `run`, as its error names it."""
+    if name == "tensorboard":
+        return f"cannot write {run / TB_DIR}"
+    if name == "mlflow":
+        return f"the store {os.environ.get('MLFLOW_TRACKING_URI') or _default_store(run)} failed"
+    return f"W&B ({_wandb_mode()}, files under {run / 'wandb'}) failed"
+
+
+def _first_line(e: BaseException) -> str:
+    text = next((x.strip() for x in str(e).splitlines() if x.strip()), "")
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
+def _default_store(run: Path) -> str:
+    """MLflow's store when MLFLOW_TRACKING_URI is unset: a SQLite file beside the run."""
+    return f"sqlite:///{(run.resolve().parent / 'mlflow.db').as_posix()}"
 
 
 # ------------------------------------------------------------------------------ TensorBoard
@@ -209,25 +305,42 @@ class _TensorBoard:
 # ------------------------------------------------------------------------------ MLflow
 
 
+@contextlib.contextmanager
+def _bounded_start() -> Iterator[None]:
+    """MLflow's HTTP calls bounded while a run opens (one retry, the connect timeout per
+    request), where the environment does not set them: its defaults retry for minutes. The
+    run's later calls get MLflow's own (or the environment's) settings."""
+    timeout = str(math.ceil(endpoints.CONNECT_TIMEOUT_S))
+    given = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_TIMEOUT": timeout}
+    unset = [k for k in given if k not in os.environ]
+    os.environ.update({k: given[k] for k in unset})
+    try:
+        yield
+    finally:
+        for k in unset:
+            os.environ.pop(k, None)
+
+
 class _Mlflow:
     def __init__(self, run: Path, hp: dict[str, Scalar], group: str, run_id: str | None):
         from mlflow.entities import Param
         from mlflow.tracking import MlflowClient
 
-        default = f"sqlite:///{(run.resolve().parent / 'mlflow.db').as_posix()}"
-        self.uri = os.environ.get("MLFLOW_TRACKING_URI") or default
+        self.uri = os.environ.get("MLFLOW_TRACKING_URI") or _default_store(run)
         self.client = MlflowClient(self.uri)
-        if run_id is None:
-            found = self.client.get_experiment_by_name(group)
-            exp = found.experiment_id if found else self.client.create_experiment(group)
-            tags = {"lmcore.run": str(run.resolve()), "lmcore.tag": str(hp["tag"])}
-            self.run_id: str = self.client.create_run(exp, run_name=run.name, tags=tags).info.run_id
-            params = [Param(k, str(v)[:6000]) for k, v in hp.items()]
-            for i in range(0, len(params), 100):  # MLflow takes at most 100 params a batch
-                self.client.log_batch(self.run_id, params=params[i : i + 100])
-        else:
-            self.run_id = run_id
-            self.client.update_run(run_id, status="RUNNING")
+        with _bounded_start():  # a server that fails at the start: one line, not minutes
+            if run_id is None:
+                found = self.client.get_experiment_by_name(group)
+                exp = found.experiment_id if found else self.client.create_experiment(group)
+                tags = {"lmcore.run": str(run.resolve()), "lmcore.tag": str(hp["tag"])}
+                made = self.client.create_run(exp, run_name=run.name, tags=tags)
+                self.run_id: str = made.info.run_id
+                params = [Param(k, str(v)[:6000]) for k, v in hp.items()]
+                for i in range(0, len(params), 100):  # MLflow takes at most 100 params a batch
+                    self.client.log_batch(self.run_id, params=params[i : i + 100])
+            else:
+                self.run_id = run_id
+                self.client.update_run(run_id, status="RUNNING")
 
     def log(self, step: int, values: Mapping[str, float]) -> None:
         from mlflow.entities import Metric
@@ -249,6 +362,11 @@ class _Mlflow:
 # ------------------------------------------------------------------------------ W&B
 
 
+def _wandb_mode() -> str:
+    """W&B's mode: WANDB_MODE, else online when logged in, else offline."""
+    return os.environ.get("WANDB_MODE") or ("online" if _wandb_logged_in() else "offline")
+
+
 def _wandb_logged_in() -> bool:
     if os.environ.get("WANDB_API_KEY"):
         return True
@@ -262,7 +380,7 @@ class _Wandb:
     def __init__(self, run: Path, hp: dict[str, Scalar], group: str, run_id: str | None):
         import wandb
 
-        mode: Any = os.environ.get("WANDB_MODE") or ("online" if _wandb_logged_in() else "offline")
+        mode: Any = _wandb_mode()
         self.run = wandb.init(
             project=os.environ.get("WANDB_PROJECT", "lmcore"),
             group=group,

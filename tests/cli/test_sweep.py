@@ -104,3 +104,23 @@ def test_bad_input_exits_2_with_one_line(
     argv = [str(tiny_data) if a == "DATA" else a for a in argv]
     assert message in one_line_error(capsys, argv)
     assert not (tmp_path / "r").exists()
+
+
+def test_a_sweep_file_not_utf8_and_an_edited_sweep_json_are_one_line(
+    tiny_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    from tests.helpers.errors import assert_naming
+
+    monkeypatch.chdir(tmp_path)
+    Path("bad.toml").write_bytes(b'# caf\xe9\nbase = "cs336-tiny"\nvariants = ["norm=none"]\n')
+    assert_naming(one_line_error(capsys, ["sweep", "bad.toml"]), "bad.toml: not UTF-8 at byte 5")
+    sw = Path("sw")
+    sw.mkdir()
+    (sw / "sweep.toml").write_text(f'base = "{TINY_SPEC}"\nvariants = ["pos=nope"]\n'
+                                   f'data = "{tiny_data}"\nout = "sw"\n')  # fmt: skip
+    valid = '{"format": "lmcore-sweep", "data": "d", '
+    (sw / "sweep.json").write_text(valid + "edited by hand")
+    assert_naming(one_line_error(capsys, ["sweep", "--resume", "sw"]),
+                  f"sw/sweep.json: not JSON at line 1, column {len(valid) + 1}",
+                  "undo the edit")  # fmt: skip

@@ -3,8 +3,10 @@ paired and their intervals."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -193,3 +195,62 @@ def test_seeds_are_paired_and_the_table_shows_their_intervals(
     assert capsys.readouterr().out.count("before, kept") == 6
     assert main(["sweep", "--resume", str(out), "--seeds", "4"]) == 2
     assert "lmcore sweep: error: --resume " in capsys.readouterr().err
+
+
+def test_a_long_variant_gets_a_run_directory_a_file_system_takes(tmp_path: Path) -> None:
+    from lmcore.blueprint import resolve
+    from lmcore.train.runs import slug
+
+    # a canonical spec as lmcore prints it, given whole as a --vary (issue 32: 298 bytes)
+    change = str(resolve("cs336-tiny, ffn=moe(num_experts=4), pos=nope").spec)
+    other = change.replace("aux_loss_coef=0.01", "aux_loss_coef=0.02")
+    assert len(slug(change)) > 255  # as a name, it would not fit
+    runs = plan("cs336-tiny", [change, other])
+    names = [r.run_name(10**6) for r in runs[1:]]
+    assert names[0] != names[1] and all(len(n.encode()) <= 255 for n in names)
+    assert names[0].startswith(slug(change)[:100])  # readable: the change's own first words
+    for name in names:
+        (tmp_path / name).mkdir()
+
+
+def test_bad_input_fails_before_the_sweep_directory_exists(
+    tiny_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import tracemalloc
+
+    out = tmp_path / "sw"
+    tracemalloc.start()
+    try:
+        with raises_naming(TrainError, "--seeds 1000000000", "from 1 to 1000"):
+            sweep(TINY_SPEC, ["pos=nope"], tiny_data, out, CONFIG, seeds=10**9, echo=None)
+        assert tracemalloc.get_traced_memory()[1] < 50 * 2**20  # nothing sized by the seeds
+    finally:
+        tracemalloc.stop()
+    with pytest.raises(SpecError, match="norm 'nonorm'"):
+        sweep(TINY_SPEC, ["norm=nonorm"], tiny_data, out, CONFIG, echo=None)
+    if importlib.util.find_spec("mlflow") is not None:  # a tracker that cannot be reached
+        from tests.helpers.net import closed_port
+
+        uri = f"http://127.0.0.1:{closed_port()}"
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+        with raises_naming(TrainError, f"MLFLOW_TRACKING_URI {uri}", "cannot connect"):
+            sweep(TINY_SPEC, ["pos=nope"], tiny_data, out,
+                  replace(CONFIG, loggers=("mlflow",)), echo=None)  # fmt: skip
+    assert not out.exists()
+
+
+def test_a_sweep_json_edited_by_hand_names_the_file_and_where(
+    tiny_data: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "sw"
+    out.mkdir()
+    edited = '  "base": "x, edited'  # a string left open: the newline after it stops JSON
+    (out / "sweep.json").write_text(f'{{\n  "format": "lmcore-sweep",\n{edited}\n}}')
+    column = len(edited) + 1
+    with raises_naming(TrainError, str(out / "sweep.json"), f"not JSON at line 3, column {column}",
+                       "undo the edit", "another --out"):  # fmt: skip
+        sweep(TINY_SPEC, ["pos=nope"], tiny_data, out, CONFIG, echo=None)
+    (out / "sweep.json").write_text("[1, 2]")
+    with raises_naming(TrainError, "not a sweep's description"):
+        sweep(TINY_SPEC, ["pos=nope"], tiny_data, out, CONFIG, echo=None)
+    assert sorted(p.name for p in out.iterdir()) == [".lock", "sweep.json"]  # nothing else

@@ -209,3 +209,135 @@ def test_a_sweep_logs_each_variant_as_its_own_run_grouped_under_the_sweep(
         "rmsnorm(eps=1e-05)",
         "layernorm(bias=true,eps=1e-05)",
     }
+
+
+# ------------------------------------------------------------------ endpoints that fail (issue 32)
+
+
+def test_an_mlflow_server_that_does_not_answer_fails_before_the_run_directory(
+    tiny_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("mlflow", reason=extra("mlflow"))
+    import time
+
+    from lmcore.errors import TrainError
+    from lmcore.train import endpoints
+    from lmcore.train.trackers import check_trackers
+    from tests.helpers.errors import raises_naming
+    from tests.helpers.net import closed_port, http_server, silent_port
+
+    monkeypatch.setattr(endpoints, "CONNECT_TIMEOUT_S", 1.0)
+    uri = f"http://127.0.0.1:{closed_port()}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    config = TrainConfig(steps=1, batch_size=2, eval_batches=1, loggers=("mlflow",))
+    with raises_naming(TrainError, f"--logger mlflow: MLFLOW_TRACKING_URI {uri}",
+                       "cannot connect", "refused", "start the tracking server"):  # fmt: skip
+        train(TINY_SPEC, tiny_data, tmp_path / "run", config, echo=None)
+    assert not (tmp_path / "run").exists()
+    with silent_port() as port:
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{port}")
+        start = time.monotonic()
+        with raises_naming(TrainError, f"MLFLOW_TRACKING_URI http://127.0.0.1:{port}",
+                           "does not answer within 1 s", "connect timeout"):  # fmt: skip
+            check_trackers(["mlflow"])
+        assert time.monotonic() - start < 5
+    with http_server(404) as port:  # a server that answers is there, whatever it says
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{port}")
+        check_trackers(["mlflow"])
+
+
+def test_a_read_only_mlflow_store_is_one_line_at_the_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("mlflow", reason=extra("mlflow"))
+    import errno
+    import types
+
+    from lmcore.errors import TrainError
+    from lmcore.train import trackers
+    from tests.helpers.errors import raises_naming
+
+    def read_only(**_: Any) -> Any:
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    store = tmp_path / "store"
+    store.mkdir()
+    uri = f"sqlite:///{store / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    trackers.check_trackers(["mlflow"])  # writable: nothing to say
+    # a read-only mount, as the file system answers (root writes anywhere else)
+    monkeypatch.setattr(trackers, "tempfile", types.SimpleNamespace(TemporaryFile=read_only))
+    with raises_naming(TrainError, f"MLFLOW_TRACKING_URI {uri}", f"cannot write in {store}",
+                       "Read-only file system", "unset MLFLOW_TRACKING_URI"):  # fmt: skip
+        trackers.check_trackers(["mlflow"])
+    monkeypatch.undo()
+    (tmp_path / "file").write_text("")
+    uri = f"sqlite:///{tmp_path / 'file' / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    with raises_naming(TrainError, f"{tmp_path / 'file'} is not a directory"):
+        trackers.check_trackers(["mlflow"])
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", (tmp_path / "new" / "mlruns").as_uri())
+    trackers.check_trackers(["mlflow"])  # a file store is made where it is missing
+
+
+def test_wandb_online_probes_its_server_and_offline_needs_none(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    pytest.importorskip("wandb", reason=extra("wandb"))
+    from lmcore.errors import TrainError
+    from lmcore.train.trackers import check_trackers
+    from tests.helpers.errors import raises_naming
+    from tests.helpers.net import closed_port
+
+    url = f"http://127.0.0.1:{closed_port()}"
+    monkeypatch.setenv("WANDB_BASE_URL", url)
+    monkeypatch.setenv("WANDB_MODE", "online")
+    with raises_naming(TrainError, f"--logger wandb: the W&B server {url}", "cannot connect",
+                       "WANDB_MODE=offline"):  # fmt: skip
+        check_trackers(["wandb"], timeout=1.0)
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    check_trackers(["wandb"], timeout=1.0)  # offline: no server to reach
+
+
+def test_an_mlflow_server_failing_as_the_run_opens_is_one_line_not_minutes_of_retries(
+    tiny_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("mlflow", reason=extra("mlflow"))
+    import os
+    import time
+
+    from lmcore.errors import TrainError
+    from tests.helpers.errors import raises_naming
+    from tests.helpers.net import http_server
+
+    monkeypatch.delenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", raising=False)
+    config = TrainConfig(steps=1, batch_size=2, eval_batches=1, loggers=("mlflow",))
+    with http_server(503) as port:  # it answers (the probe passes), then every call fails
+        uri = f"http://127.0.0.1:{port}"
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+        start = time.monotonic()
+        with raises_naming(TrainError, f"--logger mlflow: the store {uri} failed", "503"):
+            train(TINY_SPEC, tiny_data, tmp_path / "run", config, echo=None)
+        assert time.monotonic() - start < 20  # MLflow's own retries: 7, for minutes
+    assert "MLFLOW_HTTP_REQUEST_MAX_RETRIES" not in os.environ  # bounded only while opening
+
+
+def test_a_tracker_failing_as_it_opens_is_one_line_naming_it_and_where(
+    tiny_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("tensorboard", reason=extra("tensorboard"))
+    import errno
+
+    from lmcore.errors import TrainError
+    from lmcore.train import trackers
+    from tests.helpers.errors import raises_naming
+
+    def read_only(*_: Any) -> None:  # as SummaryWriter fails on a read-only file system
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(trackers, "_TensorBoard", read_only)
+    config = TrainConfig(steps=1, batch_size=2, eval_batches=1, loggers=("tensorboard",))
+    run = tmp_path / "run"
+    with raises_naming(TrainError, f"--logger tensorboard: cannot write {run / TB_DIR}",
+                       "Read-only file system"):  # fmt: skip
+        train(TINY_SPEC, tiny_data, run, config, echo=None)

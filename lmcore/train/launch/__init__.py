@@ -22,6 +22,8 @@ from pathlib import Path
 from lmcore.train.launch.base import (
     CLUSTERS,
     LAUNCHERS,
+    MAX_GPUS,
+    MAX_THREADS,
     Finished,
     Launcher,
     LauncherOptions,
@@ -33,6 +35,8 @@ from lmcore.train.launch.base import (
 __all__ = [
     "CLUSTERS",
     "LAUNCHERS",
+    "MAX_GPUS",
+    "MAX_THREADS",
     "Finished",
     "Launcher",
     "LauncherOptions",

@@ -14,6 +14,10 @@ from lmcore.errors import TrainError, did_you_mean
 LAUNCHERS: Final = ("local", "submitit", "ray")
 CLUSTERS: Final = ("slurm", "local", "debug")  # submitit's executors
 DEFAULT_SLURM_MINUTES: Final = 60
+# Bounds on what a run may ask for: past them a number is a typo (a Ray task asking for more
+# than any node has waits forever, a SLURM job is refused only once queued).
+MAX_THREADS: Final = 1024  # threads and CPUs per run
+MAX_GPUS: Final = 64  # GPUs per run
 
 
 @dataclass(frozen=True)
@@ -42,10 +46,12 @@ class LauncherOptions:
                 "(submitit's executors)"
             )
         for name, value in (("threads", self.threads), ("cpus-per-run", self.cpus_per_run)):
-            if value is not None and (not isinstance(value, int) or value < 1):
-                raise TrainError(f"--{name} {value}: must be a positive integer")
-        if not isinstance(self.gpus_per_run, int) or self.gpus_per_run < 0:
-            raise TrainError(f"--gpus-per-run {self.gpus_per_run}: must be an integer ≥ 0")
+            whole = isinstance(value, int) and not isinstance(value, bool)
+            if value is not None and (not whole or not 1 <= value <= MAX_THREADS):
+                raise TrainError(f"--{name} {value}: must be an integer from 1 to {MAX_THREADS}")
+        gpus = self.gpus_per_run
+        if not isinstance(gpus, int) or isinstance(gpus, bool) or not 0 <= gpus <= MAX_GPUS:
+            raise TrainError(f"--gpus-per-run {gpus}: must be an integer from 0 to {MAX_GPUS}")
         if self.slurm_time is not None:
             slurm_minutes(self.slurm_time)
 
@@ -130,6 +136,11 @@ Finished = Callable[[RunTask, Outcome], None]
 
 
 class Launcher(Protocol):
+    def check(self) -> None:
+        """`TrainError` when the runs cannot execute where the options say (no SLURM here,
+        a Ray address that does not answer): before the sweep claims its directory."""
+        ...
+
     def run(self, tasks: Sequence[RunTask], data: Path, finished: Finished) -> str | None:
         """Execute `tasks`, calling `finished` after each; the reason the sweep stopped
         early (a signal), or None."""

@@ -34,6 +34,9 @@ class LocalLauncher:
     ):
         self.options, self.echo, self.progress = options, echo, progress
 
+    def check(self) -> None:
+        """Nothing to check: the runs execute here."""
+
     def run(self, tasks: Sequence[RunTask], data: Path, finished: Finished) -> str | None:
         from lmcore.data.tokens import TokenData
         from lmcore.train import trainer  # looked up at each call, so tests can stand in

@@ -12,15 +12,40 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from lmcore.errors import TrainError
+from lmcore.train.endpoints import probe_grpc
 from lmcore.train.launch.base import Finished, LauncherOptions, Outcome, RunTask
 from lmcore.train.launch.process import outcome_of, run_command
 
 EXTRA = "needs the 'ray' extra: pip install -e '.[ray]' (or pip install 'ray[default]')"
+# AF_UNIX socket paths hold at most 107 bytes on Linux (108 with the NUL; 103 on macOS); a
+# local Ray puts its sockets under RAY_TMPDIR (else TMPDIR, else /tmp), in
+# ray/session_<date>_<time>_<microseconds>_<pid>/sockets/plasma_store, the longest name.
+SOCKET_MAX: Final = 103 if sys.platform == "darwin" else 107
+_SESSION: Final = "session_YYYY-MM-DD_HH-MM-SS_ffffff_"
+_ADDRESS_FIX: Final = (
+    "give the address of a running Ray cluster's head (ray start --head prints it), auto on a "
+    "node of one, or leave out --ray-address for a local Ray"
+)
+
+
+def socket_path_length(pid: int | None = None) -> tuple[str, int]:
+    """Where a local Ray started by this process puts its longest socket path (the variable
+    that decides it), and that path's length in bytes."""
+    for var in ("RAY_TMPDIR", "TMPDIR"):
+        if os.environ.get(var):
+            base, source = os.environ[var], var
+            break
+    else:
+        base, source = "/tmp", "the default /tmp"
+    session = f"{_SESSION}{os.getpid() if pid is None else pid}"
+    path = os.path.join(base, "ray", session, "sockets", "plasma_store")
+    return source, len(path.encode("utf-8", "surrogateescape"))
 
 
 def _import_ray() -> Any:
@@ -40,6 +65,35 @@ class RayLauncher:
     def __init__(self, options: LauncherOptions, sweep_dir: Path, echo: Callable[[str], None]):
         self.options, self.logs, self.echo = options, sweep_dir / "logs", echo
 
+    def address(self) -> str | None:
+        """The cluster the sweep joins: --ray-address, else RAY_ADDRESS (as ray.init reads
+        it); None: a local Ray."""
+        return self.options.ray_address or os.environ.get("RAY_ADDRESS") or None
+
+    def check(self, timeout: float | None = None) -> None:
+        """`TrainError` before anything starts: for a local Ray, socket paths too long for
+        AF_UNIX; for a cluster's address, that it answers (a connect and a gRPC handshake,
+        each within `timeout`, default `CONNECT_TIMEOUT_S`): ray.init itself waits minutes."""
+        _import_ray()
+        address = self.address()
+        if address is None:
+            source, length = socket_path_length()
+            if length > SOCKET_MAX:
+                value = os.environ.get(source, "")
+                raise TrainError(
+                    f"--launcher ray: a local Ray's socket paths under {source} "
+                    f"{value!r} would be {length} bytes, longer than AF_UNIX's limit of "
+                    f"{SOCKET_MAX} bytes; set {source} to a shorter directory (e.g. "
+                    f"{source}=/tmp), or join a running cluster with --ray-address"
+                )
+            return
+        if address in ("auto", "local"):
+            return  # Ray finds the cluster (or says there is none) without waiting
+        what = f"--ray-address {address}"
+        if self.options.ray_address is None:
+            what = f"RAY_ADDRESS {address}"
+        probe_grpc(address, what, _ADDRESS_FIX, timeout)
+
     def run(self, tasks: Sequence[RunTask], data: Path, finished: Finished) -> str | None:
         if not tasks:
             return None
@@ -48,8 +102,13 @@ class RayLauncher:
         started = not ray.is_initialized()
         if started:
             os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-            ray.init(address=opts.ray_address, include_dashboard=False, log_to_driver=False,
-                     configure_logging=False)  # fmt: skip
+            try:
+                ray.init(address=opts.ray_address, include_dashboard=False,
+                         log_to_driver=False, configure_logging=False)  # fmt: skip
+            except Exception as e:  # Ray's own: ConnectionError, RuntimeError, OSError, ...
+                first = next((x for x in str(e).splitlines() if x.strip()), type(e).__name__)
+                where = self.address() or "a local Ray"
+                raise TrainError(f"--launcher ray: Ray did not start on {where}: {first}") from None
         where = opts.ray_address or "a local Ray"
         resources = {"num_cpus": opts.cpus_per_run or 1, "num_gpus": opts.gpus_per_run}
         remote = ray.remote(max_retries=0, **resources)(_task)

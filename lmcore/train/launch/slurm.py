@@ -18,6 +18,7 @@ twice (their ids are kept in `SWEEP/slurm/jobs.json`).
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -72,6 +73,21 @@ class SubmititLauncher:
     def __init__(self, options: LauncherOptions, sweep_dir: Path, echo: Callable[[str], None]):
         self.options, self.echo = options, echo
         self.folder, self.logs = sweep_dir / "slurm", sweep_dir / "logs"
+
+    def check(self) -> None:
+        """On `slurm_cluster = "slurm"`, that SLURM's commands are here (submitit needs both
+        `sbatch` and `srun`); the extra installed."""
+        _import_submitit()
+        if self.options.slurm_cluster != "slurm":
+            return
+        missing = [cmd for cmd in ("sbatch", "srun") if shutil.which(cmd) is None]
+        if missing:
+            raise TrainError(
+                "--launcher submitit: this machine is not part of a SLURM cluster "
+                f"({' and '.join(missing)} not on PATH); run the sweep from a login node of "
+                "the cluster, or here with --launcher local (or ray), or submitit's local "
+                'executor with cluster = "local" under [launcher.slurm] in a sweep file'
+            )
 
     def _jobs(self) -> dict[str, str]:
         try:

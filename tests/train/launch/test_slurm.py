@@ -84,3 +84,25 @@ def test_submitits_local_executor_gives_the_same_numbers_and_reports_failures(
     )
     assert "submitit (local): 3 jobs (" in "\n".join(lines)
     assert f"  ffn=silu, seed 0: failed: {result.rows[2].error}" in lines
+
+
+def test_submitit_off_a_cluster_is_one_line_naming_what_to_use_instead(
+    tiny_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("submitit", reason=SLURM)
+    from lmcore.errors import TrainError
+    from lmcore.train.launch.slurm import SubmititLauncher
+    from tests.helpers.errors import raises_naming
+
+    (tmp_path / "empty").mkdir()
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))  # no sbatch, no srun
+    out = tmp_path / "sw"
+    with raises_naming(TrainError, "not part of a SLURM cluster", "sbatch and srun not on PATH",
+                       "--launcher local", 'cluster = "local"'):  # fmt: skip
+        sweep(TINY_SPEC, ["pos=nope"], tiny_data, out, CONFIG,
+              launcher=LauncherOptions("submitit"), echo=None)  # fmt: skip
+    assert not out.exists()
+    SubmititLauncher(LauncherOptions("submitit", slurm_cluster="local"), out, print).check()
+    fake_slurm(tmp_path / "bin")
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))
+    SubmititLauncher(LauncherOptions("submitit"), out, print).check()  # SLURM's commands here
