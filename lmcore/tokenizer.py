@@ -499,7 +499,8 @@ def _environment_class() -> Any:
                 hits = text.count(old) if old else len(text) + 1
                 self.size(len(text) + hits * len(new), what)
 
-        def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805
+        # jinja's own argument names: they keep `self` and `context` out of **kwargs
+        def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:
             inner = getattr(__obj, "__wrapped__", __obj)
             owner = getattr(inner, "__self__", None)
             if isinstance(owner, str):
@@ -531,7 +532,8 @@ def _environment_class() -> Any:
             elif operator == "+" and isinstance(left, sized) and isinstance(right, sized):
                 self.size(len(left) + len(right), "a sum")
             elif operator == "%" and isinstance(left, str):
-                self._check_args((left, *(right if isinstance(right, tuple) else (right,))), {}, "%")
+                values = right if isinstance(right, tuple) else (right,)
+                self._check_args((left, *values), {}, "%")
             return self.sized(super().call_binop(context, operator, left, right))
 
     def raise_exception(message: str) -> None:

@@ -209,7 +209,9 @@ def test_the_budget_leaves_real_templates_alone(tok: Tokenizer) -> None:
     plain = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
     plain.filters["tojson"] = json.dumps
     assert ours == plain.from_string(template).render(messages=messages)
-    assert ours == ("1/2 USER: Hi|2/2 ASSISTANT: Hello user,assistant ababab007 [1, [2, [3]]]<<1><<2>>><<3>>")
+    assert ours == (
+        "1/2 USER: Hi|2/2 ASSISTANT: Hello user,assistant ababab007 [1, [2, [3]]]<<1><<2>>><<3>>"
+    )
 
 
 def test_a_chat_template_s_syntax_error_names_its_line(tok: Tokenizer) -> None:  # P-chat-syntax

@@ -225,7 +225,8 @@ class _Layout:
         least = _FIXED.get(kind, 8 if kind == _STRING else 12)
         if count * least > len(self.data) - self.at:
             kind_name = _TYPE_NAMES[kind] if kind < len(_TYPE_NAMES) else f"type {kind}"
-            raise self.fail(f"array {key}, which claims {count:,} {kind_name} items,", count * least)
+            what = f"array {key}, which claims {count:,} {kind_name} items,"
+            raise self.fail(what, count * least)
         if kind in _FIXED:
             self.take(count * _FIXED[kind], f"array {key}")
             return

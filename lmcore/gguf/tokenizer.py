@@ -52,7 +52,8 @@ def _kind(value: object) -> str:
     """A metadata value's type as a sentence says it: "an int (42)", "a list (['a', 'b'])"."""
     name = {bool: "a bool", int: "an int", float: "a float", str: "a string", list: "a list"}
     shown = repr(value)
-    return f"{name.get(type(value), type(value).__name__)} ({shown[:60]}{'...' if len(shown) > 60 else ''})"
+    clipped = shown[:60] + ("..." if len(shown) > 60 else "")
+    return f"{name.get(type(value), type(value).__name__)} ({clipped})"
 
 
 def _refuse(where: object, problem: str, key: str | None = None) -> ConversionError:
@@ -68,7 +69,8 @@ def _refuse(where: object, problem: str, key: str | None = None) -> ConversionEr
 
 def _strings(value: Any, key: str, where: object) -> list[str]:
     if not isinstance(value, list):
-        raise _refuse(where, f"{key} is {'missing' if value is None else _kind(value)}, not a list of strings")
+        said = "missing" if value is None else _kind(value)
+        raise _refuse(where, f"{key} is {said}, not a list of strings")
     for i, item in enumerate(value):
         if not isinstance(item, str):
             raise _refuse(where, f"{key}[{i}] is {_kind(item)}, not a string")
@@ -96,13 +98,16 @@ def _vocabulary(tokens: list[str], vocab_size: int | None, where: object) -> dic
     return vocab
 
 
-def _merges(value: Any, vocab: Mapping[str, int], types: list[int], where: object) -> list[tuple[str, str]]:
+def _merges(
+    value: Any, vocab: Mapping[str, int], types: list[int], where: object
+) -> list[tuple[str, str]]:
     """The merges as pairs, each naming two tokens of the vocabulary that merge into a third
     (what `tokenizers`' BPE requires; refused by position otherwise). A byte-level BPE without
     merges never reaches its longer tokens: refused."""
     key = _KEY + "merges"
     if value is None or value == []:
-        longer = next((t for t, k in zip(vocab, types, strict=True) if k == NORMAL and len(t) > 1), None)
+        normal = (t for t, k in zip(vocab, types, strict=True) if k == NORMAL and len(t) > 1)
+        longer = next(normal, None)
         if longer is not None:
             raise _refuse(
                 where,
@@ -202,7 +207,8 @@ def from_gguf_metadata(
         )
     add_bos = get(_KEY + "add_bos_token")
     if add_bos is not None and not isinstance(add_bos, bool):
-        raise _refuse(where, f"{_KEY}add_bos_token is {_kind(add_bos)}, not a bool", _KEY + "add_bos_token")
+        said = f"{_KEY}add_bos_token is {_kind(add_bos)}, not a bool"
+        raise _refuse(where, said, _KEY + "add_bos_token")
     if add_bos and ids["bos_token_id"] is None:
         raise _refuse(
             where, f"{_KEY}add_bos_token is true, but no {_KEY}bos_token_id says which token to "
