@@ -462,8 +462,12 @@ def _environment_class() -> Any:
             @functools.wraps(f)
             def bounded(*args: Any, **kwargs: Any) -> Any:
                 data = args[skip:]
-                self._check_args(data, kwargs, what)
-                if what == "the join filter" and data:
+                self.tick()
+                if what in _WIDTH_FILTERS:
+                    self._check_ints(data[1:], kwargs, what)
+                if what == "the format filter" and data:
+                    self._check_format(data[0], data[1:], what)
+                elif what == "the join filter" and data:
                     sep = kwargs.get("d", data[1] if len(data) > 1 else "")
                     self._check_join(data[0], sep, what)
                 elif what == "the replace filter" and len(data) >= 3:
@@ -477,17 +481,22 @@ def _environment_class() -> Any:
 
             return bounded
 
-        def _check_args(self, args: Sequence[Any], kwargs: Mapping[str, Any], what: str) -> None:
-            """Integers and format widths above the budget, in the arguments of a call that
-            may make a value that large."""
-            self.tick()
+        def _check_ints(self, args: Sequence[Any], kwargs: Mapping[str, Any], what: str) -> None:
+            """Integers above the budget, given to a call whose result is that wide."""
             for a in (*args, *kwargs.values()):
                 if isinstance(a, int) and not isinstance(a, bool):
                     self.size(a, what)
-                elif isinstance(a, str) and ("%" in a or "{" in a):
-                    width = _format_widths(a, self.chars)
-                    if width is not None:
-                        self.size(width, what)
+
+        def _check_format(self, fmt: Any, values: Sequence[Any], what: str) -> None:
+            """A format string's widths and precisions above the budget, and the values given
+            as widths (`%*d`, `{:>{w}}`)."""
+            if not isinstance(fmt, str):
+                return
+            width = _format_widths(fmt, self.chars)
+            if width is not None:
+                self.size(width, what)
+            if "*" in fmt or re.search(r"\{[^{}]*\{", fmt):
+                self._check_ints(values, {}, what)
 
         def _check_join(self, items: Any, sep: Any, what: str) -> None:
             if isinstance(items, (list, tuple)):
@@ -503,15 +512,18 @@ def _environment_class() -> Any:
         def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:
             inner = getattr(__obj, "__wrapped__", __obj)
             owner = getattr(inner, "__self__", None)
+            __self.tick()
             if isinstance(owner, str):
-                what = f"str.{getattr(inner, '__name__', '')}"
-                __self._check_args((owner, *args), kwargs, what)
-                if what == "str.join" and args:
+                name = getattr(inner, "__name__", "")
+                what = f"str.{name}"
+                if name in ("center", "ljust", "rjust", "zfill", "expandtabs"):
+                    __self._check_ints(args, kwargs, what)
+                elif name in ("format", "format_map"):
+                    __self._check_format(owner, (*args, *kwargs.values()), what)
+                elif what == "str.join" and args:
                     __self._check_join(args[0], owner, what)
                 elif what == "str.replace" and len(args) >= 2:
                     __self._check_replace(owner, args[0], args[1], what)
-            else:
-                __self.tick()
             if isinstance(__obj, LoopContext) and args:  # a recursive loop's next level
                 args = (__self.counted(args[0]), *args[1:])
             return __self.sized(super().call(__context, __obj, *args, **kwargs))
@@ -533,7 +545,7 @@ def _environment_class() -> Any:
                 self.size(len(left) + len(right), "a sum")
             elif operator == "%" and isinstance(left, str):
                 values = right if isinstance(right, tuple) else (right,)
-                self._check_args((left, *values), {}, "%")
+                self._check_format(left, values, "%")
             return self.sized(super().call_binop(context, operator, left, right))
 
     def raise_exception(message: str) -> None:
@@ -551,9 +563,13 @@ def _environment_class() -> Any:
 # Filters that can make a value much larger than their input: their arguments are checked
 # against the budget before they run, and their results after.
 _SIZED_FILTERS: Final = (
-    "batch", "center", "format", "indent", "join", "replace", "slice", "tojson", "truncate",
-    "wordwrap", "list", "sum", "map", "string",
+    "batch", "center", "format", "indent", "join", "replace", "slice", "tojson", "wordwrap",
+    "list", "sum", "map", "string",
 )  # fmt: skip
+# ... of which an integer argument is the width (or count) of what they make
+_WIDTH_FILTERS: Final = tuple(
+    f"the {name} filter" for name in ("batch", "center", "indent", "slice", "tojson", "wordwrap")
+)
 
 
 class _Counted:

@@ -212,6 +212,10 @@ def test_the_budget_leaves_real_templates_alone(tok: Tokenizer) -> None:
     assert ours == (
         "1/2 USER: Hi|2/2 ASSISTANT: Hello user,assistant ababab007 [1, [2, [3]]]<<1><<2>>><<3>>"
     )
+    # large numbers are values, not sizes, unless a width or count is what they give
+    numbers = "{{ '{}'.format(10**10) }} {{ '%d' % 10**10 }} {{ [1, 2]|sum(start=10**10) }}"
+    saved = SavedTokenizer.from_tokenizer(tok, chat_template=numbers)
+    assert saved.render_chat([], tokenizer=tok) == "10000000000 10000000000 10000000003"
 
 
 def test_a_chat_template_s_syntax_error_names_its_line(tok: Tokenizer) -> None:  # P-chat-syntax
