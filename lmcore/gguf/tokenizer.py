@@ -8,6 +8,12 @@ splits `PRE_TOKENIZERS` names for `pre` followed by GPT-2's byte-level mapping, 
 decoder, control tokens (type 3) as special added tokens and user-defined ones (type 4) as
 added tokens. A `pre` this table does not know is refused, naming it, since another split
 would tokenise some text differently from the original.
+
+Every key is checked when the file is converted, not when the tokenizer is first used: its type,
+the special ids against the vocabulary, the vocabulary against the model's (no more tokens than
+embeddings, none listed twice), each merge against the vocabulary, and merges present at all.
+A BOS prepended by `add_bos_token` is written as tokenizer.json's structure, so any spelling
+works, and checked by encoding.
 """
 
 from __future__ import annotations
