@@ -15,14 +15,22 @@ default: the end-of-text and end-of-turn tokens (`<|im_end|>` for a ChatML model
 Chat templates are rendered as the ecosystem renders them: Jinja in
 `jinja2.sandbox.ImmutableSandboxedEnvironment` (a template is data from a file, so it may not
 reach Python objects), with `trim_blocks`, `lstrip_blocks`, the loop controls, `raise_exception`
-and `strftime_now`. jinja2 comes with the `chat` extra.
+and `strftime_now`. jinja2 comes with the `chat` extra. The sandbox bounds what a template may
+touch, not how long it runs or how much it writes, so each rendering also has a budget
+(`TEMPLATE_SECONDS` of time, `TEMPLATE_CHARS` characters of output and of any one value it
+makes): every loop iteration, output and call is counted by the template's own compiled code
+(no thread, no signal), and a template past either budget stops with `GenerationError` naming
+it. A template with a syntax error is refused naming its line (`check_chat_template`).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
-from collections.abc import Mapping, Sequence
+import re
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
@@ -37,6 +45,8 @@ __all__ = [
     "CONFIG_KEY",
     "END_TOKENS",
     "METADATA_KEY",
+    "TEMPLATE_CHARS",
+    "TEMPLATE_SECONDS",
     "TOKENIZER_FILE",
     "SavedTokenizer",
 ]
@@ -50,6 +60,11 @@ END_TOKENS: Final = (
     "<end_of_turn>", "<|return|>", "<|call|>", "<EOT>", "</s>",
 )  # fmt: skip
 _MAX_IDS: Final = 64  # stop ids a file may list
+# A chat template's budget per rendering: real templates take milliseconds and write a
+# conversation (which the context bounds); one looping 10**10 times or writing gigabytes stops.
+TEMPLATE_SECONDS: Final = 5.0
+TEMPLATE_CHARS: Final = 4_000_000
+_MAX_BITS: Final = 1_000_000  # an integer a template computes (2 ** 10**12 would never end)
 
 
 @dataclass(frozen=True)
@@ -227,27 +242,51 @@ class SavedTokenizer:
             files["generation_config.json"] = json.dumps(stops, indent=2) + "\n"
         return files
 
+    def check_chat_template(self) -> None:
+        """`GenerationError` naming the line of a syntax error in the chat template (or saying
+        there is none), before a conversation starts."""
+        if self.chat_template is None:
+            raise GenerationError(
+                "this model's tokenizer has no chat template; give a plain prompt (--prompt)"
+            )
+        _compile(self.chat_template)
+
     def render_chat(
         self,
         messages: Sequence[Mapping[str, str]],
         *,
         add_generation_prompt: bool = True,
         tokenizer: Tokenizer | None = None,
+        seconds: float = TEMPLATE_SECONDS,
+        chars: int = TEMPLATE_CHARS,
     ) -> str:
         """The chat template applied to `messages` (`{"role": ..., "content": ...}` each), as
-        transformers' `apply_chat_template` renders it; the text holds the template's special
-        tokens, so encode it with `add_special_tokens=False`. `GenerationError` when there is
-        no template, or it fails."""
+        transformers' `apply_chat_template` renders it, within a budget of `seconds` and
+        `chars` characters; the text holds the template's special tokens, so encode it with
+        `add_special_tokens=False`. `GenerationError` when there is no template, it fails, it
+        runs past its budget, or a message is not text (lone surrogates: bytes that were not
+        UTF-8)."""
         if self.chat_template is None:
-            raise GenerationError(
-                "this model's tokenizer has no chat template; give a plain prompt (--prompt)"
-            )
-        template = _environment().from_string(self.chat_template)
+            self.check_chat_template()  # raises, saying so
+        assert self.chat_template is not None
+        for i, m in enumerate(messages):
+            for key, value in m.items():
+                if isinstance(value, str) and _SURROGATE.search(value):
+                    at = _SURROGATE.search(value)
+                    assert at is not None
+                    raise GenerationError(
+                        f"message {i + 1} ({m.get('role', '?')}) holds {at.group()!r} at "
+                        f"position {at.start()} of its {key}, which is not text (bytes that were "
+                        "not UTF-8?); give UTF-8 text"
+                    )
+        template = _compile(self.chat_template, seconds, chars)
+        env = template.environment
         tok = tokenizer or self.tokenizer()
 
         def spelled(i: int | None) -> str:
             return "" if i is None else (tok.id_to_token(i) or "")
 
+        env.start()
         try:
             text: str = template.render(
                 messages=list(messages),
@@ -255,6 +294,8 @@ class SavedTokenizer:
                 bos_token=spelled(self.bos_token_id),
                 eos_token=spelled(self.eos_token_id),
             )
+        except _OverBudget as e:
+            raise GenerationError(str(e)) from None
         except Exception as e:  # the template's own errors, raise_exception's included
             raise GenerationError(f"the chat template fails: {type(e).__name__}: {e}") from None
         return text
@@ -282,9 +323,48 @@ def _read_json(path: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def _environment() -> Any:
+_SURROGATE: Final = re.compile("[\ud800-\udfff]")
+
+
+class _OverBudget(GenerationError):
+    """A chat template past its budget (re-raised as a plain `GenerationError`)."""
+
+
+def _compile(template: str, seconds: float = TEMPLATE_SECONDS, chars: int = TEMPLATE_CHARS) -> Any:
+    """The template compiled in a budgeted sandbox of its own (its counters are per
+    rendering); `GenerationError` naming the line of a syntax error."""
+    from jinja2 import TemplateSyntaxError
+
+    env = _environment_class()(seconds, chars)
     try:
+        return env.from_string(template)
+    except TemplateSyntaxError as e:
+        lines = template.splitlines()
+        line = lines[e.lineno - 1].strip() if 0 < e.lineno <= len(lines) else ""
+        shown = f" ({line[:80]!r})" if line else ""
+        message = (e.message or "").rstrip(".")
+        raise GenerationError(
+            f"the chat template has a syntax error at line {e.lineno}{shown}: {message}; "
+            "the template stored with the model is broken: fix it, or give a plain prompt "
+            "(lmcore generate --prompt)"
+        ) from None
+
+
+def _format_widths(text: str, limit: int) -> int | None:
+    """The largest number in a format string's fields, when it is above `limit` (a width or
+    precision that big asks for that many characters)."""
+    big = [int(n) for n in re.findall(r"\d+", text) if len(n) > 6 and int(n) > limit]
+    return max(big) if big else None
+
+
+@functools.cache
+def _environment_class() -> Any:
+    """The budgeted sandbox (built on first use: jinja2 is an optional extra)."""
+    try:
+        from jinja2 import nodes
+        from jinja2.compiler import CodeGenerator
         from jinja2.ext import loopcontrols
+        from jinja2.runtime import LoopContext
         from jinja2.sandbox import ImmutableSandboxedEnvironment
     except ImportError:
         raise GenerationError(
@@ -293,20 +373,219 @@ def _environment() -> Any:
         ) from None
     import datetime
 
+    class Generator(CodeGenerator):  # type: ignore[misc]
+        """Jinja's code generator, with every loop's iterable counted per item, every output
+        and every `~` join measured, by calls into the environment."""
+
+        def visit_For(self, node: Any, frame: Any) -> None:
+            if not getattr(node, "counted", False):
+                node.iter = nodes.Call(
+                    nodes.EnvironmentAttribute("counted"), [node.iter], [], None, None
+                ).set_lineno(node.lineno)
+                node.counted = True
+            super().visit_For(node, frame)
+
+        def _output_const_repr(self, group: Iterable[Any]) -> str:
+            return f"environment.wrote({super()._output_const_repr(group)})"
+
+        def _output_child_pre(self, node: Any, frame: Any, finalize: Any) -> None:
+            self.write("environment.wrote(")
+            super()._output_child_pre(node, frame, finalize)
+
+        def _output_child_post(self, node: Any, frame: Any, finalize: Any) -> None:
+            super()._output_child_post(node, frame, finalize)
+            self.write(")")
+
+        def visit_Concat(self, node: Any, frame: Any) -> None:
+            self.write("environment.joined(")
+            super().visit_Concat(node, frame)
+            self.write(")")
+
+    class Budgeted(ImmutableSandboxedEnvironment):  # type: ignore[misc]
+        """The sandbox, with a budget of time and characters per rendering (`start`)."""
+
+        code_generator_class = Generator
+        intercepted_binops = frozenset({"*", "**", "%", "+"})
+
+        def __init__(self, seconds: float, chars: int) -> None:
+            super().__init__(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+            self.seconds, self.chars = seconds, chars
+            self.start()
+            self.filters["tojson"] = tojson
+            for name in _SIZED_FILTERS:
+                self.filters[name] = self._bounded(self.filters[name], f"the {name} filter")
+            self.globals["raise_exception"] = raise_exception
+            self.globals["strftime_now"] = strftime_now
+
+        def start(self) -> None:
+            self.deadline = time.monotonic() + self.seconds
+            self.loops = 0
+            self.written = 0
+
+        def over(self, what: str) -> _OverBudget:
+            return _OverBudget(
+                f"the chat template {what} (its budget per rendering: {self.seconds:g} s and "
+                f"{self.chars:,} characters; stopped after {self.loops:,} loop iterations and "
+                f"{self.written:,} characters written): the template stored with the model is "
+                "broken or hostile; give a plain prompt (lmcore generate --prompt)"
+            )
+
+        def tick(self) -> None:
+            if time.monotonic() > self.deadline:
+                raise self.over(f"ran past {self.seconds:g} s")
+
+        def counted(self, iterable: Any) -> Any:
+            return _Counted(self, iterable)
+
+        def wrote(self, text: str) -> str:
+            self.written += len(text)
+            if self.written > self.chars:
+                raise self.over(f"wrote past {self.chars:,} characters")
+            self.tick()
+            return text
+
+        def size(self, n: int, what: str) -> None:
+            if n > self.chars:
+                raise self.over(f"asks for {n:,} characters or items in {what}")
+
+        def sized(self, value: Any, what: str = "a value it makes") -> Any:
+            if isinstance(value, (str, list, tuple)):
+                self.size(len(value), what)
+            return value
+
+        def joined(self, value: Any) -> Any:
+            return self.sized(value, "a ~ join")
+
+        def _bounded(self, f: Any, what: str) -> Any:
+            skip = 1 if hasattr(f, "jinja_pass_arg") else 0  # the context jinja passes first
+
+            @functools.wraps(f)
+            def bounded(*args: Any, **kwargs: Any) -> Any:
+                data = args[skip:]
+                self.tick()
+                if what in _WIDTH_FILTERS:
+                    self._check_ints(data[1:], kwargs, what)
+                if what == "the format filter" and data:
+                    self._check_format(data[0], data[1:], what)
+                elif what == "the join filter" and data:
+                    sep = kwargs.get("d", data[1] if len(data) > 1 else "")
+                    self._check_join(data[0], sep, what)
+                elif what == "the replace filter" and len(data) >= 3:
+                    self._check_replace(data[0], data[1], data[2], what)
+                elif what in ("the indent filter", "the wordwrap filter") and data:
+                    extra = [a for a in (*data[1:], *kwargs.values()) if isinstance(a, str)]
+                    if isinstance(data[0], str) and extra:
+                        lines = data[0].count("\n") + 1 if "indent" in what else len(data[0])
+                        self.size(len(data[0]) + lines * max(map(len, extra)), what)
+                return self.sized(f(*args, **kwargs))
+
+            return bounded
+
+        def _check_ints(self, args: Sequence[Any], kwargs: Mapping[str, Any], what: str) -> None:
+            """Integers above the budget, given to a call whose result is that wide."""
+            for a in (*args, *kwargs.values()):
+                if isinstance(a, int) and not isinstance(a, bool):
+                    self.size(a, what)
+
+        def _check_format(self, fmt: Any, values: Sequence[Any], what: str) -> None:
+            """A format string's widths and precisions above the budget, and the values given
+            as widths (`%*d`, `{:>{w}}`)."""
+            if not isinstance(fmt, str):
+                return
+            width = _format_widths(fmt, self.chars)
+            if width is not None:
+                self.size(width, what)
+            if "*" in fmt or re.search(r"\{[^{}]*\{", fmt):
+                self._check_ints(values, {}, what)
+
+        def _check_join(self, items: Any, sep: Any, what: str) -> None:
+            if isinstance(items, (list, tuple)):
+                total = sum(len(x) for x in items if isinstance(x, str))
+                self.size(total + len(items) * len(str(sep)), what)
+
+        def _check_replace(self, text: Any, old: Any, new: Any, what: str) -> None:
+            if isinstance(text, str) and isinstance(old, str) and isinstance(new, str):
+                hits = text.count(old) if old else len(text) + 1
+                self.size(len(text) + hits * len(new), what)
+
+        # jinja's own argument names: they keep `self` and `context` out of **kwargs
+        def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:
+            inner = getattr(__obj, "__wrapped__", __obj)
+            owner = getattr(inner, "__self__", None)
+            __self.tick()
+            if isinstance(owner, str):
+                name = getattr(inner, "__name__", "")
+                what = f"str.{name}"
+                if name in ("center", "ljust", "rjust", "zfill", "expandtabs"):
+                    __self._check_ints(args, kwargs, what)
+                elif name in ("format", "format_map"):
+                    __self._check_format(owner, (*args, *kwargs.values()), what)
+                elif what == "str.join" and args:
+                    __self._check_join(args[0], owner, what)
+                elif what == "str.replace" and len(args) >= 2:
+                    __self._check_replace(owner, args[0], args[1], what)
+            if isinstance(__obj, LoopContext) and args:  # a recursive loop's next level
+                args = (__self.counted(args[0]), *args[1:])
+            return __self.sized(super().call(__context, __obj, *args, **kwargs))
+
+        def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+            self.tick()
+            sized = (str, list, tuple)
+            if operator == "*":
+                for a, b in ((left, right), (right, left)):
+                    if isinstance(a, sized) and isinstance(b, int):
+                        self.size(len(a) * b, "a repetition")
+                if isinstance(left, int) and isinstance(right, int):
+                    if abs(left).bit_length() + abs(right).bit_length() > _MAX_BITS:
+                        raise self.over(f"multiplies integers of more than {_MAX_BITS:,} bits")
+            elif operator == "**" and isinstance(left, int) and isinstance(right, int):
+                if right > 0 and abs(left) > 1 and right * abs(left).bit_length() > _MAX_BITS:
+                    raise self.over(f"raises {left} to the power {right}")
+            elif operator == "+" and isinstance(left, sized) and isinstance(right, sized):
+                self.size(len(left) + len(right), "a sum")
+            elif operator == "%" and isinstance(left, str):
+                values = right if isinstance(right, tuple) else (right,)
+                self._check_format(left, values, "%")
+            return self.sized(super().call_binop(context, operator, left, right))
+
     def raise_exception(message: str) -> None:
         raise GenerationError(message)
 
     def strftime_now(fmt: str) -> str:
         return datetime.datetime.now().strftime(fmt)
 
-    env = ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols]
-    )
-
     def tojson(x: Any, ensure_ascii: bool = False, indent: Any = None, **kw: Any) -> str:
         return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, **kw)
 
-    env.filters["tojson"] = tojson
-    env.globals["raise_exception"] = raise_exception
-    env.globals["strftime_now"] = strftime_now
-    return env
+    return Budgeted
+
+
+# Filters that can make a value much larger than their input: their arguments are checked
+# against the budget before they run, and their results after.
+_SIZED_FILTERS: Final = (
+    "batch", "center", "format", "indent", "join", "replace", "slice", "tojson", "wordwrap",
+    "list", "sum", "map", "string",
+)  # fmt: skip
+# ... of which an integer argument is the width (or count) of what they make
+_WIDTH_FILTERS: Final = tuple(
+    f"the {name} filter" for name in ("batch", "center", "indent", "slice", "tojson", "wordwrap")
+)
+
+
+class _Counted:
+    """An iterable whose every item counts against its environment's time budget (its
+    length, when it has one, is the iterable's: `loop.length` stays cheap)."""
+
+    def __init__(self, env: Any, iterable: Any) -> None:
+        self.env, self.iterable = env, iterable
+
+    def __len__(self) -> int:
+        return len(self.iterable)
+
+    def __iter__(self) -> Iterator[Any]:
+        env = self.env
+        for item in self.iterable:
+            env.loops += 1
+            if env.loops & 1023 == 0:
+                env.tick()
+            yield item

@@ -4,6 +4,7 @@ initialising the weights it is about to replace (`lmcore.model.empty`)."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -147,3 +148,89 @@ def test_eval_uses_the_checkpoints_own_tokenizer_and_says_so(
     assert main(["eval", str(path), "--text", str(text)]) == 0
     out = capsys.readouterr().out.splitlines()
     assert f"text: {text} (69 bytes); tokenizer {path} (the checkpoint's own)" in out
+
+
+LOOPS = "{% for a in range(100000) %}{% for b in range(100000) %}{% endfor %}{% endfor %}"
+BUDGETED = {  # a template -> the facts its error names (P-chat-endless, P-chat-gigabytes, ...)
+    "endless": (LOOPS, ("ran past 0.2 s", "0.2 s and 10,000 characters", "loop iterations")),
+    "filtered": (LOOPS.replace(") %}", ") if a > -1 %}", 1), ("ran past 0.2 s",)),
+    "recursive": ("{% for a in range(1000) recursive %}{{ loop(range(1000)) if loop.depth < 4 }}"
+                  "{% endfor %}",
+                  ("ran past 0.2 s",)),
+    "gigabytes": (LOOPS.replace("%}{% endfor", "%}{{ 'x' * 1000 }}{% endfor", 1),
+                  ("wrote past 10,000 characters",)),
+    "raw-text": (LOOPS.replace("%}{% endfor", "%}xxxxxxxx{% endfor", 1),
+                 ("wrote past 10,000 characters",)),
+    "macro": ("{% macro m() %}" + LOOPS.replace("%}{% endfor", "%}xx{% endfor", 1)
+              + "{% endmacro %}{{ m()|length }}", ("wrote past 10,000 characters",)),
+    "repeat": ("{{ 'x' * 10**12 }}", ("asks for 1,000,000,000,000 characters", "a repetition")),
+    "power": ("{{ 3 ** (10**9) }}", ("raises 3 to the power 1000000000",)),
+    "doubling": ("{% set ns = namespace(s='x') %}{% for i in range(60) %}"
+                 "{% set ns.s = ns.s ~ ns.s %}{% endfor %}", ("asks for 16,384", "a ~ join")),
+    "sum": ("{% set ns = namespace(s='x') %}{% for i in range(60) %}"
+            "{% set ns.s = ns.s + ns.s %}{% endfor %}", ("asks for 16,384", "a sum")),
+    "center": ("{{ 'x'|center(10**10) }}", ("10,000,000,000", "the center filter")),
+    "ljust": ("{{ 'x'.ljust(10**10) }}", ("10,000,000,000", "str.ljust")),
+    "format": ("{{ '{:>9999999999}'.format(1) }}", ("9,999,999,999", "str.format")),
+    "percent": ("{{ '%9999999999d' % 1 }}", ("9,999,999,999", "in %")),
+    "join": ("{{ (['x' * 5000] * 1000)|join }}", ("5,000,000", "the join filter")),
+    "replace": ("{{ ('x' * 5000).replace('x', 'x' * 5000) }}", ("25,005,000", "str.replace")),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(("template", "facts"), BUDGETED.values(), ids=BUDGETED.keys())
+def test_a_chat_template_runs_within_a_budget_of_time_and_characters(
+    tok: Tokenizer, template: str, facts: tuple[str, ...]
+) -> None:
+    saved = SavedTokenizer.from_tokenizer(tok, chat_template=template)
+    start = time.perf_counter()
+    with raises_naming(GenerationError, "the chat template", *facts):
+        saved.render_chat([{"role": "user", "content": "Hi"}], tokenizer=tok, seconds=0.2,
+                          chars=10_000)  # fmt: skip
+    assert time.perf_counter() - start < 2.0
+
+
+def test_the_budget_leaves_real_templates_alone(tok: Tokenizer) -> None:
+    # loop variables, filters, macros, a recursive loop and joins within the budget render as
+    # plain jinja2 renders them
+    template = (
+        "{% macro say(m) %}{{ m['role']|upper }}: {{ m['content']|trim }}{% endmacro %}"
+        "{% for m in messages %}{{ loop.index }}/{{ loop.length }} {{ say(m) }}"
+        "{{ '|' if not loop.last }}{% endfor %} {{ messages|map(attribute='role')|join(',') }}"
+        " {{ 'ab' * 3 ~ '%03d' % 7 }} {{ [1, [2, [3]]] | tojson }}"
+        "{% for x in [[1, [2]], [3]] recursive %}<{% if x is iterable %}{{ loop(x) }}"
+        "{% else %}{{ x }}{% endif %}>{% endfor %}"
+    )
+    messages = [{"role": "user", "content": " Hi "}, {"role": "assistant", "content": "Hello"}]
+    saved = SavedTokenizer.from_tokenizer(tok, chat_template=template)
+    ours = saved.render_chat(messages, tokenizer=tok, add_generation_prompt=False)
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    plain = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    plain.filters["tojson"] = json.dumps
+    assert ours == plain.from_string(template).render(messages=messages)
+    assert ours == (
+        "1/2 USER: Hi|2/2 ASSISTANT: Hello user,assistant ababab007 [1, [2, [3]]]<<1><<2>>><<3>>"
+    )
+    # large numbers are values, not sizes, unless a width or count is what they give
+    numbers = "{{ '{}'.format(10**10) }} {{ '%d' % 10**10 }} {{ [1, 2]|sum(start=10**10) }}"
+    saved = SavedTokenizer.from_tokenizer(tok, chat_template=numbers)
+    assert saved.render_chat([], tokenizer=tok) == "10000000000 10000000000 10000000003"
+
+
+def test_a_chat_template_s_syntax_error_names_its_line(tok: Tokenizer) -> None:  # P-chat-syntax
+    template = "{% for m in messages %}\n{{ m.content }}\n{% if x %}\n{% endfor %}"
+    saved = SavedTokenizer.from_tokenizer(tok, chat_template=template)
+    with raises_naming(GenerationError, "syntax error at line 4", "'{% endfor %}'",
+                       "Encountered unknown tag 'endfor'"):  # fmt: skip
+        saved.check_chat_template()
+    with raises_naming(GenerationError, "syntax error at line 4"):
+        saved.render_chat([{"role": "user", "content": "Hi"}], tokenizer=tok)
+
+
+def test_a_message_that_is_not_text_is_refused(tok: Tokenizer) -> None:
+    # what Python makes of bytes that are not UTF-8 (surrogateescape): lone surrogates
+    saved = SavedTokenizer.from_tokenizer(tok, chat_template=CHATML)
+    text = b"caf\xe9".decode("utf-8", errors="surrogateescape")
+    with raises_naming(GenerationError, "message 2 (user)", "'\\udce9' at position 3", "UTF-8"):
+        saved.render_chat([{"role": "system", "content": "ok"}, {"role": "user", "content": text}])

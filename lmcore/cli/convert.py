@@ -135,6 +135,7 @@ def _gguf(args: argparse.Namespace) -> int:
 
     from lmcore.checkpoint import read_info
     from lmcore.gguf import convert_from_gguf, convert_to_gguf
+    from lmcore.gguf.convert import NO_CHECKSUM
 
     if args.force or args.print_spec or args.model_type is not None:
         raise UsageError(
@@ -154,6 +155,7 @@ def _gguf(args: argparse.Namespace) -> int:
         if tok is not None:
             template = "a chat template" if tok.chat_template else "no chat template"
             print(f"tokenizer: stored, stop ids {list(tok.stop_token_ids)}, {template}")
+        print(NO_CHECKSUM.format(out=info.path))
         print(
             f"wrote: {info.path} ({show_bytes(info.size)}, {info.dtype}, lmcore checkpoint) "
             f"in {time.perf_counter() - start:.1f} s"

@@ -33,6 +33,7 @@ from lmcore.hf.weights import permute_from_hf, permute_to_hf
 __all__ = [
     "ARCHITECTURES",
     "Architecture",
+    "check_shapes",
     "config_to_metadata",
     "family",
     "from_gguf_tensors",
@@ -235,6 +236,97 @@ def spec_of(config: Mapping[str, Any], arch: Architecture, where: object) -> str
             text = re.sub(rf"\b{re.escape(hf)}\b", f"{arch.name}.{key}", text)
         raise ConversionError(text) from None
     return spec
+
+
+# A Hugging Face tensor (by its last two name parts) -> its shape, in symbols `check_shapes`
+# gives values to: V vocabulary, d model width, q query width, kv key/value width, ff hidden
+# width of the FFN, hd head width.
+_SHAPES: Final[Mapping[str, tuple[str, ...]]] = {
+    "embed_tokens.weight": ("V", "d"),
+    "lm_head.weight": ("V", "d"),
+    "norm.weight": ("d",),
+    "input_layernorm.weight": ("d",),
+    "post_attention_layernorm.weight": ("d",),
+    "q_proj.weight": ("q", "d"),
+    "k_proj.weight": ("kv", "d"),
+    "v_proj.weight": ("kv", "d"),
+    "o_proj.weight": ("d", "q"),
+    "gate_proj.weight": ("ff", "d"),
+    "up_proj.weight": ("ff", "d"),
+    "down_proj.weight": ("d", "ff"),
+    "q_proj.bias": ("q",),
+    "k_proj.bias": ("kv",),
+    "v_proj.bias": ("kv",),
+    "q_norm.weight": ("hd",),
+    "k_norm.weight": ("hd",),
+}
+
+
+def _count(config: Mapping[str, Any], field: str) -> int | None:
+    value = config.get(field)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def _dimensions(
+    arch: Architecture, config: Mapping[str, Any], metadata: Mapping[str, Any]
+) -> dict[str, tuple[int, str]]:
+    """Each shape symbol's value and the metadata keys it comes from (symbols whose keys are
+    missing or not positive integers are left out: reading the config refuses those)."""
+    p = f"{arch.name}."
+    d, heads = _count(config, "hidden_size"), _count(config, "num_attention_heads")
+    kv_heads = _count(config, "num_key_value_heads") or heads
+    out: dict[str, tuple[int, str]] = {}
+    vocab = _count(config, "vocab_size")
+    if vocab is not None:
+        said = f"{p}vocab_size" if p + "vocab_size" in metadata else "token_embd.weight's rows"
+        out["V"] = (vocab, said)
+    if d is not None:
+        out["d"] = (d, f"{p}embedding_length")
+    ff = _count(config, "intermediate_size")
+    if ff is not None:
+        out["ff"] = (ff, f"{p}feed_forward_length")
+    width = _count(config, "head_dim")
+    said = f"{p}attention.key_length"
+    if width is None and d is not None and heads is not None and d % heads == 0:
+        width, said = d // heads, f"{p}embedding_length / {p}attention.head_count"
+    if width is None:
+        return out
+    out["hd"] = (width, said)
+    if heads is not None:
+        out["q"] = (heads * width, f"{p}attention.head_count {heads} x head width {width} ({said})")
+    if kv_heads is not None:
+        key = f"{p}attention.head_count_kv" if p + "attention.head_count_kv" in metadata else (
+            f"{p}attention.head_count"
+        )
+        out["kv"] = (kv_heads * width, f"{key} {kv_heads} x head width {width} ({said})")
+    return out
+
+
+def check_shapes(
+    arch: Architecture,
+    config: Mapping[str, Any],
+    metadata: Mapping[str, Any],
+    shapes: Mapping[str, tuple[int, ...]],
+    where: object,
+) -> None:
+    """`ConversionError` naming the first tensor whose shape is not the one the metadata
+    gives it (checked before any tensor is read, reshaped or un-permuted), with the shape the
+    metadata implies and the keys each dimension comes from."""
+    dims = _dimensions(arch, config, metadata)
+    rules = [(_pattern(g), h) for g, h in arch.tensors]
+    for name, shape in shapes.items():
+        hf = _rename(name, rules)
+        symbols = None if hf is None else _SHAPES.get(".".join(hf.split(".")[-2:]))
+        if symbols is None or not all(s in dims for s in symbols):
+            continue  # a name lmcore does not know: the family's strict check lists it
+        expected = tuple(dims[s][0] for s in symbols)
+        if tuple(shape) != expected:
+            sources = "; ".join(f"{dims[s][0]}: {dims[s][1]}" for s in dict.fromkeys(symbols))
+            raise ConversionError(
+                f"{where}: tensor {name} has shape {tuple(shape)}, but the metadata gives it "
+                f"{expected} ({sources}); the file's tensors do not match its metadata (damaged, "
+                "or written by a broken converter): fetch or convert it again"
+            )
 
 
 def config_to_metadata(config: Mapping[str, Any], arch: Architecture) -> dict[str, Any]:

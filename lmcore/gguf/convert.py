@@ -11,6 +11,12 @@ Hugging Face's names (`lmcore.gguf.architectures`), then mapped by the family's 
 a GGUF converts exactly as the Hugging Face directory it was made from. The checkpoint is stored
 in float32, or in F16 / BF16 when those hold the file's matrices, unless `dtype` says otherwise;
 the tokenizer (`lmcore.gguf.tokenizer`), chat template and special ids are stored with it.
+
+Everything the file says is checked before it is used: its layout (`reading.check_layout`), its
+metadata (`architectures.metadata_to_config`), every tensor's shape against the metadata
+(`architectures.check_shapes`, before any tensor is read or un-permuted) and its tokenizer. GGUF
+has no checksum, so flipped bits inside a tensor's data cannot be seen (`NO_CHECKSUM`); the
+checkpoint written from it carries lmcore's own checksums.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from lmcore.checkpoint import build_empty, save
 from lmcore.errors import ConversionError
 from lmcore.gguf.architectures import (
     architecture,
+    check_shapes,
     family,
     from_gguf_tensors,
     metadata_to_config,
@@ -41,9 +48,21 @@ from lmcore.model.weights import check_finite, load_strict
 from lmcore.registry import Registry
 from lmcore.sources import load
 
-__all__ = ["METADATA_KEY", "convert_from_gguf", "convert_to_gguf", "load_gguf", "save_gguf"]
+__all__ = [
+    "METADATA_KEY",
+    "NO_CHECKSUM",
+    "convert_from_gguf",
+    "convert_to_gguf",
+    "load_gguf",
+    "save_gguf",
+]
 
 METADATA_KEY: Final = "gguf.metadata"  # checkpoint metadata: the file's own (general.*, ...)
+# What `lmcore convert --from-gguf` says once: GGUF has no checksum, the checkpoint has lmcore's.
+NO_CHECKSUM: Final = (
+    "checksums: a GGUF file has none, so damage inside its tensor data goes unseen (values that "
+    "are not finite excepted); {out} carries lmcore's own, verified on every load"
+)
 _LARGE: Final = ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type", "tokenizer.ggml.merges",
                  "tokenizer.ggml.scores", "tokenizer.chat_template")  # fmt: skip
 
@@ -73,7 +92,11 @@ def load_gguf(
     shapes = {name: e.shape for name, e in file.tensors.items()}
     config = metadata_to_config(file.metadata, shapes, where, ignore=ignore)
     spec = spec_of(config, arch, where)
-    tokenizer = from_gguf_metadata(file.metadata, where, ignore=ignore)
+    check_shapes(arch, config, file.metadata, shapes, where)
+    vocab = config.get("vocab_size")
+    tokenizer = from_gguf_metadata(
+        file.metadata, where, ignore=ignore, vocab_size=vocab if isinstance(vocab, int) else None
+    )
     model = build_empty(spec, device, dtype or _stored_dtype(file), registry=registry)
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     tensors = from_gguf_tensors(file.tensors_float(), arch, config)

@@ -8,6 +8,12 @@ splits `PRE_TOKENIZERS` names for `pre` followed by GPT-2's byte-level mapping, 
 decoder, control tokens (type 3) as special added tokens and user-defined ones (type 4) as
 added tokens. A `pre` this table does not know is refused, naming it, since another split
 would tokenise some text differently from the original.
+
+Every key is checked when the file is converted, not when the tokenizer is first used: its type,
+the special ids against the vocabulary, the vocabulary against the model's (no more tokens than
+embeddings, none listed twice), each merge against the vocabulary, and merges present at all.
+A BOS prepended by `add_bos_token` is written as tokenizer.json's structure, so any spelling
+works, and checked by encoding.
 """
 
 from __future__ import annotations
@@ -48,44 +54,179 @@ PRE_TOKENIZERS: Final[Mapping[str, tuple[str, ...]]] = {
 _KEY: Final = "tokenizer.ggml."
 
 
+def _kind(value: object) -> str:
+    """A metadata value's type as a sentence says it: "an int (42)", "a list (['a', 'b'])"."""
+    name = {bool: "a bool", int: "an int", float: "a float", str: "a string", list: "a list"}
+    shown = repr(value)
+    clipped = shown[:60] + ("..." if len(shown) > 60 else "")
+    return f"{name.get(type(value), type(value).__name__)} ({clipped})"
+
+
+def _refuse(where: object, problem: str, key: str | None = None) -> ConversionError:
+    """The error for a tokenizer lmcore cannot rebuild exactly, with the way out: convert the
+    model without its tokenizer (or without the one key, when it stands alone)."""
+    fix = (
+        f"pass --ignore-field {key} to convert without it"
+        if key is not None
+        else f"pass --ignore-field {_KEY}model to convert the model without its tokenizer"
+    )
+    return ConversionError(f"{where}: {problem}; {fix}")
+
+
+def _strings(value: Any, key: str, where: object) -> list[str]:
+    if not isinstance(value, list):
+        said = "missing" if value is None else _kind(value)
+        raise _refuse(where, f"{key} is {said}, not a list of strings")
+    for i, item in enumerate(value):
+        if not isinstance(item, str):
+            raise _refuse(where, f"{key}[{i}] is {_kind(item)}, not a string")
+    return value
+
+
+def _vocabulary(tokens: list[str], vocab_size: int | None, where: object) -> dict[str, int]:
+    """Token -> id, refusing a token listed twice (BPE needs one id per token, and llama.cpp
+    refuses such a file too) and more tokens than the model has embeddings."""
+    if vocab_size is not None and len(tokens) > vocab_size:
+        raise _refuse(
+            where,
+            f"{_KEY}tokens lists {len(tokens):,} tokens, but the model's vocabulary holds "
+            f"{vocab_size:,} (its vocab_size, token_embd.weight's rows): ids {vocab_size:,} and "
+            "above would have no embedding",
+        )
+    vocab: dict[str, int] = {}
+    for i, t in enumerate(tokens):
+        if t in vocab:
+            raise _refuse(
+                where, f"{_KEY}tokens lists {t!r} twice (ids {vocab[t]} and {i}); a vocabulary "
+                "lists each token once",
+            )
+        vocab[t] = i
+    return vocab
+
+
+def _merges(
+    value: Any, vocab: Mapping[str, int], types: list[int], where: object
+) -> list[tuple[str, str]]:
+    """The merges as pairs, each naming two tokens of the vocabulary that merge into a third
+    (what `tokenizers`' BPE requires; refused by position otherwise). A byte-level BPE without
+    merges never reaches its longer tokens: refused."""
+    key = _KEY + "merges"
+    if value is None or value == []:
+        normal = (t for t, k in zip(vocab, types, strict=True) if k == NORMAL and len(t) > 1)
+        longer = next(normal, None)
+        if longer is not None:
+            raise _refuse(
+                where,
+                f"{key} is {'missing' if value is None else 'empty'}: a byte-level BPE ('gpt2') "
+                f"without merges never produces its longer tokens (such as {longer!r}), so "
+                "it would tokenise text otherwise than the model was trained on",
+            )
+        return []
+    pairs = []
+    for i, m in enumerate(_strings(value, key, where)):
+        left, sep, right = m.partition(" ")
+        if not sep or not left or not right:
+            raise _refuse(where, f"{key}[{i}] is {m!r}, not 'left right' (two tokens, one space)")
+        for part in (left, right, left + right):
+            if part not in vocab:
+                raise _refuse(
+                    where,
+                    f"{key}[{i}] is {m!r}, which names {part!r}, a token that is not in "
+                    f"{_KEY}tokens (a merge joins two tokens of the vocabulary into a third)",
+                )
+        pairs.append((left, right))
+    return pairs
+
+
 def from_gguf_metadata(
-    metadata: Mapping[str, Any], where: object, *, ignore: Iterable[str] = ()
+    metadata: Mapping[str, Any],
+    where: object,
+    *,
+    ignore: Iterable[str] = (),
+    vocab_size: int | None = None,
 ) -> SavedTokenizer | None:
     """The tokenizer a GGUF file's metadata describes; None when it has none (or when its
-    `tokenizer.ggml.model` is ignored). `ConversionError` naming the field lmcore cannot
-    rebuild exactly."""
+    `tokenizer.ggml.model` is ignored). Every key is checked, for its type and against the
+    others, before anything is built (`vocab_size`: the model's, which the tokens may not
+    exceed); `ConversionError` naming the key, the value and the fix. A key in `ignore` is
+    treated as absent."""
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
-    kind = metadata.get(_KEY + "model")
-    if kind is None or _KEY + "model" in set(ignore):
+    ignored = set(ignore)
+
+    def get(key: str) -> Any:
+        return None if key in ignored else metadata.get(key)
+
+    kind = get(_KEY + "model")
+    if kind is None:
         return None
     if kind != "gpt2":
-        raise ConversionError(
-            f"{where}: {_KEY}model={kind!r}: lmcore rebuilds byte-level BPE tokenizers ('gpt2') "
-            f"only; pass --ignore-field {_KEY}model to convert the model without its tokenizer"
+        raise _refuse(
+            where,
+            f"{_KEY}model={kind!r}: lmcore rebuilds byte-level BPE tokenizers ('gpt2') only",
         )
-    pre = metadata.get(_KEY + "pre", "default")
+    pre = get(_KEY + "pre")
+    pre = "default" if pre is None else pre
+    if not isinstance(pre, str):
+        raise _refuse(
+            where,
+            f"{_KEY}pre is {_kind(pre)}, not a string naming a pre-tokenizer (lmcore knows "
+            f"{one_of(PRE_TOKENIZERS)})",
+        )
     if pre not in PRE_TOKENIZERS:
-        raise ConversionError(
-            f"{where}: {_KEY}pre={pre!r} names a pre-tokenizer lmcore does not know (it knows "
-            f"{one_of(PRE_TOKENIZERS)}); pass --ignore-field {_KEY}model to convert the model "
-            "without its tokenizer"
+        raise _refuse(
+            where,
+            f"{_KEY}pre={pre!r} names a pre-tokenizer lmcore does not know (it knows "
+            f"{one_of(PRE_TOKENIZERS)})",
         )
-    tokens, types = metadata.get(_KEY + "tokens"), metadata.get(_KEY + "token_type")
-    merges = metadata.get(_KEY + "merges", [])
-    if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
-        raise ConversionError(f"{where}: {_KEY}tokens is missing or not a list of strings")
-    if types is None:
-        types = [NORMAL] * len(tokens)
-    if not isinstance(types, list) or len(types) != len(tokens):
-        raise ConversionError(f"{where}: {_KEY}token_type does not give one type per token")
-    pairs = []
-    for m in merges:
-        left, sep, right = m.partition(" ") if isinstance(m, str) else ("", "", "")
-        if not sep:
-            raise ConversionError(f"{where}: {_KEY}merges holds {m!r}, not 'left right'")
-        pairs.append((left, right))
-    vocab = {t: i for i, t in reversed(list(enumerate(tokens)))}  # the first id of a duplicate
+    tokens = _strings(get(_KEY + "tokens"), _KEY + "tokens", where)
+    vocab = _vocabulary(tokens, vocab_size, where)
+    types = get(_KEY + "token_type")
+    types = [NORMAL] * len(tokens) if types is None else types
+    if (
+        not isinstance(types, list)
+        or len(types) != len(tokens)
+        or not all(isinstance(k, int) and not isinstance(k, bool) for k in types)
+    ):
+        raise _refuse(where, f"{_KEY}token_type does not give one integer type per token")
+    pairs = _merges(get(_KEY + "merges"), vocab, types, where)
+
+    ids: dict[str, int | None] = {}
+    bad = []  # every id key that is not an id, named in one line
+    for name in ("bos_token_id", "eos_token_id", "eot_token_id", "eom_token_id"):
+        value = get(_KEY + name)
+        if value is not None and (
+            not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < len(tokens)
+        ):
+            bad.append(_KEY + name)
+            ids[name] = None
+            continue
+        ids[name] = value
+    if bad:
+        said = ", ".join(f"{k} is {_kind(metadata[k])}" for k in bad)
+        raise ConversionError(
+            f"{where}: {said}: a token id is an integer in [0, {len(tokens)}) (the "
+            f"{len(tokens)} tokens of {_KEY}tokens); pass "
+            + " ".join(f"--ignore-field {k}" for k in bad)
+            + " to convert without "
+            + ("it" if len(bad) == 1 else "them")
+        )
+    add_bos = get(_KEY + "add_bos_token")
+    if add_bos is not None and not isinstance(add_bos, bool):
+        said = f"{_KEY}add_bos_token is {_kind(add_bos)}, not a bool"
+        raise _refuse(where, said, _KEY + "add_bos_token")
+    if add_bos and ids["bos_token_id"] is None:
+        raise _refuse(
+            where, f"{_KEY}add_bos_token is true, but no {_KEY}bos_token_id says which token to "
+            "prepend", _KEY + "add_bos_token",
+        )
+    template = get("tokenizer.chat_template")
+    if template is not None and not isinstance(template, str):
+        raise _refuse(
+            where,
+            f"tokenizer.chat_template is {_kind(template)}, not a string (a Jinja template)",
+            "tokenizer.chat_template",
+        )
     tok = Tokenizer(models.BPE(vocab=vocab, merges=pairs, ignore_merges=False))
     tok.pre_tokenizer = pre_tokenizers.Sequence(
         [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in PRE_TOKENIZERS[pre]]
@@ -98,33 +239,49 @@ def from_gguf_metadata(
             for t, k in zip(tokens, types, strict=True) if k == USER_DEFINED]  # fmt: skip
     tok.add_special_tokens(control)
     tok.add_tokens(user)
-
-    def token_id(name: str) -> int | None:
-        value = metadata.get(_KEY + name)
-        return value if isinstance(value, int) and 0 <= value < len(tokens) else None
-
-    stops = [i for i in (token_id(n) for n in ("eos_token_id", "eot_token_id", "eom_token_id"))
-             if i is not None]  # fmt: skip
+    bos = ids["bos_token_id"]
+    if add_bos and bos is not None:
+        tok = _prepend_bos(tok, tokens[bos], bos, where)
     saved = SavedTokenizer(
         json=tok.to_str(),
-        chat_template=metadata.get("tokenizer.chat_template"),
-        bos_token_id=token_id("bos_token_id"),
-        eos_token_id=token_id("eos_token_id"),
-        add_bos_token=metadata.get(_KEY + "add_bos_token") is True,
+        chat_template=template,
+        bos_token_id=bos,
+        eos_token_id=ids["eos_token_id"],
+        add_bos_token=add_bos is True,
     )
-    if saved.add_bos_token and saved.bos_token_id is not None:
-        _prepend_bos(tok, tokens[saved.bos_token_id], saved.bos_token_id)
-        saved = SavedTokenizer(**{**saved.__dict__, "json": tok.to_str()})
+    stops = [i for n, i in ids.items() if n != "bos_token_id" and i is not None]
     found = (*stops, *saved.default_stops(tok))
     return SavedTokenizer(**{**saved.__dict__, "stop_token_ids": tuple(dict.fromkeys(found))})
 
 
-def _prepend_bos(tok: Any, bos: str, bos_id: int) -> None:
-    from tokenizers import processors
+def _prepend_bos(tok: Any, bos: str, bos_id: int, where: object) -> Any:
+    """`tok` prepending token `bos_id` to every encoding. The post-processor is written as
+    tokenizer.json's structure, not as a template string, which would read a BOS spelled '$A'
+    as the sequence and one with spaces ('B O S') as three tokens; the result is checked by
+    encoding."""
+    from tokenizers import Tokenizer
 
-    tok.post_processor = processors.TemplateProcessing(
-        single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, bos_id)]
-    )
+    def piece(kind: str, name: str, type_id: int = 0) -> dict[str, Any]:
+        return {kind: {"id": name, "type_id": type_id}}
+
+    config = json.loads(tok.to_str())
+    config["post_processor"] = {
+        "type": "TemplateProcessing",
+        "single": [piece("SpecialToken", bos), piece("Sequence", "A")],
+        "pair": [piece("SpecialToken", bos), piece("Sequence", "A"),
+                 piece("SpecialToken", bos, 1), piece("Sequence", "B", 1)],  # fmt: skip
+        "special_tokens": {bos: {"id": bos, "ids": [bos_id], "tokens": [bos]}},
+    }
+    out = Tokenizer.from_str(json.dumps(config))
+    sample = "Hello world"
+    plain = out.encode(sample, add_special_tokens=False).ids
+    if out.encode(sample).ids != [bos_id, *plain]:
+        raise _refuse(
+            where,
+            f"the BOS token {bos!r} (id {bos_id}) is not prepended as the one token it is",
+            _KEY + "add_bos_token",
+        )
+    return out
 
 
 def to_gguf_metadata(saved: SavedTokenizer, vocab_size: int) -> dict[str, Any]:

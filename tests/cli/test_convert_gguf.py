@@ -17,6 +17,7 @@ from lmcore.cli.main import main
 from lmcore.gguf import load_gguf
 from lmcore.model.generate import GREEDY
 from lmcore.tokenizer import SavedTokenizer
+from tests.helpers.errors import assert_naming
 from tests.helpers.gguf import (
     CHATML,
     GGUF_IDS,
@@ -24,6 +25,7 @@ from tests.helpers.gguf import (
     ggml_tokenizer,
     hf_llama,
     needs_gguf,
+    tiny_gguf,
     write_llama,
 )
 from tests.helpers.hf import quiet_transformers
@@ -131,3 +133,44 @@ def test_convert_s_gguf_options_are_checked(
     assert err.startswith("lmcore convert: error: ") and "nope" in err and err.count("\n") == 1
     assert main(["convert", "--from-gguf", str(ckpt), str(tmp_path / "o.safetensors")]) == 2
     assert "is not a GGUF file" in capsys.readouterr().err
+
+
+def test_convert_from_gguf_says_once_that_gguf_has_no_checksum(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:  # P-gguf-flip
+    path = tiny_gguf(tmp_path / "m.gguf")
+    entry = next(t for t in gguf.GGUFReader(str(path)).tensors if t.name == "blk.0.attn_q.weight")
+    with open(path, "r+b") as f:  # one flipped bit inside the tensor's data
+        f.seek(int(entry.data_offset) + 40)
+        byte = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([byte[0] ^ 0x40]))
+    out = tmp_path / "o.safetensors"
+    assert main(["convert", "--from-gguf", str(path), str(out)]) == 0  # nothing can tell
+    said = capsys.readouterr().out
+    assert said.count("checksum") == 1
+    assert_naming(said, "a GGUF file has none", f"{out} carries lmcore's own")
+    assert lmcore.load(out).spec.d_model == 32  # and the checkpoint verifies
+
+
+@pytest.mark.parametrize(
+    ("meta", "facts"),
+    [
+        ({"tokenizer.chat_template": 42}, ("tokenizer.chat_template is an int (42)",)),
+        ({"tokenizer.ggml.bos_token_id": -1}, ("tokenizer.ggml.bos_token_id is an int (-1)",)),
+    ],
+    ids=["template-a-number", "bos-negative"],
+)
+def test_convert_refuses_a_bad_tokenizer_key_in_one_line_and_writes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], meta: dict[str, object],
+    facts: tuple[str, ...],
+) -> None:  # fmt: skip
+    path = tiny_gguf(tmp_path / "m.gguf", meta)
+    out = tmp_path / "o.safetensors"
+    argv = ["convert", "--from-gguf", str(path), str(out)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and not out.exists()
+    key = next(iter(meta))
+    assert_naming(err, str(path), *facts, f"--ignore-field {key}")
+    assert main([*argv, "--ignore-field", key]) == 0  # the way out it names works

@@ -5,13 +5,21 @@ heads'; what is not a GGUF file at all."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from lmcore.errors import ConversionError
 from lmcore.gguf import load_gguf, read_gguf
 from tests.helpers.errors import raises_naming
-from tests.helpers.gguf import hf_llama, hf_qwen, needs_gguf, write_by_gguf_map, write_llama
+from tests.helpers.gguf import (
+    hf_llama,
+    hf_qwen,
+    needs_gguf,
+    tiny_gguf,
+    write_by_gguf_map,
+    write_llama,
+)
 from tests.helpers.hf import quiet_transformers
 
 gguf = needs_gguf()
@@ -51,3 +59,31 @@ def test_a_qwen3_whose_rotary_width_differs_from_its_heads_is_refused(tmp_path: 
         "lmcore's heads are qwen3.attention.key_length = 32 wide",
     ):
         load_gguf(tmp_path / "bad.gguf")
+
+
+@pytest.mark.parametrize(
+    ("name", "edit", "shape", "expected", "keys"),
+    [
+        ("blk.0.attn_q.weight", lambda x: x[:30], (30, 32), (32, 32),
+         ("llama.attention.head_count 4 x head width 8",)),  # P-gguf-shape-a
+        ("blk.0.attn_k.weight", lambda x: x[:15], (15, 32), (16, 32),
+         ("llama.attention.head_count_kv 2 x head width 8",)),  # P-gguf-shape-b
+        ("blk.0.attn_q.weight", lambda x: x.reshape(2, 16, 32), (2, 16, 32), (32, 32),
+         ("llama.attention.head_count 4",)),  # P-gguf-shape-c
+        ("blk.0.attn_k.weight", lambda x: x.reshape(2, 8, 32), (2, 8, 32), (16, 32),
+         ("llama.attention.head_count_kv 2",)),  # P-gguf-shape-d
+        ("blk.1.ffn_down.weight", lambda x: x.T, (64, 32), (32, 64),
+         ("llama.feed_forward_length",)),
+        ("output_norm.weight", lambda x: x[:31], (31,), (32,), ("llama.embedding_length",)),
+    ],  # fmt: skip
+    ids=["q-rows", "k-rows", "q-3d", "k-3d", "ffn-down-transposed", "norm"],
+)
+def test_a_tensor_whose_shape_is_not_the_metadata_s_is_refused_by_name(
+    tmp_path: Path, name: str, edit: Any, shape: tuple[int, ...], expected: tuple[int, ...],
+    keys: tuple[str, ...],
+) -> None:  # fmt: skip
+    path = tiny_gguf(tmp_path / "m.gguf", tensors={name: edit})
+    # the head width is embedding_length / head_count = 32 / 4 = 8, as the file's metadata says
+    with raises_naming(ConversionError, str(path), f"tensor {name} has shape {shape}",
+                       f"gives it {expected}", "llama.embedding_length", *keys):  # fmt: skip
+        load_gguf(path)

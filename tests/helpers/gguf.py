@@ -282,3 +282,103 @@ def ggml_tokenizer(tok: Any) -> dict[str, Any]:
         "tokenizer.ggml.add_bos_token": False,
         "tokenizer.chat_template": CHATML,
     }
+
+
+# ---------------------------------------------------------------------------------------------
+# A tiny GGUF Llama of random weights, broken one way at a time (the hostile-input tests)
+# ---------------------------------------------------------------------------------------------
+
+TINY: dict[str, Any] = {  # d_model 32, 4 heads of 8, 2 key/value heads, 2 layers, vocabulary 300
+    "general.name": "tiny",
+    "llama.block_count": 2,
+    "llama.context_length": 64,
+    "llama.embedding_length": 32,
+    "llama.feed_forward_length": 64,
+    "llama.attention.head_count": 4,
+    "llama.attention.head_count_kv": 2,
+    "llama.attention.layer_norm_rms_epsilon": 1e-5,
+    "llama.rope.freq_base": 10000.0,
+    "llama.rope.dimension_count": 8,
+    "llama.vocab_size": 300,
+}
+TINY_SHAPES: dict[str, tuple[int, ...]] = {
+    "token_embd.weight": (300, 32),
+    "output_norm.weight": (32,),
+    "output.weight": (300, 32),
+    **{
+        f"blk.{i}.{name}.weight": shape
+        for i in range(2)
+        for name, shape in (
+            ("attn_norm", (32,)),
+            ("ffn_norm", (32,)),
+            ("attn_q", (32, 32)),
+            ("attn_k", (16, 32)),
+            ("attn_v", (16, 32)),
+            ("attn_output", (32, 32)),
+            ("ffn_gate", (64, 32)),
+            ("ffn_up", (64, 32)),
+            ("ffn_down", (32, 64)),
+        )
+    },
+}
+
+
+def tiny_gguf(
+    path: Path,
+    meta: dict[str, Any] | None = None,
+    *,
+    drop: tuple[str, ...] = (),
+    tensors: dict[str, Any] | None = None,
+) -> Path:
+    """A two-layer Llama of seeded random float32 weights with the byte-level BPE of
+    `byte_level_bpe` and ChatML, as llama.cpp writes them; `meta` replaces or adds keys (typed
+    by value: a negative int as int32, a non-negative one as uint32), `drop` leaves keys out,
+    `tensors`: GGUF name -> f(array) -> the array written instead."""
+    import gguf
+    import numpy as np
+
+    T = gguf.GGUFValueType
+    fields = {**TINY, **ggml_tokenizer(byte_level_bpe()), **(meta or {})}
+    w = gguf.GGUFWriter(str(path), "llama")
+    for key, value in fields.items():
+        if key in drop:
+            continue
+        if isinstance(value, list):
+            w.add_array(key, value)
+            continue
+        kind = (
+            T.BOOL if isinstance(value, bool)
+            else T.FLOAT32 if isinstance(value, float)
+            else T.STRING if isinstance(value, str)
+            else T.INT32 if value < 0
+            else T.UINT32
+        )  # fmt: skip
+        w.add_key_value(key, value, kind)
+    rng = np.random.default_rng(0)
+    for name, shape in TINY_SHAPES.items():
+        x = (rng.standard_normal(shape) * 0.02).astype(np.float32)
+        if tensors and name in tensors:
+            x = np.ascontiguousarray(tensors[name](x), dtype=np.float32)
+        w.add_tensor(name, x)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def huge_array(path: Path, items: int = 2**62, zeros: int = 2**20) -> Path:
+    """A GGUF header whose string array general.tags claims `items` items, then `zeros`
+    zero bytes (empty strings to read, as far as the file goes)."""
+    import struct
+
+    def s(b: bytes) -> bytes:
+        return struct.pack("<Q", len(b)) + b
+
+    kv = [
+        (b"general.architecture", struct.pack("<I", 8) + s(b"llama")),
+        (b"general.tags", struct.pack("<IIQ", 9, 8, items)),
+    ]
+    header = b"GGUF" + struct.pack("<IQQ", 3, 0, len(kv))
+    path.write_bytes(header + b"".join(s(k) + v for k, v in kv) + bytes(zeros))
+    return path
