@@ -215,9 +215,7 @@ def _layer_count(fam: Family, config: Mapping[str, Any], names: Iterable[str], w
     """The weights hold the layers config.json says (`num_hidden_layers`), checked on the
     tensor names before a model is built: a config edited to 10**12 layers is named here, not
     found out by building it."""
-    field = next(
-        (r for r in fam.rules if isinstance(r, Field) and r.spec == "num_layers"), None
-    )
+    field = next((r for r in fam.rules if isinstance(r, Field) and r.spec == "num_layers"), None)
     given = [n for n in (field.fields if field else ()) if type(config.get(n)) is int]
     if not given:
         return  # read_config named the problem already

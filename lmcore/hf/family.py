@@ -209,12 +209,12 @@ def family_of(config: Mapping[str, Any], where: str = "config.json") -> Family:
         if found:
             raise ConversionError(
                 f"{where}: has no model_type, and architectures={_json(archs)} names "
-                f"{len(found)} families ({', '.join(found)}); add \"model_type\": \"NAME\" "
+                f'{len(found)} families ({", ".join(found)}); add "model_type": "NAME" '
                 "naming the one its weights are"
             )
         raise ConversionError(
             f"{where}: has no model_type, and architectures={_json(archs)} names no family "
-            f"lmcore converts; add \"model_type\": one of {', '.join(FAMILIES)} (the "
+            f'lmcore converts; add "model_type": one of {", ".join(FAMILIES)} (the '
             f"architectures they read: {known})"
         )
     if not isinstance(model_type, str):

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
+import lmcore.hf.family as family_module
 from lmcore import ConversionError
 from lmcore.hf import read_config
-from lmcore.hf import family as family_module
 from lmcore.hf.rules import Draft, Moe, Window, checked, spread
 from lmcore.spec import MAX_INT, MAX_LAYERED
 from tests.helpers.errors import raises_naming
