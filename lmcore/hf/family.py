@@ -34,7 +34,8 @@ from typing import Any, Final
 from lmcore.blueprint import Blueprint, parse_spec
 from lmcore.components import format_scalar
 from lmcore.errors import ConversionError, SpecError, did_you_mean
-from lmcore.hf.rules import SLOTS, Draft, Fixed, Rule, SpecView, _json
+from lmcore.hf.rules import SLOTS, Draft, Fixed, Rule, SpecView
+from lmcore.hf.values import json_text as _json
 from lmcore.registry import normalize_dist
 from lmcore.spec import LAYER_KEYS, ORDER, ComponentSpec, ModelSpec, format_layers, format_value
 

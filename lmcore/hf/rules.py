@@ -18,15 +18,18 @@ or a list of per-layer values.
 
 from __future__ import annotations
 
-import json
-import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
 from lmcore.blueprint import Blueprint
 from lmcore.components import REQUIRED
-from lmcore.spec import MAX_INT, MAX_LAYERED
+from lmcore.hf.values import checked, spread
+from lmcore.hf.values import either as _or
+from lmcore.hf.values import json_text as _json
+from lmcore.hf.values import one_of as _one_of
+from lmcore.hf.values import same as _same
+from lmcore.hf.values import too_many as _too_many
 
 __all__ = [
     "SLOTS",
@@ -48,100 +51,6 @@ __all__ = [
 # Component slots a path may name (their arguments after a dot).
 SLOTS: Final = ("block", "norm", "ffn", "pos", "attn", "qk_norm")
 _OMIT: Final = object()
-
-
-# ------------------------------------------------------------------------------ values
-
-
-def _json(value: Any) -> str:
-    """`value` as JSON writes it, abbreviated past 80 characters (a 400-digit integer is its
-    first digits and its length)."""
-    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**60:
-        digits = len(str(abs(value)))
-        return f"{str(value)[:12]}...({digits:,} digits)"
-    try:
-        text = json.dumps(value)
-    except (TypeError, ValueError):
-        text = f"<a {type(value).__name__}>"
-    return text if len(text) <= 80 else text[:77] + "..."
-
-
-def _same(a: Any, b: Any) -> bool:
-    """Equal values of the same JSON kind: `false` is not `0` (`False == 0` in Python)."""
-    return (isinstance(a, bool) == isinstance(b, bool)) and a == b
-
-
-def _one_of(value: Any, allowed: Iterable[Any]) -> bool:
-    return any(_same(value, a) for a in allowed)
-
-
-def _or(values: Iterable[Any]) -> str:
-    shown = list(dict.fromkeys(_json(v) for v in values))
-    return " or ".join(shown)
-
-
-def checked(name: str, value: Any, kind: type, problems: list[str], *, zero: bool = False) -> Any:
-    """`value` of config field `name` if it is a `kind` (int, float or bool; numbers finite and
-    positive, or zero when `zero`), else None with the problem named in `problems`."""
-    if value is REQUIRED:
-        problems.append(f"{name} is missing")
-        return None
-    if kind is bool:
-        if type(value) is bool:
-            return value
-        problems.append(f"{name}={_json(value)} is not true or false")
-        return None
-    number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if kind is int and number and isinstance(value, float) and value.is_integer():
-        value = int(value)  # 4096.0, as some exporters write integers
-    # JSON numbers have no bound: an integer past MAX_INT, or past a float's range where a
-    # float is read, is refused here, by name, before it reaches a float() or a size.
-    limit = ""
-    if number and kind is float:
-        try:
-            value = float(value)
-        except OverflowError:
-            limit = " (it is beyond a float's range, about 1.8e308)"
-    elif number and isinstance(value, int) and abs(value) > MAX_INT:
-        limit = f" (at most 2**63 - 1 = {MAX_INT:,})"
-    ok = (
-        number
-        and not limit
-        and (kind is float or isinstance(value, int))
-        and math.isfinite(value)
-        and (value > 0 or (zero and value == 0))
-    )
-    if ok:
-        return value
-    what = "non-negative" if zero else "positive"
-    problems.append(f"{name}={_json(value)} is not a {what} {kind.__name__}{limit}")
-    return None
-
-
-def spread(n: int, on: range | Sequence[bool], but: Iterable[int] = ()) -> bool | list[bool] | None:
-    """Which of `n` layers are on: `on` a range of layer indices (less the indices `but`, a
-    list a config gives), or one flag per layer (a config's `layer_types`). True or False when
-    all or none are, with no work per layer (a config may say 10**12 layers); else one flag per
-    layer when the spec can say it (at most `MAX_LAYERED` layers), else None."""
-    if isinstance(on, range):
-        out = {i for i in but if i in on}
-        count = len(on) - len(out)
-        if count in (0, n):
-            return count == n
-        if n > MAX_LAYERED:
-            return None
-        return [i in on and i not in out for i in range(n)]
-    flags = list(on)
-    if all(flags) or not any(flags):
-        return all(flags)
-    return flags if n <= MAX_LAYERED else None
-
-
-def _too_many(n: int, what: str) -> str:
-    return (
-        f"{what} on some of its {n:,} layers and not on others: lmcore's spec gives per-layer "
-        f"values to at most {MAX_LAYERED:,} layers"
-    )
 
 
 class Draft:

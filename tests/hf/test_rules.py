@@ -14,8 +14,8 @@ import pytest
 import lmcore.hf.family as family_module
 from lmcore import ConversionError
 from lmcore.hf import read_config
-from lmcore.hf.rules import Draft, Moe, Window, checked, spread
-from lmcore.spec import MAX_INT, MAX_LAYERED
+from lmcore.hf.rules import Draft, Moe, Window
+from lmcore.spec import MAX_LAYERED
 from tests.helpers.errors import raises_naming
 from tests.helpers.hf import FAMILY_CONFIGS, LLAMA_V4
 
@@ -48,30 +48,6 @@ def test_a_400_digit_rope_theta_is_named_abbreviated() -> None:
 def test_integers_are_checked_before_use(value: Any, facts: tuple[str, ...]) -> None:
     with raises_naming(ConversionError, "config.json", *facts):
         read_config(dict(LLAMA_V4, num_hidden_layers=value))
-
-
-def test_checked_takes_the_largest_integer_and_a_float_only_within_range() -> None:
-    problems: list[str] = []
-    assert checked("n", MAX_INT, int, problems) == MAX_INT
-    assert checked("n", MAX_INT + 1, int, problems) is None
-    assert checked("t", 10**308, float, problems) == 1e308  # an integer a float holds
-    assert checked("t", 10**309, float, problems) is None  # past 1.8e308
-    assert checked("t", float("inf"), float, problems) is None
-    assert checked("t", float("nan"), float, problems) is None
-    assert len(problems) == 4
-    assert "2**63 - 1" in problems[0] and "float's range" in problems[1]
-
-
-def test_spread_is_uniform_without_work_per_layer_and_a_list_only_when_small() -> None:
-    assert spread(HUGE, range(HUGE)) is True
-    assert spread(HUGE, range(HUGE, HUGE)) is False
-    assert spread(HUGE, range(0, HUGE, 1), but=[5]) is None  # one layer differs: not sayable
-    assert spread(HUGE, range(HUGE + 5, HUGE, 3)) is False  # a step past the last layer
-    assert spread(6, range(1, 6, 2)) == [False, True, False, True, False, True]
-    assert spread(6, range(0, 6, 1), but=[2, 2, 9]) == [True, True, False, True, True, True]
-    assert spread(3, [True, True, True]) is True and spread(3, [False] * 3) is False
-    assert spread(MAX_LAYERED + 1, [True, False] * 2049) is None
-    assert spread(MAX_LAYERED, range(0, MAX_LAYERED, 2)) == [i % 2 == 0 for i in range(4096)]
 
 
 def _draft(config: dict[str, Any], n: int) -> Draft:
