@@ -87,9 +87,11 @@ def run(args: argparse.Namespace) -> int:
         both_weights,
         convert_from_hf,
         convert_to_hf,
+        hf_config,
         hf_reading,
         refuse_same,
     )
+    from lmcore.hf.family import family_of
 
     with checkpoint_warnings(args.command):
         if args.from_gguf is not None or args.to_gguf is not None:
@@ -120,6 +122,13 @@ def run(args: argparse.Namespace) -> int:
                     f"note: {directory} holds both {WEIGHTS} and {INDEX}: converted {WEIGHTS}, "
                     "which transformers loads (the index's shards are not read); remove the "
                     "one that is stale"
+                )
+            config = hf_config(directory)
+            if config.get("model_type") is None:  # read by its architectures: say so
+                print(
+                    f"note: {directory}/config.json has no model_type: read as "
+                    f"{family_of(config).model_type}, the family of its architectures "
+                    f"{', '.join(map(str, config['architectures']))}"
                 )
             print(f"spec: {info.spec}")
             print(f"wrote: {info.path} ({show_bytes(info.size)}, {info.dtype}, lmcore checkpoint)")

@@ -228,14 +228,15 @@ def _layer_count(fam: Family, config: Mapping[str, Any], names: Iterable[str], w
     for name in names:
         for start in starts:
             index = name[len(start) :].partition(".")[0] if name.startswith(start) else ""
-            if index.isdigit():
+            if index.isascii() and index.isdigit() and len(index) <= 18:  # a name, not a size
                 layers.add(int(index))
                 first = first or start
-    if layers and len(layers) != n:
+    last = max(layers, default=None)
+    if last is not None and last + 1 != n:  # a gap is named by the tensors found missing
+        held = f"{last + 1:,} layer{'s' if last else ''}"
         raise ConversionError(
-            f"{where}: {given[0]}={n:,}, but the weights hold {len(layers):,} layers "
-            f"({first}{min(layers)} to {first}{max(layers)}); config.json and the weights "
-            "must come from the same model"
+            f"{where}: {given[0]}={n:,}, but the weights hold {held} ({first}0 to "
+            f"{first}{last}); config.json and the weights must come from the same model"
         )
 
 

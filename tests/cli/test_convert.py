@@ -84,3 +84,30 @@ def test_a_directory_with_both_weights_says_which_it_converted(tmp_path: Path, c
     )
     assert_naming(capsys.readouterr().out, "note:", "both model.safetensors and "
                   "model.safetensors.index.json", "converted model.safetensors, which transformers loads")  # fmt: skip
+
+
+def test_a_config_without_model_type_says_which_family_it_was_read_as(
+    tmp_path: Path, capsys
+) -> None:
+    """config.json without model_type was converted as a Llama, silently (issue 32): its
+    architectures name the family, and the output says so."""
+    pytest.importorskip("transformers")
+    import json
+
+    from tests.helpers.hf import quiet_transformers, random_llama
+
+    quiet_transformers()
+    random_llama(tmp_path / "hf")
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    del config["model_type"]
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
+    assert (
+        main(["convert", "--from-hf", str(tmp_path / "hf"), str(tmp_path / "o.safetensors")]) == 0
+    )
+    assert_naming(capsys.readouterr().out, "has no model_type", "read as llama", "LlamaForCausalLM")
+    config["architectures"] = ["BertForMaskedLM"]
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
+    assert (
+        main(["convert", "--from-hf", str(tmp_path / "hf"), str(tmp_path / "p.safetensors")]) == 2
+    )
+    assert_naming(capsys.readouterr().err, "BertForMaskedLM", "llama, mistral", 'add "model_type"')
