@@ -81,7 +81,17 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from lmcore.checkpoint import read_info
-    from lmcore.hf.convert import WEIGHTS, convert_from_hf, convert_to_hf, hf_reading
+    from lmcore.hf.convert import (
+        INDEX,
+        WEIGHTS,
+        both_weights,
+        convert_from_hf,
+        convert_to_hf,
+        hf_config,
+        hf_reading,
+        refuse_same,
+    )
+    from lmcore.hf.family import family_of
 
     with checkpoint_warnings(args.command):
         if args.from_gguf is not None or args.to_gguf is not None:
@@ -107,6 +117,19 @@ def run(args: argparse.Namespace) -> int:
             dtype = None if args.dtype is None else getattr(torch, args.dtype)
             written = convert_from_hf(directory, out, dtype=dtype, ignore=args.ignore_field)
             info = read_info(written)
+            if both_weights(directory):  # as transformers' from_pretrained chooses
+                print(
+                    f"note: {directory} holds both {WEIGHTS} and {INDEX}: converted {WEIGHTS}, "
+                    "which transformers loads (the index's shards are not read); remove the "
+                    "one that is stale"
+                )
+            config = hf_config(directory)
+            if config.get("model_type") is None:  # read by its architectures: say so
+                print(
+                    f"note: {directory}/config.json has no model_type: read as "
+                    f"{family_of(config).model_type}, the family of its architectures "
+                    f"{', '.join(map(str, config['architectures']))}"
+                )
             print(f"spec: {info.spec}")
             print(f"wrote: {info.path} ({show_bytes(info.size)}, {info.dtype}, lmcore checkpoint)")
         else:
@@ -116,6 +139,7 @@ def run(args: argparse.Namespace) -> int:
                     "writes the checkpoint's dtype and a config of its own"
                 )
             checkpoint, directory = args.to_hf
+            refuse_same(checkpoint, directory, "the lmcore checkpoint")
             written = convert_to_hf(
                 checkpoint, directory, model_type=args.model_type, force=args.force
             )
@@ -136,6 +160,7 @@ def _gguf(args: argparse.Namespace) -> int:
     from lmcore.checkpoint import read_info
     from lmcore.gguf import convert_from_gguf, convert_to_gguf
     from lmcore.gguf.convert import NO_CHECKSUM
+    from lmcore.hf.convert import refuse_same
 
     if args.force or args.print_spec or args.model_type is not None:
         raise UsageError(
@@ -147,6 +172,7 @@ def _gguf(args: argparse.Namespace) -> int:
         if args.type is not None:
             raise UsageError("--type applies to --to-gguf only (--dtype for --from-gguf)")
         source, out = args.from_gguf
+        refuse_same(source, out, "the GGUF file")
         dtype = None if args.dtype is None else getattr(torch, args.dtype)
         written = convert_from_gguf(source, out, dtype=dtype, ignore=args.ignore_field)
         info = read_info(written)
@@ -164,6 +190,7 @@ def _gguf(args: argparse.Namespace) -> int:
     if args.dtype is not None or args.ignore_field:
         raise UsageError("--dtype and --ignore-field apply to --from-hf and --from-gguf only")
     checkpoint, out = args.to_gguf
+    refuse_same(checkpoint, out, "the lmcore checkpoint")
     written = convert_to_gguf(checkpoint, out, type=args.type or "f32")
     print(f"spec: {read_info(checkpoint).spec}")
     print(

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Final
 
@@ -33,6 +33,7 @@ from lmcore.checkpoint import (
 from lmcore.errors import ConversionError, clip
 from lmcore.hf.family import Family, Reading, family_of, read_config, spec_to_config
 from lmcore.hf.family import family as find_family
+from lmcore.hf.rules import Field
 from lmcore.hf.weights import from_hf_state_dict, to_hf_state_dict
 from lmcore.locks import new_directory
 from lmcore.model.reading import read_header, read_tensors
@@ -40,13 +41,14 @@ from lmcore.model.saving import dtype_of, save_tensors
 from lmcore.model.transformer import TransformerLM, unwrap
 from lmcore.model.weights import check_dtypes, check_finite, load_strict
 from lmcore.registry import Registry
-from lmcore.runfiles import HF_CONFIG, RUN_FILE
+from lmcore.runfiles import HF_CONFIG, RUN_FILE, TOKENIZER_FILE
 from lmcore.tokenizer import SavedTokenizer
 
 __all__ = [
     "CONFIG_KEY",
     "INDEX",
     "WEIGHTS",
+    "both_weights",
     "config_path",
     "convert_from_hf",
     "convert_to_hf",
@@ -54,13 +56,22 @@ __all__ = [
     "hf_reading",
     "load_hf",
     "load_llama",
+    "refuse_same",
     "save_hf",
     "save_llama",
+    "source_files",
 ]
 
 CONFIG_KEY: Final = "hf.config"  # checkpoint metadata: the source config.json
 WEIGHTS: Final = "model.safetensors"
 INDEX: Final = "model.safetensors.index.json"
+# What a model directory's tokenizer is read from (`SavedTokenizer.from_file`).
+_TOKENIZER_FILES: Final = (
+    TOKENIZER_FILE,
+    "tokenizer_config.json",
+    "generation_config.json",
+    "special_tokens_map.json",
+)
 
 
 # ------------------------------------------------------------------------------ directories
@@ -117,15 +128,27 @@ def _parse_config(path: Path) -> dict[str, Any]:
         raise ConversionError(f"{path}: nests deeper than Python's parser follows") from None
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ConversionError(f"{path}: is not valid JSON ({e})") from None
+    except ValueError as e:  # Python's int/str conversion limit (an integer of 4,300+ digits)
+        raise ConversionError(f"{path}: holds a number lmcore cannot read ({e})") from None
     if not isinstance(config, dict):
         raise ConversionError(f"{path}: holds a JSON {type(config).__name__}, not an object")
     return config
 
 
+def both_weights(directory: str | os.PathLike[str]) -> bool:
+    """Whether a model directory holds both model.safetensors and a shard index. transformers
+    then loads model.safetensors (`_get_resolved_checkpoint_files` in its modeling_utils tries
+    SAFE_WEIGHTS_NAME before SAFE_WEIGHTS_INDEX_NAME), and so does lmcore."""
+    d = Path(directory)
+    return (d / WEIGHTS).is_file() and (d / INDEX).is_file()
+
+
 def _weight_files(directory: Path) -> list[Path]:
-    """The safetensors files holding a model's weights: one file, or the shards of an index,
-    each inside `directory` (`_inside`)."""
+    """The safetensors files holding a model's weights: model.safetensors, else the shards of
+    the index (transformers' order: `both_weights`), each inside `directory` (`_inside`)."""
     index = directory / INDEX
+    if (directory / WEIGHTS).is_file():
+        return [_inside(directory, WEIGHTS, directory / WEIGHTS)]
     if index.is_file():
         try:
             weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
@@ -144,8 +167,6 @@ def _weight_files(directory: Path) -> list[Path]:
                 "copy the whole model directory"
             )
         return files
-    if (directory / WEIGHTS).is_file():
-        return [_inside(directory, WEIGHTS, directory / WEIGHTS)]
     pickled = sorted(p.name for p in directory.glob("*.bin"))
     hint = (
         f" (found {', '.join(pickled)}: pickle files, which lmcore never loads; re-save the "
@@ -176,10 +197,56 @@ def _inside(directory: Path, name: str, where: Path) -> Path:
     )
 
 
-def _read_weights(directory: Path, device: torch.device) -> dict[str, Tensor]:
+def source_files(directory: str | os.PathLike[str]) -> list[Path]:
+    """The files of a model directory that a conversion reads, and that no output may replace:
+    config.json, the weights (model.safetensors, the index and its shards, whether they are
+    there yet or not) and the tokenizer's files."""
+    d = Path(directory)
+    names = {HF_CONFIG, WEIGHTS, INDEX, *_TOKENIZER_FILES}
+    try:
+        shards = json.loads((d / INDEX).read_text(encoding="utf-8"))["weight_map"].values()
+        names |= {s for s in shards if isinstance(s, str)}
+    except (OSError, ValueError, RecursionError, KeyError, TypeError, AttributeError):
+        pass  # no index, or one the conversion refuses by name
+    return [d / name for name in sorted(names)]
+
+
+def _layer_count(fam: Family, config: Mapping[str, Any], names: Iterable[str], where: Path) -> None:
+    """The weights hold the layers config.json says (`num_hidden_layers`), checked on the
+    tensor names before a model is built: a config edited to 10**12 layers is named here, not
+    found out by building it."""
+    field = next((r for r in fam.rules if isinstance(r, Field) and r.spec == "num_layers"), None)
+    given = [n for n in (field.fields if field else ()) if type(config.get(n)) is int]
+    if not given:
+        return  # read_config named the problem already
+    n = config[given[0]]
+    starts = {
+        w.theirs.partition("{i}")[0] for w in fam.tensors if "{i}" in w.theirs
+    }  # "model.layers."
+    starts |= {s.removeprefix(fam.prefix) for s in starts}  # a base model's file
+    layers, first = set(), ""
+    for name in names:
+        for start in starts:
+            index = name[len(start) :].partition(".")[0] if name.startswith(start) else ""
+            if index.isascii() and index.isdigit() and len(index) <= 18:  # a name, not a size
+                layers.add(int(index))
+                first = first or start
+    last = max(layers, default=None)
+    if last is not None and last + 1 != n:  # a gap is named by the tensors found missing
+        held = f"{last + 1:,} layer{'s' if last else ''}"
+        raise ConversionError(
+            f"{where}: {given[0]}={n:,}, but the weights hold {held} ({first}0 to "
+            f"{first}{last}); config.json and the weights must come from the same model"
+        )
+
+
+def _read_weights(
+    directory: Path, device: torch.device, check: Callable[[Iterable[str]], None]
+) -> dict[str, Tensor]:
+    files = _weight_files(directory)
+    check([name for path in files for name in read_header(path).tensors])
     tensors: dict[str, Tensor] = {}
-    for path in _weight_files(directory):
-        read_header(path)
+    for path in files:
         for name, t in read_tensors(path, device).items():
             if name in tensors:
                 raise ConversionError(f"{path}: tensor {name!r} is also in another shard")
@@ -197,7 +264,8 @@ def _load(
     config = _read_config(directory)
     reading = read_config(config, str(directory / HF_CONFIG), ignore=ignore)
     where = torch.device(device) if device is not None else torch.device("cpu")
-    tensors = _read_weights(directory, where)
+    fam, at = reading.family, directory / HF_CONFIG
+    tensors = _read_weights(directory, where, lambda names: _layer_count(fam, config, names, at))
     saved = getattr(torch, dtype_of(tensors))
     # Parameters on meta: the file's tensors are assigned, no initialisation is wasted.
     model = build_empty(reading.spec, device, dtype or saved, registry=registry)
@@ -235,9 +303,32 @@ def convert_from_hf(
     ignore: Iterable[str] = (),
 ) -> Path:
     """`lmcore convert --from-hf DIR OUT`: a model directory to an lmcore checkpoint, keeping the
-    source config.json in its metadata ("hf.config") for the way back."""
+    source config.json in its metadata ("hf.config") for the way back. `OUT` may not be one of
+    the directory's own files (`source_files`), nor the directory: refused before anything is
+    read or written."""
+    for kept in source_files(directory):
+        refuse_same(kept, out, f"a file of the Hugging Face model directory {directory}")
+    refuse_same(directory, out, "the Hugging Face model directory")
     model, config = _load(Path(directory), None, dtype, registry, ignore)
     return save(model, out, metadata={CONFIG_KEY: json.dumps(config, sort_keys=True)})
+
+
+def refuse_same(source: str | os.PathLike[str], out: str | os.PathLike[str], what: str) -> None:
+    """`ConversionError` naming both paths when writing `out` would replace `source`: the same
+    path once resolved (symbolic links followed), or the same file by another name (a hard
+    link, `os.path.samefile`)."""
+    same = os.path.realpath(source) == os.path.realpath(out)
+    if not same and os.path.exists(source) and os.path.exists(out):
+        try:
+            same = os.path.samefile(source, out)
+        except OSError:
+            same = False
+    if same:
+        how = "" if os.path.normpath(source) == os.path.normpath(out) else ", through a link"
+        raise ConversionError(
+            f"the output {out} is {source} ({what}{how}), which this conversion reads: writing "
+            "it would replace the input; choose another output path"
+        )
 
 
 def _family(model_type: str | None) -> Family | None:
@@ -297,6 +388,7 @@ def convert_to_hf(
 ) -> Path:
     """`lmcore convert --to-hf CKPT DIR`: an lmcore checkpoint to a model directory (the family
     as `save_hf` picks it). The spec is checked before any weight is read."""
+    refuse_same(checkpoint, directory, "the lmcore checkpoint")
     info = read_info(checkpoint)
     bp = resolve_checkpoint(info, registry)
     base = json.loads(info.metadata.get(CONFIG_KEY, "{}"))

@@ -34,7 +34,8 @@ from typing import Any, Final
 from lmcore.blueprint import Blueprint, parse_spec
 from lmcore.components import format_scalar
 from lmcore.errors import ConversionError, SpecError, did_you_mean
-from lmcore.hf.rules import SLOTS, Draft, Fixed, Rule, SpecView, _json
+from lmcore.hf.rules import SLOTS, Draft, Fixed, Rule, SpecView
+from lmcore.hf.values import json_text as _json
 from lmcore.registry import normalize_dist
 from lmcore.spec import LAYER_KEYS, ORDER, ComponentSpec, ModelSpec, format_layers, format_value
 
@@ -199,14 +200,23 @@ _find = family  # `spec_to_config`'s argument `family` hides the function there
 def family_of(config: Mapping[str, Any], where: str = "config.json") -> Family:
     """The family a config.json names by `model_type` (or, without one, `architectures`)."""
     model_type = config.get("model_type")
-    if model_type is None:
-        archs = config.get("architectures") or []
-        for name in FAMILIES:
-            if isinstance(archs, list) and family(name).architecture in archs:
-                return family(name)
+    if model_type is None:  # transformers' own classes go by architectures then; never a guess
+        archs = config.get("architectures")
+        names = archs if isinstance(archs, list) else []
+        found = [n for n in FAMILIES if family(n).architecture in names]
+        if len(found) == 1:
+            return family(found[0])
+        known = ", ".join(f"{family(n).architecture} ({n})" for n in FAMILIES)
+        if found:
+            raise ConversionError(
+                f"{where}: has no model_type, and architectures={_json(archs)} names "
+                f'{len(found)} families ({", ".join(found)}); add "model_type": "NAME" '
+                "naming the one its weights are"
+            )
         raise ConversionError(
-            f"{where}: has no model_type (and architectures={_json(archs)} names no family "
-            f"lmcore converts: {', '.join(FAMILIES)})"
+            f"{where}: has no model_type, and architectures={_json(archs)} names no family "
+            f'lmcore converts; add "model_type": one of {", ".join(FAMILIES)} (the '
+            f"architectures they read: {known})"
         )
     if not isinstance(model_type, str):
         raise ConversionError(f"{where}: model_type={_json(model_type)} is not a string")
@@ -280,9 +290,13 @@ def config_to_spec(
 
 
 def assemble(values: Mapping[str, Any]) -> str:
-    """A spec string from spec values by path; per-layer lists as `key=v, key[layers]=w`."""
-    n = values.get("num_layers")
+    """A spec string from spec values by path; per-layer lists as `key=v, key[layers]=w`.
+    Without a list nothing is done per layer, however many layers `num_layers` says (the rules
+    give lists only to models the spec can give per-layer values, `spread`)."""
     tops = list(dict.fromkeys(path.partition(".")[0] for path in values))
+    if not any(isinstance(v, list) for v in values.values()):
+        return ", ".join(_whole(top, values) for top in tops)
+    n = values.get("num_layers")
 
     def per_layer(path: str) -> list[Any]:
         value = values[path]
@@ -311,6 +325,16 @@ def assemble(values: Mapping[str, Any]) -> str:
                 idx = [i for i, r in enumerate(rendered) if r == other]
                 items.append(f"{top}[{format_layers(idx, n)}]={other}")
     return ", ".join(items)
+
+
+def _whole(top: str, values: Mapping[str, Any]) -> str:
+    """The item of a key or slot that has one value on every layer."""
+    if top not in SLOTS:
+        return f"{top}={format_scalar(values[top])}"
+    name = values[top]
+    args = {p.partition(".")[2]: v for p, v in values.items() if p.startswith(f"{top}.")}
+    inner = ",".join(f"{a}={format_scalar(v)}" for a, v in args.items() if v is not None)
+    return f"{top}={'none' if name is None else f'{name}({inner})' if inner else name}"
 
 
 # ------------------------------------------------------------------------------ writing

@@ -37,9 +37,9 @@ DEFAULTS: Final = {
 }
 
 
-def even_layers(d: Draft, n: int) -> list[bool]:
+def even_layers(d: Draft, n: int) -> range:
     """transformers' default `layer_types`: layers 0, 2, 4, ... slide."""
-    return [i % 2 == 0 for i in range(n)]
+    return range(0, n, 2)
 
 
 def _softcap(value: float) -> Any:

@@ -25,7 +25,7 @@ from lmcore.hf.common import UNGATED, ends
 from lmcore.hf.family import Family
 from lmcore.hf.rules import Choice, Draft, Dropout, Field, SpecView, checked
 from lmcore.hf.weights import TRANSPOSE, Fused, weight
-from lmcore.spec import default_query_scale
+from lmcore.spec import MAX_LAYERED, default_query_scale
 
 
 @dataclass(frozen=True)
@@ -56,8 +56,18 @@ class AttentionScale:
         if None in (weights, inverse, width, heads, n):
             return
         assert isinstance(width, int) and isinstance(heads, int) and n is not None
-        scales = self.scales(width // heads, n, bool(weights), bool(inverse))
-        d.set("query_scale", scales, "scale_attn_weights")
+        if not inverse:  # one scale for every layer: nothing done per layer
+            base = default_query_scale(width // heads) if weights else 1.0
+            d.set("query_scale", base, "scale_attn_weights")
+        elif n > MAX_LAYERED:  # a scale per layer, more than a spec lists
+            d.problems.append(
+                f"scale_attn_by_inverse_layer_idx=true scales each of its {n:,} layers "
+                f"differently: lmcore's spec gives per-layer values to at most {MAX_LAYERED:,} "
+                "layers"
+            )
+        else:
+            scales = self.scales(width // heads, n, bool(weights), bool(inverse))
+            d.set("query_scale", scales, "scale_attn_weights")
 
     def write(self, v: SpecView, out: dict[str, Any]) -> None:
         given = v.layers("query_scale")

@@ -29,10 +29,10 @@ DEFAULTS: Final = {
 }
 
 
-def from_max_window_layers(d: Draft, n: int) -> list[bool]:
+def from_max_window_layers(d: Draft, n: int) -> range:
     """transformers' default `layer_types`: the layers from `max_window_layers` on slide."""
     first = d.field("max_window_layers", 28)
-    return [i >= first if isinstance(first, int) else True for i in range(n)]
+    return range(max(first, 0), n) if isinstance(first, int) else range(n)
 
 
 WINDOW: Final = Window(

@@ -18,14 +18,18 @@ or a list of per-layer values.
 
 from __future__ import annotations
 
-import json
-import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
 from lmcore.blueprint import Blueprint
 from lmcore.components import REQUIRED
+from lmcore.hf.values import checked, spread
+from lmcore.hf.values import either as _or
+from lmcore.hf.values import json_text as _json
+from lmcore.hf.values import one_of as _one_of
+from lmcore.hf.values import same as _same
+from lmcore.hf.values import too_many as _too_many
 
 __all__ = [
     "SLOTS",
@@ -41,63 +45,12 @@ __all__ = [
     "SpecView",
     "Window",
     "checked",
+    "spread",
 ]
 
 # Component slots a path may name (their arguments after a dot).
 SLOTS: Final = ("block", "norm", "ffn", "pos", "attn", "qk_norm")
 _OMIT: Final = object()
-
-
-# ------------------------------------------------------------------------------ values
-
-
-def _json(value: Any) -> str:
-    try:
-        text = json.dumps(value)
-    except (TypeError, ValueError):
-        text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
-
-
-def _same(a: Any, b: Any) -> bool:
-    """Equal values of the same JSON kind: `false` is not `0` (`False == 0` in Python)."""
-    return (isinstance(a, bool) == isinstance(b, bool)) and a == b
-
-
-def _one_of(value: Any, allowed: Iterable[Any]) -> bool:
-    return any(_same(value, a) for a in allowed)
-
-
-def _or(values: Iterable[Any]) -> str:
-    shown = list(dict.fromkeys(_json(v) for v in values))
-    return " or ".join(shown)
-
-
-def checked(name: str, value: Any, kind: type, problems: list[str], *, zero: bool = False) -> Any:
-    """`value` of config field `name` if it is a `kind` (int, float or bool; numbers finite and
-    positive, or zero when `zero`), else None with the problem named in `problems`."""
-    if value is REQUIRED:
-        problems.append(f"{name} is missing")
-        return None
-    if kind is bool:
-        if type(value) is bool:
-            return value
-        problems.append(f"{name}={_json(value)} is not true or false")
-        return None
-    number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if kind is int and number and isinstance(value, float) and value.is_integer():
-        value = int(value)  # 4096.0, as some exporters write integers
-    ok = (
-        number
-        and (kind is float or isinstance(value, int))
-        and math.isfinite(value)
-        and (value > 0 or (zero and value == 0))
-    )
-    if ok:
-        return float(value) if kind is float else value
-    what = "non-negative" if zero else "positive"
-    problems.append(f"{name}={_json(value)} is not a {what} {kind.__name__}")
-    return None
 
 
 class Draft:
@@ -420,6 +373,7 @@ class Rope:
     def read(self, d: Draft) -> None:
         problems = d.problems
         params: dict[str, Any] = {}
+        origin: dict[str, str] = {}  # where each parameter was given: "rope_parameters.factor"
         for name in ("rope_scaling", "rope_parameters"):
             given = d.config.get(name)
             if given is None:
@@ -438,6 +392,7 @@ class Rope:
                 if key in params and not _same(params[key], value):
                     problems.append(f"rope_scaling and rope_parameters disagree on {key}")
                 params[key] = value
+                origin.setdefault(key, f"{name}.{key}")
         kind = params.pop("rope_type", "default")
         if kind not in _ROPE_ARGS:
             problems.append(
@@ -454,9 +409,13 @@ class Rope:
                 )
         theta_value = params.pop("rope_theta", theta[1] if theta else self.theta)
         fraction_value = params.pop("partial_rotary_factor", fraction[1] if fraction else None)
-        args: dict[str, Any] = {"theta": checked("rope_theta", theta_value, float, problems)}
+        theta_name = origin.get("rope_theta", theta[0] if theta else "rope_theta")
+        args: dict[str, Any] = {"theta": checked(theta_name, theta_value, float, problems)}
         if fraction_value is not None:
-            f = checked("partial_rotary_factor", fraction_value, float, problems)
+            fraction_name = origin.get(
+                "partial_rotary_factor", fraction[0] if fraction else "partial_rotary_factor"
+            )
+            f = checked(fraction_name, fraction_value, float, problems)
             if f is not None and f != 1.0 and not self.fraction_names:
                 problems.append(
                     f"partial_rotary_factor={_json(fraction_value)}: this family's attention "
@@ -480,7 +439,7 @@ class Rope:
                 if params.get(key) is None:
                     problems.append(f"rope {kind} scaling without {key}")
                     continue
-                args[arg] = checked(f"rope {key}", params.pop(key), kind_of, problems)
+                args[arg] = checked(origin.get(key, key), params.pop(key), kind_of, problems)
         extra = sorted(k for k in params if k not in wanted)
         if extra:
             problems.append(
@@ -525,7 +484,7 @@ class Window:
     default: int | None = None
     gate: str | None = None
     layer_types: bool = False
-    default_types: Callable[[Draft, int], list[bool]] | None = None
+    default_types: Callable[[Draft, int], range] | None = None  # the layers that slide
     reads: tuple[str, ...] = ()  # fields default_types reads ("max_window_layers")
 
     @property
@@ -544,22 +503,33 @@ class Window:
                 window = None
         if n is None:
             return
-        slides = [True] * n
+        slides: range | list[bool] = range(n)
         if self.layer_types:
             types = d.config.get("layer_types")
             if types is None:
-                slides = self.default_types(d, n) if self.default_types else [True] * n
-            elif (
-                not isinstance(types, list) or len(types) != n or not set(types) <= {SLIDING, FULL}
+                slides = self.default_types(d, n) if self.default_types else range(n)
+            elif (  # the length first: a list of n entries is as long as the file says
+                not isinstance(types, list)
+                or len(types) != n
+                or not all(t in (SLIDING, FULL) for t in types)
             ):
                 d.problems.append(
-                    f"layer_types={_json(types)}: lmcore reads a list of {n} "
+                    f"layer_types={_json(types)}: lmcore reads a list of {n:,} "
                     f'"{SLIDING}" or "{FULL}"'
                 )
                 return
             else:
                 slides = [t == SLIDING for t in types]
-        d.set("window", [(window or 0) if s else 0 for s in slides], "sliding_window")
+        if not window:  # no window on any layer, whichever the types say
+            d.set("window", 0, "sliding_window")
+            return
+        on = spread(n, slides)
+        if on is None:
+            d.problems.append(_too_many(n, f"sliding_window={window}"))
+        elif isinstance(on, bool):
+            d.set("window", window if on else 0, "sliding_window")
+        else:
+            d.set("window", [window if s else 0 for s in on], "sliding_window")
 
     def write(self, v: SpecView, out: dict[str, Any]) -> None:
         windows = v.layers("window")
@@ -654,16 +624,25 @@ class Moe:
         step = checked(self.step, d.field(self.step, 1), int, p) if self.step else 1
         if None in (experts, top_k, dense_width, width, renorm, coef, step) or n is None:
             return
-        sparse = [i not in dense and (i + 1) % step == 0 for i in range(n)]
-        d.set("ffn", ["moe" if s else "swiglu" for s in sparse], "num_local_experts")
-        d.set("d_ff", [width if s else dense_width for s in sparse], "intermediate_size")
+        sparse = spread(n, range(step - 1, n, step), but=dense)  # every step-th layer
+        if sparse is None:
+            d.problems.append(_too_many(n, "experts"))
+            return
+
+        def by_layer(yes: Any, no: Any) -> Any:
+            if isinstance(sparse, bool):
+                return yes if sparse else no
+            return [yes if s else no for s in sparse]
+
+        d.set("ffn", by_layer("moe", "swiglu"), "num_local_experts")
+        d.set("d_ff", by_layer(width, dense_width), "intermediate_size")
         for arg, value in (
             ("num_experts", experts),
             ("top_k", top_k),
             ("renormalize", renorm),
             ("aux_loss_coef", coef),
         ):
-            d.set(f"ffn.{arg}", [value if s else None for s in sparse], "the router")
+            d.set(f"ffn.{arg}", by_layer(value, None), "the router")
 
     def write(self, v: SpecView, out: dict[str, Any]) -> None:
         ffns, widths = v.layers("ffn"), v.layers("d_ff")

@@ -172,3 +172,22 @@ def test_to_hf_refuses_a_directory_that_is_not_empty_and_force_replaces_it_whole
     assert main(["convert", "--from-hf", str(other), str(tmp_path / "x.safetensors"),
                  "--force"]) == 2  # fmt: skip
     assert "--force and --model-type apply to --to-hf only" in capsys.readouterr().err
+
+
+def test_a_trillion_layers_print_at_once_and_convert_refuses_the_weights_of_two(
+    tmp_path: Path, capsys
+) -> None:
+    """config.json's num_hidden_layers = 10**12 (issue 32: MemoryError in --print-spec and in
+    convert): the spec is printed at once, with no work per layer (the blueprint's groups), and
+    the conversion names the two layers its weights hold, before a model is built."""
+    random_llama(tmp_path / "hf")
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    config["num_hidden_layers"] = 10**12
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
+    assert main(["convert", "--from-hf", str(tmp_path / "hf"), "--print-spec"]) == 0
+    assert "num_layers=1000000000000," in capsys.readouterr().out
+    out = tmp_path / "o.safetensors"
+    assert main(["convert", "--from-hf", str(tmp_path / "hf"), str(out)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and not out.exists()
+    assert "num_hidden_layers=1,000,000,000,000" in err and "hold 2 layers" in err

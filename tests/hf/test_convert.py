@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from safetensors.torch import load_file, save_file
 import lmcore
 from lmcore import ConversionError
 from lmcore.hf import convert_from_hf, convert_to_hf, load_llama, save_llama
+from lmcore.hf.convert import both_weights
 from tests.helpers.errors import raises_naming
 from tests.helpers.hf import HF_SPEC as SMALL
 from tests.helpers.hf import (
@@ -213,3 +215,78 @@ def test_the_directorys_tokenizer_goes_into_the_checkpoint_and_back(tmp_path: Pa
     assert hf_tok.eos_token == "<|im_end|>"
     chat = hf_tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False)
     assert chat == saved.render_chat([{"role": "user", "content": "hi"}])
+
+
+def test_model_safetensors_is_converted_beside_an_index_as_transformers_loads_it(
+    tmp_path: Path,
+) -> None:
+    """Both model.safetensors and a shard index of other weights: transformers'
+    `_get_resolved_checkpoint_files` tries model.safetensors first, and so does lmcore (issue 32:
+    lmcore converted the shards)."""
+    random_llama(tmp_path / "hf", shard=True)
+    shards = lmcore.hf.load_hf(tmp_path / "hf").token_embeddings.weight.clone()
+    random_llama(tmp_path / "one")  # the same model, in one file, its weights doubled
+    doubled = {k: v * 2 for k, v in load_file(tmp_path / "one" / "model.safetensors").items()}
+    save_file(doubled, tmp_path / "hf" / "model.safetensors", metadata={"format": "pt"})
+    ours = lmcore.hf.load_hf(tmp_path / "hf").token_embeddings.weight
+    theirs = LlamaForCausalLM.from_pretrained(tmp_path / "hf").model.embed_tokens.weight
+    assert torch.equal(ours, theirs) and torch.equal(ours, shards * 2)
+    assert both_weights(tmp_path / "hf") and not both_weights(tmp_path / "one")
+
+
+def test_a_layer_count_the_weights_do_not_hold_is_refused_before_building(tmp_path: Path) -> None:
+    """config.json edited to 10**6 layers beside the weights of 2 (issue 32: 100 s before the
+    size check, 10**12 a MemoryError): named from the tensor names, no model built."""
+    random_llama(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    for n in (10**6, 3, 1):
+        (tmp_path / "config.json").write_text(json.dumps({**config, "num_hidden_layers": n}))
+        with raises_naming(
+            ConversionError, "config.json", f"num_hidden_layers={n:,}", "hold 2 layers",
+            "model.layers.0 to model.layers.1", "same model",
+        ):  # fmt: skip
+            load_llama(tmp_path)
+
+
+def test_an_integer_past_pythons_conversion_limit_is_refused_in_one_line(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text('{"num_hidden_layers": ' + "7" * 5000 + "}")
+    with raises_naming(ConversionError, "config.json", "a number lmcore cannot read", "4300"):
+        lmcore.hf.hf_reading(tmp_path)
+
+
+def _same_file_outputs(d: Path) -> list[Path]:
+    (d.parent / "link.safetensors").symlink_to(d / "model.safetensors")
+    os.link(d / "model.safetensors", d.parent / "hard.safetensors")
+    return [d / "model.safetensors", d, d / "config.json", d / "tokenizer.json",
+            d / "model.safetensors.index.json", d / ".." / d.name / "model.safetensors",
+            d.parent / "link.safetensors", d.parent / "hard.safetensors"]  # fmt: skip
+
+
+def test_the_output_may_not_be_a_file_of_the_model_directory(tmp_path: Path) -> None:
+    """`convert --from-hf DIR DIR/model.safetensors` replaced the Hugging Face weights (issue
+    32): every file a conversion reads, the directory itself, and links to them are refused
+    before anything is read or written."""
+    d = tmp_path / "hf"
+    random_llama(d)
+    before = {p.name: p.read_bytes() for p in d.iterdir()}
+    for out in _same_file_outputs(d):
+        with raises_naming(ConversionError, f"the output {out}", "which this conversion reads",
+                           "choose another output path"):  # fmt: skip
+            convert_from_hf(d, out)
+    assert {p.name: p.read_bytes() for p in d.iterdir()} == before
+    assert convert_from_hf(d, d / "lmcore.safetensors").is_file()  # a file of its own is fine
+
+
+def test_the_shards_of_an_index_are_the_directorys_own(tmp_path: Path) -> None:
+    d = tmp_path / "hf"
+    random_llama(d, shard=True)
+    with raises_naming(ConversionError, "model-00002-of-00005.safetensors", "conversion reads"):
+        convert_from_hf(d, d / "model-00002-of-00005.safetensors")
+
+
+def test_to_hf_onto_its_own_checkpoint_is_refused(tmp_path: Path) -> None:
+    ckpt = perturbed(SMALL).save(tmp_path / "m.safetensors")
+    raw = ckpt.read_bytes()
+    with raises_naming(ConversionError, str(ckpt), "the lmcore checkpoint", "conversion reads"):
+        convert_to_hf(ckpt, ckpt)
+    assert ckpt.read_bytes() == raw

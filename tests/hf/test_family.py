@@ -198,3 +198,18 @@ def test_what_a_family_cannot_express_is_refused_by_name(
         *facts,
     ):
         config_to_spec(config, "DIR/config.json")
+
+
+def test_without_model_type_the_architectures_name_the_family_or_it_is_refused() -> None:
+    """A config without model_type is read by `architectures` when they name one family lmcore
+    converts, never assumed to be a Llama (issue 32)."""
+    bare = {k: v for k, v in LLAMA_V4.items() if k != "model_type"}
+    assert config_to_spec(bare) == config_to_spec(LLAMA_V4)  # LlamaForCausalLM: a Llama
+    for archs in (None, [], ["BertForMaskedLM"], "LlamaForCausalLM"):  # a string is not a list
+        with raises_naming(
+            ConversionError, "DIR/config.json", "has no model_type", "llama, mistral",
+            "MistralForCausalLM (mistral)", 'add "model_type"',
+        ):  # fmt: skip
+            config_to_spec({**bare, "architectures": archs}, "DIR/config.json")
+    with raises_naming(ConversionError, "names 2 families (llama, mistral)", 'add "model_type"'):
+        config_to_spec({**bare, "architectures": ["MistralForCausalLM", "LlamaForCausalLM"]})
