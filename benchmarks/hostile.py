@@ -366,9 +366,14 @@ PLOT = textwrap.dedent("""
     plot_compare([Curve("baseline", records), Curve("norm=rmsnorm", records)], "val.png", "sweep")
     ax = drawn[-1]; low, high = ax.get_ylim()
     lines = [l for l in ax.lines if len(l.get_xdata())]
-    same = len(lines) == 2 and list(lines[0].get_ydata()) == list(lines[1].get_ydata())
+    base, variant = lines[0], lines[1]
+    same = list(base.get_ydata()) == list(variant.get_ydata())
+    # the baseline is seen where a variant coincides with it only if it is drawn above it
+    on_top = base.get_zorder() > variant.get_zorder()  # equal z: the later line (the variant) wins
     print(f"y axis {low:.2f} .. {high:.2f}: the step-0 loss 5.70 shown: {low <= 5.70 <= high}; "
-          f"the variant's line drawn over the baseline's on the same points: {same}")
+          f"the same points: {same}; the baseline drawn above the variant: {on_top} "
+          f"(baseline {base.get_linestyle()!r} at z {base.get_zorder()}, "
+          f"variant {variant.get_linestyle()!r} at z {variant.get_zorder()})")
 """)
 
 
