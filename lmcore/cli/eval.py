@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from lmcore.cli.common import DTYPES, UsageError, checkpoint_warnings, positive
+from lmcore.cli.generate import per_second
 
 
 def add_parser(sub: Any) -> None:
@@ -148,8 +149,7 @@ def _windows(args: argparse.Namespace) -> int:
         f"loss {result.loss:.4f} nats/token   perplexity {ppl}   "
         f"bits per byte {result.bits_per_byte:.4f}"
     )
-    rate = result.tokens / result.seconds if result.seconds > 0 else 0.0
-    print(f"time: {result.seconds:.2f} s, {rate:,.0f} tokens/s")
+    print(f"time: {result.seconds:.2f} s, {per_second(result.tokens, result.seconds)}")
     return 0
 
 

@@ -39,7 +39,8 @@ def test_the_report_shows_loss_perplexity_and_bits_per_byte(
     assert main(["eval", str(eval_checkpoint), "--text", str(eval_checkpoint / "a.py")]) == 0
     out = capsys.readouterr().out
     assert f"model: {eval_checkpoint / 'model.safetensors'}" in out
-    assert "windows: " in out and "stride 16 (non-overlapping), batch 8" in out
+    # 6 windows: one batch of 6, not the 8 asked for by default
+    assert "windows: 6 of up to 16 tokens, stride 16 (non-overlapping), batch 6\n" in out
     assert "nats/token" in out and "perplexity" in out and "bits per byte" in out
     assert len(out.splitlines()) <= 8
 
