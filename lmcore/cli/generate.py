@@ -185,19 +185,24 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from lmcore.model.inputs import resolve_device
-    from lmcore.sources import locate
+    from lmcore.runfiles import with_checkpoint
+    from lmcore.sources import locate, open_checkpoint
 
     where = locate(args.spec, directories=True)  # a checkpoint, its directory or run, or a spec
     device = resolve_device(args.device)
     if where.kind == "checkpoint":
-        with checkpoint_warnings(args.command):
-            src = where.open()
-            model = src.model(device, torch_dtype(args, src.info))
+
+        def read(file: Path) -> tuple[Source, Any, Any]:
+            src = open_checkpoint(file, find=False)
+            return src, src.model(device, torch_dtype(args, src.info)), _tokenizer(args, src)
+
+        with checkpoint_warnings(args.command):  # a training run may prune what it lists
+            src, model, tok = with_checkpoint(args.spec, read)
     else:
         src = opened(args, where)
         torch.manual_seed(args.seed or 0)
         model = src.model(device, torch_dtype(args, None))
-    tok = _tokenizer(args, src)
+        tok = _tokenizer(args, src)
     saved = model.tokenizer if args.tokenizer is None else None
     vocab = model.spec.vocab_size
     if args.system is not None and args.chat is None:
