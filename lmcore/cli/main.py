@@ -39,7 +39,6 @@ import errno
 import io
 import os
 import sys
-import traceback
 import warnings
 from collections.abc import Iterator, Sequence
 from types import ModuleType
@@ -131,8 +130,10 @@ def _one_line_os(e: OSError) -> str:
 
 
 def _doing(e: BaseException) -> str:
-    """What raised `e`: the innermost of lmcore's functions on its traceback (`reading:
-    read_tensors`), else the innermost function."""
+    """What raised `e`: the innermost of lmcore's functions on its traceback
+    (`lmcore.model.reading.read_tensors ran`), else the innermost function."""
+    import traceback
+
     frames = list(traceback.walk_tb(e.__traceback__))
     ours = [f for f, _ in frames if f.f_globals.get("__name__", "").startswith("lmcore")]
     frame = (ours or [f for f, _ in frames] or [None])[-1]

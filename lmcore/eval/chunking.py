@@ -72,7 +72,9 @@ def _decoded(path: Path, option: str, block: int) -> Iterator[tuple[int, str]]:
                 return
 
 
-def utf8_size(path: str | os.PathLike[str], option: str = "--text", block: int = BLOCK_BYTES) -> int:
+def utf8_size(
+    path: str | os.PathLike[str], option: str = "--text", block: int = BLOCK_BYTES
+) -> int:
     """The UTF-8 bytes of the file's text (as `text_chunks` reads it), reading it once in blocks;
     `EvalError` when it is not UTF-8."""
     return sum(len(text.encode("utf-8")) for _, text in _decoded(Path(path), option, block))

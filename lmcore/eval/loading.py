@@ -4,8 +4,8 @@
     tokenizer, where = load_tokenizer(info)            # beside it, in its run, in its data
 
 `MODEL` is a model file, a checkpoint directory or a run directory (its newest checkpoint,
-read again if a training run prunes it meanwhile: `lmcore.runfiles.with_checkpoint`); the tokenizer is the one `lmcore.runfiles.find_tokenizer`
-finds for it, unless one is given.
+read again if a training run prunes it meanwhile: `lmcore.runfiles.with_checkpoint`); the
+tokenizer is the one `lmcore.runfiles.find_tokenizer` finds for it, unless one is given.
 """
 
 from __future__ import annotations

@@ -121,8 +121,8 @@ def test_a_streamed_text_gives_the_numbers_of_the_whole_text_tokenised_at_once(
     streamed = text_stream(files, tok, "tok", chunk=600, block=7)
     assert np.array_equal(np.concatenate(list(streamed.chunks())), whole)
     at_once = evaluate_stream(model, Stream(whole, streamed.bytes, streamed.source, "tok"),
-                              batch_size=64, stride=12)  # fmt: skip
-    result = evaluate_stream(model, streamed, batch_size=64, stride=12)
+                              batch_size=512, stride=12)  # fmt: skip
+    result = evaluate_stream(model, streamed, batch_size=512, stride=12)
     assert (result.nats, result.tokens, result.bytes, result.windows) == (
         at_once.nats, at_once.tokens, at_once.bytes, at_once.windows)  # fmt: skip
     assert result.tokens == len(whole) - 1 and streamed.source == f"2 files ({size:,} bytes)"
