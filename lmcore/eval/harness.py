@@ -349,29 +349,53 @@ def check_tasks(manager: Any, tasks: Sequence[str], num_fewshot: int | None) -> 
     fail later with a traceback."""
     if num_fewshot is not None and num_fewshot < 0:
         raise EvalError(f"--num-fewshot {num_fewshot}: must be 0 or more")
-    for name in tasks:
-        entry = manager.task_index.get(name)
-        problem = _missing_data(name, entry)
-        if problem is not None:
-            raise problem
-        try:
-            loaded = manager.load([name])
-        except FileNotFoundError as e:  # a file of a group's task, or one the YAML builds
-            file = e.filename or str(e).removeprefix("Unable to find ").strip("'")
-            raise _no_data(name, entry, file) from None
-        for task_name, task in loaded["tasks"].items():
-            shots = _shots(task, num_fewshot)
-            if shots == 0:
-                continue
-            pool, own = _pool(task)
-            most = pool - 1 if own else pool
-            if shots > most:
-                own_doc = " less each prompt's own (they are its test documents)" if own else ""
-                raise EvalError(
-                    f"--num-fewshot {shots}: task {task_name!r} has {pool:,} documents to draw "
-                    f"few-shot examples from{own_doc}, so at most {max(most, 0):,}; give "
-                    f"--num-fewshot {max(most, 0)} or fewer"
-                )
+    with _quiet():  # simple_evaluate loads them again, and says what it says then
+        for name in tasks:
+            _check_task(manager, name, num_fewshot)
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """lm-eval's warnings and datasets' progress bars off while the tasks are checked, so that
+    a refusal is one line and a run's output is what it was."""
+    import datasets
+
+    logger = logging.getLogger("lm_eval")
+    level, bars = logger.level, not datasets.are_progress_bars_disabled()
+    logger.setLevel(logging.ERROR)
+    datasets.disable_progress_bars()
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+        if bars:
+            datasets.enable_progress_bars()
+
+
+def _check_task(manager: Any, name: str, num_fewshot: int | None) -> None:
+    """`check_tasks` for one name (a task, a group or a tag)."""
+    entry = manager.task_index.get(name)
+    problem = _missing_data(name, entry)
+    if problem is not None:
+        raise problem
+    try:
+        loaded = manager.load([name])
+    except FileNotFoundError as e:  # a file of a group's task, or one the YAML builds
+        file = e.filename or str(e).removeprefix("Unable to find ").strip("'")
+        raise _no_data(name, entry, file) from None
+    for task_name, task in loaded["tasks"].items():
+        shots = _shots(task, num_fewshot)
+        if shots == 0:
+            continue
+        pool, own = _pool(task)
+        most = pool - 1 if own else pool
+        if shots > most:
+            own_doc = " less each prompt's own (they are its test documents)" if own else ""
+            raise EvalError(
+                f"--num-fewshot {shots}: task {task_name!r} has {pool:,} documents to draw "
+                f"few-shot examples from{own_doc}, so at most {max(most, 0):,}; give "
+                f"--num-fewshot {max(most, 0)} or fewer"
+            )
 
 
 def run_tasks(
