@@ -205,6 +205,9 @@ def _tasks(args: argparse.Namespace) -> int:
     return 0
 
 
+RESULTS = "results.json"  # what `--output DIR` writes inside DIR
+
+
 def _output(path: Path) -> Path:
     """The file `--output` names, checked before the evaluation runs so that its results are
     not lost at the end: a directory gets `results.json` inside it; an existing file is
@@ -229,9 +232,6 @@ def _output(path: Path) -> Path:
             f"({e.strerror or e}); give a path where a file can be written"
         ) from None
     return path
-
-
-RESULTS = "results.json"  # what `--output DIR` writes inside DIR
 
 
 def _is_results(path: Path) -> bool:
