@@ -15,6 +15,7 @@ search for a model's tokenizer.json. Paths only: nothing here reads a model.
           tokenizer.json        so that the checkpoint directory stands alone
 
     find_checkpoint("runs/quickstart")  # its newest checkpoints/step-NNNNNN/model.safetensors
+    with_checkpoint("runs/quickstart", read)  # read(that file), again on the newest if it vanishes
     find_tokenizer(model_file, info.metadata)  # its tokenizer.json, and where it looked
 
 `lmcore.train.runs` writes runs; `lmcore.sources` opens what a command's argument names.
@@ -24,12 +25,12 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
-from lmcore.errors import CheckpointError, TrainError
+from lmcore.errors import CheckpointError, LmcoreError, TrainError
 from lmcore.jsonfile import read_versioned
 
 __all__ = [
@@ -58,6 +59,7 @@ __all__ = [
     "step_dir",
     "step_dirs",
     "tokenizer_of",
+    "with_checkpoint",
 ]
 
 RUN_FILE: Final = "run.json"
@@ -78,6 +80,9 @@ META_STEP: Final = "train.step"
 META_TOKENS: Final = "train.tokens"
 META_TAG: Final = "train.tag"
 META_TOKENIZER: Final = "train.tokenizer"  # a path relative to the model file's directory
+ATTEMPTS: Final = 5  # reads of a run's newest checkpoint before its pruning is given up on
+
+T = TypeVar("T")
 
 
 # ------------------------------------------------------------------------------ run directories
@@ -160,6 +165,31 @@ def find_checkpoint(path: str | os.PathLike[str]) -> Path:
         f"{str(p)!r} is neither a model file, a checkpoint directory (holding {MODEL_FILE}) nor "
         f"a run directory (holding {RUN_FILE}){hf_hint(p)}"
     )
+
+
+def with_checkpoint(
+    path: str | os.PathLike[str], use: Callable[[Path], T], attempts: int = ATTEMPTS
+) -> T:
+    """`use(find_checkpoint(path))`. A run that is training removes its older checkpoints
+    (`lmcore train --keep N`), so the newest one listed may be gone by the time `use` reads it:
+    when `use` fails (an `OSError` or an `LmcoreError`) and the file it was given no longer
+    exists, the run's newest checkpoint is found and read again, `attempts` times in all, then
+    `CheckpointError` saying so. Any other failure, and any of a path that is not a run
+    directory, is `use`'s own."""
+    for attempt in range(1, attempts + 1):
+        file = find_checkpoint(path)
+        try:
+            return use(file)
+        except (OSError, LmcoreError) as e:
+            if not is_run(path) or os.path.lexists(file):
+                raise
+            if attempt == attempts:
+                raise CheckpointError(
+                    f"run {str(path)!r}: its newest checkpoint was removed while it was read, "
+                    f"{attempts} times in a row (the run is pruning its checkpoints, --keep); "
+                    "try again, or name a checkpoint directory it keeps"
+                ) from e
+    raise AssertionError("unreachable: attempts >= 1")  # pragma: no cover
 
 
 # ------------------------------------------------------------------------------ the tokenizer

@@ -23,6 +23,7 @@ from lmcore.runfiles import (
     step_dir,
     step_dirs,
 )
+from tests.helpers.errors import raises_naming
 
 ROOT = Path(runfiles.__file__).resolve().parent
 
@@ -133,3 +134,53 @@ def test_each_file_name_of_the_layout_is_defined_here_alone() -> None:
                         elsewhere.append(f"{where}:{node.lineno}: {name} (runfiles' "
                                          f"{values[node.value.value]})")  # fmt: skip
     assert not elsewhere, "\n".join(elsewhere)
+
+
+def test_a_checkpoint_pruned_while_it_is_read_is_read_again_as_the_newest(tmp_path: Path) -> None:
+    # A training run with --keep 1: a newer checkpoint is saved and the one listed removed
+    # between the listing and the reading, twice; the third reading finds its file.
+    import shutil
+
+    run = a_run(tmp_path / "run", 1)
+    read: list[int] = []
+
+    def use(file: Path) -> int:
+        step = int(file.parent.name.removeprefix("step-"))
+        read.append(step)
+        if len(read) < 3:  # the run saves step + 1, then prunes this one
+            a_run(run, step + 1)
+            shutil.rmtree(file.parent)
+            raise FileNotFoundError(f"No such file or directory: {file}")  # as safetensors says
+        return step
+
+    assert runfiles.with_checkpoint(run, use) == 3 and read == [1, 2, 3]
+
+
+def test_reading_again_is_bounded_and_only_for_a_checkpoint_that_vanished(tmp_path: Path) -> None:
+    import shutil
+
+    run = a_run(tmp_path / "run", 1)
+
+    def vanishing(file: Path) -> None:
+        step = int(file.parent.name.removeprefix("step-"))
+        a_run(run, step + 1)
+        shutil.rmtree(file.parent)
+        raise CheckpointError(f"{file}: no such file")
+
+    with raises_naming(CheckpointError, "run", "removed while it was read, 3 times",
+                       "--keep", "try again"):  # fmt: skip
+        runfiles.with_checkpoint(run, vanishing, attempts=3)
+    assert [s for s, _ in step_dirs(run)] == [4]  # three readings, no more
+
+    calls: list[Path] = []
+
+    def damaged(file: Path) -> None:  # the file is there: its own error, at once
+        calls.append(file)
+        raise CheckpointError(f"{file}: is truncated")
+
+    with pytest.raises(CheckpointError, match="is truncated"):
+        runfiles.with_checkpoint(run, damaged)
+    assert len(calls) == 1
+    gone = tmp_path / "gone.safetensors"  # not a run: nothing newer to read
+    with pytest.raises(FileNotFoundError):
+        runfiles.with_checkpoint(gone, lambda f: open(f, "rb"))

@@ -7,10 +7,14 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import tempfile
 from pathlib import Path
 from typing import Any
 
-from lmcore.cli.common import DTYPES, UsageError, checkpoint_warnings, positive
+from lmcore.atomic import atomic_write
+from lmcore.cli.common import DTYPES, UsageError, checkpoint_warnings, positive, say
+from lmcore.cli.generate import per_second
+from lmcore.errors import LmcoreError
 
 
 def add_parser(sub: Any) -> None:
@@ -73,7 +77,12 @@ def add_parser(sub: Any) -> None:
         help="documents per task: a count, or a fraction below 1 (for quick checks)",
     )
     lm.add_argument("--num-fewshot", type=int, metavar="K", help="few-shot examples per prompt")
-    lm.add_argument("--output", metavar="PATH", help="write lm-eval's results as JSON here")
+    lm.add_argument(
+        "--output",
+        metavar="PATH",
+        help="write lm-eval's results as JSON to this file (a directory: DIR/results.json); "
+        "checked before the evaluation; an existing file is replaced only if it holds results",
+    )
     lm.add_argument("--seed", type=int, default=0, help="lm-eval's seeds (default: 0)")
     p.set_defaults(func=run)
 
@@ -148,8 +157,7 @@ def _windows(args: argparse.Namespace) -> int:
         f"loss {result.loss:.4f} nats/token   perplexity {ppl}   "
         f"bits per byte {result.bits_per_byte:.4f}"
     )
-    rate = result.tokens / result.seconds if result.seconds > 0 else 0.0
-    print(f"time: {result.seconds:.2f} s, {rate:,.0f} tokens/s")
+    print(f"time: {result.seconds:.2f} s, {per_second(result.tokens, result.seconds)}")
     return 0
 
 
@@ -166,6 +174,7 @@ def _tasks(args: argparse.Namespace) -> int:
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
     if not tasks:
         raise UsageError("--tasks names no task; give e.g. --tasks lambada_openai,hellaswag")
+    out = None if args.output is None else _output(Path(args.output))  # before it all runs
     with checkpoint_warnings(args.command):
         results, table = run_tasks(
             args.model,
@@ -180,11 +189,57 @@ def _tasks(args: argparse.Namespace) -> int:
             seed=args.seed,
         )
     text = json.dumps(results, indent=2, default=str, ensure_ascii=False)
-    if args.output is not None:
-        out = Path(args.output)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(text + "\n", encoding="utf-8")
+    if out is not None:
+        try:
+            with atomic_write(out, "w", encoding="utf-8") as f:
+                f.write(text + "\n")
+        except (OSError, LmcoreError) as e:  # checked at the start, yet: keep the results
+            print(text)
+            problem = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+            say(f"lmcore eval: error: --output {str(out)!r} could not be written ({problem}): "
+                "the results are printed above instead")  # fmt: skip
+            return 1
     print(text if args.json else table, end="\n" if args.json else "")
-    if args.output is not None and not args.json:
-        print(f"results: {args.output}")
+    if out is not None and not args.json:
+        print(f"results: {out}")
     return 0
+
+
+RESULTS = "results.json"  # what `--output DIR` writes inside DIR
+
+
+def _output(path: Path) -> Path:
+    """The file `--output` names, checked before the evaluation runs so that its results are
+    not lost at the end: a directory gets `results.json` inside it; an existing file is
+    replaced only when it holds JSON results (an earlier run's), never another file; the
+    directory is created and must take a new file. `UsageError` naming the path and the fix."""
+    if path.is_dir():
+        path = path / RESULTS
+    if path.is_dir():
+        raise UsageError(f"--output {str(path)!r} is a directory; give a file name for the results")
+    if path.exists() and not _is_results(path):
+        raise UsageError(
+            f"--output {str(path)!r} exists and is not a results file of lmcore eval (JSON with "
+            "'results'): it is left as it is; remove it or give another path"
+        )
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=".lmcore-eval-"):
+            pass  # the directory takes a new file: the results can be written there
+    except OSError as e:
+        raise UsageError(
+            f"--output {str(path)!r}: cannot write in {str(path.parent)!r} "
+            f"({e.strerror or e}); give a path where a file can be written"
+        ) from None
+    return path
+
+
+def _is_results(path: Path) -> bool:
+    """Whether `path` is a file holding lm-eval's results as JSON (an earlier `--output`)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(64 << 20)
+        data = json.loads(head.decode("utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and "results" in data

@@ -24,8 +24,9 @@ saved it.
 
 Exit status: 0 done; 2 the input is wrong (spec, options, environment variables, plugins), with
 a one-line message on stderr (plus the caret display for spec errors); 1 lmcore failed: a bug
-(with a traceback), a check that `describe --measure` or `run` reports, or output that could
-not be written; 130 interrupted (Ctrl-C). Output that the terminal's encoding cannot show
+(with a traceback), a check that `describe --measure` or `run` reports, output that could
+not be written, or a system error that names no file (in one line, saying what was being done);
+130 interrupted (Ctrl-C). Output that the terminal's encoding cannot show
 (e.g. `×` under PYTHONIOENCODING=ascii) is written with ASCII stand-ins.
 """
 
@@ -105,7 +106,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 say(f"{prog}: error: {e.filename}: {e.strerror or e}{fix}")
                 return 2
             if not _is_stdout_error(e):
-                raise
+                # No file named (safetensors' and tokenizers' errors name none): say what was
+                # being done, in one line, rather than a traceback.
+                say(f"{prog}: error: {_one_line_os(e)} (while {_doing(e)}; a file it read "
+                    "may have been removed or changed meanwhile: try again)")  # fmt: skip
+                return 1
             _silence_stdout()
             say(f"{prog}: error: cannot write the output: {e}")
             return 1
@@ -117,6 +122,25 @@ def _one_line(e: LmcoreError) -> str:
     if isinstance(e, SpecError):
         return str(e)
     return "; ".join(line.strip() for line in str(e).splitlines() if line.strip())
+
+
+def _one_line_os(e: OSError) -> str:
+    text = " ".join(str(e).split()) or type(e).__name__
+    return text if text.startswith(type(e).__name__) else f"{type(e).__name__}: {text}"
+
+
+def _doing(e: BaseException) -> str:
+    """What raised `e`: the innermost of lmcore's functions on its traceback
+    (`lmcore.model.reading.read_tensors ran`), else the innermost function."""
+    import traceback
+
+    frames = list(traceback.walk_tb(e.__traceback__))
+    ours = [f for f, _ in frames if f.f_globals.get("__name__", "").startswith("lmcore")]
+    frame = (ours or [f for f, _ in frames] or [None])[-1]
+    if frame is None:
+        return "running the command"
+    module = str(frame.f_globals.get("__name__", "?"))
+    return f"{module}.{frame.f_code.co_name} ran"
 
 
 def _is_stdout_error(e: OSError) -> bool:

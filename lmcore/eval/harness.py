@@ -22,9 +22,11 @@ passes `batch_size` and `device`.
 from __future__ import annotations
 
 import contextlib
+import glob
 import logging
 import os
-from collections.abc import Sequence
+import re
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +49,7 @@ except ImportError as e:  # pragma: no cover - the message is what the tests see
         name=e.name,  # what the command line names: the missing package
     ) from e
 
-__all__ = ["LmcoreLM", "run_tasks"]
+__all__ = ["LmcoreLM", "check_tasks", "run_tasks"]
 
 EOT = "<|endoftext|>"
 _log = logging.getLogger(__name__)
@@ -282,6 +284,120 @@ def task_manager(tasks: Sequence[str], include_path: Sequence[str] | None) -> An
     return manager
 
 
+_GLOB = re.compile(r"[*?\[]")  # datasets reads these in data_files as glob patterns
+
+
+def _data_files(value: Any, key: str) -> Iterator[tuple[str, str]]:
+    """`(key path, file)` of each file a `data_files` value names (a str, a list of them, or
+    a mapping of splits to either)."""
+    if isinstance(value, str):
+        yield key, value
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            yield from _data_files(v, f"{key}[{i}]")
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            yield from _data_files(v, f"{key}.{k}")
+
+
+def _missing_data(name: str, entry: Any) -> EvalError | None:
+    """The error naming the task, its YAML and the key of a local data file it names that does
+    not exist (resolved as `datasets` resolves it: against the working directory)."""
+    cfg = getattr(entry, "cfg", None) or {}
+    kwargs = cfg.get("dataset_kwargs") if isinstance(cfg, dict) else None
+    files = kwargs.get("data_files") if isinstance(kwargs, dict) else None
+    for key, file in _data_files(files, "dataset_kwargs.data_files"):
+        found = glob.glob(file) if _GLOB.search(file) else [file] if Path(file).exists() else []
+        if not found:
+            return _no_data(name, entry, file, key)
+    return None
+
+
+def _no_data(name: str, entry: Any, file: str, key: str | None = None) -> EvalError:
+    yaml = getattr(entry, "yaml_path", None)
+    where = f" ({key} in {yaml})" if key and yaml else f" (named in {yaml})" if yaml else ""
+    return EvalError(
+        f"--tasks {name!r}: its data file {file!r} does not exist{where}, looked for in "
+        f"{os.getcwd()}, the working directory; fix the path in the task's YAML, or run "
+        "lmcore from the directory the path is relative to"
+    )
+
+
+def _shots(task: Any, num_fewshot: int | None) -> int:
+    """The few-shot examples lm-eval will give `task`'s prompts (`simple_evaluate`'s rule: a
+    YAML's `num_fewshot: 0` stands; else --num-fewshot, else the YAML's, else none)."""
+    configured = task.get_config("num_fewshot")
+    if num_fewshot is None or configured == 0:
+        return int(configured or 0)
+    return num_fewshot
+
+
+def _pool(task: Any) -> tuple[int, bool]:
+    """How many documents `task` draws few-shot examples from, and whether they are its test
+    documents (each prompt's own is then left out, so one fewer can be drawn)."""
+    sampler = getattr(task, "sampler", None)
+    docs = sampler.fewshot_docs() if sampler is not None else task.fewshot_docs()
+    cfg = getattr(task, "fewshot_cfg", None)
+    own = cfg is not None and getattr(cfg, "split", None) == task.config.test_split
+    return len(docs or ()), own
+
+
+def check_tasks(manager: Any, tasks: Sequence[str], num_fewshot: int | None) -> None:
+    """Load each task (its documents) as `simple_evaluate` will, before the model: `EvalError`
+    naming the task, its YAML and the file for a data file that does not exist, and naming
+    both numbers for more few-shot examples than the task's pool holds, where lm-eval would
+    fail later with a traceback."""
+    if num_fewshot is not None and num_fewshot < 0:
+        raise EvalError(f"--num-fewshot {num_fewshot}: must be 0 or more")
+    with _quiet():  # simple_evaluate loads them again, and says what it says then
+        for name in tasks:
+            _check_task(manager, name, num_fewshot)
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """lm-eval's warnings and datasets' progress bars off while the tasks are checked, so that
+    a refusal is one line and a run's output is what it was."""
+    import datasets
+
+    logger = logging.getLogger("lm_eval")
+    level, bars = logger.level, not datasets.are_progress_bars_disabled()
+    logger.setLevel(logging.ERROR)
+    datasets.disable_progress_bars()
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+        if bars:
+            datasets.enable_progress_bars()
+
+
+def _check_task(manager: Any, name: str, num_fewshot: int | None) -> None:
+    """`check_tasks` for one name (a task, a group or a tag)."""
+    entry = manager.task_index.get(name)
+    problem = _missing_data(name, entry)
+    if problem is not None:
+        raise problem
+    try:
+        loaded = manager.load([name])
+    except FileNotFoundError as e:  # a file of a group's task, or one the YAML builds
+        file = e.filename or str(e).removeprefix("Unable to find ").strip("'")
+        raise _no_data(name, entry, file) from None
+    for task_name, task in loaded["tasks"].items():
+        shots = _shots(task, num_fewshot)
+        if shots == 0:
+            continue
+        pool, own = _pool(task)
+        most = pool - 1 if own else pool
+        if shots > most:
+            own_doc = " less each prompt's own (they are its test documents)" if own else ""
+            raise EvalError(
+                f"--num-fewshot {shots}: task {task_name!r} has {pool:,} documents to draw "
+                f"few-shot examples from{own_doc}, so at most {max(most, 0):,}; give "
+                f"--num-fewshot {max(most, 0)} or fewer"
+            )
+
+
 def run_tasks(
     model: str | os.PathLike[str],
     tasks: Sequence[str],
@@ -300,6 +416,7 @@ def run_tasks(
     from lm_eval.utils import make_table
 
     manager = task_manager(tasks, include_path)
+    check_tasks(manager, tasks, num_fewshot)  # before the model: fail in seconds, not after it
     lm = LmcoreLM(model, tokenizer=tokenizer, batch_size=batch_size, device=device, dtype=dtype)
     results: dict[str, Any] = simple_evaluate(
         model=lm,

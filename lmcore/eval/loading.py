@@ -3,9 +3,9 @@
     model, info = load_model("runs/quickstart", device="cpu")
     tokenizer, where = load_tokenizer(info)            # beside it, in its run, in its data
 
-`MODEL` is a model file, a checkpoint directory or a run directory (its newest checkpoint:
-`lmcore.sources.open_checkpoint`); the tokenizer is the one `lmcore.runfiles.find_tokenizer`
-finds for it, unless one is given.
+`MODEL` is a model file, a checkpoint directory or a run directory (its newest checkpoint,
+read again if a training run prunes it meanwhile: `lmcore.runfiles.with_checkpoint`); the
+tokenizer is the one `lmcore.runfiles.find_tokenizer` finds for it, unless one is given.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from lmcore.errors import EvalError
 from lmcore.model.inputs import resolve_device
-from lmcore.runfiles import find_tokenizer
+from lmcore.runfiles import find_tokenizer, with_checkpoint
 from lmcore.sources import open_checkpoint, read_tokenizer
 
 if TYPE_CHECKING:
@@ -39,11 +39,16 @@ def load_model(
 ) -> tuple[TransformerLM, CheckpointInfo]:
     """The model that `path` names, in eval mode on `device` (auto: cuda if available), in
     `dtype` (default: the checkpoint's own), and the checkpoint's info."""
-    source = open_checkpoint(path, registry=registry)
-    model = source.model(resolve_device(device), dtype)
+    where = resolve_device(device)
+
+    def read(file: Path) -> tuple[TransformerLM, CheckpointInfo]:
+        source = open_checkpoint(file, find=False, registry=registry)
+        assert source.info is not None  # a checkpoint's source has its info
+        return source.model(where, dtype), source.info
+
+    model, info = with_checkpoint(path, read)  # a training run may prune what it lists
     model.eval()
-    assert source.info is not None  # a checkpoint's source has its info
-    return model, source.info
+    return model, info
 
 
 def load_tokenizer(

@@ -4,6 +4,11 @@
     result = evaluate_stream(model, stream, batch_size=8, stride=64)
     result.loss, result.perplexity, result.bits_per_byte
 
+Streams are read chunk by chunk (`Stream.chunks`): a text's files are read and tokenised in
+bounded pieces (`lmcore.eval.chunking`, cut where the tokenizer does not merge across, so the ids
+are those of each file tokenised whole), and windows are scored as soon as their tokens are
+there, so memory is bounded by a chunk and a batch of windows, not by the text.
+
 Every token of the stream but the first is predicted exactly once. A window holds up to
 `context_length` input tokens; windows start every `stride` tokens (default: the context
 length, non-overlapping windows) and each scores only the targets the previous window did not,
@@ -23,16 +28,17 @@ import math
 import os
 import sys
 import time
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import torch
 
 from lmcore.errors import EvalError
 from lmcore.eval.bpb import bits_per_byte, token_bytes
+from lmcore.eval.chunking import BLOCK_BYTES, CHUNK_CHARS, text_chunks, utf8_size
 from lmcore.eval.scoring import target_log_probs
 
 if TYPE_CHECKING:
@@ -44,10 +50,14 @@ if TYPE_CHECKING:
 __all__ = [
     "EvalResult",
     "Stream",
+    "TextStream",
+    "Tokens",
     "Window",
     "data_stream",
+    "count_windows",
     "evaluate_stream",
     "plan_windows",
+    "streamed_windows",
     "text_stream",
 ]
 
@@ -63,19 +73,26 @@ class Window:
     scored: int
 
 
-def plan_windows(tokens: int, context_length: int, stride: int | None = None) -> list[Window]:
-    """The windows over a stream of `tokens` ids that predict each of `tokens[1:]` once."""
-    stride = context_length if stride is None else stride
+def _check_stride(stride: int, context_length: int) -> None:
     if not 1 <= stride <= context_length:
         raise EvalError(
             f"--stride {stride}: must be in 1..{context_length} (the context length); "
             f"{context_length} gives non-overlapping windows, less gives every token more context"
         )
+
+
+def _too_short(tokens: int) -> EvalError:
+    return EvalError(
+        f"the text holds {tokens} token{'s' * (tokens != 1)}: nothing to predict; give more text"
+    )
+
+
+def plan_windows(tokens: int, context_length: int, stride: int | None = None) -> list[Window]:
+    """The windows over a stream of `tokens` ids that predict each of `tokens[1:]` once."""
+    stride = context_length if stride is None else stride
+    _check_stride(stride, context_length)
     if tokens < 2:
-        raise EvalError(
-            f"the text holds {tokens} token{'s' * (tokens != 1)}: nothing to predict; give "
-            "more text"
-        )
+        raise _too_short(tokens)
     out, start, done = [], 0, 0  # done: the last target index scored so far
     while True:
         end = min(start + context_length, tokens - 1)  # inputs [start, end), targets to end
@@ -86,51 +103,114 @@ def plan_windows(tokens: int, context_length: int, stride: int | None = None) ->
         start += stride
 
 
+def count_windows(tokens: int, context_length: int, stride: int) -> int:
+    """`len(plan_windows(tokens, context_length, stride))`, without planning them."""
+    if tokens - 1 <= context_length:
+        return 1
+    return 1 + -(-(tokens - 1 - context_length) // stride)
+
+
+class Tokens(Protocol):
+    """What `evaluate_stream` reads: token ids chunk by chunk, and what they are."""
+
+    @property
+    def bytes(self) -> np.ndarray: ...  # int64, bytes of each token id (`token_bytes`)
+    @property
+    def source(self) -> str: ...
+    @property
+    def tokenizer(self) -> str: ...
+    def chunks(self) -> Iterator[np.ndarray]: ...
+    def length(self) -> int | None: ...  # the ids in all, when known without reading them
+
+
+_DATA_CHUNK = 1 << 20  # token ids of prepared data read at a time
+
+
 @dataclass(frozen=True)
 class Stream:
-    """Token ids to evaluate, the bytes each predicted token stands for, and what they are."""
+    """Token ids to evaluate (in memory, or a memory map), the bytes each predicted token
+    stands for, and what they are."""
 
-    tokens: np.ndarray  # int64, the whole stream
+    tokens: np.ndarray  # the whole stream
     bytes: np.ndarray  # int64, bytes of each token (its tokenizer's `token_bytes`)
-    source: str  # e.g. "2 files (12,345 bytes)" or "val split of data/stdlib-2k"
+    source: str  # e.g. "val split of data/stdlib-2k"
     tokenizer: str  # where the tokenizer came from
+
+    def chunks(self) -> Iterator[np.ndarray]:
+        """The ids in int64 pieces (a memory map is read a piece at a time)."""
+        for i in range(0, len(self.tokens), _DATA_CHUNK):
+            yield np.asarray(self.tokens[i : i + _DATA_CHUNK], dtype=np.int64)
+
+    def length(self) -> int:
+        return len(self.tokens)
+
+
+@dataclass(frozen=True)
+class TextStream:
+    """Text files as one stream, read and tokenised chunk by chunk (`chunks`): each file led by
+    `<|endoftext|>`, its text cut where the tokenizer does not merge across
+    (`lmcore.eval.chunking`), so the ids are those of each file tokenised whole."""
+
+    files: tuple[Path, ...]
+    encoder: Tokenizer = field(repr=False)
+    eot: int
+    bytes: np.ndarray
+    source: str  # e.g. "2 files (12,345 bytes)"
+    tokenizer: str
+    chunk: int = CHUNK_CHARS  # characters tokenised at a time
+    block: int = BLOCK_BYTES  # bytes read at a time
+
+    def _encode(self, text: str) -> list[int]:
+        ids: list[int] = self.encoder.encode(text, add_special_tokens=False).ids
+        return ids
+
+    def chunks(self) -> Iterator[np.ndarray]:
+        for path in self.files:
+            yield np.array([self.eot], dtype=np.int64)
+            for piece in text_chunks(path, self._encode, chunk=self.chunk, block=self.block):
+                yield np.array(self._encode(piece), dtype=np.int64)
+
+    def length(self) -> None:
+        return None  # known once read
 
 
 def text_stream(
-    files: Sequence[str | os.PathLike[str]], tokenizer: Tokenizer, where: str = ""
-) -> Stream:
-    """The files as one stream: `<|endoftext|>` before each (see the module's docstring)."""
+    files: Sequence[str | os.PathLike[str]],
+    tokenizer: Tokenizer,
+    where: str = "",
+    *,
+    chunk: int = CHUNK_CHARS,
+    block: int = BLOCK_BYTES,
+) -> TextStream:
+    """The files as one stream: `<|endoftext|>` before each (see the module's docstring). Each
+    file is read once here, in blocks, to refuse one that is not UTF-8 before anything is
+    evaluated and to count its bytes; its tokens are read as they are evaluated."""
     eot = tokenizer.token_to_id(EOT)
     if eot is None:
         raise EvalError(
             f"the tokenizer {where!r} has no {EOT} token to separate documents; use the "
             "tokenizer the model was trained with (lmcore data prepare adds it)"
         )
-    parts: list[list[int]] = []
-    size = 0
-    for f in files:
-        path = Path(f)
-        try:
-            text = path.read_text(encoding="utf-8")
-        except UnicodeDecodeError as e:
-            raise EvalError(f"--text {str(path)!r} is not UTF-8 text ({e.reason})") from None
-        size += len(text.encode("utf-8"))
-        parts.append([eot, *tokenizer.encode(text, add_special_tokens=False).ids])
-    ids = np.fromiter((i for p in parts for i in p), dtype=np.int64)
+    paths = tuple(Path(f) for f in files)
+    size = sum(utf8_size(p, "--text", block) for p in paths)
     shown = str(files[0]) if len(files) == 1 else f"{len(files)} files"
-    return Stream(ids, token_bytes(tokenizer), f"{shown} ({size:,} bytes)", where)
+    return TextStream(
+        paths, tokenizer, eot, token_bytes(tokenizer), f"{shown} ({size:,} bytes)", where,
+        chunk, block,
+    )  # fmt: skip
 
 
 def data_stream(data: TokenData, split: str = "val") -> Stream:
     """A split of prepared data; its bytes come from decoding with the data's tokenizer."""
-    ids = np.asarray(data.split(split), dtype=np.int64)
     where = str(data.path / data.meta.tokenizer_file)
+    ids = data.split(split)  # a memory map: `Stream.chunks` reads it a piece at a time
     return Stream(ids, token_bytes(data.tokenizer()), f"{split} split of {data.path}", where)
 
 
 @dataclass(frozen=True)
 class EvalResult:
-    """What `lmcore eval --text/--data` reports."""
+    """What `lmcore eval --text/--data` reports. `batch_size`: the most windows one forward
+    took (the batch asked for, or fewer when there are fewer windows)."""
 
     source: str
     tokenizer: str
@@ -168,17 +248,22 @@ class EvalResult:
 
 @torch.inference_mode()
 def window_nats(
-    model: TransformerLM, tokens: np.ndarray, windows: Sequence[Window], width: int
+    model: TransformerLM,
+    tokens: np.ndarray,
+    windows: Sequence[Window],
+    width: int,
+    offset: int = 0,
 ) -> list[float]:
     """The summed nats of each window's scored targets, one forward for all of them, each row
     right-padded to `width` (the same in every batch, so that no row's arithmetic depends on
-    the others')."""
+    the others'). `tokens[i]` is the stream's token `offset + i`."""
     device = model.lm_head.weight.device
     x = np.zeros((len(windows), width), dtype=np.int64)
     y = np.zeros((len(windows), width), dtype=np.int64)
     for row, w in enumerate(windows):
-        x[row, : w.length] = tokens[w.start : w.start + w.length]
-        y[row, : w.length] = tokens[w.start + 1 : w.start + w.length + 1]
+        s = w.start - offset
+        x[row, : w.length] = tokens[s : s + w.length]
+        y[row, : w.length] = tokens[s + 1 : s + w.length + 1]
     logits = model(torch.from_numpy(x).to(device))
     picked = target_log_probs(logits, torch.from_numpy(y).to(device))  # (B, T)
     return [
@@ -187,53 +272,130 @@ def window_nats(
     ]
 
 
+class _Sum:
+    """An exactly rounded running sum: `math.fsum` of every value added, kept as Shewchuk's
+    non-overlapping partials (a few floats) rather than a list of every value."""
+
+    def __init__(self) -> None:
+        self.partials: list[float] = []
+
+    def add(self, x: float) -> None:
+        kept = []
+        for y in self.partials:
+            if abs(x) < abs(y):
+                x, y = y, x
+            hi = x + y
+            lo = y - (hi - x)
+            if lo:
+                kept.append(lo)
+            x = hi
+        kept.append(x)
+        self.partials = kept
+
+    def total(self) -> float:
+        return math.fsum(self.partials)
+
+
+def streamed_windows(
+    chunks: Iterator[np.ndarray], context_length: int, stride: int, batch_size: int
+) -> Iterator[tuple[list[Window], np.ndarray, int, int]]:
+    """`(windows, tokens, offset, width)` batch by batch: the windows `plan_windows` gives for
+    the whole stream, `batch_size` at a time, planned as the chunks arrive; `tokens[i]` is the
+    stream's token `offset + i` (what the batch reads, and no more than it needs); `width` is
+    the first window's length. A window is planned once the tokens after it show it is not the
+    last, or the stream has ended."""
+    L = context_length
+    buf = np.empty(0, dtype=np.int64)
+    offset = start = done = width = 0  # buf[0] is token `offset`; the next window starts at `start`
+    batch: list[Window] = []
+    ended = False
+    while not ended:
+        piece = next(chunks, None)
+        if piece is None:
+            ended = True
+        elif len(piece):
+            buf = np.concatenate([buf, piece])
+        n = offset + len(buf)  # tokens seen so far
+        while ended or n >= start + L + 2:  # else: whether it is the last is not known yet
+            if n < 2:
+                raise _too_short(n)
+            end = min(start + L, n - 1)
+            batch.append(Window(start, end - start, end - done))
+            width, done = width or end - start, end
+            last = end == n - 1
+            if len(batch) == batch_size or last:
+                yield batch, buf, offset, width
+                batch = []
+            if last:
+                return
+            start += stride
+            if not batch:  # drop what no window to come reads
+                buf, offset = buf[start - offset :], start
+
+
 def evaluate_stream(
     model: TransformerLM,
-    stream: Stream,
+    stream: Tokens,
     *,
     batch_size: int = 8,
     stride: int | None = None,
     progress: bool | None = None,
 ) -> EvalResult:
-    """Evaluate `model` on every predicted token of `stream` (see the module's docstring).
-    `progress`: a tqdm bar on stderr (None: when stderr is a terminal)."""
+    """Evaluate `model` on every predicted token of `stream` (see the module's docstring),
+    reading it chunk by chunk. `progress`: a tqdm bar on stderr (None: when stderr is a
+    terminal)."""
     from tqdm import tqdm
 
     if batch_size < 1:
         raise EvalError(f"--batch-size {batch_size}: must be a positive integer")
     spec = model.spec
-    if len(stream.tokens) and int(stream.tokens.max()) >= spec.vocab_size:
-        raise EvalError(
-            f"{stream.source} holds token id {int(stream.tokens.max())}, beyond the model's "
-            f"vocab_size={spec.vocab_size}; evaluate with the tokenizer the model was trained with"
-        )
     L = spec.context_length
-    wins = plan_windows(len(stream.tokens), L, stride)
+    step = L if stride is None else stride
+    _check_stride(step, L)
+    known = stream.length()
+    if known is not None and known < 2:
+        raise _too_short(known)
+    table = stream.bytes
+    seen = num_bytes = windows = largest = 0
+
+    def checked() -> Iterator[np.ndarray]:
+        nonlocal seen, num_bytes
+        for piece in stream.chunks():
+            if len(piece) and int(piece.max()) >= spec.vocab_size:
+                raise EvalError(
+                    f"{stream.source} holds token id {int(piece.max())}, beyond the model's "
+                    f"vocab_size={spec.vocab_size}; evaluate with the tokenizer the model was "
+                    "trained with"
+                )
+            num_bytes += int(table[piece[1:] if seen == 0 else piece].sum())  # targets only
+            seen += len(piece)
+            yield piece
+
     start = time.perf_counter()
-    nats: list[float] = []
+    nats = _Sum()
     bar = tqdm(
-        total=len(wins),
+        total=None if known is None else count_windows(known, L, step),
         unit="window",
         file=sys.stderr,
         disable=not sys.stderr.isatty() if progress is None else not progress,
         dynamic_ncols=True,
     )
     with bar:
-        for i in range(0, len(wins), batch_size):
-            batch = wins[i : i + batch_size]
-            nats.extend(window_nats(model, stream.tokens, batch, wins[0].length))
+        for batch, tokens, offset, width in streamed_windows(checked(), L, step, batch_size):
+            for value in window_nats(model, tokens, batch, width, offset):
+                nats.add(value)
+            windows += len(batch)
+            largest = max(largest, len(batch))
             bar.update(len(batch))
-    predicted = len(stream.tokens) - 1
-    num_bytes = int(stream.bytes[stream.tokens[1:]].sum()) if predicted else 0
     return EvalResult(
         source=stream.source,
         tokenizer=stream.tokenizer,
-        tokens=predicted,
+        tokens=seen - 1,
         bytes=num_bytes,
-        nats=math.fsum(nats),
-        windows=len(wins),
+        nats=nats.total(),
+        windows=windows,
         context_length=L,
-        stride=L if stride is None else stride,
-        batch_size=batch_size,
+        stride=step,
+        batch_size=largest,
         seconds=time.perf_counter() - start,
     )

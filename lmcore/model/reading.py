@@ -6,6 +6,7 @@ it), each tensor's bytes verified against the CRC-32 saved with it, and the tens
 
 from __future__ import annotations
 
+import errno
 import json
 import mmap
 import os
@@ -296,6 +297,14 @@ def read_tensors(path: Path, device: torch.device) -> dict[str, Tensor]:
         return load_file(str(path), device=where)
     except SafetensorError as e:  # what the header check cannot see
         raise CheckpointError(f"{path}: safetensors cannot read it: {e}") from None
+    except (OSError, RuntimeError) as e:
+        # safetensors opens the file again (torch maps it: a RuntimeError), naming no file: a
+        # file removed meanwhile (a training run pruning it) is said to be, with its name.
+        if (isinstance(e, OSError) and e.filename is not None) or path.exists():
+            raise
+        raise FileNotFoundError(
+            errno.ENOENT, f"removed while its tensors were read ({e})", str(path)
+        ) from None
 
 
 _LISTED: Final = 12  # names shown per group in a mismatch message

@@ -39,7 +39,8 @@ def test_the_report_shows_loss_perplexity_and_bits_per_byte(
     assert main(["eval", str(eval_checkpoint), "--text", str(eval_checkpoint / "a.py")]) == 0
     out = capsys.readouterr().out
     assert f"model: {eval_checkpoint / 'model.safetensors'}" in out
-    assert "windows: " in out and "stride 16 (non-overlapping), batch 8" in out
+    # 6 windows: one batch of 6, not the 8 asked for by default
+    assert "windows: 6 of up to 16 tokens, stride 16 (non-overlapping), batch 6\n" in out
     assert "nats/token" in out and "perplexity" in out and "bits per byte" in out
     assert len(out.splitlines()) <= 8
 
@@ -97,3 +98,36 @@ def test_tasks_without_lm_eval_name_the_extra(
         "pip install 'lmcore-registry[eval]' (no module named 'lm_eval')"
     )
     assert len(err.splitlines()) == 1
+
+
+def test_a_checkpoint_its_run_prunes_while_it_is_read_is_read_again_as_the_newest(
+    eval_checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    # The probe: `eval RUN` while RUN trained with --keep 1 escaped with a FileNotFoundError
+    # naming no file when the checkpoint listed was removed before its tensors were read.
+    import shutil
+
+    import lmcore.checkpoint
+    from lmcore.runfiles import RUN_FORMAT, RUN_VERSION
+
+    run = tmp_path / "run"
+    shutil.copytree(eval_checkpoint, run / "checkpoints" / "step-000010")
+    (run / "run.json").write_text(json.dumps({"format": RUN_FORMAT, "version": RUN_VERSION}))
+    real, calls = lmcore.checkpoint.read_tensors, []
+
+    def pruned_meanwhile(path: Path, device: torch.device) -> dict[str, torch.Tensor]:
+        calls.append(path.parent.name)
+        if len(calls) == 1:  # the run saves step 11, then removes step 10
+            shutil.copytree(path.parent, path.parent.with_name("step-000011"))
+            shutil.rmtree(path.parent)
+            raise FileNotFoundError(f"No such file or directory: {path}")  # as safetensors says
+        return real(path, device)
+
+    monkeypatch.setattr(lmcore.checkpoint, "read_tensors", pruned_meanwhile)
+    text = str(eval_checkpoint / "a.py")
+    assert main(["eval", str(run), "--text", text]) == 0, capsys.readouterr().err
+    assert calls == ["step-000010", "step-000011"]
+    assert f"model: {run / 'checkpoints' / 'step-000011' / 'model.safetensors'}" in (
+        capsys.readouterr().out
+    )

@@ -200,3 +200,49 @@ def test_a_prompt_longer_than_the_context_is_told_how_much_to_keep(
         "of P tokens leaves room for 17 - P new ones: shorten it, e.g. to its last 8 tokens "
         "(room for 9); lmcore never drops tokens silently\n"
     )
+
+
+def test_a_checkpoint_its_run_prunes_while_it_is_read_is_read_again_as_the_newest(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The probe: `generate RUN` while RUN trained with --keep 1 escaped with a traceback when
+    # the checkpoint listed was removed before its tensors were read.
+    import shutil
+
+    import lmcore.checkpoint
+
+    ckpt = run_dir(tmp_path / "run")
+    saved_model(ckpt)
+    make_tokenizer(tmp_path / "run" / "tokenizer.json")
+    real, calls = lmcore.checkpoint.read_tensors, []
+
+    def pruned_meanwhile(path: Path, device: torch.device) -> dict[str, torch.Tensor]:
+        calls.append(path)
+        if len(calls) == 1:  # the run saves step 11, then removes step 10
+            shutil.copytree(path.parent, path.parent.with_name("step-000011"))
+            shutil.rmtree(path.parent)
+            raise FileNotFoundError(f"No such file or directory: {path}")  # as safetensors says
+        return real(path, device)
+
+    monkeypatch.setattr(lmcore.checkpoint, "read_tensors", pruned_meanwhile)
+    code = main(["generate", str(tmp_path / "run"), "--prompt", "Once", "--max-new-tokens", "2"])
+    assert code == 0, capsys.readouterr().err
+    assert [p.parent.name for p in calls] == ["step-000010", "step-000011"]
+
+
+@pytest.mark.parametrize(
+    ("count", "seconds", "shown"),
+    [(2, 6.08, "0.329 tokens/s, 3.04 s/token"), (1, 1.0, "1 tokens/s"), (6, 0.5, "12 tokens/s"),
+     (97, 100.0, "0.97 tokens/s, 1.03 s/token"), (5_000, 2.0, "2,500 tokens/s"),
+     (0, 0.2, "0 tokens in 0.2 s")],
+)  # fmt: skip
+def test_a_rate_is_shown_with_its_digits_and_below_one_a_second_its_seconds(
+    count: int, seconds: float, shown: str
+) -> None:
+    # The probe: 2 tokens in 6.09 s was reported as "0 tokens/s".
+    from lmcore.cli.generate import per_second
+
+    assert per_second(count, seconds) == shown
+    assert count == 0 or float(shown.split()[0].replace(",", "")) == pytest.approx(
+        count / seconds, rel=5e-3
+    )

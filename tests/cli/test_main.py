@@ -13,6 +13,7 @@ import pytest
 
 from lmcore import Registry, use_registry
 from lmcore.cli.main import main
+from tests.helpers.errors import assert_naming
 from tests.helpers.runs import CHECKPOINT_SPEC
 
 
@@ -189,3 +190,21 @@ def test_the_console_script_round_trip(tmp_path: Path) -> None:
         [script, "describe", str(path)], check=True, capture_output=True, text=True
     )
     assert described.stdout.startswith(f"checkpoint: {path} (")
+
+
+def test_a_system_error_naming_no_file_is_one_line_saying_what_was_being_done(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The probe: `lmcore eval RUN` while RUN pruned its checkpoints escaped with safetensors'
+    # FileNotFoundError, which names no file (its `filename` is None), as a traceback.
+    import lmcore.model.transformer
+
+    def vanished(*args: object, **kwargs: object) -> None:
+        raise FileNotFoundError("No such file or directory: /r/step-000008/model.safetensors")
+
+    monkeypatch.setattr(lmcore.model.transformer, "build_model", vanished)
+    assert main(["build", "cs336-tiny"]) == 1
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1
+    assert_naming(err, "lmcore build: error: FileNotFoundError: No such file or directory: "
+                  "/r/step-000008/model.safetensors", "(while lmcore.cli.build.run ran", "try again")  # fmt: skip

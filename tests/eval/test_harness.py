@@ -21,6 +21,7 @@ from tokenizers import Tokenizer  # noqa: E402
 import lmcore  # noqa: E402
 from lmcore.cli.main import main  # noqa: E402
 from lmcore.data import EOT  # noqa: E402
+from tests.helpers.errors import assert_naming  # noqa: E402
 from tests.helpers.runs import byte_level_bpe  #  noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -150,3 +151,107 @@ def test_an_unknown_task_is_named_with_a_suggestion(
     err = capsys.readouterr().err
     assert "--tasks 'lmcore_python_mcq': no task of that name in lm-eval or in " in err
     assert "did you mean 'lmcore_python_mc'" in err
+
+
+# ------------------------------------------------------------------ tasks refused before the model
+
+
+def _no_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The model may not be loaded: these are refused before it (in seconds, not after it)."""
+    import lmcore.eval.harness
+
+    def refused(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the model was loaded before the tasks were checked")
+
+    monkeypatch.setattr(lmcore.eval.harness, "LmcoreLM", refused)
+
+
+def _task(root: Path, data_file: str, docs: int = 0) -> Path:
+    """`root/tasks/probe_mc.yaml`, a multiple-choice task reading `data_file` (written with
+    `docs` documents when docs > 0)."""
+    (root / "tasks").mkdir(parents=True, exist_ok=True)
+    if docs:
+        (root / data_file).write_text("".join(json.dumps(
+            {"question": f"q{i}", "answer": i % 2, "choices": [" a", " b"]}) + "\n"
+            for i in range(docs)))  # fmt: skip
+    (root / "tasks" / "probe_mc.yaml").write_text(
+        f"task: probe_mc\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {data_file}\n"
+        "test_split: test\noutput_type: multiple_choice\ndoc_to_text: '{{question}}'\n"
+        "doc_to_choice: choices\ndoc_to_target: answer\nmetric_list:\n  - metric: acc\n"
+    )  # fmt: skip
+    return root / "tasks"
+
+
+def test_a_task_whose_data_file_is_missing_is_named_with_its_yaml_before_the_model(
+    eval_checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    # The probe: a FileNotFoundError traceback from datasets, naming neither task nor YAML.
+    monkeypatch.chdir(tmp_path)
+    tasks = _task(tmp_path, "missing.jsonl")
+    _no_model(monkeypatch)
+    argv = ["eval", str(eval_checkpoint), "--tasks", "probe_mc", "--include-path", str(tasks)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1
+    assert_naming(err, "'probe_mc'", "'missing.jsonl' does not exist",
+                  f"dataset_kwargs.data_files.test in {tasks / 'probe_mc.yaml'}", str(tmp_path),
+                  "fix the path")  # fmt: skip
+
+
+def test_more_few_shot_examples_than_the_pool_holds_names_both_numbers_before_the_model(
+    eval_checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    # The probe: `ValueError: Sample larger than population` from lm-eval's sampler.
+    monkeypatch.chdir(tmp_path)
+    tasks = _task(tmp_path, "docs.jsonl", docs=20)
+    _no_model(monkeypatch)
+    argv = ["eval", str(eval_checkpoint), "--tasks", "probe_mc", "--include-path", str(tasks)]
+    assert main([*argv, "--num-fewshot", "50"]) == 2
+    # no few-shot split: lm-eval draws from the 20 test documents (random.sample of 20)
+    assert_naming(capsys.readouterr().err, "--num-fewshot 50", "'probe_mc'", "20 documents",
+                  "at most 20", "--num-fewshot 20 or fewer")  # fmt: skip
+    with pytest.raises(AssertionError, match="the model was loaded"):  # 20 fit: on to the model
+        main([*argv, "--num-fewshot", "20"])
+    # a few-shot split that is the test split: each prompt's own document is left out
+    yaml = tasks / "probe_mc.yaml"
+    yaml.write_text(yaml.read_text() + "fewshot_split: test\n")
+    assert main([*argv, "--num-fewshot", "20"]) == 2
+    assert_naming(capsys.readouterr().err, "--num-fewshot 20", "20 documents", "own",
+                  "at most 19")  # fmt: skip
+
+
+def test_output_is_checked_before_the_evaluation_and_its_results_kept_when_writing_fails(
+    eval_checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    import lmcore.cli.eval
+
+    monkeypatch.chdir(tmp_path)
+    tasks = _task(tmp_path, "docs.jsonl", docs=2)
+    argv = ["eval", str(eval_checkpoint), "--tasks", "probe_mc", "--include-path", str(tasks)]
+    other = tmp_path / "notes.txt"  # not results: never replaced
+    other.write_text("my notes")
+    assert main([*argv, "--output", str(other)]) == 2
+    assert_naming(capsys.readouterr().err, f"--output {str(other)!r} exists", "not a results",
+                  "remove it or give another path")  # fmt: skip
+    assert other.read_text() == "my notes"
+    # The probe: --output DIR failed with "Is a directory" after the whole evaluation.
+    (tmp_path / "results").mkdir()
+    assert main([*argv, "--output", "results"]) == 0
+    saved = json.loads((tmp_path / "results" / "results.json").read_text())
+    assert saved["results"]["probe_mc"]["sample_len"] == 2
+    assert "results: results/results.json" in capsys.readouterr().out
+    assert main([*argv, "--output", "results"]) == 0  # an earlier run's results: replaced
+
+    def full(*args: object, **kwargs: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(lmcore.cli.eval, "atomic_write", full)  # checked, then the disk fills
+    capsys.readouterr()
+    assert main([*argv, "--output", "later.json"]) == 1
+    out, err = capsys.readouterr()
+    assert json.loads(out)["results"]["probe_mc"]["sample_len"] == 2  # nothing lost
+    assert_naming(err, "--output 'later.json' could not be written", "No space left",
+                  "printed above")  # fmt: skip

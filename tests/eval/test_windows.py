@@ -6,13 +6,20 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
 from lmcore.data import EOT
 from lmcore.errors import EvalError
-from lmcore.eval.windows import evaluate_stream, plan_windows, text_stream
+from lmcore.eval.windows import (
+    Stream,
+    evaluate_stream,
+    plan_windows,
+    streamed_windows,
+    text_stream,
+)
 from tests.helpers.runs import eval_model, eval_tokenizer
 
 pytestmark = pytest.mark.usefixtures("single_thread")  # tiny models: one thread is faster
@@ -49,7 +56,7 @@ def test_loss_matches_cross_entropy_of_each_window_and_bpb_the_files_bytes(
     files = [eval_checkpoint / "a.py", eval_checkpoint / "b.py"]
     stream = text_stream(files, tok)
     result = evaluate_stream(model, stream, batch_size=3)
-    ids = torch.tensor(stream.tokens)
+    ids = torch.tensor(np.concatenate(list(stream.chunks())))
     assert ids[0] == tok.token_to_id(EOT) and (ids == ids[0]).sum() == 2  # one before each file
     nats = 0.0
     with torch.no_grad():
@@ -67,8 +74,8 @@ def test_loss_matches_cross_entropy_of_each_window_and_bpb_the_files_bytes(
 def test_stride_one_gives_every_token_the_full_context_before_it(eval_checkpoint: Path) -> None:
     model, tok = eval_model(), eval_tokenizer()
     stream = text_stream([eval_checkpoint / "b.py"], tok)
-    ids = torch.tensor(stream.tokens[:40])
-    stream = type(stream)(stream.tokens[:40], stream.bytes, "x", "y")
+    ids = torch.tensor(np.concatenate(list(stream.chunks()))[:40])
+    stream = Stream(ids.numpy(), stream.bytes, "x", "y")
     result = evaluate_stream(model, stream, batch_size=4, stride=1)
     nats = 0.0
     with torch.no_grad():
@@ -76,3 +83,56 @@ def test_stride_one_gives_every_token_the_full_context_before_it(eval_checkpoint
             ctx = ids[max(0, j - 16) : j]
             nats -= float(model(ctx[None])[0, -1].log_softmax(-1)[ids[j]])
     assert result.nats == pytest.approx(nats, rel=1e-5)
+
+
+def test_windows_planned_as_chunks_arrive_are_those_planned_for_the_whole_stream() -> None:
+    rng = np.random.default_rng(0)
+    for n in (2, 3, 17, 18, 19, 40, 101):
+        for L, stride, batch in ((16, 16, 3), (16, 5, 2), (4, 1, 8), (1, 1, 1)):
+            cuts = np.sort(rng.integers(0, n, size=5))
+            ids = np.arange(n, dtype=np.int64) * 7
+            chunks = iter(np.split(ids, cuts))
+            seen = []
+            for wins, tokens, offset, width in streamed_windows(chunks, L, stride, batch):
+                assert len(wins) <= batch
+                assert width == min(L, n - 1)  # the first window's length, in every batch
+                for w in wins:  # what each window reads is in the tokens handed with it
+                    assert offset <= w.start
+                    part = tokens[w.start - offset : w.start - offset + w.length + 1]
+                    assert list(part) == list(ids[w.start : w.start + w.length + 1])
+                seen += wins
+            assert seen == plan_windows(n, L, stride), (n, L, stride)
+
+
+def test_a_streamed_text_gives_the_numbers_of_the_whole_text_tokenised_at_once(
+    tmp_path: Path,
+) -> None:
+    # ~200 KB cut every ~600 characters, read 7 bytes at a time: the result is the one of the
+    # whole file read and tokenised at once (how `lmcore eval --text` read it before), exactly
+    from tests.eval.test_chunking import hostile_text
+
+    model, tok = eval_model(), eval_tokenizer()
+    files = [tmp_path / "a.txt", tmp_path / "b.txt"]
+    files[0].write_bytes(hostile_text(200_000).encode("utf-8"))
+    files[1].write_bytes(hostile_text(3_000, seed=1).encode("utf-8"))
+    whole = np.array([i for f in files for i in [tok.token_to_id(EOT), *tok.encode(
+        f.read_text(encoding="utf-8"), add_special_tokens=False).ids]], dtype=np.int64)  # fmt: skip
+    size = sum(len(f.read_text(encoding="utf-8").encode("utf-8")) for f in files)
+    streamed = text_stream(files, tok, "tok", chunk=600, block=7)
+    assert np.array_equal(np.concatenate(list(streamed.chunks())), whole)
+    at_once = evaluate_stream(model, Stream(whole, streamed.bytes, streamed.source, "tok"),
+                              batch_size=512, stride=12)  # fmt: skip
+    result = evaluate_stream(model, streamed, batch_size=512, stride=12)
+    assert (result.nats, result.tokens, result.bytes, result.windows) == (
+        at_once.nats, at_once.tokens, at_once.bytes, at_once.windows)  # fmt: skip
+    assert result.tokens == len(whole) - 1 and streamed.source == f"2 files ({size:,} bytes)"
+    table = streamed.bytes
+    assert result.bytes == int(table[whole[1:]].sum()) == size  # byte-level: the text's bytes
+
+
+def test_the_batch_reported_is_the_one_used() -> None:
+    model = eval_model()
+    ids = np.arange(1, 40, dtype=np.int64)
+    stream = Stream(ids, np.ones(300, dtype=np.int64), "x", "y")
+    assert evaluate_stream(model, stream, batch_size=8).batch_size == 3  # 39 tokens: 3 windows
+    assert evaluate_stream(model, stream, batch_size=2).batch_size == 2

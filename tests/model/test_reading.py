@@ -214,3 +214,33 @@ def test_metadata_nested_too_deep_is_one_line(saved: Path, tmp_path: Path) -> No
     ) as caught:
         lmcore.load(bad)
     assert "\n" not in str(caught.value)
+
+
+def test_a_file_removed_while_its_tensors_are_read_is_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The probe: `eval RUN` while RUN pruned its checkpoints escaped with torch's
+    # "RuntimeError: unable to mmap ...: No such file or directory (2)" (safetensors opens the
+    # file again through torch), naming no file as an OSError would.
+    import lmcore.model.reading as reading
+
+    path = tmp_path / "m.safetensors"
+    lmcore.save(lmcore.build_model("cs336-tiny"), path)
+
+    def pruned(name: str, device: str) -> None:
+        Path(name).unlink()
+        raise RuntimeError(f"unable to mmap 1024 bytes from file <{name}>: No such file or directory (2)")
+
+    monkeypatch.setattr(reading, "load_file", pruned)
+    with pytest.raises(FileNotFoundError, match="removed while its tensors were read") as e:
+        reading.read_tensors(path, torch.device("cpu"))
+    assert e.value.filename == str(path)  # what `lmcore.runfiles.with_checkpoint` and main see
+
+    lmcore.save(lmcore.build_model("cs336-tiny"), path)
+
+    def out_of_memory(name: str, device: str) -> None:  # the file is there: not about it
+        raise RuntimeError("DefaultCPUAllocator: can't allocate memory")
+
+    monkeypatch.setattr(reading, "load_file", out_of_memory)
+    with pytest.raises(RuntimeError, match="can't allocate memory"):
+        reading.read_tensors(path, torch.device("cpu"))
