@@ -101,7 +101,9 @@ class Row:
 
     def instances(self, num_layers: int) -> int:
         """How many modules this row stands for in a model of `num_layers` layers."""
-        return sum(1 for _ in self.paths(num_layers))
+        if self.layers is None:
+            return min(num_layers, self.count) if self.per_layer else 1
+        return sum(1 for i in self.layers if i < num_layers)
 
     def paths(self, num_layers: int) -> Iterator[str]:
         """The module paths this row stands for in a built `TransformerLM` (of `num_layers`
@@ -354,18 +356,20 @@ def account(
                 activations_each=8 * tokens)]  # fmt: skip
     # One instance per distinct encoding, applied once per forward, rotating in the layers it
     # serves (the model's `pos`, then `layer_pos.0`, ... in the order of their canonical spec).
-    variants = sorted({b.spec.pos for b in bp.layers} - {spec.pos}, key=str)
+    # Identical layers are counted once and multiplied (`Blueprint.groups`): the work does not
+    # grow with num_layers.
+    groups = bp.groups()
+    variants = sorted({b.spec.pos for _, b in groups} - {spec.pos}, key=str)
     for j, pos in enumerate((spec.pos, *variants)):
-        lbp = next((b for b in bp.layers if b.spec.pos == pos), bp)
-        uses = sum(1 for b in bp.layers if b.spec.pos == pos)
+        lbp = next((b for _, b in groups if b.spec.pos == pos), bp)
+        uses = sum(len(ls) for ls, b in groups if b.spec.pos == pos)
         name = "pos" if j == 0 else f"layer_pos.{j - 1}"
         rows.append(declared(lbp.parts["pos"], lbp.kwargs("pos"), name, "embeddings", 1, uses=uses))
-    groups = bp.groups()
     for layers, lbp in groups:
         if len(groups) == 1:
             rows += layer(lbp, "layers.*", None)
         else:
-            rows += layer(lbp, f"layers[{format_layers(layers, n_layers)}]", layers)
+            rows += layer(lbp, f"layers[{format_layers(layers, n_layers)}]", tuple(layers))
     rows.append(declared(bp.parts["norm"], bp.kwargs("norm"), "ln_final", "norms", 1))
     rows.append(lm_head)
     if spec.logit_softcap:  # tanh keeps its output, the logits' size, in the model's dtype
