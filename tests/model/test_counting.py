@@ -207,8 +207,8 @@ def test_a_model_beyond_the_limit_is_refused_before_allocating(monkeypatch) -> N
         ModelTooLargeError,
         "num_layers=1,000,000",
         "module objects alone",
-        "30.52 GiB of host memory",
-        "32.00 KiB per layer",
+        f"{10**6 * 36 * 2**10 / 2**30:.2f} GiB of host memory",  # 36 KiB a layer, measured
+        "36.00 KiB per layer",
         "meta included",
         "16.00 GiB",
     ):
@@ -237,8 +237,12 @@ def test_max_bytes_is_the_callers_limit() -> None:
         "the largest part is token_embeddings (2.44 MiB)",
     ):
         build_model("cs336-tiny", max_bytes=1_000_000)
-    # Exactly enough: weights (1,403,328 float32 parameters) and RoPE's tables (1,024 bytes).
-    assert build_model("cs336-tiny", max_bytes=4 * 1_403_328 + 1_024) is not None
+    # Exactly enough: weights (1,403,328 float32 parameters), RoPE's tables (1,024 bytes) and
+    # what they are computed from, freed after: 16 float32 positions and 16 × 8 angles.
+    peak = 4 * 1_403_328 + 1_024 + 4 * 16 + 4 * 16 * 8
+    assert build_model("cs336-tiny", max_bytes=peak) is not None
+    with raises_naming(ModelTooLargeError, f"peaks at 5.35 MiB ({peak:,} bytes)", "pos", "576 B"):
+        build_model("cs336-tiny", max_bytes=peak - 1)
 
 
 def test_the_default_limit_is_the_memory_available_and_none_on_meta(monkeypatch) -> None:
