@@ -366,8 +366,11 @@ def describe(
         if activations is None:
             missing = acc.undeclared_components()
             note = f"{' and '.join(missing)} declare{'s' if len(missing) == 1 else ''} none"
-        full = model if model is not None and probe.spec == bp.spec else None
-        full = full or build_model(bp, device="meta", dtype=dtype)
+        full = (
+            model
+            if model is not None and probe.spec == bp.spec
+            else build_model(bp, device="meta", dtype=dtype)
+        )
         try:
             measured = measure_activations(acc, full)
         except LmcoreError:
