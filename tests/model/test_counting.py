@@ -339,8 +339,8 @@ def test_the_size_check_counts_the_tables_temporaries(monkeypatch, context, limi
 @pytest.mark.skipif(not __import__("sys").platform.startswith("linux"), reason="reads /proc")
 def test_the_estimated_peak_is_the_measured_one() -> None:
     """The build's peak RSS above what the process held before, in a fresh process, is the
-    estimate (weights, tables and their temporaries) within 2%, for RoPE's tables and the
-    sinusoidal one (the estimate without temporaries fell 35% short)."""
+    estimate (weights, tables and their temporaries) within a few MiB, for RoPE's tables and
+    the sinusoidal one (the estimate without temporaries fell 35% short)."""
     import json
     import subprocess
     import sys
@@ -363,5 +363,6 @@ def test_the_estimated_peak_is_the_measured_one() -> None:
         ).stdout
         estimate, measured = json.loads(out)
         assert estimate > 150 * 2**20
-        # within 2% either way: the process itself moves a few MiB (imports, the allocator)
-        assert abs(measured - estimate) < 0.02 * estimate, (pos, estimate, measured)
+        # within 16 MiB either way: the process itself moves a few (imports, the allocator);
+        # the temporaries left out would be 72 MiB (rope) and 776 MiB (sinusoidal)
+        assert abs(measured - estimate) < 16 * 2**20, (pos, estimate, measured)
