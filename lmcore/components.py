@@ -95,7 +95,7 @@ _ARG_TYPES: Final = (int, float, bool, str)
 # Declarations a component may leave out (None).
 OPTIONAL_DECLARATIONS: Final = (
     "activations", "default_d_ff", "validate", "buffers", "norms", "shared_input",
-    "active_params",
+    "active_params", "temporaries", "modules",
 )  # fmt: skip
 # How an argument appears in the canonical form: every value ("always", the rule since the
 # first release), or only a value other than the default ("changed": for arguments added to a
@@ -222,6 +222,15 @@ class Component:
         the shared ones). None (the default): all of them. `flops` counts the work actually
         done, i.e. that of the active parameters.
 
+    temporaries(**dims, **args, dtype) -> int: bytes the factory allocates beyond the module's
+        parameters and buffers while it builds, freed when it returns (e.g. the angles RoPE's
+        tables are computed from). lmcore's size check adds the largest to the total, so the
+        check covers the build's peak. None (the default): none.
+    modules(**dims, **args) -> int: the `nn.Module` objects one built module is, itself and
+        every submodule included (a mixture of experts: one per expert and more). They cost
+        host memory and build time on any device, meta included; lmcore's size check counts
+        them. None (the default): a few, within lmcore's per-layer estimate.
+
     `activations` and `buffers` may also give None for particular arguments, meaning unknown
     (e.g. a mixture whose expert declares none): they are then measured as if undeclared.
 
@@ -245,6 +254,8 @@ class Component:
     norms: Callable[..., Sequence[str]] | None = None
     shared_input: Callable[..., bool] | None = None
     active_params: Callable[..., int] | None = None
+    temporaries: Callable[..., int] | None = None
+    modules: Callable[..., int] | None = None
 
     def arg(self, name: str) -> Arg | None:
         return next((a for a in self.args if a.name == name), None)
@@ -289,6 +300,8 @@ _ROLES: Final[Mapping[str, str]] = {
     "default_d_ff": "default_d_ff",
     "norms": "norms declaration",
     "shared_input": "shared_input declaration",
+    "temporaries": "temporaries declaration",
+    "modules": "modules declaration",
 }
 
 

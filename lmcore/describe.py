@@ -29,6 +29,7 @@ from lmcore.errors import LmcoreError
 from lmcore.model.counting import (
     Accounting,
     AccountingError,
+    Footprint,
     Row,
     account,
 )
@@ -38,6 +39,10 @@ from lmcore.registry import Registry
 from lmcore.spec import ModelSpec
 
 ADAMW_STATE_BYTES: Final = 8  # two float32 moments per parameter
+# The most module objects `describe` builds on meta to check the declarations against (a few
+# seconds of Python); a model whose two layers hold more (a mixture of ten thousand experts) is
+# described from its declarations alone, and says so.
+PROBE_MODULES: Final = 2**15
 
 
 # ---------------------------------------------------------------------- the built model
@@ -300,6 +305,8 @@ class Description:
     accounting: Accounting
     memory: TrainingMemory
     mismatches: tuple[str, ...] = ()
+    # Why the declarations were not checked against a meta-device build ("": they were).
+    unchecked: str = ""
 
 
 def describe(
@@ -325,14 +332,28 @@ def describe(
     probe = bp
     if not bp.spec.layers:
         probe = replace(bp, spec=replace(bp.spec, num_layers=min(bp.spec.num_layers, 2)))
-    model = build_model(probe, device="meta", dtype=dtype)
-    check_params(acc, model)
-    check_buffers(acc, model)
-    built = measured_buffers(acc, model)  # for components that declare none
+    objects = Footprint(account(probe, batch=1, seq_len=1, dtype=dtype)).modules
+    model: TransformerLM | None = None
+    unchecked = ""
+    if objects > PROBE_MODULES:
+        unchecked = (
+            f"the declarations were not checked against a meta-device build: "
+            f"{probe.spec.num_layers} layer{'s' if probe.spec.num_layers > 1 else ''} of it "
+            f"would be about {objects:,} module objects (describe builds at most "
+            f"{PROBE_MODULES:,})"
+        )
+        built: dict[str, int] = {}
+    else:
+        model = build_model(probe, device="meta", dtype=dtype)
+        check_params(acc, model)
+        check_buffers(acc, model)
+        built = measured_buffers(acc, model)  # for components that declare none
 
     def row_buffers(r: Row) -> int:
         if r.buffers is not None:
             return r.buffers
+        if model is None:  # unknown without a build: left out, as `unchecked` says
+            return 0
         return built[r.name] // r.instances(len(model.layers)) * r.count
 
     buffers = sum(row_buffers(r) for r in acc.rows)
@@ -345,7 +366,11 @@ def describe(
         if activations is None:
             missing = acc.undeclared_components()
             note = f"{' and '.join(missing)} declare{'s' if len(missing) == 1 else ''} none"
-        full = build_model(bp, device="meta", dtype=dtype) if probe.spec != bp.spec else model
+        full = (
+            model
+            if model is not None and probe.spec == bp.spec
+            else build_model(bp, device="meta", dtype=dtype)
+        )
         try:
             measured = measure_activations(acc, full)
         except LmcoreError:
@@ -375,4 +400,6 @@ def describe(
         activations_source=source,
         note=note,
     )
-    return Description(accounting=acc, memory=memory, mismatches=mismatches)
+    if unchecked and any(r.buffers is None for r in acc.rows):
+        unchecked += "; the buffers of components that declare none are left out"
+    return Description(accounting=acc, memory=memory, mismatches=mismatches, unchecked=unchecked)

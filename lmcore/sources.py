@@ -26,10 +26,11 @@ argument names without reading anything; `Location.open` reads and resolves it.
 
 from __future__ import annotations
 
+import errno
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Final, Literal
 
 from lmcore.blueprint import Blueprint, resolve
 from lmcore.checkpoint import CheckpointInfo, build_from_checkpoint, read_info, resolve_checkpoint
@@ -50,6 +51,7 @@ __all__ = [
     "Kind",
     "Location",
     "Source",
+    "could_be_path",
     "is_checkpoint_path",
     "load",
     "locate",
@@ -133,15 +135,43 @@ def is_checkpoint_path(text: str) -> bool:
     return text.endswith(SUFFIX) or (("/" in text or os.sep in text) and "=" not in text)
 
 
+# The longest file name and path the system takes (Linux's); a longer string is no path.
+NAME_MAX: Final = 255
+PATH_MAX: Final = 4096
+
+
+def could_be_path(text: str) -> bool:
+    """Whether `text` could name a file at all: no NUL, no name of it over `NAME_MAX` bytes,
+    not over `PATH_MAX` in all. A spec string (a canonical one runs to hundreds of bytes) that
+    cannot be a path is never looked up as one."""
+    if "\0" in text:
+        return False
+    raw = os.fsencode(text)
+    if len(raw) >= PATH_MAX:
+        return False
+    return all(len(name) <= NAME_MAX for name in raw.split(b"/"))
+
+
+def _is_dir(p: Path) -> bool:
+    """`p.is_dir()`, False where the system says the name is too long (a limit below ours)."""
+    try:
+        return p.is_dir()
+    except OSError as e:
+        if e.errno == errno.ENAMETOOLONG:
+            return False
+        raise
+
+
 def locate(text: str, *, directories: bool = False) -> Location:
     """What the model argument `text` names (see the module's docstring). `directories`: a
     directory is a checkpoint or run directory (`find_checkpoint` finds its model file, or says
     why there is none), and any path a checkpoint; else a directory (or `.json` file) holding a
     Hugging Face config is that architecture."""
     p = Path(text)
-    if directories and (p.is_dir() or is_checkpoint_path(text)):
+    is_dir = could_be_path(text) and _is_dir(p)
+    if directories and (is_dir or is_checkpoint_path(text)):
         return Location(text, "checkpoint", find_checkpoint(p))
-    if text.endswith(".json") or p.is_dir():
+    if (text.endswith(".json") and could_be_path(text)) or is_dir:
         from lmcore.hf.convert import config_path  # Hugging Face's tables, for its sources only
 
         config = config_path(text)

@@ -171,6 +171,27 @@ def activations(
     return total
 
 
+# The module objects of an expert that does not declare its own: a gated feed-forward network
+# and its three projections.
+EXPERT_MODULES: Final = 4
+
+
+def modules(
+    d_model: int, d_ff: int, num_experts: int, expert: Part, shared: Part | None, shared_gate: str
+) -> int:
+    """The layer, its router and expert list, each expert's modules, the shared expert's and
+    its gate: the host memory and build time of a mixture grow with its experts."""
+
+    def of(part: Part) -> int:
+        n = part.count("modules", d_model=d_model, d_ff=d_ff)
+        return EXPERT_MODULES if n is None else n
+
+    total = 3 + num_experts * of(expert)
+    if shared is not None:
+        total += of(shared) + _gate(shared, shared_gate)
+    return total
+
+
 def validate(
     d_model: int,
     d_ff: int,
@@ -252,6 +273,7 @@ def lmcore_components() -> list[Component]:
             flops=flops,
             activations=activations,
             active_params=active_params,
+            modules=modules,
             default_d_ff=gated_d_ff,
             validate=validate,
             features=frozenset({"compile"}),

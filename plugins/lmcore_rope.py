@@ -314,6 +314,10 @@ def lmcore_components() -> list[Component]:
             buffers=lambda context_length, head_dim, fraction: (
                 8 * context_length * (rotary_dim(head_dim, fraction) // 2)
             ),
+            # What the tables are computed from: the float32 positions and angles.
+            temporaries=lambda context_length, head_dim, fraction: (
+                4 * context_length * (1 + rotary_dim(head_dim, fraction) // 2)
+            ),
             features=frozenset({"rotary", "relative", "compile"}),
             validate=_check,
         )

@@ -72,6 +72,8 @@ def lmcore_components() -> list[Component]:
             help="fixed sin/cos absolute positions added to the token embeddings (Vaswani 2017)",
             activations=lambda: 0,  # a fixed table: nothing that needs a gradient
             buffers=lambda context_length, d_model: 4 * context_length * d_model,  # float32
+            # The float32 positions, the angles and their sines and cosines, before the stack.
+            temporaries=lambda context_length, d_model: 4 * context_length * (1 + 3 * d_model // 2),
             features=frozenset({"absolute", "compile"}),
             validate=_check,
         )

@@ -15,6 +15,7 @@ from lmcore.cli.common import UsageError
 from lmcore.errors import CheckpointError, EvalError, SpecError
 from lmcore.runfiles import find_checkpoint
 from lmcore.sources import (
+    could_be_path,
     is_checkpoint_path,
     locate,
     open_checkpoint,
@@ -141,3 +142,44 @@ def test_load_takes_a_checkpoint_directory_or_a_run_directory(tmp_path: Path) ->
         f"`lmcore convert --from-hf {hf} OUT.safetensors`",
     ):
         lmcore.load(hf)
+
+
+# A canonical spec as lmcore prints it, longer than a file name may be (issue 32: "File name too
+# long" from describe, build, run, train and generate).
+LONG = str(
+    lmcore.parse_spec(
+        "vocab_size=300, context_length=32, d_model=32, num_layers=1, num_heads=2, "
+        "ffn=moe(num_experts=4, shared=swiglu)"
+    )
+)
+
+
+def test_a_spec_longer_than_a_file_name_is_never_tried_as_a_path(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert len(LONG.encode()) > 255
+    looked: list[str] = []
+    original = Path.is_dir
+    monkeypatch.setattr(Path, "is_dir", lambda p: looked.append(str(p)) or original(p))
+    for directories in (False, True):
+        assert locate(LONG, directories=directories).kind == "spec"
+    assert looked == []
+    assert str(open_model(LONG).blueprint.spec) == LONG
+
+
+def test_what_could_be_a_path() -> None:
+    assert could_be_path("runs/quickstart") and could_be_path("a" * 255 + "/m.safetensors")
+    assert not could_be_path("a" * 256) and not could_be_path("x\0y")
+    assert not could_be_path("/".join(["a" * 200] * 21))  # 4,220 bytes: over PATH_MAX
+
+
+def test_a_name_the_system_finds_too_long_is_a_spec(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file system whose names are shorter than 255 bytes says ENAMETOOLONG: not a path."""
+    import errno
+
+    def too_long(p: Path) -> bool:
+        raise OSError(errno.ENAMETOOLONG, "File name too long", str(p))
+
+    monkeypatch.setattr(Path, "is_dir", too_long)
+    assert locate("cs336-tiny, pos=nope").kind == "spec"
+    assert locate("cs336-tiny, pos=nope", directories=True).kind == "spec"

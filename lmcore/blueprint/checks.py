@@ -4,6 +4,8 @@ the features the model asks of it (an attention bias, a sliding window, capped s
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from lmcore.blueprint.origins import Origins
 from lmcore.blueprint.resolved import SLOT_KINDS, Blueprint
 from lmcore.errors import PluginError, one_of
@@ -47,7 +49,7 @@ def check_shape(origins: Origins, bp: Blueprint) -> None:
         _check_kernel(origins, lbp, layers)
 
 
-def _check_components(origins: Origins, bp: Blueprint, layers: tuple[int, ...]) -> None:
+def _check_components(origins: Origins, bp: Blueprint, layers: Sequence[int]) -> None:
     """Each component's `validate` for the layers `bp` stands for."""
     spec = bp.spec
     for slot in bp.parts:
@@ -75,7 +77,7 @@ def _check_components(origins: Origins, bp: Blueprint, layers: tuple[int, ...]) 
                 ) from None
 
 
-def _check_norms(origins: Origins, bp: Blueprint, layers: tuple[int, ...]) -> None:
+def _check_norms(origins: Origins, bp: Blueprint, layers: Sequence[int]) -> None:
     """The block's `norms` declaration, and a `qk_norm_scope` with no qk_norm to apply to."""
     try:
         names = bp.norm_names()
@@ -103,7 +105,7 @@ def _check_norms(origins: Origins, bp: Blueprint, layers: tuple[int, ...]) -> No
         )
 
 
-def _check_kernel(origins: Origins, bp: Blueprint, layers: tuple[int, ...]) -> None:
+def _check_kernel(origins: Origins, bp: Blueprint, layers: Sequence[int]) -> None:
     """The attention kernel declares each feature the model asks of it."""
     spec = bp.spec
     pos, attn = bp.component("pos"), bp.component("attn")

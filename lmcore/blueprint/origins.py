@@ -9,6 +9,7 @@ from its item, so that a bad value is blamed where it was written.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,7 +53,7 @@ class Origins:
             start, end = origin.item.value.start, origin.item.value.end
         return SpecError(message, origin.text, start, end)
 
-    def at_slot(self, key: str, message: str, layers: tuple[int, ...] = ()) -> SpecError:
+    def at_slot(self, key: str, message: str, layers: Sequence[int] = ()) -> SpecError:
         """Blame the per-layer item that gave `key` to `layers[0]`, else `key`'s value, else the
         preset, else the whole spec."""
         if layers and (key, layers[0]) in self.blame:

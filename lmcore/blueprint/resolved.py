@@ -4,7 +4,7 @@ filling each component slot. Everything downstream takes one and never parses a 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
@@ -85,7 +85,9 @@ class Blueprint:
 
     @cached_property
     def layers(self) -> tuple[Blueprint, ...]:
-        """The blueprint of each layer: its own values in `spec` and its own parts."""
+        """The blueprint of each layer: its own values in `spec` and its own parts; one entry
+        per layer, so for building only: counting and checks use `groups()`, whose cost does not
+        grow with the layer count."""
         n = self.spec.num_layers
         if not self.spec.layers:
             return (self,) * n
@@ -102,10 +104,19 @@ class Blueprint:
         return tuple(out)
 
     def layer(self, i: int) -> Blueprint:
+        if not self.spec.layers:  # every layer is the model's: no per-layer tuple to make
+            range(self.spec.num_layers)[i]  # IndexError as the tuple would raise it
+            return self
         return self.layers[i]
 
-    def groups(self) -> list[tuple[tuple[int, ...], Blueprint]]:
-        """The distinct layers: `(indices, blueprint)`, in the order of their first layer."""
+    def groups(self) -> list[tuple[Sequence[int], Blueprint]]:
+        """The distinct layers: `(indices, blueprint)`, in the order of their first layer.
+
+        Layers that repeat are one group: a model without per-layer values is the one group
+        `(range(num_layers), self)`, whatever its layer count (10**12 included); one with
+        them has at most `MAX_LAYERED` layers, each resolved on its own."""
+        if not self.spec.layers:
+            return [(range(self.spec.num_layers), self)]
         found: dict[ModelSpec, list[int]] = {}
         first: dict[ModelSpec, Blueprint] = {}
         for i, bp in enumerate(self.layers):

@@ -191,6 +191,7 @@ def describe_json(found: Description) -> dict[str, Any]:
         },
         "activations_by_part": mem.activations_by_part,
         "mismatches": list(found.mismatches),
+        **({"unchecked": found.unchecked} if found.unchecked else {}),
     }
 
 
@@ -263,6 +264,8 @@ def describe_lines(found: Description) -> list[str]:
     for label, amount, why in items:
         shown = "?" if amount is None else show_bytes(amount)
         lines.append(f"  {label:<13}  {shown:>10}  {why}".rstrip())
+    if found.unchecked:
+        lines += ["", f"note: {found.unchecked}"]
     if mem.activations:
         lines += ["", f"activations by part (total {show_bytes(mem.activations)}):"]
         width = max(len(part) for part in mem.activations_by_part)

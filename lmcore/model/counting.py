@@ -71,6 +71,11 @@ class Row:
     # Parameters one token uses (a mixture of experts: fewer than all); None: all of them.
     active_params_each: int | None = None
     layers: tuple[int, ...] | None = None  # the layers of a `layers[...]` row
+    # Bytes one instance's build allocates beyond its weights and buffers, freed when it returns.
+    temporaries_each: int = 0
+    # The module objects one instance is (a mixture of experts: many); None: a few, as lmcore's
+    # own pieces, within the per-layer estimate of the size check.
+    modules_each: int | None = None
     # What the declarations were called with (the dimensions and arguments), for messages.
     kwargs: tuple[tuple[str, object], ...] = ()
 
@@ -101,7 +106,9 @@ class Row:
 
     def instances(self, num_layers: int) -> int:
         """How many modules this row stands for in a model of `num_layers` layers."""
-        return sum(1 for _ in self.paths(num_layers))
+        if self.layers is None:
+            return min(num_layers, self.count) if self.per_layer else 1
+        return sum(1 for i in self.layers if i < num_layers)
 
     def paths(self, num_layers: int) -> Iterator[str]:
         """The module paths this row stands for in a built `TransformerLM` (of `num_layers`
@@ -272,6 +279,8 @@ def account(
             buffers_each=entry.count("buffers", {**kwargs, "dtype": dtype}),
             active_params_each=entry.count("active_params", kwargs),
             layers=layers,
+            temporaries_each=entry.count("temporaries", {**kwargs, "dtype": dtype}) or 0,
+            modules_each=entry.count("modules", kwargs),
             kwargs=tuple(kwargs.items()),
         )
 
@@ -354,18 +363,20 @@ def account(
                 activations_each=8 * tokens)]  # fmt: skip
     # One instance per distinct encoding, applied once per forward, rotating in the layers it
     # serves (the model's `pos`, then `layer_pos.0`, ... in the order of their canonical spec).
-    variants = sorted({b.spec.pos for b in bp.layers} - {spec.pos}, key=str)
+    # Identical layers are counted once and multiplied (`Blueprint.groups`): the work does not
+    # grow with num_layers.
+    groups = bp.groups()
+    variants = sorted({b.spec.pos for _, b in groups} - {spec.pos}, key=str)
     for j, pos in enumerate((spec.pos, *variants)):
-        lbp = next((b for b in bp.layers if b.spec.pos == pos), bp)
-        uses = sum(1 for b in bp.layers if b.spec.pos == pos)
+        lbp = next((b for _, b in groups if b.spec.pos == pos), bp)
+        uses = sum(len(ls) for ls, b in groups if b.spec.pos == pos)
         name = "pos" if j == 0 else f"layer_pos.{j - 1}"
         rows.append(declared(lbp.parts["pos"], lbp.kwargs("pos"), name, "embeddings", 1, uses=uses))
-    groups = bp.groups()
     for layers, lbp in groups:
         if len(groups) == 1:
             rows += layer(lbp, "layers.*", None)
         else:
-            rows += layer(lbp, f"layers[{format_layers(layers, n_layers)}]", layers)
+            rows += layer(lbp, f"layers[{format_layers(layers, n_layers)}]", tuple(layers))
     rows.append(declared(bp.parts["norm"], bp.kwargs("norm"), "ln_final", "norms", 1))
     rows.append(lm_head)
     if spec.logit_softcap:  # tanh keeps its output, the logits' size, in the model's dtype
@@ -392,9 +403,18 @@ def _check_shape(spec: ModelSpec, batch: int, seq: int) -> None:
 
 # torch indexes a tensor's bytes with a signed 64-bit integer.
 MAX_TENSOR_BYTES: Final = 2**63 - 1
-# Host memory the module objects of one layer take, whatever the device (measured for the
-# built-in components at about 30-45 KiB): a meta build of a million layers still needs ~30 GiB.
-LAYER_OBJECT_BYTES: Final = 32 * 2**10
+# Host memory the module objects of one layer take, whatever the device, meta included
+# (measured: tinystories' layer, 13 modules and 9 parameters, takes 37 KiB on meta): a meta
+# build of a million layers still needs ~36 GiB.
+LAYER_OBJECT_BYTES: Final = 36 * 2**10
+LAYER_MODULES: Final = 13
+# Host memory of one module object beyond those (measured: a SwiGLU expert, four modules and
+# three parameters, takes 15 KiB on meta), for a component that declares `modules`.
+MODULE_OBJECT_BYTES: Final = 4 * 2**10
+# The most module objects lmcore builds: Python builds about ten thousand a second, so a model
+# of more takes minutes and gigabytes of host memory before its first forward, meta included
+# (DeepSeek-V3's 61 layers of 256 experts are about 63,000).
+MAX_MODULES: Final = 2**20
 
 
 @dataclass(frozen=True)
@@ -416,6 +436,38 @@ class Footprint:
     @property
     def largest(self) -> tuple[str, int]:
         return max(self.parts.items(), key=lambda item: item[1])
+
+    @property
+    def temporaries(self) -> tuple[str, int]:
+        """The row whose one module's build allocates the most beyond what it keeps, and the
+        bytes: modules are built one at a time, so the build's peak is `total` plus these."""
+        row = max(self.accounting.rows, key=lambda r: r.temporaries_each)
+        return row.name, row.temporaries_each
+
+    @property
+    def peak(self) -> int:
+        """The most the build holds at once: the weights and buffers, and the temporaries of
+        the module that allocates the most while it is built (RoPE's angles)."""
+        return self.total + self.temporaries[1]
+
+    @property
+    def modules(self) -> int:
+        """The module objects the build makes (an estimate: `LAYER_MODULES` per layer, plus
+        what the components that declare `modules` build beyond one)."""
+        rows = self.accounting.rows
+        extra = sum((r.modules_each - 1) * r.count for r in rows if r.modules_each)
+        return self.accounting.spec.num_layers * LAYER_MODULES + extra
+
+    @property
+    def host_bytes(self) -> int:
+        """Host memory the module objects take, on any device (meta included)."""
+        rows = self.accounting.rows
+        extra = sum((r.modules_each - 1) * r.count for r in rows if r.modules_each)
+        return self.accounting.spec.num_layers * LAYER_OBJECT_BYTES + extra * MODULE_OBJECT_BYTES
+
+    def most_modules(self) -> Row:
+        """The row whose modules make the most module objects."""
+        return max(self.accounting.rows, key=lambda r: (r.modules_each or 1) * r.count)
 
 
 def footprint(bp: Blueprint, dtype: torch.dtype) -> Footprint:
@@ -447,19 +499,59 @@ def check_size(
         raise ModelTooLargeError(
             f"the model needs {format_bytes(total)} ({total:,} bytes) for its {dtype_name} "
             f"weights and buffers, more than {what}; the largest part is {name} "
-            f"({format_bytes(largest)}). Shrink the spec, or raise the limit with "
+            f"({format_bytes(largest)}){_fix(bp, name)}. Shrink the spec, or raise the limit "
+            "with max_bytes= (--max-bytes on the command line)"
+        )
+    busy, extra = found.temporaries
+    if limit is not None and device.type != "meta" and found.peak > limit:  # meta computes none
+        peak = found.peak
+        raise ModelTooLargeError(
+            f"building the model peaks at {format_bytes(peak)} ({peak:,} bytes): its "
+            f"{dtype_name} weights and buffers ({format_bytes(total)}) and, while {busy} is "
+            f"built, {format_bytes(extra)} of temporaries its tables are computed from; more "
+            f"than {what}{_fix(bp, busy)}. Shrink the spec, or raise the limit with "
             "max_bytes= (--max-bytes on the command line)"
         )
-    layers = bp.spec.num_layers
-    host = available_memory(torch.device("cpu"))
-    if host is not None and layers * LAYER_OBJECT_BYTES > host:
-        raise ModelTooLargeError(
-            f"num_layers={layers:,}: the module objects alone need about "
-            f"{format_bytes(layers * LAYER_OBJECT_BYTES)} of host memory (about "
-            f"{format_bytes(LAYER_OBJECT_BYTES)} per layer, on any device, meta included), "
-            f"more than the {format_bytes(host)} available; lower num_layers"
-        )
+    _check_objects(bp, found)
     return found
+
+
+def _fix(bp: Blueprint, row: str) -> str:
+    """What sizes a table that grows with the context (`pos`'s), named for the message."""
+    if row == "pos" or row.startswith("layer_pos."):
+        return f", sized by context_length={bp.spec.context_length:,}: lower it"
+    return ""
+
+
+def _check_objects(bp: Blueprint, found: Footprint) -> None:
+    """Refuse a build of more module objects than the host can hold, or than `MAX_MODULES`."""
+    layers, modules, need = bp.spec.num_layers, found.modules, found.host_bytes
+    row = found.most_modules()
+    if row.modules_each and row.modules_each > LAYER_MODULES and row.entry is not None:
+        args = ", ".join(
+            f"{k}={v:,}" for k, v in row.kwargs if isinstance(v, int) and not isinstance(v, bool)
+        )
+        what = (
+            f"{row.name} ({row.module}, {args}) is {row.modules_each:,} modules in each of "
+            f"{row.count:,} layer{'s' if row.count > 1 else ''}; lower its arguments or "
+            "num_layers"
+        )
+    else:
+        what = f"num_layers={layers:,} (about {LAYER_MODULES} modules each); lower num_layers"
+    host = available_memory(torch.device("cpu"))
+    if host is not None and need > host:
+        raise ModelTooLargeError(
+            f"the model's {modules:,} module objects alone need about {format_bytes(need)} of "
+            f"host memory (about {format_bytes(LAYER_OBJECT_BYTES)} per layer and "
+            f"{format_bytes(MODULE_OBJECT_BYTES)} per module a component adds, on any device, "
+            f"meta included), more than the {format_bytes(host)} available: {what}"
+        )
+    if modules > MAX_MODULES:
+        raise ModelTooLargeError(
+            f"the model would be {modules:,} module objects, more than the {MAX_MODULES:,} "
+            f"lmcore builds (minutes of Python and {format_bytes(need)} of host memory on any "
+            f"device, meta included): {what}"
+        )
 
 
 def _dims_of(bp: Blueprint, row: Row) -> str:

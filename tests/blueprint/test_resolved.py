@@ -66,3 +66,26 @@ def test_a_kernel_without_gqa_gives_the_logits_of_the_gqa_path(kv_heads: int) ->
     ids = torch.randint(0, 10_000, (2, 16), generator=torch.Generator().manual_seed(1))
     torch.testing.assert_close(plain(ids), gqa(ids), rtol=1e-5, atol=1e-5)
     assert not plain.blueprint.kernel_gqa and gqa.blueprint.kernel_gqa
+
+
+# ------------------------------------------------------------- layers that repeat (issue 32)
+
+
+def test_a_uniform_model_is_one_group_whatever_its_layer_count() -> None:
+    """num_layers=10**12 resolves: its layers are one group, a range, never a per-layer tuple
+    (which was a MemoryError in describe and build)."""
+    bp = resolve("tinystories, num_layers=1000000000000")
+    [(layers, group)] = bp.groups()
+    assert layers == range(10**12) and group is bp
+    assert bp.layer(0) is bp and bp.layer(10**12 - 1) is bp and bp.layer(-1) is bp
+    with pytest.raises(IndexError):
+        bp.layer(10**12)
+    assert "layers" not in vars(bp)  # the per-layer tuple (for building only) was never made
+
+
+def test_a_per_layer_model_groups_its_identical_layers() -> None:
+    bp = resolve("cs336-tiny, num_layers=5, ffn[1::2]=gelu")
+    assert [(tuple(ls), g.spec.ffn.name) for ls, g in bp.groups()] == [
+        ((0, 2, 4), "swiglu"),
+        ((1, 3), "gelu"),
+    ]

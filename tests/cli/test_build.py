@@ -96,3 +96,31 @@ def test_save_onto_a_directory_names_the_directory(
         f"{tmp_path / 'model.safetensors'}\n"
     )
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_canonical_spec_longer_than_a_file_name_builds(capsys) -> None:
+    long = str(
+        parse_spec(
+            "vocab_size=300, context_length=32, d_model=32, num_layers=1, num_heads=2, "
+            "ffn=moe(num_experts=4, shared=swiglu)"
+        )
+    )
+    assert len(long) > 255
+    assert main(["build", long, "--device", "meta"]) == 0  # was: File name too long
+    assert capsys.readouterr().out.splitlines()[0] == long
+
+
+def test_a_trillion_layers_exit_2_with_one_line(capsys) -> None:
+    assert main(["build", "tinystories, num_layers=1000000000000", "--device", "meta"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and "num_layers=1,000,000,000,000" in err[0]  # was: MemoryError
+
+
+def test_the_tables_temporaries_count_against_max_bytes(capsys) -> None:
+    """cs336-tiny at context 2e7: weights and tables are 1.20 GiB, under 1.3 GiB, but the
+    tables' positions and angles take the build to 1.87 GiB (it used 1.95 GB)."""
+    argv = ["build", "cs336-tiny, context_length=20000000", "--max-bytes", "1.3GiB"]
+    assert main(argv) == 2
+    [err] = capsys.readouterr().err.splitlines()
+    peak = 4 * 1_403_328 + 8 * 20_000_000 * 8 + 4 * 20_000_000 * 9
+    assert f"({peak:,} bytes)" in err and "context_length=20,000,000" in err

@@ -332,3 +332,25 @@ def _metadata(path: Path) -> dict[str, str]:
     raw = path.read_bytes()
     n = int.from_bytes(raw[:8], "little")
     return dict(json.loads(raw[8 : 8 + n])["__metadata__"])
+
+
+def test_a_trillion_layers_are_described_at_once(capsys: pytest.CaptureFixture[str]) -> None:
+    """Identical layers are counted once and multiplied: huge numbers, no MemoryError."""
+    import time
+
+    start = time.perf_counter()
+    data = describe_json(capsys, "tinystories, num_layers=1000000000000")
+    assert time.perf_counter() - start < 2
+    per_layer = 4 * 512 * 512 + 3 * 512 * 1344 + 2 * 512
+    assert data["per_layer"]["params"] == per_layer
+    assert data["total"]["params"] == 10**12 * per_layer + 2 * 10_000 * 512 + 512
+    assert "unchecked" not in data
+
+
+def test_a_canonical_spec_longer_than_a_file_name_is_described(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    long = str(parse_spec("vocab_size=300, context_length=32, d_model=32, num_layers=1, "
+                          "num_heads=2, ffn=moe(num_experts=4, shared=swiglu)"))  # fmt: skip
+    assert len(long) > 255
+    assert describe_json(capsys, long)["spec"] == long  # was: File name too long

@@ -103,3 +103,11 @@ def test_run_accepts_a_checkpoint(checkpoint: Path, capsys) -> None:
     assert main(["run", str(checkpoint), "--steps", "2", "--seq", "8", "--device", "cpu"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0] == f"spec: {parse_spec(CHECKPOINT_SPEC)}"
+
+
+def test_a_canonical_spec_longer_than_a_file_name_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    long = str(parse_spec("vocab_size=300, context_length=32, d_model=32, num_layers=1, "
+                          "num_heads=2, ffn=moe(num_experts=4, shared=swiglu)"))  # fmt: skip
+    assert len(long) > 255
+    assert main(["run", long, "--steps", "1", "--batch", "1", "--seq", "4"]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == f"spec: {long}"
