@@ -12,7 +12,7 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from lmcore.components import KINDS, accepted_kwargs
+from lmcore.components import KINDS, accepted_kwargs, count
 from lmcore.interfaces import LayerContext
 from lmcore.testing.core import (
     BATCH,
@@ -36,7 +36,8 @@ from lmcore.testing.core import (
 @check("params", KINDS)
 def params(target: Target, variant: str, settings: Settings) -> None:
     """The declared parameter count equals the built module's, at two shapes; so do the declared
-    buffer bytes, when the component declares them, in float32 and bfloat16."""
+    buffer bytes, when the component declares them, in float32 and bfloat16, and the declared
+    module objects."""
     for shape in range(len(SHAPES)):
         kwargs = target.kwargs(shape)
         declared = target.component.count_params(**kwargs)
@@ -51,6 +52,7 @@ def params(target: Target, variant: str, settings: Settings) -> None:
                 f"parameters ({found or 'none'}); fix the params function of the Component"
             )
         _buffers(target, shape)
+        _modules(target, shape, module)
 
 
 def _own_parameters(target: Target, module: nn.Module) -> list[tuple[str, nn.Parameter]]:
@@ -84,6 +86,26 @@ def _buffers(target: Target, shape: int) -> None:
                 f"{sum(sizes.values()):,} bytes of buffers ({sizes or 'none'}); fix the "
                 "buffers function of the Component (bytes: numel × element size)"
             )
+
+
+def _modules(target: Target, shape: int, module: nn.Module) -> None:
+    """Declared module objects equal the built module's (itself and every submodule; for a block,
+    those outside its parts)."""
+    declaration = target.component.modules
+    if declaration is None:
+        return
+    kwargs = target.kwargs(shape)
+    stated = count(target.component, "modules", kwargs)
+    named = list(module.named_modules())
+    if target.kind == "block":
+        parts = ("attn", "ffn", *norm_names(target))
+        named = [(n, m) for n, m in named if n.split(".", 1)[0] not in parts]
+    if stated != len(named):
+        shown = call("modules", accepted_kwargs(declaration, kwargs))
+        fail(
+            f"declares {shown} = {stated:,}, but the built module is {len(named):,} module "
+            "objects (itself and its submodules); fix the modules function of the Component"
+        )
 
 
 @check("flops", KINDS)

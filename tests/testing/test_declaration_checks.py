@@ -78,3 +78,22 @@ def test_a_component_that_counts_a_tensor_the_next_layer_saves_fails() -> None:
         "the component's output is probably also saved by the next layer",
     ):
         case.run()
+
+
+def test_a_wrong_modules_declaration_fails_and_names_it(pytester: pytest.Pytester) -> None:
+    # A norm is one module object (no submodules); this one says three.
+    bad = norm("crowded", Norm, modules=lambda d_model: 3)
+    outcomes = run_kit(pytester, "--lmcore-component", "crowded", plugin=WithBuiltins(bad))
+    assert failures(outcomes).keys() == {NODE + "test_params[norm:crowded]"}
+    assert_naming(
+        outcomes[NODE + "test_params[norm:crowded]"],
+        "declares modules(d_model=64) = 3",
+        "the built module is 1 module objects",
+        "fix the modules function of the Component",
+    )
+
+
+def test_a_right_modules_declaration_passes(pytester: pytest.Pytester) -> None:
+    good = norm("counted_modules", Norm, modules=lambda: 1)
+    outcomes = run_kit(pytester, "--lmcore-component", "counted_modules", plugin=WithBuiltins(good))
+    assert outcomes[NODE + "test_params[norm:counted_modules]"] == "passed"
