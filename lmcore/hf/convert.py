@@ -271,7 +271,8 @@ def _load(
     fam, at = reading.family, directory / HF_CONFIG
     tensors = _read_weights(directory, where, lambda names: _layer_count(fam, config, names, at))
     saved = getattr(torch, dtype_of(tensors))
-    # Parameters on meta: the file's tensors are assigned, no initialisation is wasted.
+    # Parameters on meta (for a conversion, the buffers too): the file's tensors are assigned,
+    # no initialisation is wasted.
     model = build_empty(reading.spec, device, dtype or saved, registry=registry, buffers=buffers)
     model.tokenizer = SavedTokenizer.from_directory(directory)
     shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
