@@ -41,6 +41,7 @@ from lmcore.blueprint import Blueprint, resolve
 from lmcore.components import KINDS
 from lmcore.errors import CheckpointError, CheckpointWarning, RegistryError, SpecError, clip
 from lmcore.model.empty import parameters_on_meta, shared_parameters
+from lmcore.model.inputs import check_device
 from lmcore.model.reading import (
     Header,
     TensorInfo,
@@ -422,10 +423,21 @@ def build_empty(
     dtype: torch.dtype,
     max_bytes: int | None = None,
     registry: Registry | None = None,
+    *,
+    buffers: bool = True,
 ) -> TransformerLM:
     """The model, its parameters on the meta device for weights about to be assigned
     (`load_strict`), its buffers built on `device`; when a component leaves a buffer on meta
-    (one derived from a parameter), the model is built the ordinary way."""
+    (one derived from a parameter), the model is built the ordinary way.
+
+    `buffers=False`, for a model that is only saved (a conversion): the whole model is built on
+    meta, so what its state dict does not hold is never computed (RoPE's cos/sin tables,
+    `context_length` rows each, are non-persistent), and `load_strict` puts the file's tensors
+    on `device`. Such a model can be saved, not run."""
+    if not buffers:
+        model = TransformerLM(blueprint, device="meta", dtype=dtype, registry=registry)
+        model.build_device = check_device(device)  # where `device_of` sends the tensors
+        return model
     kw: dict[str, Any] = {"device": device, "dtype": dtype, "max_bytes": max_bytes}
     with parameters_on_meta():
         model = TransformerLM(blueprint, registry=registry, **kw)

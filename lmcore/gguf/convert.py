@@ -86,7 +86,21 @@ def load_gguf(
 ) -> TransformerLM:
     """An lmcore model (with its tokenizer, `model.tokenizer`) from a GGUF file. `ignore`:
     metadata keys lmcore does not know that you know do not change the model."""
-    where = Path(path)
+    model, _ = _load(Path(path), device, dtype, registry, ignore, buffers=True)
+    return model
+
+
+def _load(
+    where: Path,
+    device: torch.device | str | None,
+    dtype: torch.dtype | None,
+    registry: Registry | None,
+    ignore: Iterable[str],
+    *,
+    buffers: bool,
+) -> tuple[TransformerLM, GGUFFile]:
+    """`load_gguf`, and the file it read. `buffers=False`: a model only to be saved, whose
+    buffers outside the state dict are never built (`build_empty`)."""
     file = read_gguf(where)
     arch = architecture(file.architecture, where)
     shapes = {name: e.shape for name, e in file.tensors.items()}
@@ -97,7 +111,8 @@ def load_gguf(
     tokenizer = from_gguf_metadata(
         file.metadata, where, ignore=ignore, vocab_size=vocab if isinstance(vocab, int) else None
     )
-    model = build_empty(spec, device, dtype or _stored_dtype(file), registry=registry)
+    stored = dtype or _stored_dtype(file)
+    model = build_empty(spec, device, stored, registry=registry, buffers=buffers)
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     tensors = from_gguf_tensors(file.tensors_float(), arch, config)
     state = from_hf_state_dict(family(arch), tensors, model.blueprint, expected, str(where))
@@ -106,7 +121,7 @@ def load_gguf(
     if tokenizer is not None:
         tokenizer.check_vocab(model.spec.vocab_size, where)
         model.tokenizer = tokenizer
-    return model
+    return model, file
 
 
 def convert_from_gguf(
@@ -119,9 +134,10 @@ def convert_from_gguf(
 ) -> Path:
     """`lmcore convert --from-gguf FILE OUT`: a GGUF file to an lmcore checkpoint holding the
     model, its tokenizer and chat template, and the file's own metadata (`gguf.metadata`:
-    general.*, the architecture's keys)."""
-    model = load_gguf(path, dtype=dtype, registry=registry, ignore=ignore)
-    kept = {k: v for k, v in read_gguf(path).metadata.items() if k not in _LARGE}
+    general.*, the architecture's keys). Only the weights are built: memory follows the file,
+    not the context length its metadata names (RoPE's tables are never computed)."""
+    model, file = _load(Path(path), None, dtype, registry, ignore, buffers=False)
+    kept = {k: v for k, v in file.metadata.items() if k not in _LARGE}
     return save(model, out, metadata={METADATA_KEY: json.dumps(kept, sort_keys=True)})
 
 

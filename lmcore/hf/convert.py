@@ -260,15 +260,20 @@ def _load(
     dtype: torch.dtype | None,
     registry: Registry | None,
     ignore: Iterable[str],
+    *,
+    buffers: bool = True,
 ) -> tuple[TransformerLM, dict[str, Any]]:
+    """`load_hf`, and the config.json it read. `buffers=False`: a model only to be saved, whose
+    buffers outside the state dict are never built (`build_empty`)."""
     config = _read_config(directory)
     reading = read_config(config, str(directory / HF_CONFIG), ignore=ignore)
     where = torch.device(device) if device is not None else torch.device("cpu")
     fam, at = reading.family, directory / HF_CONFIG
     tensors = _read_weights(directory, where, lambda names: _layer_count(fam, config, names, at))
     saved = getattr(torch, dtype_of(tensors))
-    # Parameters on meta: the file's tensors are assigned, no initialisation is wasted.
-    model = build_empty(reading.spec, device, dtype or saved, registry=registry)
+    # Parameters on meta (for a conversion, the buffers too): the file's tensors are assigned,
+    # no initialisation is wasted.
+    model = build_empty(reading.spec, device, dtype or saved, registry=registry, buffers=buffers)
     model.tokenizer = SavedTokenizer.from_directory(directory)
     shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     state = from_hf_state_dict(reading.family, tensors, model.blueprint, shapes, str(directory))
@@ -305,11 +310,12 @@ def convert_from_hf(
     """`lmcore convert --from-hf DIR OUT`: a model directory to an lmcore checkpoint, keeping the
     source config.json in its metadata ("hf.config") for the way back. `OUT` may not be one of
     the directory's own files (`source_files`), nor the directory: refused before anything is
-    read or written."""
+    read or written. Only the weights are built: memory follows the files, not the context
+    length config.json names (RoPE's tables are never computed)."""
     for kept in source_files(directory):
         refuse_same(kept, out, f"a file of the Hugging Face model directory {directory}")
     refuse_same(directory, out, "the Hugging Face model directory")
-    model, config = _load(Path(directory), None, dtype, registry, ignore)
+    model, config = _load(Path(directory), None, dtype, registry, ignore, buffers=False)
     return save(model, out, metadata={CONFIG_KEY: json.dumps(config, sort_keys=True)})
 
 
