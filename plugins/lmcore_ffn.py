@@ -155,6 +155,7 @@ class Plugin:
                 flops=lambda d_model, d_ff, seq_len: matrices * 2 * seq_len * d_model * d_ff,
                 activations=activations,
                 default_d_ff=gated_d_ff if row.gated else None,
+                modules=lambda: 1 + matrices,  # the layer and its Linears
                 features=frozenset({"compile"}),
             )
         ]

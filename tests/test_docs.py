@@ -220,7 +220,8 @@ SLOW = {"lmcore run tinystories": "ten training steps of a 22.7M-parameter model
 
 # Lines of measurements (seconds, rates, memory): compared with each number a wildcard.
 MEASURED = re.compile(r"tokens/s|peak memory|\d s$")
-_NUMBER = re.compile(r"\d[\d,.]*")
+# A measured number, with its unit where it is a size (508.48 MiB here, 1.08 GiB there).
+_NUMBER = re.compile(r"\d[\d,.]*(?: (?:bytes|[KMGT]iB|B)\b)?")
 
 
 @dataclass(frozen=True)
@@ -292,6 +293,7 @@ def test_every_shown_command_is_run_or_listed_with_a_reason() -> None:
 def test_matches_reads_elisions_and_measurements() -> None:
     assert matches(("a", "...", "d"), ["a", "b", "c", "d"]) and matches(("...",), [])
     assert matches(("rate: 1,474 tokens/s",), ["rate: 12,003.5 tokens/s"])
+    assert matches(("peak memory: 508.48 MiB (peak RSS)",), ["peak memory: 1.08 GiB (peak RSS)"])
     assert not matches(("a", "...", "d"), ["a", "b", "c"])
     assert not matches(("loss 9.2606",), ["loss 9.2607"])  # not a measurement: exact
     assert not matches(("a",), ["a", "b"])

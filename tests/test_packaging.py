@@ -80,7 +80,14 @@ def test_an_editable_install_imports_from_the_checkouts_parent(tmp_path: Path) -
     assert pth == [f"{checkout.resolve()}\n{checkout.resolve() / 'plugins'}\n"]
 
     def python(code: str, **env: str) -> str:
-        setup = f"import site; site.addsitedir({str(site)!r})\n"  # as the interpreter's start does
+        # This environment's own editable install (this checkout, as a .pth) is left out, so
+        # that the copy's is the only lmcore installed; then its .pth, as the interpreter's
+        # start reads one.
+        ours = [p for p in (str(ROOT), str(ROOT / "plugins")) if p != env.get("PYTHONPATH")]
+        setup = (
+            f"import site, sys; sys.path[:] = [p for p in sys.path if p not in {ours!r}]; "
+            f"site.addsitedir({str(site)!r})\n"
+        )
         environ = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | env
         done = subprocess.run(
             [sys.executable, "-c", setup + code],

@@ -408,6 +408,9 @@ MAX_TENSOR_BYTES: Final = 2**63 - 1
 # build of a million layers still needs ~36 GiB.
 LAYER_OBJECT_BYTES: Final = 36 * 2**10
 LAYER_MODULES: Final = 13
+# What LAYER_MODULES counts for a slot: a gated FFN's four (the layer, w1, w2, w3), one for any
+# other component; a component declaring more adds the difference.
+_IN_LAYER_MODULES: Final = {"ffn": 4}
 # Host memory of one module object beyond those (measured: a SwiGLU expert, four modules and
 # three parameters, takes 15 KiB on meta), for a component that declares `modules`.
 MODULE_OBJECT_BYTES: Final = 4 * 2**10
@@ -454,16 +457,23 @@ class Footprint:
     def modules(self) -> int:
         """The module objects the build makes (an estimate: `LAYER_MODULES` per layer, plus
         what the components that declare `modules` build beyond one)."""
-        rows = self.accounting.rows
-        extra = sum((r.modules_each - 1) * r.count for r in rows if r.modules_each)
-        return self.accounting.spec.num_layers * LAYER_MODULES + extra
+        return self.accounting.spec.num_layers * LAYER_MODULES + self._extra_modules()
 
     @property
     def host_bytes(self) -> int:
         """Host memory the module objects take, on any device (meta included)."""
-        rows = self.accounting.rows
-        extra = sum((r.modules_each - 1) * r.count for r in rows if r.modules_each)
-        return self.accounting.spec.num_layers * LAYER_OBJECT_BYTES + extra * MODULE_OBJECT_BYTES
+        layers = self.accounting.spec.num_layers
+        return layers * LAYER_OBJECT_BYTES + self._extra_modules() * MODULE_OBJECT_BYTES
+
+    def _extra_modules(self) -> int:
+        """The modules the components that declare `modules` build beyond what `LAYER_MODULES`
+        already counts for their slot (never fewer: a smaller one is not subtracted)."""
+        return sum(
+            max(r.modules_each - _IN_LAYER_MODULES.get(r.entry.kind if r.entry else "", 1), 0)
+            * r.count
+            for r in self.accounting.rows
+            if r.modules_each
+        )
 
     def most_modules(self) -> Row:
         """The row whose modules make the most module objects."""
