@@ -13,7 +13,7 @@ import torch
 import lmcore
 from lmcore.cli.main import main
 from lmcore.data import EOT
-from tests.helpers.runs import EVAL_SPEC, eval_model
+from tests.helpers.runs import EVAL_SPEC, eval_model, pruned_on_first_read
 
 pytestmark = pytest.mark.usefixtures("single_thread")  # tiny models: one thread is faster
 
@@ -108,26 +108,15 @@ def test_a_checkpoint_its_run_prunes_while_it_is_read_is_read_again_as_the_newes
     # naming no file when the checkpoint listed was removed before its tensors were read.
     import shutil
 
-    import lmcore.checkpoint
     from lmcore.runfiles import RUN_FORMAT, RUN_VERSION
 
     run = tmp_path / "run"
     shutil.copytree(eval_checkpoint, run / "checkpoints" / "step-000010")
     (run / "run.json").write_text(json.dumps({"format": RUN_FORMAT, "version": RUN_VERSION}))
-    real, calls = lmcore.checkpoint.read_tensors, []
-
-    def pruned_meanwhile(path: Path, device: torch.device) -> dict[str, torch.Tensor]:
-        calls.append(path.parent.name)
-        if len(calls) == 1:  # the run saves step 11, then removes step 10
-            shutil.copytree(path.parent, path.parent.with_name("step-000011"))
-            shutil.rmtree(path.parent)
-            raise FileNotFoundError(f"No such file or directory: {path}")  # as safetensors says
-        return real(path, device)
-
-    monkeypatch.setattr(lmcore.checkpoint, "read_tensors", pruned_meanwhile)
+    calls = pruned_on_first_read(monkeypatch)
     text = str(eval_checkpoint / "a.py")
     assert main(["eval", str(run), "--text", text]) == 0, capsys.readouterr().err
-    assert calls == ["step-000010", "step-000011"]
+    assert [p.parent.name for p in calls] == ["step-000010", "step-000011"]
     assert f"model: {run / 'checkpoints' / 'step-000011' / 'model.safetensors'}" in (
         capsys.readouterr().out
     )

@@ -18,7 +18,7 @@ from lmcore.cli.main import main
 from lmcore.data import EOT
 from lmcore.model.generate import GREEDY, Sampling
 from lmcore.runfiles import CHECKPOINT_FILES, MODEL_FILE, RUN_FORMAT, RUN_VERSION, TOKENIZER_FILE
-from tests.helpers.runs import PROBE_SPEC, byte_level_bpe
+from tests.helpers.runs import PROBE_SPEC, byte_level_bpe, pruned_on_first_read
 
 SPEC = "vocab_size=300, context_length=32, d_model=32, num_layers=2, num_heads=4, d_ff=64"
 
@@ -207,24 +207,10 @@ def test_a_checkpoint_its_run_prunes_while_it_is_read_is_read_again_as_the_newes
 ) -> None:
     # The probe: `generate RUN` while RUN trained with --keep 1 escaped with a traceback when
     # the checkpoint listed was removed before its tensors were read.
-    import shutil
-
-    import lmcore.checkpoint
-
     ckpt = run_dir(tmp_path / "run")
     saved_model(ckpt)
     make_tokenizer(tmp_path / "run" / "tokenizer.json")
-    real, calls = lmcore.checkpoint.read_tensors, []
-
-    def pruned_meanwhile(path: Path, device: torch.device) -> dict[str, torch.Tensor]:
-        calls.append(path)
-        if len(calls) == 1:  # the run saves step 11, then removes step 10
-            shutil.copytree(path.parent, path.parent.with_name("step-000011"))
-            shutil.rmtree(path.parent)
-            raise FileNotFoundError(f"No such file or directory: {path}")  # as safetensors says
-        return real(path, device)
-
-    monkeypatch.setattr(lmcore.checkpoint, "read_tensors", pruned_meanwhile)
+    calls = pruned_on_first_read(monkeypatch)
     code = main(["generate", str(tmp_path / "run"), "--prompt", "Once", "--max-new-tokens", "2"])
     assert code == 0, capsys.readouterr().err
     assert [p.parent.name for p in calls] == ["step-000010", "step-000011"]

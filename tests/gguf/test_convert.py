@@ -7,15 +7,12 @@ Face's row order); Qwen 2 and 3, written by gguf's own tensor map, give Hugging 
 
 from __future__ import annotations
 
-import json
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
 import lmcore
 from lmcore.gguf import convert_from_gguf, load_gguf
@@ -30,6 +27,7 @@ from tests.helpers.gguf import (
     write_by_gguf_map,
     write_llama,
 )
+from tests.helpers.memory import assert_only_the_context_differs, conversion_growth
 from tests.helpers.hf import quiet_transformers
 
 gguf = needs_gguf()
@@ -116,20 +114,7 @@ def test_a_gguf_qwen_gives_hugging_faces_logits(
             torch.testing.assert_close(theirs(GGUF_IDS).logits, expected, atol=1e-4, rtol=0)
 
 
-# A fresh process converts the short file, then the long one: the growth of its peak RSS
-# (Linux's ru_maxrss, KiB) is what the long context costs beyond a normal conversion.
-_PEAK = (
-    "import json, resource, sys\n"
-    "from lmcore.gguf import convert_from_gguf\n"
-    "peak = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024\n"
-    "convert_from_gguf(sys.argv[1], sys.argv[1] + '.safetensors')\n"
-    "before = peak()\n"
-    "convert_from_gguf(sys.argv[2], sys.argv[2] + '.safetensors')\n"
-    "print(json.dumps(peak() - before))\n"
-)
-
-
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="ru_maxrss in KiB")
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_a_long_context_converts_in_the_memory_of_a_short_one(tmp_path: Path) -> None:
     """P-gguf-ctx: llama.context_length = 10**7 (issue 32: 10**8 took 5.3 GB for a 160 KB
     model): RoPE's tables are never saved, so they are never computed; the checkpoint holds
@@ -137,23 +122,11 @@ def test_a_long_context_converts_in_the_memory_of_a_short_one(tmp_path: Path) ->
     context = 10**7
     short, long = tiny_gguf(tmp_path / "short.gguf"), tmp_path / "long.gguf"
     tiny_gguf(long, {"llama.context_length": context})
-    grown = json.loads(
-        subprocess.run(
-            [sys.executable, "-c", _PEAK, str(short), str(long)],
-            capture_output=True, text=True, check=True,
-        ).stdout
-    )  # fmt: skip
+    grown = conversion_growth("lmcore.gguf:convert_from_gguf", short, long)
     # the cos and sin tables: context x (head_dim 8 / 2) float32 each, 305 MiB together
     tables = 2 * context * (8 // 2) * 4
     assert grown < tables / 8, (grown, tables)
-    info = lmcore.read_info(f"{long}.safetensors")
-    assert f"context_length={context}," in str(info.spec)
-    assert str(info.spec) == str(lmcore.read_info(f"{short}.safetensors").spec).replace(
-        "context_length=64,", f"context_length={context},"
-    )
-    ours, theirs = load_file(f"{long}.safetensors"), load_file(f"{short}.safetensors")
-    assert ours.keys() == theirs.keys()
-    assert all(torch.equal(ours[k], theirs[k]) for k in ours)
+    assert_only_the_context_differs(short, long, (64, context))
 
 
 def test_a_converted_checkpoint_generates_as_the_gguf_model(tmp_path: Path) -> None:

@@ -230,3 +230,25 @@ def one_line_error(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
     assert captured.err.startswith(f"lmcore {argv[0]}: error: ")
     assert captured.err.count("\n") == 1, captured.err
     return captured.err
+
+
+def pruned_on_first_read(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
+    """The first checkpoint read is removed as it is read, the run having saved the next step
+    (`step-000011` beside it, as `lmcore train --keep 1` does); the reads, in order, are
+    returned. Later reads are real."""
+    import shutil
+
+    import lmcore.checkpoint
+
+    real, calls = lmcore.checkpoint.read_tensors, []
+
+    def pruned_meanwhile(path: Path, device: torch.device) -> dict[str, torch.Tensor]:
+        calls.append(path)
+        if len(calls) == 1:  # the run saves step 11, then removes step 10
+            shutil.copytree(path.parent, path.parent.with_name("step-000011"))
+            shutil.rmtree(path.parent)
+            raise FileNotFoundError(f"No such file or directory: {path}")  # as safetensors says
+        return real(path, device)
+
+    monkeypatch.setattr(lmcore.checkpoint, "read_tensors", pruned_meanwhile)
+    return calls

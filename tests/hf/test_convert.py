@@ -8,7 +8,6 @@ from __future__ import annotations
 import ast
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -30,6 +29,7 @@ from tests.helpers.hf import (
     quiet_transformers,
     random_llama,
 )
+from tests.helpers.memory import assert_only_the_context_differs, conversion_growth
 from tests.helpers.models import perturbed, token_ids
 
 transformers = quiet_transformers()
@@ -294,20 +294,7 @@ def test_to_hf_onto_its_own_checkpoint_is_refused(tmp_path: Path) -> None:
     assert ckpt.read_bytes() == raw
 
 
-# A fresh process converts the short directory, then the long one: the growth of its peak RSS
-# (Linux's ru_maxrss, KiB) is what the long context costs beyond a normal conversion.
-_PEAK = (
-    "import json, resource, sys\n"
-    "from lmcore.hf import convert_from_hf\n"
-    "peak = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024\n"
-    "convert_from_hf(sys.argv[1], sys.argv[1] + '.safetensors')\n"
-    "before = peak()\n"
-    "convert_from_hf(sys.argv[2], sys.argv[2] + '.safetensors')\n"
-    "print(json.dumps(peak() - before))\n"
-)
-
-
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="ru_maxrss in KiB")
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_a_long_context_converts_in_the_memory_of_a_short_one(tmp_path: Path) -> None:
     """P-hf-ctx: max_position_embeddings = 10**7 (issue 32: 10**8 took 5.3 GB for a 90 KB
     model): RoPE's tables are never saved, so they are never computed; the checkpoint holds
@@ -318,23 +305,11 @@ def test_a_long_context_converts_in_the_memory_of_a_short_one(tmp_path: Path) ->
     random_llama(long)
     config = json.loads((long / "config.json").read_text())
     (long / "config.json").write_text(json.dumps({**config, "max_position_embeddings": context}))
-    grown = json.loads(
-        subprocess.run(
-            [sys.executable, "-c", _PEAK, str(short), str(long)],
-            capture_output=True, text=True, check=True,
-        ).stdout
-    )  # fmt: skip
+    grown = conversion_growth("lmcore.hf:convert_from_hf", short, long)
     # the cos and sin tables: context x (head_dim 8 / 2) float32 each, 305 MiB together
     tables = 2 * context * (8 // 2) * 4
     assert grown < tables / 8, (grown, tables)
-    info = lmcore.read_info(f"{long}.safetensors")
-    assert f"context_length={context}," in str(info.spec)
-    assert str(info.spec) == str(lmcore.read_info(f"{short}.safetensors").spec).replace(
-        "context_length=32,", f"context_length={context},"
-    )
-    ours, theirs = load_file(f"{long}.safetensors"), load_file(f"{short}.safetensors")
-    assert ours.keys() == theirs.keys()
-    assert all(torch.equal(ours[k], theirs[k]) for k in ours)
+    assert_only_the_context_differs(short, long, (32, context))
 
 
 def test_a_converted_checkpoint_gives_the_logits_of_load_hf(tmp_path: Path) -> None:
