@@ -345,11 +345,11 @@ def test_the_estimated_peak_is_the_measured_one() -> None:
     import subprocess
     import sys
 
+    from tests.helpers.memory import OWN_MEMORY
+
     code = (
-        "import json, re, sys, torch, lmcore\n"
+        OWN_MEMORY + "import json, sys, torch, lmcore\n"
         "from lmcore.model.counting import footprint\n"
-        "def kib(key):  # this process's own memory: ru_maxrss would keep a forking parent's\n"
-        "    return int(re.search(key + r':\\s+(\\d+) kB', open('/proc/self/status').read())[1])\n"
         "lmcore.build_model('cs336-tiny, context_length=64')  # imports and first allocations\n"
         "spec = sys.argv[1]\n"
         "est = footprint(lmcore.resolve(spec), torch.float32).peak\n"
