@@ -1,0 +1,40 @@
+"""The short causal depthwise convolution the recurrent mixers share (gated DeltaNet's q/k/v
+convolution, Mamba-2's, LFM2's gated short convolution), with the tail that continues it.
+
+`y[t, c] = b[c] + Σ_j w[c, j] · x[t - K + 1 + j, c]` over the sequence, the `K - 1` inputs
+before the first taken from `tail` (zeros at the start of a sequence), as torch's
+`conv1d(groups=C, padding=K-1)` cut to the first T outputs computes it. The tail after the call
+is the last `K - 1` inputs: a decoding step passes it back and gets what the whole sequence
+would give. Written as K shifted multiply-adds: K is 2 to 4 in every model that uses it, where
+this beats an unfolded einsum on a CPU and keeps one padded copy of x for backward (the slices
+are views of it). Not a matmul, so it adds no FLOPs by the 2·m·n·p rule lmcore counts.
+"""
+
+from __future__ import annotations
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+
+def causal_conv(
+    x: Float[Tensor, "B T C"],
+    weight: Float[Tensor, "C K"],
+    bias: Float[Tensor, " C"] | None = None,
+    tail: Float[Tensor, "B C K1"] | None = None,
+) -> tuple[Float[Tensor, "B T C"], Float[Tensor, "B C K1"]]:
+    """`(y, tail)`: the causal depthwise convolution of `x` along T (module docstring), and its
+    last `K - 1` inputs `(B, C, K - 1)` to continue it. `tail` None: zeros before the first."""
+    B, T, C = x.shape
+    K = weight.shape[1]
+    if tail is None:
+        before = x.new_zeros(B, K - 1, C)
+    else:
+        before = tail.transpose(1, 2).to(x.dtype)  # (B, K-1, C)
+    padded = torch.cat([before, x], dim=1)  # (B, K-1+T, C)
+    y = padded[:, K - 1 :] * weight[:, K - 1]
+    for j in range(K - 1):
+        y = y + padded[:, j : j + T] * weight[:, j]
+    if bias is not None:
+        y = y + bias
+    return y, padded[:, T:].transpose(1, 2)  # the last K-1 inputs, (B, C, K-1)
