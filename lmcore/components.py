@@ -16,6 +16,9 @@ pos      ``d_model``, ``num_heads``, ``head_dim``, ``context_length``
 attn     ``num_heads``, ``num_kv_heads``, ``head_dim``, ``window`` (0: none)
 block    ``d_model``; its factory also gets the modules it wires: ``attn``, ``ffn`` and
          ``norm`` (a function building one more norm per call)
+mixer    ``d_model``, ``num_heads``, ``num_kv_heads``, ``head_dim``, ``context_length``; its
+         factory also gets ``attention``, a function building lmcore's attention sub-layer
+         for the layer (its kernel, projections and options) per call
 =======  ===========================================================================
 
 Factories also get ``device`` and ``dtype``; ``flops`` also gets ``seq_len`` (query tokens of one
@@ -53,7 +56,7 @@ from lmcore.errors import (
 
 Scalar = int | float | bool | str
 
-KINDS: Final = ("norm", "ffn", "pos", "attn", "block")
+KINDS: Final = ("norm", "ffn", "pos", "attn", "block", "mixer")
 
 # The model dimensions each kind may ask for, in the order the docs list them.
 DIMS: Final[Mapping[str, tuple[str, ...]]] = {
@@ -62,10 +65,14 @@ DIMS: Final[Mapping[str, tuple[str, ...]]] = {
     "pos": ("d_model", "num_heads", "head_dim", "context_length"),
     "attn": ("num_heads", "num_kv_heads", "head_dim", "window"),
     "block": ("d_model",),
+    "mixer": ("d_model", "num_heads", "num_kv_heads", "head_dim", "context_length"),
 }
 # What a block's factory receives besides its dimensions and arguments: the attention sub-layer,
 # the feed-forward network, and `norm()`, which builds one more norm of the model's kind per call.
 BLOCK_PARTS: Final = ("attn", "ffn", "norm")
+# What a mixer's factory receives besides its dimensions and arguments: `attention()`, which
+# builds lmcore's attention sub-layer for the layer (kernel, projections, options) per call.
+MIXER_PARTS: Final = ("attention",)
 
 # What a component may declare it can do. Unknown words are a declaration error, so a typo
 # cannot silently switch a check off.
@@ -85,6 +92,9 @@ FEATURES: Final[Mapping[str, frozenset[str]]] = {
     # residual: with both sub-layers giving zeros the block returns its input unchanged (the
     # stream passes through; the kit checks it).
     "block": frozenset({"residual", "compile", "nocache"}),
+    # mask: takes left-padded batches (a pad token changes no state and no real token's
+    # output: attention masks pad keys, a recurrent mixer leaves its state as it was).
+    "mixer": frozenset({"mask", "compile", "nocache"}),
 }
 
 NAME_RE: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]*\Z")
@@ -95,7 +105,7 @@ _ARG_TYPES: Final = (int, float, bool, str)
 # Declarations a component may leave out (None).
 OPTIONAL_DECLARATIONS: Final = (
     "activations", "default_d_ff", "validate", "buffers", "norms", "shared_input",
-    "active_params", "temporaries", "modules",
+    "active_params", "temporaries", "modules", "state", "attention",
 )  # fmt: skip
 # How an argument appears in the canonical form: every value ("always", the rule since the
 # first release), or only a value other than the default ("changed": for arguments added to a
@@ -201,8 +211,9 @@ class Component:
         tensors one module's forward saves for backward in the model (parameters and buffers
         excluded; views of its inputs included), for `batch` sequences. A pos component counts
         its whole forward: `embed`, `attention_bias` and `rotation` applied to q and k in each of
-        `num_layers` layers. None (the default): `lmcore describe` measures them instead, on the
-        meta device, which is exact but costs about a second. `lmcore.testing` checks a
+        `num_layers` attention sub-layers (those of the layers it serves whose mixer attends).
+        None (the default): `lmcore describe` measures them instead, on the meta device, which
+        is exact but costs about a second. `lmcore.testing` checks a
         declaration against that measurement.
     default_d_ff(d_model) -> int: for ffn components, the hidden width used when a spec gives none.
     norms(**args) -> sequence of str: for block components, the attribute names of the norms the
@@ -230,6 +241,18 @@ class Component:
         every submodule included (a mixture of experts: one per expert and more). They cost
         host memory and build time on any device, meta included; lmcore's size check counts
         them. None (the default): a few, within lmcore's per-layer estimate.
+    state(**dims, **args, dtype) -> (per_token, per_sequence): for mixer components, the bytes
+        of one sequence's decoding state in a model of `dtype`, as the module's
+        `decoding_state` allocates it: `per_token` for each position of the context (keys and
+        values, a latent: grows with the context) and `per_sequence` whatever the context (a
+        recurrent state, a convolution's tail). `lmcore describe` shows both; the kit checks
+        them against what `decoding_state` allocates. None (the default): unknown.
+    attention(**args) -> sequence of str: for mixer components, where the mixer keeps each
+        attention sub-layer it builds with its `attention()` argument, in the order it calls it,
+        as attribute paths below the mixer (``""``: the mixer is that sub-layer, as the built-in
+        `attention` mixer; ``"first"``: its attribute `first`). lmcore accounts each one's
+        projections, kernel and norms itself, so the mixer's own declarations leave them out.
+        None (the default): it builds none.
 
     `activations` and `buffers` may also give None for particular arguments, meaning unknown
     (e.g. a mixture whose expert declares none): they are then measured as if undeclared.
@@ -256,6 +279,8 @@ class Component:
     active_params: Callable[..., int] | None = None
     temporaries: Callable[..., int] | None = None
     modules: Callable[..., int] | None = None
+    state: Callable[..., tuple[int, int]] | None = None
+    attention: Callable[..., Sequence[str]] | None = None
 
     def arg(self, name: str) -> Arg | None:
         return next((a for a in self.args if a.name == name), None)
@@ -302,6 +327,8 @@ _ROLES: Final[Mapping[str, str]] = {
     "shared_input": "shared_input declaration",
     "temporaries": "temporaries declaration",
     "modules": "modules declaration",
+    "state": "state declaration",
+    "attention": "attention declaration",
 }
 
 
@@ -366,6 +393,29 @@ def _whole(c: Component, what: str, kwargs: Mapping[str, Any], where: object, va
             f"it must give a whole number >= {least}"
         )
     return n
+
+
+def count_state(
+    c: Component, kwargs: Mapping[str, Any], where: object = None
+) -> tuple[int, int] | None:
+    """A mixer's declared decoding state, `(per_token, per_sequence)` bytes of one sequence;
+    None when it declares none. Anything but two whole numbers >= 0 is a `PluginError`."""
+    value = invoke(c, "state", kwargs, where)
+    if value is None and c.state is None:
+        return None
+    pair = tuple(value) if isinstance(value, tuple | list) else ()
+    numbers = [whole_number(v) for v in pair]
+    if len(numbers) != 2 or any(n is None or n < 0 for n in numbers):
+        given = accepted_kwargs(c.state, kwargs) if c.state is not None else {}
+        call = f"state({', '.join(f'{k}={v!r}' for k, v in given.items())})"
+        raise PluginError(
+            f"{_who(c, where)}: its state declaration gives {call} = "
+            f"{clip(repr(value), quote=False)}; it must give (bytes per token of context, "
+            "bytes per sequence), two whole numbers >= 0"
+        )
+    per_token, per_sequence = numbers
+    assert per_token is not None and per_sequence is not None
+    return per_token, per_sequence
 
 
 def whole_number(value: object) -> int | None:
@@ -476,9 +526,8 @@ def validate_component(item: object) -> Component:
             raise InvalidComponentError(f"{what}: argument name {a.name!r} is not an identifier")
         if a.name in seen:
             raise InvalidComponentError(f"{what}: argument {a.name!r} is declared twice")
-        passed = (
-            _RESERVED_ARGS | set(DIMS[c.kind]) | (set(BLOCK_PARTS) if c.kind == "block" else set())
-        )
+        parts = {"block": BLOCK_PARTS, "mixer": MIXER_PARTS}.get(c.kind, ())
+        passed = _RESERVED_ARGS | set(DIMS[c.kind]) | set(parts)
         if a.name in passed:
             raise InvalidComponentError(
                 f"{what}: argument {a.name!r} clashes with a name lmcore passes itself "

@@ -1,5 +1,6 @@
-"""The five component contracts. A component's factory returns an `nn.Module` that fits one of
-them: norm, ffn, pos, attn (the attention kernel) and block (the wiring of one layer).
+"""The six component contracts. A component's factory returns an `nn.Module` that fits one of
+them: norm, ffn, pos, attn (the attention kernel), block (the wiring of one layer) and mixer
+(the sub-layer that mixes tokens: attention, or a recurrent or convolutional one).
 
 Shapes: B batch, T / S sequence, H query heads, Hkv key/value heads, D head dim.
 """
@@ -79,14 +80,15 @@ class PositionalEncoding(Protocol):
 
 
 class LayerContext(NamedTuple):
-    """What one forward hands each layer for its attention, besides the layer's input: the
-    positional rotation and bias, the padding mask and the layer's KV cache. A block passes it
-    to its attention sub-layer unchanged: `self.attn(h, context)`."""
+    """What one forward hands each layer for its token mixer, besides the layer's input: the
+    positional rotation and bias, the padding mask, the layer's decoding cache and the new
+    tokens' positions. A block passes it to its mixer unchanged: `self.attn(h, context)`."""
 
     rotation: Rotation | None = None
     bias: Tensor | None = None
     mask: Tensor | None = None
     cache: Any = None  # the layer's `lmcore.model.cache.LayerCache`, or None
+    positions: Tensor | None = None  # (B or 1, T): the new tokens' absolute positions
 
 
 @runtime_checkable
@@ -100,11 +102,47 @@ class AttentionLayer(Protocol):
 
 
 @runtime_checkable
+class Mixer(Protocol):
+    """The token-mixing sub-layer of a layer (what a block holds as `attn`): maps
+    `(B, T, d_model)` to the same shape and dtype, causally (no output depends on a later
+    token).
+
+    Decoding: a mixer that can decode with a cache (it does not declare "nocache") also has
+    `decoding_state(*, batch, context_length, device, dtype)`, returning its state for `batch`
+    sequences, allocated once (a `lmcore.model.cache.DecodingState`: keys and values, a latent,
+    a recurrent state and a convolution's tail). Each cached forward gets it as
+    `context.cache.state` with `context.cache.start`, the tokens it holds already (0: fresh,
+    whatever the tensors hold), and `context.cache.valid`, False where a new token is left
+    padding; the forward leaves in it the state after its tokens, written in place.
+    """
+
+    def __call__(
+        self, x: Float[Tensor, "B T d_model"], context: LayerContext
+    ) -> Float[Tensor, "B T d_model"]: ...
+
+
+@runtime_checkable
+class DecodingState(Protocol):
+    """One layer's decoding state for a batch of sequences (`Mixer.decoding_state`).
+
+    `rewind`: whether the state can go back to an earlier token (keys and values can: the
+    slots after it are forgotten; a recurrent state cannot). `select(rows)`: a new state of
+    `len(rows)` sequences, row i a copy of row `rows[i]`. `tensors()`: every tensor it holds,
+    by name, batch first (what its bytes are counted from)."""
+
+    rewind: bool
+
+    def select(self, rows: Int[Tensor, " N"]) -> DecodingState: ...
+
+    def tensors(self) -> dict[str, Tensor]: ...
+
+
+@runtime_checkable
 class Block(Protocol):
     """One layer's wiring of the residual stream: maps `(B, T, d_model)` to the same shape and
     dtype.
 
-    Its factory gets `attn` (an `AttentionLayer`), `ffn` (a `FeedForward`) and `norm`, a
+    Its factory gets `attn` (the layer's `Mixer`: lmcore's attention or another), `ffn` (a `FeedForward`) and `norm`, a
     function that builds one more norm of the model's kind each call; the block keeps them as
     attributes `attn`, `ffn` and the names its `norms` declaration lists (so the state-dict
     keys are `attn.*`, `ffn.*` and `<name>.*`, plus its own parameters), calls
@@ -141,4 +179,5 @@ PROTOCOLS: dict[str, type] = {
     "pos": PositionalEncoding,
     "attn": AttentionKernel,
     "block": Block,
+    "mixer": Mixer,
 }

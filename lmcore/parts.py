@@ -64,6 +64,21 @@ class Part:
         cannot work."""
         self.entry.invoke("validate", {**dims, **self.kwargs()}, allow=(ValueError,))
 
+    def attention_paths(self) -> tuple[str, ...]:
+        """A mixer's `attention` declaration: where it keeps each attention sub-layer it builds
+        with `attention()` (``""``: itself); none for a mixer that declares none. A mixer whose
+        arguments are mixers (`parallel(first=attention, ...)`) gives its parts' paths below
+        its own attributes (``"first"``)."""
+        paths = self.entry.invoke("attention", self.kwargs())
+        if paths is None:
+            return ()
+        if not isinstance(paths, tuple | list) or not all(isinstance(p, str) for p in paths):
+            raise PluginError(
+                f"mixer {self.name!r} from {self.provenance}: its attention declaration gives "
+                f"{paths!r}; it must give a sequence of attribute paths ('' for the mixer itself)"
+            )
+        return tuple(paths)
+
     def walk(self) -> Iterator[Part]:
         """This part and every component nested in its arguments."""
         yield self

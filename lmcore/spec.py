@@ -112,6 +112,7 @@ class ModelSpec:
     ffn: ComponentSpec
     pos: ComponentSpec
     attn: ComponentSpec
+    mixer: ComponentSpec = ComponentSpec("attention")  # the token mixer; attn is its kernel
     head_dim: int = 0  # 0: d_model / num_heads
     embed_scale: float = 1.0
     logit_softcap: float = 0.0
@@ -155,6 +156,8 @@ class ModelSpec:
             return self.d_model // self.num_heads if self.d_model % self.num_heads == 0 else None
         if key == "query_scale":
             return default_query_scale(self.head_dim)
+        if key in SLOTS:
+            return ComponentSpec(SLOTS[key])
         return KEY_ARGS[key].default
 
     def __str__(self) -> str:
@@ -209,13 +212,14 @@ SLOTS: Final[Mapping[str, str]] = {
     "ffn": "swiglu",
     "pos": "rope",
     "attn": "sdpa",
+    "mixer": "attention",
 }
 KEY_ARGS: Final[Mapping[str, Arg]] = {a.name: a for a in MODEL_KEYS}
 # The canonical order of the keys.
 ORDER: Final = (
     "vocab_size", "context_length", "d_model", "num_layers", "num_heads", "num_kv_heads",
     "head_dim", "d_ff", "block", "tie_embeddings", "embed_scale", "logit_softcap",
-    "norm", "ffn", "pos", "attn",
+    "norm", "ffn", "pos", "mixer", "attn",
     "qkv_bias", "out_bias", "qk_norm", "qk_norm_scope", "query_scale", "window", "attn_softcap",
 )  # fmt: skip
 # The keys of the first release: written in every canonical string, default or not.
@@ -226,7 +230,7 @@ ALWAYS: Final = frozenset(
 ALL_KEYS: Final = ORDER
 # The keys that may differ by layer (`key[layers]=value`); the others hold for the whole model.
 LAYER_KEYS: Final = (
-    "d_ff", "block", "norm", "ffn", "pos", "attn",
+    "d_ff", "block", "norm", "ffn", "pos", "mixer", "attn",
     "qkv_bias", "out_bias", "qk_norm", "qk_norm_scope", "query_scale", "window", "attn_softcap",
 )  # fmt: skip
 # A spec with per-layer values has at most this many layers (each is resolved on its own).

@@ -293,11 +293,12 @@ ARGS: Final = (
 )
 
 
-def _activations(seq_len: int, head_dim: int, fraction: float) -> int:
+def _activations(seq_len: int, head_dim: int, fraction: float, num_layers: int) -> int:
     """cos + i·sin gathered at the positions, (1, T, rotary_dim / 2) complex64, gathered once
-    per forward and kept by the rotation of q and k in every layer. A partial rotation also
-    keeps nothing more: the concatenation saves no tensor."""
-    return 4 * seq_len * rotary_dim(head_dim, fraction)
+    per forward and kept by the rotation of q and k in every layer; nothing in a model none of
+    whose layers attends (`num_layers` 0). A partial rotation also keeps nothing more: the
+    concatenation saves no tensor."""
+    return 4 * seq_len * rotary_dim(head_dim, fraction) if num_layers else 0
 
 
 @hookimpl

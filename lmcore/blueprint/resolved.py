@@ -78,6 +78,24 @@ class Blueprint:
         `extra` adds to (or replaces) what `kwargs(kind)` gives, e.g. a block's modules."""
         return self.parts[kind].create(**{**self.kwargs(kind), **extra}, device=device, dtype=dtype)
 
+    def attention_paths(self) -> tuple[str, ...]:
+        """Where the layer's mixer keeps each attention sub-layer it builds (`Part.attention_paths`):
+        ``("",)`` for the built-in `attention` mixer, none for a mixer without attention."""
+        return self.parts["mixer"].attention_paths()
+
+    def padding(self) -> tuple[str, str, list[str]] | None:
+        """None when every layer takes left-padded batches; else `(kind, name, able)`: the
+        first component that cannot (a mixer without the 'mask' feature, or the attention
+        kernel of a layer whose mixer attends, without it) and the registered ones of its kind
+        that can."""
+        for _, lbp in self.groups():
+            for part in lbp.parts["mixer"].walk():
+                if part.kind == "mixer" and "mask" not in part.component.features:
+                    return "mixer", part.name, _able(self.registry, "mixer")
+            if lbp.attention_paths() and "mask" not in lbp.features("attn"):
+                return "attn", lbp.component("attn").name, _able(self.registry, "attn")
+        return None
+
     def norm_names(self) -> tuple[str, ...]:
         """The attribute names of the norms the block builds, from its `norms` declaration."""
         names = self.parts["block"].entry.invoke("norms", self.parts["block"].kwargs())
@@ -142,3 +160,7 @@ class Blueprint:
 
     def __str__(self) -> str:
         return str(self.spec)
+
+
+def _able(registry: Registry, kind: str) -> list[str]:
+    return [e.name for e in registry.entries(kind) if "mask" in e.component.features]

@@ -157,6 +157,10 @@ class Conversation:
             keep += 1
         keep = min(keep, len(full) - 1)  # at least one new token runs through the model
         assert self.kv is not None
+        if not self.kv.can_truncate(keep):
+            # A recurrent mixer's state holds every token so far and cannot go back to the
+            # common prefix: the whole prompt runs again.
+            keep = 0
         self.kv.truncate(keep)
         stops = list(self.saved.stop_token_ids) or None
         out: list[int] = []

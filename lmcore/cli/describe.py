@@ -190,6 +190,18 @@ def describe_json(found: Description) -> dict[str, Any]:
             "note": mem.note,
         },
         "activations_by_part": mem.activations_by_part,
+        "decoding_state": {
+            "layers": [
+                {
+                    "layers": layers,
+                    "count": n,
+                    "per_token": None if state is None else state[0],
+                    "per_sequence": None if state is None else state[1],
+                }
+                for layers, n, state in acc.layer_states()
+            ],
+            "at_context_length": acc.state_bytes(),
+        },
         "mismatches": list(found.mismatches),
         **({"unchecked": found.unchecked} if found.unchecked else {}),
     }
@@ -245,6 +257,7 @@ def describe_lines(found: Description) -> list[str]:
             f"({_pct(acc.active_params / acc.params)}) per token; forward FLOPs per token: "
             f"{_flops(round(acc.flops_per_token))}",
         ]
+    lines += state_lines(found)
     size = mem.weights // acc.params if acc.params else 0
     lines += [
         "",
@@ -272,6 +285,48 @@ def describe_lines(found: Description) -> list[str]:
         for part, n in mem.activations_by_part.items():
             share = _pct(n / mem.activations)
             lines.append(f"  {part:<{width}}  {show_bytes(n):>10}  {share:>6}")
+    return lines
+
+
+def state_lines(found: Description) -> list[str]:
+    """The decoding state of one sequence by kind of layer (what generation's cache holds):
+    bytes per token of context, which grow with it (keys and values, a latent), and bytes
+    whatever the context (a recurrent state, a convolution's tail), and the whole model's at
+    its context length."""
+    from lmcore.spec import format_layers
+
+    acc, mem = found.accounting, found.memory
+    ctx = acc.spec.context_length
+    bp = acc.blueprint
+    mixers = {
+        format_layers(indices, acc.spec.num_layers) if acc.spec.layers else "*": str(lbp.spec.mixer)
+        for indices, lbp in bp.groups()
+    }
+    rows = []
+    for layers, n, state in acc.layer_states():
+        where = "every layer" if layers == "*" else f"layers {layers}"
+        what = f"{where} ({n}), mixer={mixers.get(layers, '?')}"
+        if state is None:
+            rows.append((what, "?", "?", "?"))
+            continue
+        per_token, per_sequence = state
+        rows.append((
+            what, f"{show_bytes(per_token)}/token" if per_token else "-",
+            show_bytes(per_sequence) if per_sequence else "-",
+            show_bytes(n * (per_token * ctx + per_sequence)),
+        ))  # fmt: skip
+    total = acc.state_bytes()
+    header = ("layers", "grows", "fixed", f"at {ctx:,} tokens")
+    table = [header, *rows]
+    widths = [max(len(r[i]) for r in table) for i in range(4)]
+    lines = ["", f"decoding state per sequence ({mem.dtype}; what generation caches):"]
+    for r in table:
+        lines.append(
+            "  " + "  ".join(c.ljust(w) if i == 0 else c.rjust(w)
+                             for i, (c, w) in enumerate(zip(r, widths, strict=True)))
+        )  # fmt: skip
+    shown = "?" if total is None else show_bytes(total)
+    lines.append(f"  total at context_length={ctx:,}: {shown} per sequence")
     return lines
 
 

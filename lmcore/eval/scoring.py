@@ -183,7 +183,7 @@ def loglikelihoods(
     out: dict[int, tuple[float, bool]] = {}
     disable = not sys.stderr.isatty() if progress is None else not progress
     with tqdm(total=len(items), unit="request", file=sys.stderr, disable=disable) as bar:
-        masked = "mask" in bp.features("attn")
+        masked = bp.padding() is None
         for pack in _packs(groups, batch_size, L, masked):
             _shared(model, pack, out)
             bar.update(sum(len(g) for g in pack))

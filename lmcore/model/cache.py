@@ -1,25 +1,32 @@
-"""The key/value cache of incremental decoding, preallocated for the whole context.
+"""The decoding cache of incremental decoding: each layer's state, as its mixer declares it,
+preallocated for the whole context.
 
-`KVCache` holds every layer's keys and values for `batch` sequences, two tensors of shape
-`(B, Hkv, context_length, D)` per layer, allocated once on the model's device and dtype. Each
-forward writes its new keys and values into the next slots in place (no reallocation per token,
-so the storage never moves under `torch.compile`) and hands the attention kernel the filled
-prefix, `Sq` new queries against `Sk = filled + Sq` keys: the kernel contract's causal
-alignment to the end does the rest. Keys are cached after the positional rotation, so RoPE
-rotates only the new q and k.
+`DecodingCache` (also `KVCache`, its first name) holds one state per layer for `batch`
+sequences, made once by the layer's mixer (`Mixer.decoding_state`) on the model's device and in
+its dtype: the keys and values of attention (`KVState`, two `(B, Hkv, context_length, D)`
+tensors), a latent per token (`ContextState`, latent attention), or a recurrent state and a
+convolution's tail whose size does not grow with the context (`RecurrentState`). Each forward
+writes its tokens' state in place (no reallocation per token, so the storage never moves under
+`torch.compile`). Attention hands its kernel the filled prefix, `Sq` new queries against
+`Sk = filled + Sq` keys; keys are cached after the positional rotation, so RoPE rotates only
+the new q and k.
 
-Left-padded batches (prompts of different lengths) mark their pad slots once with `pad`: pad
-keys are masked out of every later query through the kernel's `mask` contract, and each row's
-positions count its real tokens only, so a padded prompt is encoded as it would be alone.
+What a cache can do with its states: `select` rows (any state), `truncate` to an earlier token
+(only where every state can go back: keys and values can, a recurrent state cannot, and the
+cache refuses it by name), `pad` a batch of left-padded prompts (pad keys are masked out of
+every later query through the kernel's `mask` contract; a recurrent mixer leaves its state as
+it was for a pad token, told by `LayerCache.valid`; each row's positions count its real tokens
+only), so a padded prompt is encoded as it would be alone.
 
-`KVCache.for_model` reads a model through `SizedModel` (its spec and its weights' device and
-dtype), so the cache depends on no model class.
+`DecodingCache.for_model` reads a model through `SizedModel` (its spec, where its weights are,
+and its layers' states), so the cache depends on no model class.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import torch
 from jaxtyping import Bool, Float, Int
@@ -28,6 +35,7 @@ from torch import Tensor
 from lmcore.errors import ModelInputError
 
 if TYPE_CHECKING:
+    from lmcore.interfaces import DecodingState
     from lmcore.spec import ModelSpec
 
 
@@ -37,8 +45,9 @@ class HasWeight(Protocol):
 
 
 class SizedModel(Protocol):
-    """What a KV cache is sized from: the model's spec (layers, kv heads, head width, context)
-    and its `lm_head`, whose weight has the model's device and dtype."""
+    """What a decoding cache is sized from: the model's spec (layers, context), its `lm_head`,
+    whose weight has the model's device and dtype, and `decoding_states(batch)`, each layer's
+    state (what its mixer declares) with the name of the mixer that made it."""
 
     @property
     def spec(self) -> ModelSpec: ...
@@ -46,49 +55,129 @@ class SizedModel(Protocol):
     @property
     def lm_head(self) -> HasWeight: ...
 
-
-@dataclass
-class LayerCache:
-    """One layer's view of a `KVCache` for one forward: `start` slots are filled."""
-
-    k: Float[Tensor, "B Hkv C D"]
-    v: Float[Tensor, "B Hkv C D"]
-    start: int
-
-    def update(
-        self, k: Float[Tensor, "B Hkv T D"], v: Float[Tensor, "B Hkv T D"]
-    ) -> tuple[Float[Tensor, "B Hkv Sk D"], Float[Tensor, "B Hkv Sk D"]]:
-        """Write the new keys and values into their slots; return all of them so far."""
-        end = self.start + k.shape[2]
-        self.k[:, :, self.start : end] = k  # in place: the storage never moves
-        self.v[:, :, self.start : end] = v
-        return self.k[:, :, :end], self.v[:, :, :end]
+    def decoding_states(self, batch: int) -> Sequence[tuple[str, DecodingState]]: ...
 
 
-class KVCache:
-    """Keys, values and positions of `batch` sequences, for every layer of a model.
+# ------------------------------------------------------------------------------ states
 
-    Build it with `KVCache.for_model(model, batch)` and pass it to `model(ids, cache=cache)`:
-    each call appends its tokens (positions continue from the filled slots unless given).
-    `length` is the number of filled slots (pads included); `reset()` empties it for reuse.
-    """
 
-    def __init__(
-        self,
+@dataclass(eq=False)
+class TensorState:
+    """A layer's decoding state: named tensors, batch first. `rewind` (see
+    `lmcore.interfaces.DecodingState`) is the class's: `ContextState` can go back to an
+    earlier token, `RecurrentState` cannot."""
+
+    values: dict[str, Tensor]
+    rewind: ClassVar[bool] = False
+
+    def __getitem__(self, name: str) -> Tensor:
+        return self.values[name]
+
+    def select(self, rows: Int[Tensor, " N"]) -> TensorState:
+        return type(self)({k: t.index_select(0, rows) for k, t in self.values.items()})
+
+    def tensors(self) -> dict[str, Tensor]:
+        return dict(self.values)
+
+
+class RecurrentState(TensorState):
+    """A state of a fixed size per sequence, overwritten by each forward (a recurrent matrix,
+    a convolution's last inputs): it holds the sequence so far in its values, so it cannot be
+    taken back to an earlier token."""
+
+    rewind: ClassVar[bool] = False
+
+
+class ContextState(TensorState):
+    """Tensors with a slot per position of the context (a latent per token): the forward
+    writes its tokens' slots; the slots after a shorter length are simply forgotten."""
+
+    rewind: ClassVar[bool] = True
+
+
+class KVState(ContextState):
+    """Attention's keys and values, `(B, Hkv, context_length, D)` each."""
+
+    @classmethod
+    def empty(
+        cls,
         *,
-        num_layers: int,
         batch: int,
         num_kv_heads: int,
         head_dim: int,
         context_length: int,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
-    ):
+    ) -> KVState:
         shape = (batch, num_kv_heads, context_length, head_dim)
-        # One tensor per layer (not one for all): under torch.compile a write into a view of a
-        # shared tensor is replayed as a copy of the whole tensor, one per layer and step.
-        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(num_layers)]
-        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(num_layers)]
+        # One tensor each per layer (not one for all): under torch.compile a write into a
+        # view of a shared tensor is replayed as a copy of the whole tensor, per layer and step.
+        return cls(
+            {
+                "k": torch.zeros(shape, device=device, dtype=dtype),
+                "v": torch.zeros(shape, device=device, dtype=dtype),
+            }
+        )
+
+    @property
+    def k(self) -> Float[Tensor, "B Hkv C D"]:
+        return self.values["k"]
+
+    @property
+    def v(self) -> Float[Tensor, "B Hkv C D"]:
+        return self.values["v"]
+
+    def update(
+        self, k: Float[Tensor, "B Hkv T D"], v: Float[Tensor, "B Hkv T D"], start: int
+    ) -> tuple[Float[Tensor, "B Hkv Sk D"], Float[Tensor, "B Hkv Sk D"]]:
+        """Write the new keys and values into slots `start..`; return all of them so far."""
+        end = start + k.shape[2]
+        self.k[:, :, start:end] = k  # in place: the storage never moves
+        self.v[:, :, start:end] = v
+        return self.k[:, :, :end], self.v[:, :, :end]
+
+
+@dataclass
+class LayerCache:
+    """One layer's view of a `DecodingCache` for one forward: its `state`, the `start` tokens
+    it holds already (0: fresh; its tensors may hold an earlier sequence's values) and, for a
+    padded batch, `valid`, False where a new token is left padding."""
+
+    state: Any
+    start: int
+    valid: Bool[Tensor, "B T"] | None = None
+
+    def update(
+        self, k: Float[Tensor, "B Hkv T D"], v: Float[Tensor, "B Hkv T D"]
+    ) -> tuple[Float[Tensor, "B Hkv Sk D"], Float[Tensor, "B Hkv Sk D"]]:
+        """Attention's: write the new keys and values; return all of them so far."""
+        keys_values: KVState = self.state
+        return keys_values.update(k, v, self.start)
+
+
+# ------------------------------------------------------------------------------ the cache
+
+
+class DecodingCache:
+    """Every layer's decoding state and the positions of `batch` sequences.
+
+    Build it with `DecodingCache.for_model(model, batch)` and pass it to
+    `model(ids, cache=cache)`: each call appends its tokens (positions continue from the filled
+    slots unless given). `length` is the number of tokens fed (pads included); `reset()`
+    empties it for reuse. `states[i]` is layer i's state, `names[i]` the mixer that made it.
+    """
+
+    def __init__(
+        self,
+        states: Sequence[DecodingState],
+        *,
+        batch: int,
+        context_length: int,
+        names: Sequence[str] | None = None,
+        device: torch.device | str | None = None,
+    ):
+        self.states = list(states)
+        self.names = list(names) if names is not None else ["?"] * len(self.states)
         # Absolute position of each slot's token: the keys' positions for attention biases.
         self.positions = torch.zeros(batch, context_length, dtype=torch.long, device=device)
         self.valid: Bool[Tensor, "B C"] | None = None  # None: no pads
@@ -97,29 +186,58 @@ class KVCache:
         self.length = 0
 
     @classmethod
-    def for_model(cls, model: SizedModel, batch: int) -> KVCache:
+    def for_model(cls, model: SizedModel, batch: int) -> DecodingCache:
         """An empty cache for `batch` sequences of `model`, on its device and in its dtype,
         for its whole context_length."""
-        spec, weight = model.spec, model.lm_head.weight
+        named = model.decoding_states(batch)
         return cls(
-            num_layers=spec.num_layers,
+            [state for _, state in named],
             batch=batch,
-            num_kv_heads=spec.num_kv_heads,
-            head_dim=spec.head_dim,
-            context_length=spec.context_length,
-            device=weight.device,
-            dtype=weight.dtype,
+            context_length=model.spec.context_length,
+            names=[name for name, _ in named],
+            device=model.lm_head.weight.device,
         )
 
+    @property
+    def k(self) -> list[Tensor]:
+        """The keys of each attention layer (the layers whose state is a `KVState`)."""
+        return [s.k for s in self.states if isinstance(s, KVState)]
+
+    @property
+    def v(self) -> list[Tensor]:
+        return [s.v for s in self.states if isinstance(s, KVState)]
+
+    def nbytes(self) -> int:
+        """Bytes the states and positions hold."""
+        held = sum(t.nbytes for s in self.states for t in s.tensors().values())
+        return held + self.positions.nbytes
+
     def reset(self) -> None:
-        """Forget every slot (the storage is kept for the next sequences)."""
+        """Forget every token (the storage is kept for the next sequences)."""
         self.length, self.valid, self.pads = 0, None, None
 
+    def can_truncate(self, length: int) -> bool:
+        """Whether `truncate(length)` would work: `length` within what the cache holds, and
+        either nothing to take back (its length, or 0) or every state can go back."""
+        if not 0 <= length <= self.length:
+            return False
+        return length in (0, self.length) or all(s.rewind for s in self.states)
+
     def truncate(self, length: int) -> None:
-        """Keep the first `length` filled slots only (a chat's turn re-encoded differently from
-        the tokens generated: the common prefix stays cached)."""
+        """Keep the first `length` tokens only (a chat's turn re-encoded differently from the
+        tokens generated: the common prefix stays cached). A layer whose state cannot go back
+        to an earlier token (a recurrent state) refuses any length but 0 and its own."""
         if not 0 <= length <= self.length:
             raise ModelInputError(f"truncate({length}): the cache holds {self.length} tokens")
+        if length not in (0, self.length):
+            for i, state in enumerate(self.states):
+                if not state.rewind:
+                    raise ModelInputError(
+                        f"truncate({length}): layer {i}'s mixer {self.names[i]!r} keeps a "
+                        f"state of fixed size that holds all {self.length} tokens and cannot go "
+                        "back to an earlier one; truncate(0) (or reset()) and feed the tokens "
+                        "to keep again"
+                    )
         self.length = length
 
     def pad(self, real: Bool[Tensor, "B T"]) -> None:
@@ -159,8 +277,13 @@ class KVCache:
             return slots[None, :]  # (1, T)
         return (slots[None, :] - self.pads).clamp_min(0)  # (B, T); pads sit at position 0
 
+    def layers(self, seq: int) -> list[LayerCache]:
+        """Each layer's view for a forward of `seq` new tokens."""
+        valid = None if self.valid is None else self.valid[:, self.length : self.length + seq]
+        return [LayerCache(state, self.length, valid) for state in self.states]
+
     def layer(self, i: int) -> LayerCache:
-        return LayerCache(self.k[i], self.v[i], self.length)
+        return LayerCache(self.states[i], self.length)
 
     def record(self, positions: Int[Tensor, "B_or_1 T"]) -> None:
         """Store the positions of the tokens being appended (before the layers run)."""
@@ -186,15 +309,19 @@ class KVCache:
     def advance(self, seq: int) -> None:
         self.length += seq
 
-    def select(self, rows: Int[Tensor, " N"]) -> KVCache:
+    def select(self, rows: Int[Tensor, " N"]) -> DecodingCache:
         """A new cache of `len(rows)` sequences, row `i` a copy of this cache's row `rows[i]`:
         a prefix computed once continues in several ways (scoring the choices of a question)."""
-        new = KVCache.__new__(KVCache)
+        new = DecodingCache.__new__(DecodingCache)
         rows = rows.to(self.positions.device)
-        new.k = [k.index_select(0, rows) for k in self.k]
-        new.v = [v.index_select(0, rows) for v in self.v]
+        new.states = [s.select(rows) for s in self.states]
+        new.names = list(self.names)
         new.positions = self.positions.index_select(0, rows)
         new.valid = None if self.valid is None else self.valid.index_select(0, rows)
         new.pads = None if self.pads is None else self.pads.index_select(0, rows)
         new.batch, new.context_length, new.length = len(rows), self.context_length, self.length
         return new
+
+
+KVCache = DecodingCache  # its name while every layer's state was keys and values
+

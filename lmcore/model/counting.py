@@ -24,6 +24,7 @@ from typing import Any, Final
 import torch
 
 from lmcore.blueprint import Blueprint, Part, resolve
+from lmcore.components import count_state
 from lmcore.errors import LmcoreError, LmcoreKeyError, ModelInputError, ModelTooLargeError
 from lmcore.registry import Entry, Registry
 from lmcore.spec import ModelSpec, format_layers
@@ -39,12 +40,14 @@ PARTS: Final = (
     "norms",
     "attention projections",
     "attention kernel",
+    "mixer",
     "ffn",
     "block",
     "lm_head",
 )
-# Parts listed only when some row is in them (no built-in block holds anything of its own).
-OPTIONAL_PARTS: Final = frozenset({"block"})
+# Parts listed only when some row is in them (no built-in block holds anything of its own;
+# the built-in attention mixer holds nothing beyond lmcore's attention rows).
+OPTIONAL_PARTS: Final = frozenset({"mixer", "block"})
 
 
 @dataclass(frozen=True)
@@ -78,6 +81,9 @@ class Row:
     modules_each: int | None = None
     # What the declarations were called with (the dimensions and arguments), for messages.
     kwargs: tuple[tuple[str, object], ...] = ()
+    # The decoding state one instance keeps per sequence: (bytes per token of context, bytes
+    # whatever the context); None: the mixer declares none. (0, 0) for rows that keep none.
+    state_each: tuple[int, int] | None = (0, 0)
 
     @property
     def params(self) -> int:
@@ -192,6 +198,41 @@ class Accounting:
         """Rows whose component declares no activations."""
         return tuple(r for r in self.rows if r.activations_each is None)
 
+    def decoding_state(self, rows: tuple[Row, ...] | None = None) -> tuple[int, int] | None:
+        """`(per_token, per_sequence)`: the bytes of one sequence's decoding state, summed over
+        `rows` (default: all), each token of context and whatever the context; None when a
+        mixer among them declares none."""
+        per_token = per_sequence = 0
+        for r in self.rows if rows is None else rows:
+            if r.state_each is None:
+                return None
+            per_token += r.state_each[0] * r.count
+            per_sequence += r.state_each[1] * r.count
+        return per_token, per_sequence
+
+    def state_bytes(self, context: int | None = None, batch: int = 1) -> int | None:
+        """Bytes of the decoding state of `batch` sequences at `context` tokens (default: the
+        context length, what the cache preallocates); None when a mixer declares none."""
+        found = self.decoding_state()
+        if found is None:
+            return None
+        context = self.spec.context_length if context is None else context
+        return batch * (found[0] * context + found[1])
+
+    def layer_states(self) -> list[tuple[str, int, tuple[int, int] | None]]:
+        """`(layers, count, state)` of one layer of each distinct kind, as `layer_groups`:
+        its decoding state per sequence, `(per_token, per_sequence)` bytes, or None."""
+        out: dict[str, list[Row]] = {}
+        for r in self.rows:
+            if r.per_layer:
+                key = "*" if r.layers is None else r.name[len("layers[") :].split("]", 1)[0]
+                out.setdefault(key, []).append(r)
+        found = []
+        for key, rows in out.items():
+            one = tuple(replace(r, count=1) for r in rows)
+            found.append((key, rows[0].count, self.decoding_state(one)))
+        return found
+
     def undeclared_components(self) -> list[str]:
         """``norm 'plain'`` for each component that declares no activations, sorted."""
         return sorted({f"{r.entry.kind} {r.entry.name!r}" for r in self.undeclared if r.entry})
@@ -282,6 +323,11 @@ def account(
             temporaries_each=entry.count("temporaries", {**kwargs, "dtype": dtype}) or 0,
             modules_each=entry.count("modules", kwargs),
             kwargs=tuple(kwargs.items()),
+            state_each=(
+                count_state(entry.component, {**kwargs, "dtype": dtype}, entry.provenance)
+                if entry.kind == "mixer"
+                else (0, 0)
+            ),
         )
 
     def linear(
@@ -300,38 +346,56 @@ def account(
             layers=layers,
         )
 
-    def layer(lbp: Blueprint, prefix: str, layers: tuple[int, ...] | None) -> list[Row]:
-        s, count = lbp.spec, n_layers if layers is None else len(layers)
+    def attention(lbp: Blueprint, at: str, count: int, shared: bool,
+                  layers: tuple[int, ...] | None) -> list[Row]:  # fmt: skip
+        """The rows of one attention sub-layer at path `at`: lmcore's projections, the kernel
+        (with the keys and values it is handed, the decoding state) and the q/k norms."""
+        s = lbp.spec
         width, kv_width = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
-        block = lbp.parts["block"]
-        shared = bool(block.entry.invoke("shared_input", block.kwargs()))
-        attn = [
-            linear(f"{prefix}.attn.q_proj", d, width, count, not shared, bias=s.qkv_bias,
-                   layers=layers),
-            linear(f"{prefix}.attn.k_proj", d, kv_width, count, False, bias=s.qkv_bias,
-                   layers=layers),
-            linear(f"{prefix}.attn.v_proj", d, kv_width, count, False, bias=s.qkv_bias,
-                   layers=layers),
-            linear(f"{prefix}.attn.output_proj", width, d, count, True, bias=s.out_bias,
-                   layers=layers),
-            declared(lbp.parts["attn"], lbp.kwargs("attn"), f"{prefix}.attn.kernel",
-                     "attention kernel", count, layers=layers),
-        ]  # fmt: skip
+        kernel = declared(lbp.parts["attn"], lbp.kwargs("attn"), f"{at}.kernel",
+                          "attention kernel", count, layers=layers)  # fmt: skip
+        kv = 2 * s.num_kv_heads * s.head_dim * size  # a key and a value per token
+        rows = [
+            linear(f"{at}.q_proj", d, width, count, not shared, bias=s.qkv_bias, layers=layers),
+            linear(f"{at}.k_proj", d, kv_width, count, False, bias=s.qkv_bias, layers=layers),
+            linear(f"{at}.v_proj", d, kv_width, count, False, bias=s.qkv_bias, layers=layers),
+            linear(f"{at}.output_proj", width, d, count, True, bias=s.out_bias, layers=layers),
+            replace(kernel, state_each=(kv, 0)),
+        ]
         if "qk_norm" in lbp.parts:
             full = s.qk_norm_scope == "full"
             for which, heads in (("q_norm", s.num_heads), ("k_norm", s.num_kv_heads)):
                 kwargs = {**lbp.kwargs("qk_norm"), "d_model": s.head_dim * (heads if full else 1)}
-                attn.append(
+                rows.append(
                     declared(
                         lbp.parts["qk_norm"],
                         kwargs,
-                        f"{prefix}.attn.{which}",
+                        f"{at}.{which}",
                         "norms",
                         count,
                         layers=layers,
                         rows=1 if full else heads,
                     )
                 )
+        return rows
+
+    def layer(lbp: Blueprint, prefix: str, layers: tuple[int, ...] | None) -> list[Row]:
+        count = n_layers if layers is None else len(layers)
+        block = lbp.parts["block"]
+        shared = bool(block.entry.invoke("shared_input", block.kwargs()))
+        attn: list[Row] = []
+        for path in lbp.attention_paths():
+            attn += attention(lbp, f"{prefix}.attn" + (f".{path}" if path else ""), count,
+                              shared, layers)  # fmt: skip
+        # The mixer's own row, after its attention rows (it claims what they leave), listed
+        # when it holds, computes, keeps or carries anything (the attention mixer does not).
+        own_mixer = declared(lbp.parts["mixer"], lbp.kwargs("mixer"), f"{prefix}.attn", "mixer",
+                             count, layers=layers)  # fmt: skip
+        if (
+            own_mixer.params_each or own_mixer.flops_each or own_mixer.activations_each != 0
+            or own_mixer.buffers_each != 0 or own_mixer.state_each != (0, 0)
+        ):  # fmt: skip
+            attn.append(own_mixer)
         ffn = [declared(lbp.parts["ffn"], lbp.kwargs("ffn"), f"{prefix}.ffn", "ffn", count,
                         layers=layers)]  # fmt: skip
         norms = {
@@ -369,7 +433,8 @@ def account(
     variants = sorted({b.spec.pos for _, b in groups} - {spec.pos}, key=str)
     for j, pos in enumerate((spec.pos, *variants)):
         lbp = next((b for _, b in groups if b.spec.pos == pos), bp)
-        uses = sum(len(ls) for ls, b in groups if b.spec.pos == pos)
+        # The attention sub-layers it rotates q and k in (a mixer without attention uses none).
+        uses = sum(len(ls) * len(b.attention_paths()) for ls, b in groups if b.spec.pos == pos)
         name = "pos" if j == 0 else f"layer_pos.{j - 1}"
         rows.append(declared(lbp.parts["pos"], lbp.kwargs("pos"), name, "embeddings", 1, uses=uses))
     for layers, lbp in groups:

@@ -1,13 +1,14 @@
 """Text generation: greedy decoding, temperature, top-k and nucleus (top-p) sampling, a stop
-token, with a KV cache that goes through the component contracts.
+token, with a decoding cache that goes through the component contracts.
 
     ids = model.generate(prompt, 64, Sampling(temperature=0.8, top_p=0.95, seed=0))  # (new,)
     for tok in model.stream(prompt, 64, GREEDY): ...                     # one step at a time
 
 How each token is picked is one `Sampling` value; what is not sampling (stop tokens, the cache,
-a cache to continue) are keywords. Each step runs the model on the new token only (`KVCache`):
-the attention kernel gets one query against every cached key, the positional encoding the
-absolute position of the new token. Every check (options, the components' capabilities, the
+a cache to continue) are keywords. Each step runs the model on the new token only (`KVCache`,
+each layer's state as its mixer declares it): an attention kernel gets one query against every
+cached key, a recurrent mixer its state, the positional encoding the absolute position of the
+new token. Every check (options, the components' capabilities, the
 prompt's ids, room in the context) runs once before the first step; the steps feed back ids
 sampled from the model's own vocabulary, so no step validates ids or synchronises with the
 device, except to see whether every sequence has reached `stop_token`.
@@ -18,8 +19,8 @@ model with a compiled step, and leaves the model as it was.
 
 Prompts: a 1-d tensor (one prompt: 1-d results), a 2-d tensor (a batch of equal lengths), or a
 list of 1-d tensors / lists of ints, which may differ in length: they are left-padded, and the
-pads are masked out through the attention kernel's `mask` contract (a kernel without 'mask'
-can only take equal lengths).
+pads are masked out through the attention kernel's `mask` contract, and a recurrent mixer leaves
+its state as it was for them (a kernel or mixer without 'mask' can only take equal lengths).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from lmcore.model.nn import softmax
 
 if TYPE_CHECKING:
     from lmcore.blueprint import Blueprint
+    from lmcore.interfaces import DecodingState
     from lmcore.spec import ModelSpec
 
 NOCACHE = "nocache"  # the feature a component declares when it cannot work with a KV cache
@@ -285,12 +287,18 @@ def _check_options(
             f"context_length={spec.context_length}; ask for at most "
             f"{room} new tokens or shorten the prompt (lmcore never drops tokens silently)"
         )
-    if real is not None and "mask" not in bp.features("attn"):
-        able = [e.name for e in bp.registry.entries("attn") if "mask" in e.component.features]
+    refused = bp.padding() if real is not None else None
+    if refused is not None:
+        kind, name, able = refused
+        need, other = (
+            ("need an attention mask", "a kernel")
+            if kind == "attn"
+            else ("need a mixer that leaves its state as it was for a pad", "a mixer")
+        )
         raise GenerationError(
-            f"prompts of different lengths are left-padded and need an attention mask, but attn "
-            f"{bp.component('attn').name!r} does not declare 'mask'; give prompts of equal "
-            f"length, generate them one at a time, or use a kernel that can: {one_of(able)}"
+            f"prompts of different lengths are left-padded and {need}, but {kind} {name!r} "
+            f"does not declare 'mask'; give prompts of equal length, generate them one at a "
+            f"time, or use {other} that can: {one_of(able)}"
         )
 
 
@@ -338,6 +346,9 @@ class Decoder:
     @property
     def lm_head(self) -> HasWeight:
         return self.model.lm_head
+
+    def decoding_states(self, batch: int) -> Sequence[tuple[str, DecodingState]]:
+        return self.model.decoding_states(batch)
 
     def forward_unchecked(
         self, ids: Tensor, positions: Tensor, cache: KVCache | None = None

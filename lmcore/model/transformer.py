@@ -24,6 +24,7 @@ from lmcore.blueprint import Blueprint, resolve
 from lmcore.components import KINDS, Component
 from lmcore.errors import (
     CheckpointError,
+    GenerationError,
     ModelInputError,
     ModelTooLargeError,
     PluginError,
@@ -32,7 +33,7 @@ from lmcore.errors import (
 from lmcore.interfaces import LayerContext
 from lmcore.model import generate as decoding
 from lmcore.model import saving
-from lmcore.model.cache import KVCache
+from lmcore.model.cache import DecodingCache, KVState
 from lmcore.model.counting import check_size
 from lmcore.model.inputs import check_device, check_dtype, check_ids, check_positions
 from lmcore.model.nn import Embedding, Linear
@@ -87,10 +88,29 @@ class CausalSelfAttention(nn.Module):
         self.kernel_options = dict(kernel_options or {})
         self.q_factor = q_factor
 
+    def decoding_state(
+        self,
+        *,
+        batch: int,
+        context_length: int,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> KVState:
+        """The keys and values of `batch` sequences, for the whole context (after the rotation
+        and the query-independent norms, before any repeat for a kernel without 'gqa')."""
+        return KVState.empty(
+            batch=batch,
+            num_kv_heads=self.num_kv_heads,
+            head_dim=self.head_dim,
+            context_length=context_length,
+            device=device,
+            dtype=dtype,
+        )
+
     def forward(
         self, x: Float[Tensor, "B T d_model"], context: LayerContext
     ) -> Float[Tensor, "B T d_model"]:
-        rotation, bias, mask, cache = context
+        rotation, bias, mask, cache = context.rotation, context.bias, context.mask, context.cache
         q, k = self.q_proj(x), self.k_proj(x)  # (B, T, H·D), (B, T, Hkv·D)
         v = split_heads(self.v_proj(x), self.num_kv_heads)  # (B, Hkv, T, D)
         if self.q_norm is None or self.k_norm is None:
@@ -183,11 +203,45 @@ def build_attention(bp: Blueprint, **factory: Any) -> CausalSelfAttention:
     return attn
 
 
+def build_mixer(bp: Blueprint, **factory: Any) -> nn.Module:
+    """The layer's token mixer from its blueprint, given `attention()` to build lmcore's
+    attention sub-layer with; each one it builds is checked to be where its `attention`
+    declaration says."""
+    built: list[nn.Module] = []
+
+    def attention() -> nn.Module:
+        module = build_attention(bp, **factory)
+        built.append(module)
+        return module
+
+    mixer: nn.Module = bp.create("mixer", attention=attention, **factory)
+    paths = bp.attention_paths()
+    held = [_submodule(mixer, path) for path in paths]
+    if len(built) != len(paths) or any(h is not b for h, b in zip(held, built, strict=False)):
+        entry = bp.entries["mixer"]
+        raise PluginError(
+            f"mixer {entry.name!r} from {entry.provenance}: it declares attention sub-layers at "
+            f"{list(paths)!r}, built {len(built)} with attention(), and must keep them at those "
+            "paths (in that order; '' for the mixer itself), so that the state dict and the "
+            "accounting agree with it"
+        )
+    return mixer
+
+
+def _submodule(module: nn.Module, path: str) -> nn.Module | None:
+    if not path:
+        return module
+    try:
+        return module.get_submodule(path)
+    except AttributeError:
+        return None
+
+
 def build_layer(bp: Blueprint, **factory: Any) -> nn.Module:
-    """One layer from its blueprint: attention, feed-forward network, and the block that wires
-    them with the norms it builds (`norm()`), each of them checked against its `norms`
+    """One layer from its blueprint: its token mixer, feed-forward network, and the block that
+    wires them with the norms it builds (`norm()`), each of them checked against its `norms`
     declaration."""
-    attn = build_attention(bp, **factory)
+    attn = build_mixer(bp, **factory)
     ffn = bp.create("ffn", **factory)
     built: list[nn.Module] = []
 
@@ -209,7 +263,7 @@ def build_layer(bp: Blueprint, **factory: Any) -> nn.Module:
         raise PluginError(
             f"block {entry.name!r} from {entry.provenance}: it declares norms {names!r}, built "
             f"{len(built)} with norm(), and must keep them as those attributes (in that order) "
-            "and its attn and ffn as `attn` and `ffn`, so that the state dict and the accounting "
+            "and its mixer and ffn as `attn` and `ffn`, so that the state dict and the accounting "
             "agree with it"
         )
     return block
@@ -306,7 +360,7 @@ class TransformerLM(nn.Module):
         *,
         stop_token: int | Sequence[int] | None = None,
         cache: bool = True,
-        kv_cache: KVCache | None = None,
+        kv_cache: DecodingCache | None = None,
     ) -> Iterator[Int[Tensor, "*B"]]:
         """`generate` one step at a time: yields each step's new tokens as they are produced
         (`lmcore.model.generate.stream`)."""
@@ -320,6 +374,30 @@ class TransformerLM(nn.Module):
             kv_cache=kv_cache,
         )
 
+    def decoding_states(self, batch: int) -> list[tuple[str, Any]]:
+        """Each layer's decoding state for `batch` sequences, as its mixer makes it (on the
+        model's device, in its dtype, for its whole context), with the mixer's name; a
+        `GenerationError` naming a mixer that has none."""
+        weight = self.lm_head.weight
+        out = []
+        for i, layer in enumerate(self.layers):
+            mixer = getattr(layer, "attn", None)
+            name = self.blueprint.layer(i).parts["mixer"].name
+            make = getattr(mixer, "decoding_state", None)
+            if make is None:
+                raise GenerationError(
+                    f"layer {i}'s mixer {name!r} has no decoding_state(): it cannot decode with "
+                    "a cache; generate with cache=False or declare 'nocache'"
+                )
+            state = make(
+                batch=batch,
+                context_length=self.spec.context_length,
+                device=weight.device,
+                dtype=weight.dtype,
+            )
+            out.append((name, state))
+        return out
+
     @property
     def components(self) -> dict[str, Component]:
         """The component behind each kind, as the registry provided it."""
@@ -330,9 +408,9 @@ class TransformerLM(nn.Module):
         in_indices: Int[Tensor, "... T"],
         token_positions: Int[Tensor, "... T"] | None = None,
         *,
-        cache: KVCache | None = None,
+        cache: DecodingCache | None = None,
     ) -> Float[Tensor, "... T vocab_size"]:
-        """Logits for every position. With a `cache` (`KVCache.for_model(model, batch)`), the
+        """Logits for every position. With a `cache` (`DecodingCache.for_model(model, batch)`), the
         ids `(B, T)` are appended to the cached sequences: their positions continue from the
         cache's (unless given) and they attend to every cached key."""
         spec = self.spec
@@ -361,7 +439,7 @@ class TransformerLM(nn.Module):
         self,
         ids: Int[Tensor, "B T"],
         positions: Int[Tensor, "B_or_1 T"],
-        cache: KVCache | None = None,
+        cache: DecodingCache | None = None,
     ) -> Float[Tensor, "B T vocab_size"]:
         """`forward` without its input checks, for callers that checked once (generation
         checks a prompt's ids up front, then feeds back ids it sampled itself): no value
@@ -383,13 +461,15 @@ class TransformerLM(nn.Module):
                 pos.rotation(positions),  # rotates the new q and k only
                 pos.attention_bias(positions, k_positions),  # (..., H, T, Sk) or None
                 mask,
+                positions=positions,
             )
             for pos in (self.pos, *self.layer_pos)
         ]
+        views = None if cache is None else cache.layers(ids.shape[1])
         for i, layer in enumerate(self.layers):
             context = contexts[self.pos_index[i]]
-            if cache is not None:
-                context = context._replace(cache=cache.layer(i))
+            if views is not None:
+                context = context._replace(cache=views[i])
             x = layer(x, context)
         if cache is not None:
             cache.advance(ids.shape[1])

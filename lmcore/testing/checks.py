@@ -9,7 +9,9 @@
 - `kind_checks`: one kind's own contract: per_token (norm, ffn), keys and residual (block),
   features and relative (pos);
 - `attention_checks`: the attention kernels' (a float64 reference, causality, masks, biases,
-  grouped-query heads, scale, soft-capping, window).
+  grouped-query heads, scale, soft-capping, window);
+- `mixer_checks`: the token mixers' (causality; decoding token by token and after a prefill
+  against the parallel forward, with the state it leaves; the declared state bytes).
 
 Each check builds the component at the kit's small test shapes, runs it on seeded random inputs
 and raises `ConformanceError` with a sentence naming what broke and how to fix it.
@@ -25,5 +27,6 @@ from lmcore.testing import (  # noqa: F401  (imported for the checks they regist
     runtime_checks,
     kind_checks,
     attention_checks,
+    mixer_checks,
 )
 # isort: on

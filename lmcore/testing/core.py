@@ -122,6 +122,8 @@ class Target:
         every = dict(SHAPES[shape])
         if self.kind == "attn" and "gqa" in self.features:
             every["num_kv_heads"] = every["num_heads"] // 2  # exercise the grouped path
+        if self.kind == "mixer" and shape == 1:  # as `model_around` builds it
+            every["num_kv_heads"] = every["num_heads"] // 2
         every.update(overrides)
         return {k: every[k] for k in DIMS[self.kind]}
 
@@ -141,6 +143,8 @@ class Target:
         self.component.check_shape(**kwargs)
         if self.kind == "block":
             return build_block(self, shape, device=device, dtype=dtype)
+        if self.kind == "mixer":
+            return build_mixer(self, shape, device=device, dtype=dtype)
         module = self.component.create(**kwargs, device=device, dtype=dtype)
         if not isinstance(module, nn.Module):
             fail(
@@ -207,6 +211,44 @@ def build_block(
     return build_layer(bp.layer(0), device=device, dtype=dtype)
 
 
+def build_mixer(
+    target: Target, shape: int = 0, *, device: Any = None, dtype: torch.dtype | None = None
+) -> nn.Module:
+    """A mixer under test as a model builds it: given `attention()`, lmcore's attention
+    sub-layer with the registry's default kernel."""
+    from lmcore.blueprint import resolve
+    from lmcore.model.transformer import build_mixer as build
+
+    bp = resolve(model_around(target, shape, num_layers=1), target.registry)
+    return build(bp.layer(0), device=device, dtype=dtype)
+
+
+def attention_paths(target: Target) -> tuple[str, ...]:
+    """Where a mixer keeps the attention sub-layers it builds (none for other kinds)."""
+    if target.kind != "mixer" or target.component.attention is None:
+        return ()
+    from lmcore.blueprint import resolve
+
+    bp = resolve(model_around(target, 0, num_layers=1), target.registry)
+    return bp.attention_paths()
+
+
+def own_named(target: Target, named: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    """`named` (parameters, buffers or modules by name) without those of the parts lmcore
+    accounts for on their own: a block's attn, ffn and norms; a mixer's attention sub-layers."""
+    if target.kind == "block":
+        parts = ("attn", "ffn", *norm_names(target))
+        return [(n, x) for n, x in named if n.split(".", 1)[0] not in parts]
+    if target.kind == "mixer":
+        paths = attention_paths(target)
+        if "" in paths:
+            return []
+        return [
+            (n, x) for n, x in named if not any(n == p or n.startswith(f"{p}.") for p in paths)
+        ]
+    return named
+
+
 def call(fn: str, kwargs: Mapping[str, Any]) -> str:
     """``params(d_model=64, bias=True)``: what a declaration was called with, for messages."""
     return f"{fn}({', '.join(f'{k}={v!r}' for k, v in kwargs.items())})"
@@ -241,7 +283,7 @@ def make_inputs(
     """Random inputs for one forward of `target`'s kind (seeded by the caller).
 
     norm and ffn get `x: (batch, *lead, seq, d_model)`: their contract is `(..., d_model)`;
-    a block gets `x: (batch, seq, d_model)`.
+    a block gets `x: (batch, seq, d_model)`; a mixer that and the tokens' `positions`.
     """
     s = shape_of(target, shape)
     d_model, heads, head_dim = s["d_model"], s["num_heads"], s["head_dim"]
@@ -249,6 +291,11 @@ def make_inputs(
         return {"x": torch.randn(batch, *lead, seq, d_model, dtype=dtype)}
     if target.kind == "block":
         return {"x": torch.randn(batch, seq, d_model, dtype=dtype)}
+    if target.kind == "mixer":
+        return {
+            "x": torch.randn(batch, seq, d_model, dtype=dtype),
+            "positions": positions(batch, seq),
+        }
     if target.kind == "attn":
         kv_heads, sk = s["num_kv_heads"], kv_seq or seq
         return {
@@ -274,6 +321,8 @@ def run(kind: str, module: nn.Module, inputs: Mapping[str, Tensor]) -> list[Tens
         return [module(inputs["x"])]
     if kind == "block":
         return [module(inputs["x"], LayerContext())]
+    if kind == "mixer":
+        return [module(inputs["x"], LayerContext(positions=inputs["positions"]))]
     if kind == "attn":
         return [module(inputs["q"], inputs["k"], inputs["v"], causal=True)]
     pos, p = hooks(module), inputs["positions"]

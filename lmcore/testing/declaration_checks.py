@@ -28,7 +28,7 @@ from lmcore.testing.core import (
     first_line,
     make_inputs,
     model_around,
-    norm_names,
+    own_named,
     run,
 )
 
@@ -58,11 +58,7 @@ def params(target: Target, variant: str, settings: Settings) -> None:
 def _own_parameters(target: Target, module: nn.Module) -> list[tuple[str, nn.Parameter]]:
     """The module's parameters; for a block, those outside the parts it is given (its attn, ffn
     and the norms its `norms` declaration names), which lmcore accounts for on their own."""
-    named = list(module.named_parameters())
-    if target.kind != "block":
-        return named
-    parts = ("attn", "ffn", *norm_names(target))
-    return [(n, p) for n, p in named if n.split(".", 1)[0] not in parts]
+    return own_named(target, list(module.named_parameters()))
 
 
 def _buffers(target: Target, shape: int) -> None:
@@ -73,10 +69,7 @@ def _buffers(target: Target, shape: int) -> None:
     kwargs = target.kwargs(shape)
     for dtype in DTYPES.values():
         built = target.build(shape, dtype=dtype)
-        held = built.named_buffers()
-        if target.kind == "block":
-            parts = ("attn", "ffn", *norm_names(target))
-            held = ((n, b) for n, b in built.named_buffers() if n.split(".", 1)[0] not in parts)
+        held = own_named(target, list(built.named_buffers()))
         sizes = {n: b.numel() * b.element_size() for n, b in held}
         stated = target.component.count_buffers(**kwargs, dtype=dtype)
         if stated != sum(sizes.values()):
@@ -96,10 +89,7 @@ def _modules(target: Target, shape: int, module: nn.Module) -> None:
         return
     kwargs = target.kwargs(shape)
     stated = count(target.component, "modules", kwargs)
-    named = list(module.named_modules())
-    if target.kind == "block":
-        parts = ("attn", "ffn", *norm_names(target))
-        named = [(n, m) for n, m in named if n.split(".", 1)[0] not in parts]
+    named = own_named(target, list(module.named_modules()))
     if stated != len(named):
         shown = call("modules", accepted_kwargs(declaration, kwargs))
         fail(
@@ -115,8 +105,8 @@ def flops(target: Target, variant: str, settings: Settings) -> None:
     lengths = [(SEQ, SEQ), (2 * SEQ, 2 * SEQ)]
     if target.kind == "attn":
         lengths.append((SHORT, 2 * SEQ))
-    if target.kind == "block":
-        return _block_flops(target, lengths)
+    if target.kind in ("block", "mixer"):
+        return _layer_flops(target, lengths)
     for shape, (seq, kv) in itertools.product(range(len(SHAPES)), lengths):
         module = target.build(shape)
         inputs = make_inputs(target, shape=shape, batch=1, seq=seq, kv_seq=kv)
@@ -134,8 +124,9 @@ def flops(target: Target, variant: str, settings: Settings) -> None:
             )
 
 
-def _block_flops(target: Target, lengths: list[tuple[int, int]]) -> None:
-    """A block's forward does the FLOPs lmcore accounts for one layer: its parts' and its own."""
+def _layer_flops(target: Target, lengths: list[tuple[int, int]]) -> None:
+    """A block's forward does the FLOPs lmcore accounts for one layer, its parts' and its own; a
+    mixer's those of its attention sub-layers and its own."""
     from lmcore.blueprint import resolve
     from lmcore.model.counting import account
 
@@ -144,9 +135,10 @@ def _block_flops(target: Target, lengths: list[tuple[int, int]]) -> None:
         module = target.build(shape)
         x = torch.randn(1, seq, SHAPES[shape]["d_model"])
         with FlopCounterMode(display=False) as counter, torch.no_grad():
-            module(x, LayerContext())
+            module(x, LayerContext(positions=torch.arange(seq)[None]))
         measured = counter.get_total_flops()
-        rows = [r for r in account(bp, seq_len=seq).rows if r.per_layer]
+        within = "layers.*" if target.kind == "block" else "layers.*.attn"
+        rows = [r for r in account(bp, seq_len=seq).rows if r.name.startswith(within)]
         expected = sum(r.flops_each for r in rows)
         if measured != expected:
             own = sum(r.flops_each for r in rows if r.entry == target.entry)

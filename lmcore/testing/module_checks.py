@@ -73,6 +73,10 @@ def forward(target: Target, variant: str, settings: Settings) -> None:
     elif target.kind == "block":
         x = make_inputs(target, dtype)["x"]  # (B, T, d_model)
         _expect(module(x, LayerContext()), x.shape, dtype, "the output")
+    elif target.kind == "mixer":
+        i = make_inputs(target, dtype)  # x (B, T, d_model), positions
+        out = module(i["x"], LayerContext(positions=i["positions"]))
+        _expect(out, i["x"].shape, dtype, "the output")
     elif target.kind == "attn":
         for (sq, sk), causal in itertools.product(ATTN_LENGTHS, (False, True)):
             i = make_inputs(target, dtype, seq=sq, kv_seq=sk)
@@ -119,7 +123,7 @@ def gradients(target: Target, variant: str, settings: Settings) -> None:
             t.requires_grad_()
     outs = run(target.kind, module, inputs)
     _backward(outs)
-    used = ["x"] if target.kind in (*TOKENWISE, "block") else ["q", "k", "v"]
+    used = ["x"] if target.kind in (*TOKENWISE, "block", "mixer") else ["q", "k", "v"]
     if target.kind == "pos":
         rotates = hooks(module).rotation(inputs["positions"]) is not None
         used = ["x", "q", "k"] if rotates else ["x"]

@@ -93,7 +93,7 @@ def cache(target: Target, variant: str, settings: Settings) -> None:
             fail(f"cannot build the model {spec!r}: {type(e).__name__}: {first_line(e)}")
         total = sum(CACHE_STEPS)
         ids = torch.randint(0, 97, (BATCH, total))
-        padded = "mask" in model.blueprint.features("attn")
+        padded = model.blueprint.padding() is None
         with torch.no_grad():
             full = model(ids)  # (B, total, V)
             kv = KVCache.for_model(model, BATCH)
@@ -140,5 +140,6 @@ def _padded_cache(model: TransformerLM, spec: str, ids: Tensor, full: Tensor) ->
                 f"in the model {spec!r} with a KV cache and a left-padded batch (row 0 has "
                 f"{CACHE_PADS} pads, masked through the kernel's mask), {what} does not give "
                 f"its logits without padding: {problem}. Pads are masked keys (mask=False); "
-                "their positions do not count"
+                "their positions do not count; a recurrent mixer leaves its state as it was "
+                "where cache.valid is False"
             )

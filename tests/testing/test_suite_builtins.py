@@ -24,7 +24,7 @@ CASES = cases(get_registry())
 
 
 def test_every_kind_has_registered_components_under_test() -> None:
-    assert {c.target.kind for c in CASES} == {"norm", "ffn", "pos", "attn", "block"}
+    assert {c.target.kind for c in CASES} == {"norm", "ffn", "pos", "attn", "block", "mixer"}
 
 
 @pytest.mark.parametrize("case", CASES, ids=[f"{c.check.name}:{c.param_id}" for c in CASES])
