@@ -27,7 +27,8 @@ from lmcore.model.nn import Linear
 class ShortConv(nn.Module):
     """`out_proj(c · conv(b · h))` with `b, c, h = in_proj(x)`; the convolution's weight is
     `(d_model, conv_size)`, one filter per channel (LFM2's `conv.weight` without its middle
-    axis). State-dict keys: in_proj, conv_weight, out_proj (and their biases with `bias`)."""
+    axis). State-dict keys: in_proj, conv_weight, out_proj; with `bias` (LFM2's `conv_bias`)
+    their biases and the convolution's, conv_bias."""
 
     def __init__(
         self,
@@ -46,6 +47,11 @@ class ShortConv(nn.Module):
         self.conv_weight = nn.Parameter(
             torch.empty(d_model, conv_size, device=device, dtype=dtype).uniform_(-bound, bound)
         )
+        self.conv_bias = (
+            nn.Parameter(torch.empty(d_model, device=device, dtype=dtype).uniform_(-bound, bound))
+            if bias
+            else None
+        )
         self.out_proj = Linear(d_model, d_model, device=device, dtype=dtype, bias=bias)
 
     def forward(
@@ -57,7 +63,7 @@ class ShortConv(nn.Module):
         if cache is not None and cache.valid is not None:  # a pad feeds the conv a zero
             gated = gated * cache.valid[..., None].to(gated.dtype)
         tail = None if cache is None or cache.start == 0 else cache.state["conv"]
-        mixed, new_tail = causal_conv(gated, self.conv_weight, None, tail)
+        mixed, new_tail = causal_conv(gated, self.conv_weight, self.conv_bias, tail)
         if cache is not None:
             cache.state["conv"].copy_(new_tail)  # in place: the storage never moves
         y: Tensor = self.out_proj(c * mixed)
@@ -80,7 +86,7 @@ class ShortConv(nn.Module):
 
 
 def params(d_model: int, conv_size: int, bias: bool) -> int:
-    return 4 * d_model * d_model + d_model * conv_size + (4 * d_model if bias else 0)
+    return 4 * d_model * d_model + d_model * conv_size + (5 * d_model if bias else 0)
 
 
 def flops(d_model: int, seq_len: int) -> int:
@@ -115,7 +121,8 @@ def lmcore_components() -> list[Component]:
             args=(
                 Arg("conv_size", int, 3, "taps of the causal depthwise convolution (LFM2: 3)",
                     ge=1),
-                Arg("bias", bool, False, "biases on in_proj and out_proj"),
+                Arg("bias", bool, False, "biases on in_proj, the convolution and out_proj "
+                    "(LFM2's conv_bias)"),
             ),  # fmt: skip
             help="LFM2's gated short convolution: out(c · conv(b · h)); a fixed-size state",
             params=params,

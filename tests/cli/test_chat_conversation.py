@@ -17,12 +17,15 @@ from tests.helpers.gguf import CHATML, byte_level_bpe
 pytest.importorskip("jinja2", reason="needs the 'chat' extra: pip install -e '.[chat]'")
 
 
-def test_chat_continues_its_kv_cache_as_a_fresh_run_would(tmp_path: Path) -> None:
+# A recurrent mixer's state cannot go back to a shorter prefix: the turn then feeds the whole
+# prompt again (and where the prompt continues what the cache holds, only the new tokens).
+@pytest.mark.parametrize("extra", ["", ",mixer=short_conv,mixer[1]=attention"])
+def test_chat_continues_its_kv_cache_as_a_fresh_run_would(tmp_path: Path, extra: str) -> None:
     tok = byte_level_bpe()
     saved = SavedTokenizer.from_tokenizer(tok, chat_template=CHATML, eos_token_id=2)
     torch.manual_seed(0)
     model = lmcore.build_model(
-        "vocab_size=300,context_length=256,d_model=32,num_layers=2,num_heads=2,d_ff=64"
+        "vocab_size=300,context_length=256,d_model=32,num_layers=2,num_heads=2,d_ff=64" + extra
     )
     chat = Conversation(model, saved, tok)
     chat.turn("Hello", lambda _: None, GREEDY, max_new_tokens=8)

@@ -14,8 +14,10 @@ from tests.helpers.runs import eval_model
 pytestmark = pytest.mark.usefixtures("single_thread")  # tiny models: one thread is faster
 
 
-def test_shared_prefixes_through_the_cache_score_as_whole_sequences() -> None:
-    model = eval_model()
+# A recurrent mixer's state forks by row as keys and values do (`DecodingCache.select`).
+@pytest.mark.parametrize("extra", ["", "mixer=short_conv, mixer[1]=attention"])
+def test_shared_prefixes_through_the_cache_score_as_whole_sequences(extra: str) -> None:
+    model = eval_model(extra)
     rng = random.Random(0)
     pairs: list[tuple[list[int], list[int]]] = []
     for _ in range(6):  # questions with four choices, contexts beyond the context length too
@@ -35,5 +37,8 @@ def test_shared_prefixes_through_the_cache_score_as_whole_sequences() -> None:
             got = loglikelihoods(model, pairs, batch_size=batch, cache=cache)
             assert [g for _, g in got] == [g for _, g in expected]
             assert max(abs(a - b) for (a, _), (b, _) in zip(got, expected, strict=True)) < 1e-4
+
+
+def test_a_continuation_longer_than_the_context_is_refused() -> None:
     with pytest.raises(EvalError, match="request 0: its continuation of 17 tokens does not fit"):
-        loglikelihoods(model, [([1], [2] * 17)])
+        loglikelihoods(eval_model(), [([1], [2] * 17)])

@@ -82,14 +82,14 @@ def eval_tokenizer() -> Tokenizer:
     return byte_level_bpe([EVAL_TEXT] * 20, 300)
 
 
-def eval_model() -> TransformerLM:
-    """The random tiny model of EVAL_SPEC, seeded, in eval mode."""
+def eval_model(extra: str = "") -> TransformerLM:
+    """The random tiny model of EVAL_SPEC (with `extra` items added), seeded, in eval mode."""
     import torch
 
     import lmcore
 
     torch.manual_seed(0)
-    return lmcore.build_model(EVAL_SPEC).eval()
+    return lmcore.build_model(f"{EVAL_SPEC}, {extra}" if extra else EVAL_SPEC).eval()
 
 
 def write_eval_checkpoint(root: Path) -> Path:

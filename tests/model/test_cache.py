@@ -46,3 +46,69 @@ def test_forward_with_a_cache_refuses_what_does_not_fit() -> None:
         ModelInputError, match=r"pad\(\) marks the slots of a prompt before its forward"
     ):
         kv.pad(torch.ones(2, 3, dtype=torch.bool))
+
+
+HYBRID = "mixer=short_conv, mixer[1]=attention, num_kv_heads=2"
+
+
+def test_each_layer_keeps_the_state_its_mixer_declares() -> None:
+    from lmcore.model.cache import KVState, RecurrentState
+    from lmcore.model.counting import account
+
+    model = decoding_model(HYBRID)
+    kv = KVCache.for_model(model, 3)
+    assert [type(s) for s in kv.states] == [RecurrentState, KVState]
+    assert kv.names == ["short_conv", "attention"]
+    assert tuple(kv.states[0]["conv"].shape) == (3, 32, 2)  # d_model channels, conv_size - 1
+    assert tuple(kv.states[1].k.shape) == (3, 2, 24, 8)
+    # what describe declares for a batch of 3 at the whole context, plus the positions
+    declared = account(model.blueprint).state_bytes(batch=3)
+    conv, keys_values = 32 * 2 * 4, 24 * 2 * 2 * 8 * 4  # float32: a tail; 24 slots of k and v
+    assert declared == 3 * (conv + keys_values)
+    assert kv.nbytes() == declared + kv.positions.nbytes
+
+
+def test_a_state_that_cannot_go_back_refuses_truncate_by_name() -> None:
+    model = decoding_model(HYBRID)
+    kv = KVCache.for_model(model, 1)
+    with torch.no_grad():
+        model(torch.randint(0, 97, (1, 6)), cache=kv)
+    assert kv.can_truncate(6) and kv.can_truncate(0) and not kv.can_truncate(4)
+    kv.truncate(6)  # nothing to take back
+    with raises_naming(
+        ModelInputError, "truncate(4)", "layer 0's mixer 'short_conv'", "all 6 tokens",
+        "truncate(0) (or reset())",
+    ):
+        kv.truncate(4)
+    assert kv.length == 6
+    kv.truncate(0)
+    assert kv.length == 0
+    attention_only = KVCache.for_model(decoding_model(""), 1)
+    with torch.no_grad():
+        decoding_model("")(torch.randint(0, 97, (1, 6)), cache=attention_only)
+    attention_only.truncate(4)  # keys and values can: the slots after it are forgotten
+    assert attention_only.length == 4
+
+
+def test_select_copies_every_layers_state_by_row() -> None:
+    model = decoding_model(HYBRID)
+    ids = torch.randint(0, 97, (2, 7))
+    kv = KVCache.for_model(model, 2)
+    with torch.no_grad():
+        model(ids[:, :5], cache=kv)
+        fork = kv.select(torch.tensor([1, 1, 0]))
+        got = model(ids[[1, 1, 0], 5:], cache=fork)
+        full = model(ids)
+    torch.testing.assert_close(got, full[[1, 1, 0], 5:], rtol=1e-5, atol=1e-5)
+    assert fork.states[0]["conv"].data_ptr() != kv.states[0]["conv"].data_ptr()
+
+
+def test_a_fresh_sequence_ignores_what_a_state_held_before() -> None:
+    model = decoding_model(HYBRID)
+    ids = torch.randint(0, 97, (1, 8))
+    kv = KVCache.for_model(model, 1)
+    with torch.no_grad():
+        model(torch.randint(0, 97, (1, 8)), cache=kv)  # another sequence first
+        kv.reset()
+        got = torch.cat([model(ids[:, :3], cache=kv), model(ids[:, 3:], cache=kv)], dim=1)
+        torch.testing.assert_close(got, model(ids), rtol=1e-5, atol=1e-5)
