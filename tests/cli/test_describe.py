@@ -84,8 +84,13 @@ def test_json_shape(capsys: pytest.CaptureFixture[str]) -> None:
     found = describe_json(capsys, "cs336-tiny", "--batch", "2", "--seq", "8", "--dtype", "bfloat16")
     assert set(found) == {
         "spec", "batch", "seq_len", "dtype", "rows", "per_layer", "layers", "total", "flops_by_part",
-        "memory", "activations_by_part", "mismatches",
+        "memory", "activations_by_part", "mismatches", "decoding_state",
     }  # fmt: skip
+    # keys and values, 4 heads of 16 in bfloat16 per token, in each of 3 layers, at context 16
+    assert found["decoding_state"] == {
+        "layers": [{"layers": "*", "count": 3, "per_token": 2 * 4 * 16 * 2, "per_sequence": 0}],
+        "at_context_length": 3 * 256 * 16,
+    }
     [every] = found["layers"]  # every layer alike: one kind, written *
     assert (every["layers"], every["count"], every["values"]) == ("*", 3, {})
     assert (every["params"], every["flops"]) == (
@@ -271,17 +276,18 @@ def test_describe_shows_the_embedded_spec_and_provenance(
         f"written by lmcore {lmcore.__version__} with torch {torch.__version__})"
     )
     version = lmcore.__version__
-    assert lines[1:7] == [
-        f"  norm   rmsnorm  lmcore-registry {version} (entry point 'rmsnorm', module lmcore_rmsnorm)",
-        f"  ffn    swiglu   lmcore-registry {version} (entry point 'swiglu', module lmcore_ffn:swiglu)",
-        f"  pos    nope     lmcore-registry {version} (entry point 'nope', module lmcore_nope)",
-        f"  attn   sdpa     lmcore-registry {version} (entry point 'sdpa', module lmcore_sdpa)",
-        f"  block  prenorm  lmcore-registry {version} (entry point 'prenorm', module lmcore_blocks:prenorm)",
+    assert lines[1:8] == [
+        f"  norm   rmsnorm    lmcore-registry {version} (entry point 'rmsnorm', module lmcore_rmsnorm)",
+        f"  ffn    swiglu     lmcore-registry {version} (entry point 'swiglu', module lmcore_ffn:swiglu)",
+        f"  pos    nope       lmcore-registry {version} (entry point 'nope', module lmcore_nope)",
+        f"  attn   sdpa       lmcore-registry {version} (entry point 'sdpa', module lmcore_sdpa)",
+        f"  block  prenorm    lmcore-registry {version} (entry point 'prenorm', module lmcore_blocks:prenorm)",
+        f"  mixer  attention  lmcore-registry {version} (entry point 'attention', module lmcore_attention)",
         "  checksums: crc32 of each of the 30 tensors, verified on load",
     ]
-    assert lines[7] == ""
-    assert lines[8] == f"spec: {parse_spec(CHECKPOINT_SPEC)}"
-    assert lines[9] == "input: batch 1 × seq 16 tokens, float32"
+    assert lines[8] == ""
+    assert lines[9] == f"spec: {parse_spec(CHECKPOINT_SPEC)}"
+    assert lines[10] == "input: batch 1 × seq 16 tokens, float32"
     assert "total" in "\n".join(lines)
 
 
