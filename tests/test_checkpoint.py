@@ -38,6 +38,7 @@ ROUND_TRIPS = [
     *(f"{SMALL}, pos={n}" for n in builtins("pos")),
     *(f"{SMALL}, attn={n}" for n in builtins("attn")),
     *(f"{SMALL}, block={n}" for n in builtins("block")),
+    *(f"{SMALL}, mixer={n}" for n in builtins("mixer")),
     f"{SMALL}, norm=layernorm(bias=false, eps=1e-6), attn=chunked(block_size=4)",
     f"{SMALL}, block=postnorm",
     f"{SMALL}, num_kv_heads=2",
@@ -50,19 +51,24 @@ ROUND_TRIPS = [
 
 def test_every_builtin_component_is_covered() -> None:
     kinds = {spec.split(", ")[-1].split("=")[0] for spec in ROUND_TRIPS[:-6]}
-    assert kinds == {"norm", "ffn", "pos", "attn", "block"}
-    assert len(ROUND_TRIPS) - 6 == sum(len(builtins(k)) for k in kinds) == 21
+    assert kinds == {"norm", "ffn", "pos", "attn", "block", "mixer"}
+    assert len(ROUND_TRIPS) - 6 == sum(len(builtins(k)) for k in kinds) == 23
 
 
 @pytest.mark.parametrize("spec", ROUND_TRIPS)
-def test_save_then_load_gives_bitwise_equal_logits(spec: str, tmp_path: Path) -> None:
+def test_save_then_load_gives_bitwise_equal_weights_and_logits(spec: str, tmp_path: Path) -> None:
     model = perturbed(spec)
     path = model.save(tmp_path / "m.safetensors")
     torch.manual_seed(99)  # the loaded model's own initialisation differs: its weights must load
     loaded = lmcore.load(path)
     assert str(loaded.spec) == str(model.spec)
     x = ids(seq=model.spec.context_length)
-    assert torch.equal(loaded(x), model(x))
+    saved, back = model.state_dict(), loaded.state_dict()
+    assert saved.keys() == back.keys() and all(torch.equal(saved[k], back[k]) for k in saved)
+    # The loaded weights are the file's memory: its alignment decides which BLAS kernel a small
+    # matmul takes (a MoE's few-token expert matmuls), which may round differently in the last
+    # bit; the weights themselves are bitwise equal above.
+    torch.testing.assert_close(loaded(x), model(x), rtol=0, atol=2e-6)
     assert loaded.blueprint.provenance("norm") == model.blueprint.provenance("norm")
 
 
@@ -86,7 +92,7 @@ def test_the_metadata_holds_spec_provenance_versions_and_dtype(tmp_path: Path) -
         "plugin": "nope",
         "module": "lmcore_nope",
     }
-    assert set(components) == {"norm", "ffn", "pos", "attn", "block"}
+    assert set(components) == {"norm", "ffn", "pos", "attn", "block", "mixer"}
     assert "lmcore.tied" not in meta  # nothing shared
 
     info = read_info(path)
@@ -278,13 +284,14 @@ def test_loading_into_another_model_names_both_specs(saved: Path) -> None:
 
 def test_a_checkpoint_from_before_the_block_kind_still_loads(tmp_path: Path) -> None:
     """Saved when the components table had norm, ffn, pos and attn only: `block=prenorm` in its
-    spec resolves to whatever provides the block now, and the weights load as they were."""
+    spec (and the mixer it names none of) resolves to whatever provides them now, and the
+    weights load as they were."""
     model = perturbed(SMALL)
     path = model.save(tmp_path / "m.safetensors")
 
     def older(meta: dict[str, str]) -> dict[str, str]:
         table = json.loads(meta["lmcore.components"])
-        del table["block"]
+        del table["block"], table["mixer"]
         return {**meta, "lmcore.components": json.dumps(table, sort_keys=True)}
 
     rewrite(path, metadata=older)
@@ -294,6 +301,7 @@ def test_a_checkpoint_from_before_the_block_kind_still_loads(tmp_path: Path) -> 
         warnings.simplefilter("error")
         loaded = lmcore.load(path)
     assert loaded.blueprint.parts["block"].name == "prenorm"
+    assert loaded.blueprint.parts["mixer"].name == "attention"
     assert torch.equal(loaded(ids()), model(ids()))
 
 

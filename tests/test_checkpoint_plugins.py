@@ -36,7 +36,7 @@ def test_an_lmcore_upgrade_is_one_sentence_for_all_its_components(saved: Path) -
         lmcore.load(saved)
     [warning] = caught
     assert str(warning.message) == (
-        f"{saved}: norm 'rmsnorm', ffn 'swiglu', pos 'rope', attn 'sdpa' and block 'prenorm' were "
+        f"{saved}: norm 'rmsnorm', ffn 'swiglu', pos 'rope', attn 'sdpa', block 'prenorm' and mixer 'attention' were "
         "saved with "
         f"lmcore-registry 0.0.9, and lmcore-registry {lmcore.__version__} is installed. Loading "
         "it anyway; if its tensors no longer fit, or to reproduce it exactly, pip install "

@@ -27,6 +27,7 @@ def test_every_check_is_shown_failing_by_some_planted_bug() -> None:
     caught.add("build")  # test_module_checks: a module that is not a positional encoding
     caught.add("activations")  # test_declaration_checks: a wrong activations declaration
     caught.add("cache")  # test_runtime_checks: a component that breaks the cache
+    caught |= {"mixes_causally", "recurrent", "state"}  # test_mixer_checks: planted mixers
     caught |= {name for name, *_ in PLANTED_BESIDE_BUILTINS}  # the tests beside the builtins
     assert caught == {c.name for c in CHECKS}
     # Each planted bug is run by the tests of the one module of checks that catches it.

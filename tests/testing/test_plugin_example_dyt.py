@@ -172,7 +172,7 @@ def test_a_checkpoint_made_with_it_needs_it_and_says_so(tmp_path: Path) -> None:
     assert saved.stdout.split() == ["True", "lmcore_dyt"]
     described = lmcore_cli(site, "describe", str(path))
     assert described.returncode == 0, described.stderr
-    assert "  norm   dyt      lmcore-dyt 0.1.0 (entry point 'dyt', module lmcore_dyt)" in (
+    assert "  norm   dyt        lmcore-dyt 0.1.0 (entry point 'dyt', module lmcore_dyt)" in (
         described.stdout.splitlines()
     )
 
