@@ -86,6 +86,6 @@ def test_the_cache_check_skips_where_no_model_can_be_built_around_the_component(
     [case] = [c for c in cases(PlantedRegistry(PLANTED[0]).registry) if c.check.name == "cache"]
     assert case.skip_reason == (
         "the check builds a model around norm:good-norm, but the registry lacks the default block "
-        "'prenorm', ffn "
-        "'swiglu', pos 'rope', attn 'sdpa', mixer 'attention' for the other slots (lmcore's built-ins are not loaded)"
+        "'prenorm', ffn 'swiglu', pos 'rope', attn 'sdpa', mixer 'attention' for the other slots "
+        "(lmcore's built-ins are not loaded)"
     )
