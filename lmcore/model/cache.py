@@ -282,9 +282,6 @@ class DecodingCache:
         valid = None if self.valid is None else self.valid[:, self.length : self.length + seq]
         return [LayerCache(state, self.length, valid) for state in self.states]
 
-    def layer(self, i: int) -> LayerCache:
-        return LayerCache(self.states[i], self.length)
-
     def record(self, positions: Int[Tensor, "B_or_1 T"]) -> None:
         """Store the positions of the tokens being appended (before the layers run)."""
         self.positions[:, self.length : self.length + positions.shape[-1]] = positions

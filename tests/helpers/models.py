@@ -51,6 +51,17 @@ def decoding_model(spec: str = "", seed: int = 0, registry: Any = None) -> Any:
     )
 
 
+def recompute(model: torch.nn.Module, prompt: torch.Tensor, n: int) -> torch.Tensor:
+    """Greedy by a full forward of the whole sequence at every step: the reference for
+    generation with a cache, independent of lmcore.model.generate."""
+    seq = prompt
+    with torch.no_grad():
+        for _ in range(n):
+            nxt = model(seq)[:, -1].argmax(dim=-1)
+            seq = torch.cat([seq, nxt[:, None]], dim=1)
+    return seq[:, prompt.shape[1] :]
+
+
 def perturb(model: torch.nn.Module, scale: float = 0.1) -> Any:
     """`model` with every parameter moved by `scale` times a standard normal (norm gains and
     biases too), so a weight that is not saved, loaded or converted changes the logits."""

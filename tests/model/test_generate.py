@@ -26,19 +26,10 @@ from lmcore.model.generate import GREEDY, Sampling, sample
 from lmcore.model.transformer import TransformerLM
 from lmcore.registry import use_registry
 from tests.helpers.errors import raises_naming
-from tests.helpers.models import decoding_model
+from tests.helpers.models import decoding_model, recompute
 
 ROOT = Path(__file__).resolve().parents[2]
 
-
-def recompute(model: nn.Module, prompt: Tensor, n: int) -> Tensor:
-    """Greedy by a full forward of the whole sequence at every step."""
-    seq = prompt
-    with torch.no_grad():
-        for _ in range(n):
-            nxt = model(seq)[:, -1].argmax(dim=-1)
-            seq = torch.cat([seq, nxt[:, None]], dim=1)
-    return seq[:, prompt.shape[1] :]
 
 
 VARIANTS = [

@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch import Tensor, nn
 
 from lmcore import Component, Registry
 from lmcore.errors import GenerationError
 from lmcore.model.generate import GREEDY, compile_decoding
 from lmcore.registry import get_registry
 from tests.helpers.errors import raises_naming
-from tests.helpers.models import decoding_model
+from tests.helpers.models import decoding_model, recompute
 
 MIXERS = sorted(e.name for e in get_registry().entries("mixer"))
 SPECS = [
@@ -22,15 +21,6 @@ SPECS = [
     *(f"mixer={m}, mixer[1]=attention, num_kv_heads=2" for m in MIXERS if m != "attention"),
 ]
 
-
-def recompute(model: nn.Module, prompt: Tensor, n: int) -> Tensor:
-    """Greedy by a full forward of the whole sequence at every step."""
-    seq = prompt
-    with torch.no_grad():
-        for _ in range(n):
-            nxt = model(seq)[:, -1].argmax(dim=-1)
-            seq = torch.cat([seq, nxt[:, None]], dim=1)
-    return seq[:, prompt.shape[1] :]
 
 
 def test_the_built_in_mixers_are_registered() -> None:
