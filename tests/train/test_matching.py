@@ -95,3 +95,16 @@ def test_the_plan_matches_every_variant_and_refuses_a_given_d_ff() -> None:
         plan(BASE, ["ffn=silu, d_ff=300"], match="params")
     with pytest.raises(TrainError, match=r"--match 'size': must be one of params, flops"):
         plan(BASE, ["ffn=silu"], match="size")
+
+
+@pytest.mark.parametrize("mixer", ["mixer=short_conv", "mixer=short_conv, mixer[1]=attention"])
+@pytest.mark.parametrize("what", ["params", "flops"])
+def test_a_mixer_variant_is_matched_by_its_declarations(mixer: str, what: str) -> None:
+    """A mixer's declared parameters and FLOPs decide the matched width: the built variant has
+    the baseline's non-embedding parameters (within 1%)."""
+    base = lmcore.resolve(BASE)
+    m = match_width(base, lmcore.resolve(f"{BASE}, {mixer}"), what)  # type: ignore[arg-type]
+    assert abs(m.value / m.target - 1) <= 0.01
+    if what == "params":
+        assert m.value == built_non_embedding(str(m.blueprint.spec))
+        assert abs(built_non_embedding(str(m.blueprint.spec)) / built_non_embedding(BASE) - 1) <= 0.01
