@@ -90,6 +90,34 @@ def flops(
     return 2 * (seq_len * per_query + kv_len * r * H * (n + v) + attention)
 
 
+def activations(
+    d_model: int, num_heads: int, head_dim: int, q_lora_rank: int, batch: int, seq_len: int,
+    dtype: torch.dtype, **args: Any,
+) -> int:  # fmt: skip
+    """Bytes kept for backward: x (the projections'), each norm's float32 input (the projection
+    output itself in float32), its 1 / rms and its output before the gain, the inputs of q_b_proj,
+    kv_b_proj and o_proj, the rotation's cos and sin (gathered once, `(1, T, p/2)`); the
+    attention operator's q, k, v and output (`max(n + p, v)` wide; v is the slice of kv_b_proj's
+    output it is when not padded) and its float32 softmax statistics and weights."""
+    r, n, p, v = widths(head_dim, **_dims(args))
+    H, N, size = num_heads, batch * seq_len, dtype.itemsize
+    wide = torch.promote_types(dtype, torch.float32)  # the norms compute in it
+    width = max(n + p, v)
+
+    def norm(inputs: int, w: int) -> int:  # what one LatentNorm keeps for N rows
+        kept_input = inputs if wide == dtype else w  # x itself when already wide, else a copy
+        return N * (kept_input * wide.itemsize + wide.itemsize + w * size)
+
+    tensors = N * (d_model + r + H * v) * size + seq_len * p * size  # x, inputs, cos and sin
+    tensors += norm(r + p, r)
+    if q_lora_rank:
+        tensors += norm(q_lora_rank, q_lora_rank) + N * q_lora_rank * size
+    values = H * (width if v < width else n + v)  # padded, or the slice of kv_b_proj's output
+    tensors += N * (3 * H * width + values) * size
+    plan = Plan(batch, H, H, seq_len, seq_len, width, True, 0)
+    return tensors + accumulator(dtype).itemsize * (batch * H * seq_len + kept_elements(plan))
+
+
 def buffers(head_dim: int, context_length: int, qk_rope_head_dim: int) -> int:
     """The rotation's cos and sin, `(context_length, qk_rope_head_dim / 2)` float32 each."""
     p = widths(head_dim, qk_rope_head_dim=qk_rope_head_dim)[2]
@@ -144,6 +172,7 @@ def lmcore_components() -> list[Component]:
             "per token, which is all decoding keeps",
             params=params,
             flops=flops,
+            activations=activations,
             buffers=buffers,
             state=state,
             validate=_validate,

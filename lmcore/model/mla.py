@@ -199,8 +199,10 @@ class MultiHeadLatentAttention(nn.Module):
         else:  # a step after cached tokens: against their latents
             held = cache.state["latent"][:, : start + T]
             out = self._absorbed(q_nope, q_pe, held, context.mask, context.bias)
-        heads = out.transpose(1, 2).reshape(B, T, H * self.v_dim)  # a copy, not a view of out
-        y: Tensor = self.o_proj(heads)
+        # Always a copy, never a view of `out`, which the attention operator may keep for its
+        # backward: o_proj keeps its own input, counted apart.
+        heads = out.transpose(1, 2).clone(memory_format=torch.contiguous_format)
+        y: Tensor = self.o_proj(heads.flatten(2))  # (B, T, H·v)
         return y
 
     def _expanded(
