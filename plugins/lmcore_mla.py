@@ -71,7 +71,11 @@ def build(
 
 def params(d_model: int, num_heads: int, head_dim: int, q_lora_rank: int, **args: Any) -> int:
     r, n, p, v = widths(head_dim, **_dims(args))
-    q = q_lora_rank * (d_model + 1 + num_heads * (n + p)) if q_lora_rank else d_model * num_heads * (n + p)
+    q = (
+        q_lora_rank * (d_model + 1 + num_heads * (n + p))
+        if q_lora_rank
+        else d_model * num_heads * (n + p)
+    )
     return q + d_model * (r + p) + r + r * num_heads * (n + v) + num_heads * v * d_model
 
 
@@ -124,7 +128,9 @@ def buffers(head_dim: int, context_length: int, qk_rope_head_dim: int) -> int:
     return 2 * 4 * context_length * (p // 2)
 
 
-def state(head_dim: int, kv_lora_rank: int, qk_rope_head_dim: int, dtype: torch.dtype) -> tuple[int, int]:
+def state(
+    head_dim: int, kv_lora_rank: int, qk_rope_head_dim: int, dtype: torch.dtype
+) -> tuple[int, int]:
     r, _, p, _ = widths(head_dim, kv_lora_rank=kv_lora_rank, qk_rope_head_dim=qk_rope_head_dim)
     return (r + p) * dtype.itemsize, 0
 

@@ -115,6 +115,9 @@ class MultiHeadLatentAttention(nn.Module):
     non-persistent buffers (`context_length, qk_rope_head_dim / 2`), float32.
     """
 
+    cos: Tensor
+    sin: Tensor
+
     def __init__(
         self,
         *,
@@ -138,17 +141,20 @@ class MultiHeadLatentAttention(nn.Module):
         self.rope_interleave = rope_interleave
         self.scale = (qk_nope_head_dim + qk_rope_head_dim) ** -0.5
         qk_width = num_heads * (qk_nope_head_dim + qk_rope_head_dim)
-        made = {"device": device, "dtype": dtype}
         if q_lora_rank:
-            self.q_a_proj = Linear(d_model, q_lora_rank, **made)
-            self.q_a_layernorm = LatentNorm(q_lora_rank, eps, **made)
-            self.q_b_proj = Linear(q_lora_rank, qk_width, **made)
+            self.q_a_proj = Linear(d_model, q_lora_rank, device=device, dtype=dtype)
+            self.q_a_layernorm = LatentNorm(q_lora_rank, eps, device=device, dtype=dtype)
+            self.q_b_proj = Linear(q_lora_rank, qk_width, device=device, dtype=dtype)
         else:
-            self.q_proj = Linear(d_model, qk_width, **made)
-        self.kv_a_proj_with_mqa = Linear(d_model, kv_lora_rank + qk_rope_head_dim, **made)
-        self.kv_a_layernorm = LatentNorm(kv_lora_rank, eps, **made)
-        self.kv_b_proj = Linear(kv_lora_rank, num_heads * (qk_nope_head_dim + v_head_dim), **made)
-        self.o_proj = Linear(num_heads * v_head_dim, d_model, **made)
+            self.q_proj = Linear(d_model, qk_width, device=device, dtype=dtype)
+        self.kv_a_proj_with_mqa = Linear(
+            d_model, kv_lora_rank + qk_rope_head_dim, device=device, dtype=dtype
+        )
+        self.kv_a_layernorm = LatentNorm(kv_lora_rank, eps, device=device, dtype=dtype)
+        self.kv_b_proj = Linear(
+            kv_lora_rank, num_heads * (qk_nope_head_dim + v_head_dim), device=device, dtype=dtype
+        )
+        self.o_proj = Linear(num_heads * v_head_dim, d_model, device=device, dtype=dtype)
         cos, sin = rotary_tables(rope_theta, qk_rope_head_dim, context_length, device)
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
