@@ -128,6 +128,12 @@ def buffers(head_dim: int, context_length: int, qk_rope_head_dim: int) -> int:
     return 2 * 4 * context_length * (p // 2)
 
 
+def temporaries(head_dim: int, context_length: int, qk_rope_head_dim: int) -> int:
+    """What the tables are computed from: the float32 positions and angles."""
+    p = widths(head_dim, qk_rope_head_dim=qk_rope_head_dim)[2]
+    return 4 * context_length * (1 + p // 2)
+
+
 def state(
     head_dim: int, kv_lora_rank: int, qk_rope_head_dim: int, dtype: torch.dtype
 ) -> tuple[int, int]:
@@ -180,6 +186,7 @@ def lmcore_components() -> list[Component]:
             flops=flops,
             activations=activations,
             buffers=buffers,
+            temporaries=temporaries,
             state=state,
             validate=_validate,
             features=frozenset({"compile", "mask"}),
