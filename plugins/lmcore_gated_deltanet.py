@@ -235,14 +235,15 @@ def flops(
     head_k_dim: int, head_v_dim: int, chunk_size: int, seq_len: int,
 ) -> int:  # fmt: skip
     """The projections, and per value head and chunk of C tokens the chunked form's matmuls:
-    k·kᵀ and q·kᵀ (C² d_k each), the scores times the corrections (C² d_v), and three products
-    with a `(d_k, d_v)` state or its update (C d_k d_v each)."""
+    k·kᵀ and q·kᵀ (C² d_k each), the inverse of the chunk's triangular system times β·v and
+    the decayed β·k (C² d_v, C² d_k), the scores times the corrections (C² d_v), and three
+    products with a `(d_k, d_v)` state or its update (C d_k d_v each)."""
     hk, hv, dk, dv = _dims(num_heads, head_dim, num_k_heads, num_v_heads, head_k_dim, head_v_dim)
     T = seq_len
     projections = 2 * T * d_model * (2 * hk * dk + 2 * hv * dv + 2 * hv + hv * dv)
     C = max(1, min(chunk_size, T))
     chunks = -(-T // C)
-    per_chunk = 2 * (2 * C * C * dk + C * C * dv + 3 * C * dk * dv)
+    per_chunk = 2 * (3 * C * C * dk + 2 * C * C * dv + 3 * C * dk * dv)
     return projections + hv * chunks * per_chunk
 
 

@@ -55,44 +55,51 @@ def chunk_gated_delta_rule(
     scale = dk**-0.5 if scale is None else scale
     C = max(1, min(chunk_size, T))
     N = -(-T // C)  # chunks
-    pad = N * C - T
-    if pad:
-        q, k, v = (torch.cat([t, t.new_zeros(B, pad, H, t.shape[-1])], dim=1) for t in (q, k, v))
-        g, beta = (torch.cat([t, t.new_zeros(B, pad, H)], dim=1) for t in (g, beta))
-    # (B, H, N, C, D): heads and chunks as batch dimensions
-    q, k, v = (t.reshape(B, N, C, H, t.shape[-1]).permute(0, 3, 1, 2, 4) for t in (q, k, v))
-    g, beta = (t.reshape(B, N, C, H).permute(0, 3, 1, 2) for t in (g, beta))
+    # (B·H, N, C, D), contiguous: one copy each, which also pads the last chunk with zeros.
+    q, k, v = (_chunked(t, N, C) for t in (q, k, v))
+    g, beta = (_chunked(t[..., None], N, C)[..., 0] for t in (g, beta))
 
-    gamma = g.cumsum(dim=-1)  # (B, H, N, C): log decay from the chunk's start
+    gamma = g.cumsum(dim=-1)  # (BH, N, C): log decay from the chunk's start
     later = torch.ones(C, C, dtype=torch.bool, device=q.device).triu(1)
     # D_ij = exp(γ_i - γ_j) for j <= i, exactly 0 above the diagonal (exp(-inf)).
     D = (gamma[..., :, None] - gamma[..., None, :]).masked_fill(later, float("-inf")).exp()
     kb = k * beta[..., None]
-    # (I + A) is unit lower triangular: the solve reads A's strict lower part only.
+    # (I + A)⁻¹ by a solve against the identity: the solve reads A's strict lower part only;
+    # with C columns it is cheaper than solving for the d_v + d_k columns of U0 and W.
     A = (kb @ k.transpose(-1, -2)) * D
-    rhs = torch.cat([v * beta[..., None], kb * gamma.exp()[..., None]], dim=-1)
-    solved = torch.linalg.solve_triangular(A, rhs, upper=False, unitriangular=True)
-    U0, W = solved[..., :dv], solved[..., dv:]  # (B, H, N, C, dv), (B, H, N, C, dk)
-    last = gamma[..., -1:]  # (B, H, N, 1)
-    k_tail = k * (last - gamma).exp()[..., None]  # k_j decayed to the chunk's end
-    k_tail_t = k_tail.transpose(-1, -2)  # (B, H, N, dk, C)
-    chunk_decay = last.exp()[..., None]  # (B, H, N, 1, 1)
+    eye = torch.eye(C, dtype=q.dtype, device=q.device).expand_as(A)
+    inverse = torch.linalg.solve_triangular(A, eye, upper=False, unitriangular=True)
+    U0 = inverse @ (v * beta[..., None])  # (BH, N, C, dv)
+    W = inverse @ (kb * gamma.exp()[..., None])  # (BH, N, C, dk)
+    last = gamma[..., -1:]  # (BH, N, 1)
+    k_tail_t = (k * (last - gamma).exp()[..., None]).transpose(-1, -2)  # (BH, N, dk, C)
+    chunk_decay = last.exp()[..., None]  # (BH, N, 1, 1): k_tail is k decayed to the chunk's end
 
-    S = q.new_zeros(B, H, dk, dv) if initial_state is None else initial_state.to(q.dtype)
+    S = q.new_zeros(B * H, dk, dv)
+    if initial_state is not None:
+        S = initial_state.to(q.dtype).reshape(B * H, dk, dv)
     entering, corrections = [], []
     for n in range(N):  # the only sequential part: two small matmuls per chunk
         entering.append(S)
-        u = U0[:, :, n] - W[:, :, n] @ S  # (B, H, C, dv)
+        u = torch.baddbmm(U0[:, n], W[:, n], S, alpha=-1)  # U0 - W S, (BH, C, dv)
         corrections.append(u)
-        S = S * chunk_decay[:, :, n] + k_tail_t[:, :, n] @ u
-    S_in = torch.stack(entering, dim=2)  # (B, H, N, dk, dv)
-    U = torch.stack(corrections, dim=2)  # (B, H, N, C, dv)
+        S = torch.baddbmm(S * chunk_decay[:, n], k_tail_t[:, n], u)
+    S_in = torch.stack(entering, dim=1)  # (BH, N, dk, dv)
+    U = torch.stack(corrections, dim=1)  # (BH, N, C, dv)
 
     qs = q * scale
-    scores = (qs @ k.transpose(-1, -2)) * D  # (B, H, N, C, C), causal within the chunk
-    o = (qs * gamma.exp()[..., None]) @ S_in + scores @ U  # (B, H, N, C, dv)
-    o = o.permute(0, 2, 3, 1, 4).reshape(B, N * C, H, dv)
-    return o[:, :T], S
+    scores = (qs @ k.transpose(-1, -2)) * D  # (BH, N, C, C), causal within the chunk
+    o = (qs * gamma.exp()[..., None]) @ S_in + scores @ U  # (BH, N, C, dv)
+    o = o.reshape(B, H, N * C, dv)[:, :, :T].transpose(1, 2)
+    return o, S.reshape(B, H, dk, dv)
+
+
+def _chunked(t: Float[Tensor, "B T H D"], N: int, C: int) -> Float[Tensor, "BH N C D"]:
+    """`t` heads first and cut into N chunks of C tokens, zeros after its T tokens."""
+    B, T, H, D = t.shape
+    out = t.new_zeros(B, H, N * C, D) if N * C > T else t.new_empty(B, H, T, D)
+    out[:, :, :T] = t.transpose(1, 2)
+    return out.view(B * H, N, C, D)
 
 
 def recurrent_gated_delta_rule(
