@@ -247,6 +247,49 @@ def flops(
     return projections + hv * chunks * per_chunk
 
 
+def activations(
+    batch: int, seq_len: int, d_model: int, num_heads: int, head_dim: int, num_k_heads: int,
+    num_v_heads: int, head_k_dim: int, head_v_dim: int, conv_size: int, chunk_size: int,
+    dtype: torch.dtype,
+) -> int:  # fmt: skip
+    """The distinct tensors the forward keeps for backward, in the model's dtype (s bytes) or
+    the rule's (w bytes: float32 at least); per sequence of T tokens in N chunks of C (L = N·C
+    padded tokens), with Cc = 2·Hk·dk + Hv·dv convolution channels."""
+    hk, hv, dk, dv = _dims(num_heads, head_dim, num_k_heads, num_v_heads, head_k_dim, head_v_dim)
+    s, w = dtype.itemsize, _core_dtype(dtype).itemsize
+    T, K = seq_len, conv_size
+    C = max(1, min(chunk_size, T))
+    N = -(-T // C)
+    L = N * C
+    channels = 2 * hk * dk + hv * dv
+    # Projections and convolution: the input; the convolution's zero-led input; silu's input,
+    # sigmoid and output; the two L2 norms' 1/|x| per key head.
+    per_seq = T * d_model * s + (K - 1 + T) * channels * s + 3 * T * channels * w
+    per_seq += 2 * T * hk * w
+    # The gates: sigmoid(b); softplus's input, its exp and its output (-exp(A_log) is per
+    # head, shared by the batch: below).
+    per_seq += 4 * T * hv * w
+    # z as silu(z) reads it: a view of in_proj_qkvz's output, or its own copy when it is
+    # widened to w or several key heads each serve several value heads (no view reshapes it).
+    view = w == s and (hk == hv or hk == 1)
+    per_seq += T * (2 * hk * dk + 2 * hv * dv) * s if view else T * hv * dv * w
+    # The gated norm: the rule's output (padded), 1/rms, the normalised, scaled and gated
+    # products and silu(z)'s sigmoid; out_proj's input.
+    per_seq += hv * L * dv * w + T * hv * w + 4 * T * hv * dv * w + T * hv * dv * s
+    # The chunked rule, per value head. Without an initial state the first chunk's products
+    # with the zero state need no saved operand; with one chunk, the state after it goes
+    # unused and nothing only its update kept stays.
+    more = int(N >= 2)
+    rule = 6 * N * C * C  # D, k·kᵀ, A, its inverse, q·kᵀ, the scores
+    rule += (3 + more) * L + more * N  # β, exp(γ) twice (+ the tail's decay, the chunks')
+    rule += (4 + 3 * more) * L * dk  # k, β·k, decayed β·k, scaled q (+ W, the tail's k, q·e^γ)
+    rule += 3 * L * dv + (N - 1) * C * dv  # v, β·v, U (+ each correction but the last)
+    rule += 2 * N * dk * dv  # the state entering each chunk, and them stacked
+    per_head = rule * w
+    shared = C * C + (0 if w == s else dv * w) + 2 * hv * w  # mask, a widened norm.weight, A
+    return batch * (per_seq + hv * per_head) + shared
+
+
 def state(
     num_heads: int, head_dim: int, num_k_heads: int, num_v_heads: int, head_k_dim: int,
     head_v_dim: int, conv_size: int, dtype: torch.dtype,
@@ -300,6 +343,7 @@ def lmcore_components() -> list[Component]:
             "recurrent for decoding; a fixed-size state",
             params=params,
             flops=flops,
+            activations=activations,
             buffers=lambda: 0,
             state=state,
             validate=_validate,

@@ -64,7 +64,8 @@ def kit_case(check: str) -> tuple[object, Target]:
 
 @pytest.mark.parametrize(
     "check",
-    ["forward", "gradients", "params", "flops", "cache", "mixes_causally", "recurrent", "state"],
+    ["forward", "gradients", "params", "flops", "activations", "cache", "mixes_causally", "recurrent",
+     "state"],
 )
 def test_grouped_heads_of_their_own_size_pass_the_kit(check: str) -> None:
     """The kit runs the defaults itself (tests/testing/test_suite_builtins.py); here the other
@@ -76,6 +77,24 @@ def test_grouped_heads_of_their_own_size_pass_the_kit(check: str) -> None:
         with torch.random.fork_rng():
             torch.manual_seed(0)
             Case(found, target, variant).run(Settings(compile_backend="eager"))  # type: ignore[arg-type]
+
+
+def test_the_training_forward_compiles_as_one_graph() -> None:
+    """fullgraph: the chunk loop, the triangular solve and the gates trace without a break;
+    forward and backward match eager."""
+    m = mixer("num_k_heads=2, num_v_heads=4, chunk_size=4")
+    x = torch.randn(2, 10, 32, requires_grad=True)
+    eager = m(x, LayerContext())
+    (eager_grad,) = torch.autograd.grad(eager.square().sum(), x)
+    torch.compiler.reset()
+    try:
+        compiled = torch.compile(lambda t: m(t, LayerContext()), backend="aot_eager", fullgraph=True)
+        got = compiled(x)
+        (grad,) = torch.autograd.grad(got.square().sum(), x)
+    finally:
+        torch.compiler.reset()
+    torch.testing.assert_close(got, eager, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(grad, eager_grad, rtol=1e-5, atol=1e-6)
 
 
 def test_decoding_keeps_a_matrix_per_value_head_and_the_conv_tail() -> None:
