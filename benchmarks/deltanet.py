@@ -46,7 +46,9 @@ def lmcore_rule(chunk: int) -> Rule:
 def transformers_rule(chunk: int) -> Rule:
     from transformers.models.qwen3_next.modeling_qwen3_next import torch_chunk_gated_delta_rule
 
-    def run(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor) -> tuple[Tensor, Tensor | None]:
+    def run(
+        q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor
+    ) -> tuple[Tensor, Tensor | None]:
         out: tuple[Tensor, Tensor | None] = torch_chunk_gated_delta_rule(
             q, k, v, g, beta, chunk_size=chunk, output_final_state=True
         )
@@ -72,7 +74,9 @@ def fla_naive() -> ModuleType | None:
 
 
 def fla_rule(naive: ModuleType, chunk: int) -> Rule:
-    def run(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor) -> tuple[Tensor, Tensor | None]:
+    def run(
+        q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor
+    ) -> tuple[Tensor, Tensor | None]:
         out: tuple[Tensor, Tensor | None] = naive.naive_chunk_gated_delta_rule(
             q, k, v, g, beta, chunk_size=chunk, output_final_state=True
         )

@@ -25,6 +25,7 @@ way), `conv1d.weight` `(channels, 1, conv_size)` over q, k, v (all heads of q, t
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from jaxtyping import Float
@@ -112,11 +113,13 @@ class GatedDeltaNet(nn.Module):
         dtype: torch.dtype | None = None,
     ):
         super().__init__()
-        hk, hv, dk, dv = _dims(num_heads, head_dim, num_k_heads, num_v_heads, head_k_dim, head_v_dim)
+        hk, hv, dk, dv = _dims(
+            num_heads, head_dim, num_k_heads, num_v_heads, head_k_dim, head_v_dim
+        )
         self.num_k_heads, self.num_v_heads, self.head_k_dim, self.head_v_dim = hk, hv, dk, dv
         self.conv_size, self.chunk_size = conv_size, chunk_size
         self.key_dim, self.value_dim = hk * dk, hv * dv
-        factory = {"device": device, "dtype": dtype}
+        factory: dict[str, Any] = {"device": device, "dtype": dtype}
         self.in_proj_qkvz = Linear(d_model, 2 * self.key_dim + 2 * self.value_dim, **factory)
         self.in_proj_ba = Linear(d_model, 2 * hv, **factory)
         self.conv1d = DepthwiseConv(2 * self.key_dim + self.value_dim, conv_size, **factory)
@@ -153,7 +156,7 @@ class GatedDeltaNet(nn.Module):
             cache.state["conv"].copy_(new_tail)  # in place: the storage never moves
         wide = _core_dtype(x.dtype)
         mixed = silu(mixed.to(wide))
-        q, k, v = mixed.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
+        q, k, v = torch.split(mixed, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
         q, k = (_l2norm(t.reshape(B, T, hk, dk)) for t in (q, k))
         if group > 1:  # key head j serves value heads j·group … (j+1)·group - 1
             q, k = q.repeat_interleave(group, dim=2), k.repeat_interleave(group, dim=2)

@@ -64,8 +64,17 @@ def kit_case(check: str) -> tuple[object, Target]:
 
 @pytest.mark.parametrize(
     "check",
-    ["forward", "gradients", "params", "flops", "activations", "cache", "mixes_causally", "recurrent",
-     "state"],
+    [
+        "forward",
+        "gradients",
+        "params",
+        "flops",
+        "activations",
+        "cache",
+        "mixes_causally",
+        "recurrent",
+        "state",
+    ],
 )
 def test_grouped_heads_of_their_own_size_pass_the_kit(check: str) -> None:
     """The kit runs the defaults itself (tests/testing/test_suite_builtins.py); here the other
@@ -88,7 +97,9 @@ def test_the_training_forward_compiles_as_one_graph() -> None:
     (eager_grad,) = torch.autograd.grad(eager.square().sum(), x)
     torch.compiler.reset()
     try:
-        compiled = torch.compile(lambda t: m(t, LayerContext()), backend="aot_eager", fullgraph=True)
+        compiled = torch.compile(
+            lambda t: m(t, LayerContext()), backend="aot_eager", fullgraph=True
+        )
         got = compiled(x)
         (grad,) = torch.autograd.grad(got.square().sum(), x)
     finally:
@@ -103,7 +114,10 @@ def test_decoding_keeps_a_matrix_per_value_head_and_the_conv_tail() -> None:
     assert isinstance(state, RecurrentState) and not state.rewind
     shapes = {k: (tuple(t.shape), t.dtype) for k, t in state.tensors().items()}
     channels = 2 * 2 * 8 + 4 * 6  # q and k of 2 key heads, v of 4 value heads
-    assert shapes == {"S": ((3, 4, 8, 6), torch.float32), "conv": ((3, channels, 3), torch.bfloat16)}
+    assert shapes == {
+        "S": ((3, 4, 8, 6), torch.float32),
+        "conv": ((3, channels, 3), torch.bfloat16),
+    }
 
 
 def test_a_left_pad_leaves_the_state_as_a_fresh_sequence_has_it() -> None:
