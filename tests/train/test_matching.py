@@ -97,7 +97,10 @@ def test_the_plan_matches_every_variant_and_refuses_a_given_d_ff() -> None:
         plan(BASE, ["ffn=silu"], match="size")
 
 
-@pytest.mark.parametrize("mixer", ["mixer=short_conv", "mixer=short_conv, mixer[1]=attention"])
+@pytest.mark.parametrize(
+    "mixer",
+    ["mixer=short_conv", "mixer=short_conv, mixer[1]=attention", "mixer=gated_deltanet", "mixer=mla"],
+)
 @pytest.mark.parametrize("what", ["params", "flops"])
 def test_a_mixer_variant_is_matched_by_its_declarations(mixer: str, what: str) -> None:
     """A mixer's declared parameters and FLOPs decide the matched width: the built variant has
