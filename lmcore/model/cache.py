@@ -137,6 +137,28 @@ class KVState(ContextState):
         return self.k[:, :, :end], self.v[:, :, :end]
 
 
+@dataclass(eq=False)
+class CompoundState:
+    """The states of a mixer made of several (Falcon-H1's attention and Mamba-2 side by side):
+    one per named part, each as that part makes it. It goes back to an earlier token when
+    every part can."""
+
+    parts: dict[str, DecodingState]
+
+    @property
+    def rewind(self) -> bool:
+        return all(p.rewind for p in self.parts.values())
+
+    def __getitem__(self, name: str) -> DecodingState:
+        return self.parts[name]
+
+    def select(self, rows: Int[Tensor, " N"]) -> CompoundState:
+        return CompoundState({k: p.select(rows) for k, p in self.parts.items()})
+
+    def tensors(self) -> dict[str, Tensor]:
+        return {f"{k}.{n}": t for k, p in self.parts.items() for n, t in p.tensors().items()}
+
+
 @dataclass
 class LayerCache:
     """One layer's view of a `DecodingCache` for one forward: its `state`, the `start` tokens
@@ -153,6 +175,11 @@ class LayerCache:
         """Attention's: write the new keys and values; return all of them so far."""
         keys_values: KVState = self.state
         return keys_values.update(k, v, self.start)
+
+    def part(self, name: str) -> LayerCache:
+        """The view of one part of a `CompoundState`, for the sub-layer that made it."""
+        compound: CompoundState = self.state
+        return LayerCache(compound[name], self.start, self.valid)
 
 
 # ------------------------------------------------------------------------------ the cache

@@ -112,3 +112,24 @@ def test_a_fresh_sequence_ignores_what_a_state_held_before() -> None:
         kv.reset()
         got = torch.cat([model(ids[:, :3], cache=kv), model(ids[:, 3:], cache=kv)], dim=1)
         torch.testing.assert_close(got, model(ids), rtol=1e-5, atol=1e-5)
+
+
+def test_a_compound_state_selects_truncates_and_views_by_part() -> None:
+    from lmcore.model.cache import CompoundState, KVState, LayerCache, RecurrentState
+
+    kv = KVState.empty(batch=3, num_kv_heads=1, head_dim=2, context_length=5)
+    rec = RecurrentState({"h": torch.arange(6.0).reshape(3, 2)})
+    both = CompoundState({"attn": kv, "ssm": rec})
+    assert not both.rewind and CompoundState({"attn": kv}).rewind
+    assert set(both.tensors()) == {"attn.k", "attn.v", "ssm.h"}
+    picked = both.select(torch.tensor([2, 0]))
+    assert torch.equal(picked["ssm"].tensors()["h"], torch.tensor([[4.0, 5.0], [0.0, 1.0]]))
+    assert picked["attn"].tensors()["k"].shape == (2, 1, 5, 2)
+    valid = torch.ones(3, 1, dtype=torch.bool)
+    view = LayerCache(both, 4, valid).part("ssm")
+    assert view.state is rec and view.start == 4 and view.valid is valid
+    cache = KVCache([both], batch=3, context_length=5, names=["hybrid"])
+    cache.length = 3
+    assert not cache.can_truncate(1)
+    with raises_naming(ModelInputError, "truncate(1)", "layer 0's mixer 'hybrid'"):
+        cache.truncate(1)
