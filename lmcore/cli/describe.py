@@ -299,7 +299,8 @@ def state_lines(found: Description) -> list[str]:
     ctx = acc.spec.context_length
     bp = acc.blueprint
     mixers = {
-        format_layers(indices, acc.spec.num_layers) if acc.spec.layers else "*": str(lbp.spec.mixer)
+        # The name alone: its arguments are under "the keys that differ by layer".
+        format_layers(indices, acc.spec.num_layers) if acc.spec.layers else "*": lbp.spec.mixer.name
         for indices, lbp in bp.groups()
     }
     rows = []
