@@ -355,6 +355,6 @@ def lmcore_components() -> list[Component]:
             buffers=lambda: 0,
             state=state,
             validate=_validate,
-            features=frozenset({"mask"}),
+            features=frozenset({"compile", "mask"}),
         )
     ]
