@@ -119,7 +119,8 @@ class Mamba2(nn.Module):
     ):
         super().__init__()
         check(d_model, expand, head_dim, n_groups)
-        self.d_model, self.d_state, self.head_dim, self.n_groups = d_model, d_state, head_dim, n_groups
+        self.d_model, self.d_state = d_model, d_state
+        self.head_dim, self.n_groups = head_dim, n_groups
         self.conv_size, self.chunk_size = conv_size, chunk_size
         self.inner = expand * d_model
         self.num_heads = self.inner // head_dim

@@ -13,7 +13,7 @@ Chunked form. Within a chunk of C tokens entered with state `h`, write a_t = dt_
 γ_i for the cumulative a from the chunk's start to token i and L_ij = exp(γ_i - γ_j) for
 j <= i (zero above the diagonal). Unrolling the recurrence,
 
-    Y = (C Bᵀ ⊙ L) (dt · X) + exp(γ) C hᵀ        within the chunk, and from the state entering
+    Y = (C Bᵀ ⊙ L) (dt · X) + exp(γ) C hᵀ        within the chunk, and from the entering state
     h' = exp(γ_C) h + (dt · X)ᵀ (exp(γ_C - γ) B)  the state after the chunk
 
 Everything but the states entering each chunk is computed for all chunks at once; the scan

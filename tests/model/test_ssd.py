@@ -41,7 +41,8 @@ def written_out(
             S = torch.zeros(p_, b.shape[-1], dtype=x.dtype) if h0 is None else h0[i, h].clone()
             for t in range(t_):
                 g = h // per
-                S = torch.exp(dt[i, t, h] * A[h]) * S + dt[i, t, h] * torch.outer(x[i, t, h], b[i, t, g])
+                write = dt[i, t, h] * torch.outer(x[i, t, h], b[i, t, g])
+                S = torch.exp(dt[i, t, h] * A[h]) * S + write
                 y[i, t, h] = S @ c[i, t, g] + D[h] * x[i, t, h]
             final[i, h] = S
     return y, final
