@@ -239,7 +239,6 @@ def build(
     eps: float = 1e-5,
     device: torch.device | str | None = None,
     dtype: torch.dtype | None = None,
-    **_: Any,
 ) -> Mamba2:
     """The registry's factory: the model's `head_dim` is the SSM head's unless `ssm_head_dim`."""
     return Mamba2(
