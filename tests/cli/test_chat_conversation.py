@@ -20,7 +20,9 @@ pytest.importorskip("jinja2", reason="needs the 'chat' extra: pip install -e '.[
 # A recurrent mixer's state cannot go back to a shorter prefix: the turn then feeds the whole
 # prompt again (and where the prompt continues what the cache holds, only the new tokens).
 @pytest.mark.parametrize(
-    "extra", ["", ",mixer=short_conv,mixer[1]=attention", ",mixer=gated_deltanet,mixer[1]=mla"]
+    "extra",
+    ["", ",mixer=short_conv,mixer[1]=attention", ",mixer=gated_deltanet,mixer[1]=mla",
+     ",mixer=mamba2,mixer[1]=attention"],  # fmt: skip
 )
 def test_chat_continues_its_kv_cache_as_a_fresh_run_would(tmp_path: Path, extra: str) -> None:
     tok = byte_level_bpe()

@@ -16,7 +16,9 @@ pytestmark = pytest.mark.usefixtures("single_thread")  # tiny models: one thread
 
 # A recurrent mixer's state forks by row as keys and values do (`DecodingCache.select`).
 @pytest.mark.parametrize(
-    "extra", ["", "mixer=short_conv, mixer[1]=attention", "mixer=gated_deltanet, mixer[1]=mla"]
+    "extra",
+    ["", "mixer=short_conv, mixer[1]=attention", "mixer=gated_deltanet, mixer[1]=mla",
+     "mixer=mamba2, mixer[1]=attention"],  # fmt: skip
 )
 def test_shared_prefixes_through_the_cache_score_as_whole_sequences(extra: str) -> None:
     model = eval_model(extra)
