@@ -319,7 +319,7 @@ def state(
     return 0, ssm + tail
 
 
-def _validate(d_model: int, head_dim: int, expand: int, ssm_head_dim: int, n_groups: int) -> None:
+def validate(d_model: int, head_dim: int, expand: int, ssm_head_dim: int, n_groups: int) -> None:
     check(d_model, expand, _head(head_dim, ssm_head_dim), n_groups)
 
 
@@ -354,7 +354,7 @@ def lmcore_components() -> list[Component]:
             activations=activations,
             buffers=lambda: 0,
             state=state,
-            validate=_validate,
+            validate=validate,
             features=frozenset({"compile", "mask"}),
         )
     ]

@@ -20,9 +20,9 @@ from lmcore.train.trainer import train
 
 # One layer of each built-in mixer.
 SPEC = (
-    "vocab_size=300, context_length=16, d_model=32, num_layers=5, num_heads=2, d_ff=32, "
+    "vocab_size=300, context_length=16, d_model=32, num_layers=6, num_heads=2, d_ff=32, "
     "mixer=short_conv, mixer[1]=attention, mixer[2]=gated_deltanet, mixer[3]=mla, "
-    "mixer[4]=mamba2(d_state=16)"
+    "mixer[4]=mamba2(d_state=16), mixer[5]=attention_mamba2(d_state=16)"
 )
 CONFIG = TrainConfig(steps=3, batch_size=8, eval_batches=1, eval_every=0, log_every=1,
                      save_every=0, keep=0, device="cpu", lr=3e-3, warmup=1)  # fmt: skip

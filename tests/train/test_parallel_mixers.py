@@ -43,7 +43,8 @@ def test_two_ranks_train_every_mixer_as_one_process(runs: Path, mode: str) -> No
     assert max(abs(a["loss"] - b["loss"]) for a, b in zip(got, want, strict=True)) <= 1e-5
     wa, wb = latest_weights(runs / mode), latest_weights(runs / "one")
     assert wa.keys() == wb.keys() and {
-        "layers.0.attn.conv_weight", "layers.2.attn.A_log", "layers.3.attn.kv_b_proj.weight"
+        "layers.0.attn.conv_weight", "layers.2.attn.A_log", "layers.3.attn.kv_b_proj.weight",
+        "layers.4.attn.A_log", "layers.5.attn.attn.q_proj.weight", "layers.5.attn.ssm.A_log",
     } <= wa.keys()
     for name in wb:
         assert (wa[name] - wb[name]).abs().max().item() <= 1e-5, name
