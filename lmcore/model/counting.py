@@ -389,10 +389,18 @@ def account(
             # gate and the heads' output; output_proj keeps the product). No matmul FLOPs.
             what = [w for w, on in (("sigmoid output gate", s.attn_gate),
                                     (f"sinks ({s.num_heads})", s.attn_sinks)) if on]  # fmt: skip
-            rows.append(Row(name=at, part="attention projections", module=", ".join(what),
-                            count=count, params_each=s.num_heads if s.attn_sinks else 0,
-                            flops_each=0, layers=layers,
-                            activations_each=2 * tokens * width * size if s.attn_gate else 0))  # fmt: skip
+            rows.append(
+                Row(
+                    name=at,
+                    part="attention projections",
+                    module=", ".join(what),
+                    count=count,
+                    params_each=s.num_heads if s.attn_sinks else 0,
+                    flops_each=0,
+                    activations_each=2 * tokens * width * size if s.attn_gate else 0,
+                    layers=layers,
+                )
+            )
         return rows
 
     def layer(lbp: Blueprint, prefix: str, layers: tuple[int, ...] | None) -> list[Row]:
