@@ -468,36 +468,18 @@ def _attend_whole(
 
 @torch.library.custom_op("lmcore::tiled_attention", mutates_args=())
 def _forward(
-    q5: Tensor,
-    k: Tensor,
-    v: Tensor,
-    bias: Tensor | None,
-    mask: Tensor | None,
-    sinks: Tensor | None,
-    causal: bool,
-    key_block: int,
-    scale: float,
-    softcap: float,
-    window: int,
-) -> list[Tensor]:
+    q5: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, mask: Tensor | None,
+    sinks: Tensor | None, causal: bool, key_block: int, scale: float, softcap: float, window: int,
+) -> list[Tensor]:  # fmt: skip
     """`_attend` as one operator: autograd's node and torch.compile's opaque call."""
     return _attend(q5, k, v, bias, mask, causal, key_block, scale, softcap, window, sinks)
 
 
 @_forward.register_fake
 def _(
-    q5: Tensor,
-    k: Tensor,
-    v: Tensor,
-    bias: Tensor | None,
-    mask: Tensor | None,
-    sinks: Tensor | None,
-    causal: bool,
-    key_block: int,
-    scale: float,
-    softcap: float,
-    window: int,
-) -> list[Tensor]:
+    q5: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, mask: Tensor | None,
+    sinks: Tensor | None, causal: bool, key_block: int, scale: float, softcap: float, window: int,
+) -> list[Tensor]:  # fmt: skip
     plan = Plan.of(q5, k, causal, key_block, window)
     B, Hkv, Sq, G, D = q5.shape
     acc = accumulator(q5.dtype)
@@ -520,23 +502,10 @@ def _forward_flops(q5_shape: Any, k_shape: Any, *args: Any, **kwargs: Any) -> in
 
 @torch.library.custom_op("lmcore::tiled_attention_backward", mutates_args=())
 def _backward(
-    dout: Tensor,
-    q5: Tensor,
-    k: Tensor,
-    v: Tensor,
-    out: Tensor,
-    stat: Tensor,
-    bias: Tensor | None,
-    mask: Tensor | None,
-    sinks: Tensor | None,
-    kept: list[Tensor],
-    causal: bool,
-    key_block: int,
-    scale: float,
-    softcap: float,
-    window: int,
-    bias_grad: bool,
-) -> list[Tensor]:
+    dout: Tensor, q5: Tensor, k: Tensor, v: Tensor, out: Tensor, stat: Tensor,
+    bias: Tensor | None, mask: Tensor | None, sinks: Tensor | None, kept: list[Tensor],
+    causal: bool, key_block: int, scale: float, softcap: float, window: int, bias_grad: bool,
+) -> list[Tensor]:  # fmt: skip
     """`[dq5, dk, dv]`, plus the bias's gradient when `bias_grad`, then the sinks' when
     `sinks` is given."""
     plan = Plan.of(q5, k, causal, key_block, window)
@@ -618,23 +587,10 @@ def _backward(
 
 @_backward.register_fake
 def _(
-    dout: Tensor,
-    q5: Tensor,
-    k: Tensor,
-    v: Tensor,
-    out: Tensor,
-    stat: Tensor,
-    bias: Tensor | None,
-    mask: Tensor | None,
-    sinks: Tensor | None,
-    kept: list[Tensor],
-    causal: bool,
-    key_block: int,
-    scale: float,
-    softcap: float,
-    window: int,
-    bias_grad: bool,
-) -> list[Tensor]:
+    dout: Tensor, q5: Tensor, k: Tensor, v: Tensor, out: Tensor, stat: Tensor,
+    bias: Tensor | None, mask: Tensor | None, sinks: Tensor | None, kept: list[Tensor],
+    causal: bool, key_block: int, scale: float, softcap: float, window: int, bias_grad: bool,
+) -> list[Tensor]:  # fmt: skip
     # Contiguous, as the real gradients are (empty_like would copy the inputs' strides).
     grads = [q5.new_empty(q5.shape), k.new_empty(k.shape), v.new_empty(v.shape)]
     if bias_grad:

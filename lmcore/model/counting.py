@@ -357,18 +357,14 @@ def account(
         kv = 2 * s.num_kv_heads * s.head_dim * size  # a key and a value per token
         rows = [
             linear(f"{at}.q_proj", d, width, count, not shared, bias=s.qkv_bias, layers=layers),
-            *(
-                # x is q_proj's input, kept there (or by the block, when shared) already.
-                [linear(f"{at}.gate_proj", d, width, count, False, bias=s.qkv_bias,
-                        layers=layers)]
-                if s.attn_gate
-                else []
-            ),  # fmt: skip
             linear(f"{at}.k_proj", d, kv_width, count, False, bias=s.qkv_bias, layers=layers),
             linear(f"{at}.v_proj", d, kv_width, count, False, bias=s.qkv_bias, layers=layers),
             linear(f"{at}.output_proj", width, d, count, True, bias=s.out_bias, layers=layers),
             replace(kernel, state_each=(kv, 0)),
         ]
+        if s.attn_gate:  # x is q_proj's input, kept there (or by the block, when shared)
+            gate = linear(f"{at}.gate_proj", d, width, count, False, bias=s.qkv_bias, layers=layers)
+            rows.insert(1, gate)
         if "qk_norm" in lbp.parts:
             full = s.qk_norm_scope == "full"
             for which, heads in (("q_norm", s.num_heads), ("k_norm", s.num_kv_heads)):
@@ -389,18 +385,10 @@ def account(
             # gate and the heads' output; output_proj keeps the product). No matmul FLOPs.
             what = [w for w, on in (("sigmoid output gate", s.attn_gate),
                                     (f"sinks ({s.num_heads})", s.attn_sinks)) if on]  # fmt: skip
-            rows.append(
-                Row(
-                    name=at,
-                    part="attention projections",
-                    module=", ".join(what),
-                    count=count,
-                    params_each=s.num_heads if s.attn_sinks else 0,
-                    flops_each=0,
-                    activations_each=2 * tokens * width * size if s.attn_gate else 0,
-                    layers=layers,
-                )
-            )
+            params = s.num_heads if s.attn_sinks else 0
+            kept = 2 * tokens * width * size if s.attn_gate else 0
+            rows.append(Row(at, "attention projections", ", ".join(what), count, params, 0,
+                            activations_each=kept, layers=layers))  # fmt: skip
         return rows
 
     def layer(lbp: Blueprint, prefix: str, layers: tuple[int, ...] | None) -> list[Row]:
