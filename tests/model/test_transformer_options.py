@@ -1,6 +1,6 @@
 """The attention and model options of the transformer (head_dim, q/k/v and output biases, qk_norm
 per head or over the full width, the query scale, soft-capped scores and logits, the sliding
-window, the embedding scale) and the blocks (prenorm, postnorm, sandwich, reordered, parallel),
+window, the embedding scale, the output gate, attention sinks) and the blocks (prenorm, postnorm, sandwich, reordered, parallel),
 each against an independent forward written with torch.nn.functional from the model's state
 dict; every option's default is today's model bit for bit; the KV cache, torch.compile and
 save/load hold with the options on."""
