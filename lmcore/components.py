@@ -13,7 +13,7 @@ kind     model dimensions on offer (plus every declared argument)
 norm     ``d_model``
 ffn      ``d_model``, ``d_ff``
 pos      ``d_model``, ``num_heads``, ``head_dim``, ``context_length``
-attn     ``num_heads``, ``num_kv_heads``, ``head_dim``, ``window`` (0: none)
+attn     ``num_heads``, ``num_kv_heads``, ``head_dim``, ``window`` (0: none), ``attn_sinks``
 block    ``d_model``; its factory also gets the modules it wires: ``attn``, ``ffn`` and
          ``norm`` (a function building one more norm per call)
 mixer    ``d_model``, ``num_heads``, ``num_kv_heads``, ``head_dim``, ``context_length``; its
@@ -63,7 +63,7 @@ DIMS: Final[Mapping[str, tuple[str, ...]]] = {
     "norm": ("d_model",),
     "ffn": ("d_model", "d_ff"),
     "pos": ("d_model", "num_heads", "head_dim", "context_length"),
-    "attn": ("num_heads", "num_kv_heads", "head_dim", "window"),
+    "attn": ("num_heads", "num_kv_heads", "head_dim", "window", "attn_sinks"),
     "block": ("d_model",),
     "mixer": ("d_model", "num_heads", "num_kv_heads", "head_dim", "context_length"),
 }
@@ -87,8 +87,11 @@ FEATURES: Final[Mapping[str, frozenset[str]]] = {
     # gqa: takes k, v with fewer heads than q; bias: accepts an additive bias; mask: accepts a
     # boolean mask (True = may attend); scale: takes the query scale (`scale=`, else the model
     # multiplies q itself); softcap: caps the scores, cap·tanh(s / cap) (`softcap=`); window: a
-    # sliding window, each query sees its last `window` keys (`window=`).
-    "attn": frozenset({"gqa", "bias", "mask", "scale", "softcap", "window", "compile", "nocache"}),
+    # sliding window, each query sees its last `window` keys (`window=`); sinks: a learned
+    # logit per head added to the softmax's denominator (`sinks=`, a (H,) tensor; gpt-oss).
+    "attn": frozenset(
+        {"gqa", "bias", "mask", "scale", "softcap", "window", "sinks", "compile", "nocache"}
+    ),
     # residual: with both sub-layers giving zeros the block returns its input unchanged (the
     # stream passes through; the kit checks it).
     "block": frozenset({"residual", "compile", "nocache"}),

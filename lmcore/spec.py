@@ -123,6 +123,8 @@ class ModelSpec:
     query_scale: float = 0.0  # 0: 1 / sqrt(head_dim)
     window: int = 0
     attn_softcap: float = 0.0
+    attn_gate: bool = False
+    attn_sinks: bool = False
     layers: tuple[LayerValue, ...] = ()
 
     def __post_init__(self) -> None:
@@ -204,6 +206,10 @@ MODEL_KEYS: Final[tuple[Arg, ...]] = (
         ge=0, written="changed"),
     Arg("attn_softcap", float, 0.0, "caps the attention scores: cap·tanh(s / cap); 0: none",
         ge=0.0, written="changed"),
+    Arg("attn_gate", bool, False, "a sigmoid gate on the attention output, sigmoid(gate_proj x)",
+        written="changed"),
+    Arg("attn_sinks", bool, False, "a learned logit per head in the softmax's denominator",
+        written="changed"),
 )  # fmt: skip
 # The component slots (each of the kind it is named after) and the component each defaults to.
 SLOTS: Final[Mapping[str, str]] = {
@@ -221,6 +227,7 @@ ORDER: Final = (
     "head_dim", "d_ff", "block", "tie_embeddings", "embed_scale", "logit_softcap",
     "norm", "ffn", "pos", "mixer", "attn",
     "qkv_bias", "out_bias", "qk_norm", "qk_norm_scope", "query_scale", "window", "attn_softcap",
+    "attn_gate", "attn_sinks",
 )  # fmt: skip
 # The keys of the first release: written in every canonical string, default or not.
 ALWAYS: Final = frozenset(
@@ -232,6 +239,7 @@ ALL_KEYS: Final = ORDER
 LAYER_KEYS: Final = (
     "d_ff", "block", "norm", "ffn", "pos", "mixer", "attn",
     "qkv_bias", "out_bias", "qk_norm", "qk_norm_scope", "query_scale", "window", "attn_softcap",
+    "attn_gate", "attn_sinks",
 )  # fmt: skip
 # A spec with per-layer values has at most this many layers (each is resolved on its own).
 MAX_LAYERED: Final = 4096

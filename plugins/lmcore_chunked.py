@@ -8,6 +8,9 @@ backward, which recomputes every key block's weights (Dao et al., 2022): memory 
 with the sequence length, at the price of one more `q kᵀ` per block in the backward.
 `lmcore.model.attention.tiled_attention` does both, in plain torch.
 
+Attention sinks start each row's running max and sum (a key with no value), so the recurrence
+stays exact; the backward takes the sink's weight from the row's log-sum-exp.
+
 A query row whose keys are all masked returns zeros, as `sdpa` and torch's fused kernel do: the
 row has nothing to attend to, and zeros keep NaN out of the residual stream and the gradients,
 e.g. for left-padded batches.
@@ -50,10 +53,11 @@ class ChunkedAttention(nn.Module):
         scale: float | None = None,
         softcap: float | None = None,
         window: int | None = None,
+        sinks: Float[Tensor, " H"] | None = None,
     ) -> Float[Tensor, "B H Sq D"]:
         return tiled_attention(
             q, k, v, causal=causal, mask=mask, bias=bias, key_block=self.block_size,
-            scale=scale, softcap=softcap, window=window,
+            scale=scale, softcap=softcap, window=window, sinks=sinks,
         )  # fmt: skip
 
     def extra_repr(self) -> str:
@@ -90,6 +94,7 @@ def lmcore_components() -> list[Component]:
                 4 * num_heads * seq_len * kv_len * head_dim
             ),
             activations=chunked_activations,
-            features=frozenset({"gqa", "bias", "mask", "scale", "softcap", "window", "compile"}),
+            features=frozenset({"gqa", "bias", "mask", "scale", "softcap", "window", "sinks",
+                                "compile"}),
         )
     ]

@@ -1,5 +1,5 @@
 """attn=sdpa: exact scaled dot-product attention, CS336 §3.5.4, with grouped-query heads, and the
-query scale, soft-capped scores and a sliding window when a spec asks for them."""
+query scale, soft-capped scores, a sliding window and attention sinks when a spec asks for them."""
 
 from __future__ import annotations
 
@@ -32,10 +32,11 @@ class SDPA(nn.Module):
         scale: float | None = None,
         softcap: float | None = None,
         window: int | None = None,
+        sinks: Float[Tensor, " H"] | None = None,
     ) -> Float[Tensor, "B H Sq D"]:
         return tiled_attention(
             q, k, v, causal=causal, mask=mask, bias=bias, scale=scale, softcap=softcap,
-            window=window,
+            window=window, sinks=sinks,
         )  # fmt: skip
 
 
@@ -48,14 +49,16 @@ def sdpa_activations(
     kv_len: int,
     dtype: torch.dtype,
     window: int = 0,
+    attn_sinks: bool = False,
 ) -> int:
     """Bytes kept for backward (the model calls the kernel causal): q, k, v and the output in
-    the model dtype; each row's softmax denominator and the softmax numerators of every tile
-    (queries times the keys they may see, within the window) in float32 (float64 for
-    float64)."""
+    the model dtype; each row's softmax denominator (and, with sinks, the sink's weight) and
+    the softmax numerators of every tile (queries times the keys they may see, within the
+    window) in float32 (float64 for float64)."""
     plan = Plan(batch, num_heads, num_kv_heads, seq_len, kv_len, head_dim, True, 0, window)
     tensors = 2 * batch * (num_heads * seq_len + num_kv_heads * kv_len) * head_dim
-    stats = batch * num_heads * seq_len + kept_elements(plan)
+    rows = batch * num_heads * seq_len
+    stats = rows * (2 if attn_sinks else 1) + kept_elements(plan)
     return dtype.itemsize * tensors + accumulator(dtype).itemsize * stats
 
 
@@ -73,6 +76,7 @@ def lmcore_components() -> list[Component]:
                 4 * num_heads * seq_len * kv_len * head_dim
             ),
             activations=sdpa_activations,
-            features=frozenset({"gqa", "bias", "mask", "scale", "softcap", "window", "compile"}),
+            features=frozenset({"gqa", "bias", "mask", "scale", "softcap", "window", "sinks",
+                                "compile"}),
         )
     ]

@@ -1,6 +1,7 @@
 """The checks of a resolved model's shape: heads that divide the width, each distinct layer
 against its components' `validate` and `norms` declarations, and the attention kernel against
-the features the model asks of it (an attention bias, a sliding window, capped scores)."""
+the features the model asks of it (an attention bias, a sliding window, capped scores,
+attention sinks)."""
 
 from __future__ import annotations
 
@@ -120,6 +121,7 @@ def _check_kernel(origins: Origins, bp: Blueprint, layers: Sequence[int]) -> Non
     for key, feature, what in (
         ("window", "window", f"a sliding window (window={spec.window})"),
         ("attn_softcap", "softcap", f"capped scores (attn_softcap={spec.attn_softcap!r})"),
+        ("attn_sinks", "sinks", "attention sinks (attn_sinks=true)"),
     ):
         if getattr(spec, key) and feature not in attn.features:
             able = [e.name for e in bp.registry.entries("attn") if feature in e.component.features]

@@ -34,6 +34,12 @@ q and k; and a sliding `window`, a query at position p seeing only keys p - wind
 (Mistral, Gemma 2): the keys wholly behind a query block's window are skipped like the keys
 ahead of it, and the kept weights shrink to the window.
 
+Attention sinks (gpt-oss): a learned logit per head, `sinks (H,)`, joins every row's softmax
+as one more key with no value, `exp(s_j) / (Σ exp(s_i) + exp(sink))`. It starts each row's
+running max and sum, so it is exact for any size of sink or scores; its gradient is
+`-Σ_rows p_sink · rowsum(dO ∘ O)`, from the row's log-sum-exp (or, with kept weights, from the
+sink's weight kept beside them).
+
 FLOPs are counted as torch counts its fused attention (`torch.utils.flop_counter`): the whole
 `Sq × Sk` score matrix, `4·B·H·Sq·Sk·D` forward, whether or not causal tiles skip a part.
 """
@@ -354,12 +360,14 @@ def _attend(
     scale: float,
     softcap: float,
     window: int,
+    sinks: Tensor | None = None,
     stats: bool = True,
 ) -> list[Tensor]:
     """`[out (B, H, Sq, D), stat (B, Hkv, Sq, G, 1), *kept weights]` for q5 `(B, Hkv, Sq, G,
     D)` and k, v `(B, Hkv, Sk, D)`, in any strides. `stat` is each row's softmax denominator
     when the weights are kept, else its log-sum-exp; left unfilled when not `stats` (no
-    backward will read it)."""
+    backward will read it). With `sinks (H,)` and kept weights, the sink's weight of each row
+    `(B, Hkv, Sq, G, 1)` follows the kept weights."""
     plan = Plan.of(q5, k, causal, key_block, window)
     B, Hkv, Sq, G, D = q5.shape
     Sk, acc = plan.k_len, accumulator(q5.dtype)
@@ -369,6 +377,8 @@ def _attend(
     out5 = out.view(B, Hkv, G, Sq, D).transpose(2, 3)  # (B, Hkv, Sq, G, D), a view
     stat = q5.new_empty(B, Hkv, Sq, G, 1, dtype=acc)
     kept: list[Tensor] = []
+    sink5 = None if sinks is None else sinks.to(acc).view(1, Hkv, 1, G, 1)
+    sink_weight = q5.new_empty(B, Hkv, Sq, G, 1, dtype=acc) if sink5 is not None else None
     for b0, b1 in plan.batch_blocks():
         # (bb·Hkv, Sk, D) views when the strides allow, as for a batch row of the (B, T, H·D)
         # projections: the matmuls read them in place.
@@ -376,7 +386,11 @@ def _attend(
         for i0, i1, kbeg, kend in plan.query_blocks():
             n = i1 - i0
             qt = q5[b0:b1, :, i0:i1].reshape(-1, n * G, D) * scale  # (bb·Hkv, n·G, D)
-            m = total = o = None
+            m = total = o = sink = None
+            if sink5 is not None:  # the sink: a key of every row with no value, seen first
+                sink = sink5.expand(b1 - b0, Hkv, n, G, 1).reshape(-1, n * G, 1)
+                m, total = sink, torch.ones_like(sink)
+                o = qt.new_zeros(qt.shape, dtype=acc)
             for j0, j1 in plan.key_blocks(kbeg, kend):
                 s = _scores(
                     qt, kf[:, j0:j1], bias, mask, plan, (b0, b1), (i0, i1), (j0, j1), softcap
@@ -404,10 +418,15 @@ def _attend(
                 continue
             if plan.keep:
                 stat[b0:b1, :, i0:i1] = safe.view(-1, Hkv, n, G, 1)
+                if sink is not None and sink_weight is not None:  # exp(sink - max) / total
+                    weight = torch.exp(sink - m).div_(safe)
+                    sink_weight[b0:b1, :, i0:i1] = weight.view(-1, Hkv, n, G, 1)
             else:  # log-sum-exp; +inf for empty rows, so that exp(s - lse) gives 0
                 shift = torch.where(m == -math.inf, 0.0, m) if guard else m
                 lse = torch.where(total > 0, shift + torch.log(total), math.inf)
                 stat[b0:b1, :, i0:i1] = lse.view(-1, Hkv, n, G, 1)
+    if sink_weight is not None and plan.keep:
+        kept.append(sink_weight)
     return [out, stat, *kept]
 
 
@@ -420,6 +439,7 @@ def _attend_whole(
     plan: Plan,
     scale: float,
     softcap: float,
+    sinks: Tensor | None = None,
 ) -> Tensor:
     """`_attend`'s output for a call that is one tile (`plan.whole`) and keeps nothing for
     backward, e.g. a decoding step's one query: the same arithmetic without the tiling's
@@ -431,9 +451,15 @@ def _attend_whole(
     qt = q5.reshape(B * Hkv, Sq * G, D) * scale
     s = _scores(qt, k.reshape(B * Hkv, -1, D), bias, mask, plan, rows, queries, keys, softcap)
     top = s.amax(dim=-1, keepdim=True)
+    sink = None
+    if sinks is not None:  # (B·Hkv, Sq·G, 1): the sink of each row's head
+        sink = sinks.to(acc).view(1, Hkv, 1, G, 1).expand(B, Hkv, Sq, G, 1)
+        top = torch.maximum(top, sink := sink.reshape(B * Hkv, Sq * G, 1))
     shift = torch.where(top == -math.inf, 0.0, top) if guard else top
     p = _weights(s, shift, plan, queries, keys, guard)
     total = p.sum(dim=-1, keepdim=True)
+    if sink is not None:
+        total = total + torch.exp(sink - shift)
     if guard:  # rows with every key masked: divide by 1, return zeros
         total = torch.where(total == 0, 1.0, total)
     o = torch.bmm(p.to(v.dtype), v.reshape(B * Hkv, -1, D)).to(acc).div_(total)
@@ -442,40 +468,27 @@ def _attend_whole(
 
 @torch.library.custom_op("lmcore::tiled_attention", mutates_args=())
 def _forward(
-    q5: Tensor,
-    k: Tensor,
-    v: Tensor,
-    bias: Tensor | None,
-    mask: Tensor | None,
-    causal: bool,
-    key_block: int,
-    scale: float,
-    softcap: float,
-    window: int,
-) -> list[Tensor]:
+    q5: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, mask: Tensor | None,
+    sinks: Tensor | None, causal: bool, key_block: int, scale: float, softcap: float, window: int,
+) -> list[Tensor]:  # fmt: skip
     """`_attend` as one operator: autograd's node and torch.compile's opaque call."""
-    return _attend(q5, k, v, bias, mask, causal, key_block, scale, softcap, window)
+    return _attend(q5, k, v, bias, mask, causal, key_block, scale, softcap, window, sinks)
 
 
 @_forward.register_fake
 def _(
-    q5: Tensor,
-    k: Tensor,
-    v: Tensor,
-    bias: Tensor | None,
-    mask: Tensor | None,
-    causal: bool,
-    key_block: int,
-    scale: float,
-    softcap: float,
-    window: int,
-) -> list[Tensor]:
+    q5: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, mask: Tensor | None,
+    sinks: Tensor | None, causal: bool, key_block: int, scale: float, softcap: float, window: int,
+) -> list[Tensor]:  # fmt: skip
     plan = Plan.of(q5, k, causal, key_block, window)
     B, Hkv, Sq, G, D = q5.shape
     acc = accumulator(q5.dtype)
     out = q5.new_empty(B, Hkv * G, Sq, D)
     stat = q5.new_empty(B, Hkv, Sq, G, 1, dtype=acc)
-    return [out, stat, *(q5.new_empty(shape, dtype=acc) for shape in plan.kept_shapes())]
+    kept = [q5.new_empty(shape, dtype=acc) for shape in plan.kept_shapes()]
+    if sinks is not None and plan.keep:
+        kept.append(q5.new_empty(B, Hkv, Sq, G, 1, dtype=acc))
+    return [out, stat, *kept]
 
 
 @register_flop_formula(torch.ops.lmcore.tiled_attention)
@@ -489,23 +502,12 @@ def _forward_flops(q5_shape: Any, k_shape: Any, *args: Any, **kwargs: Any) -> in
 
 @torch.library.custom_op("lmcore::tiled_attention_backward", mutates_args=())
 def _backward(
-    dout: Tensor,
-    q5: Tensor,
-    k: Tensor,
-    v: Tensor,
-    out: Tensor,
-    stat: Tensor,
-    bias: Tensor | None,
-    mask: Tensor | None,
-    kept: list[Tensor],
-    causal: bool,
-    key_block: int,
-    scale: float,
-    softcap: float,
-    window: int,
-    bias_grad: bool,
-) -> list[Tensor]:
-    """`[dq5, dk, dv]`, plus the bias's gradient when `bias_grad`."""
+    dout: Tensor, q5: Tensor, k: Tensor, v: Tensor, out: Tensor, stat: Tensor,
+    bias: Tensor | None, mask: Tensor | None, sinks: Tensor | None, kept: list[Tensor],
+    causal: bool, key_block: int, scale: float, softcap: float, window: int, bias_grad: bool,
+) -> list[Tensor]:  # fmt: skip
+    """`[dq5, dk, dv]`, plus the bias's gradient when `bias_grad`, then the sinks' when
+    `sinks` is given."""
     plan = Plan.of(q5, k, causal, key_block, window)
     B, Hkv, Sq, G, D = q5.shape
     H, Sk, acc, low = plan.heads, plan.k_len, stat.dtype, q5.dtype
@@ -528,6 +530,9 @@ def _backward(
     dq5 = q5.new_empty(B, Hkv, Sq, G, D)
     dk = q5.new_zeros(B * Hkv, Sk, D)
     dv = q5.new_zeros(B * Hkv, Sk, D)
+    sink_weight = None
+    if sinks is not None and plan.keep:
+        kept, sink_weight = kept[:-1], kept[-1]
     dbias5 = dbias = None
     if bias_grad:
         dbias = q5.new_zeros(B, H, Sq, Sk)
@@ -571,32 +576,28 @@ def _backward(
     if dbias is not None:
         assert bias is not None
         grads.append(dbias.sum_to_size(bias.shape).to(bias.dtype))
+    if sinks is not None:
+        # out = Σ p_j v_j with the sink in every row's denominator: d out / d sink = -p_sink·out.
+        if sink_weight is None:  # exp(sink - lse); +inf lse never occurs with a sink
+            sink_weight = torch.exp(sinks.to(acc).view(1, Hkv, 1, G, 1) - stat)
+        dsink = -(sink_weight * delta5).sum(dim=(0, 2, 4))  # (Hkv, G)
+        grads.append(dsink.reshape(-1).to(sinks.dtype))
     return grads
 
 
 @_backward.register_fake
 def _(
-    dout: Tensor,
-    q5: Tensor,
-    k: Tensor,
-    v: Tensor,
-    out: Tensor,
-    stat: Tensor,
-    bias: Tensor | None,
-    mask: Tensor | None,
-    kept: list[Tensor],
-    causal: bool,
-    key_block: int,
-    scale: float,
-    softcap: float,
-    window: int,
-    bias_grad: bool,
-) -> list[Tensor]:
+    dout: Tensor, q5: Tensor, k: Tensor, v: Tensor, out: Tensor, stat: Tensor,
+    bias: Tensor | None, mask: Tensor | None, sinks: Tensor | None, kept: list[Tensor],
+    causal: bool, key_block: int, scale: float, softcap: float, window: int, bias_grad: bool,
+) -> list[Tensor]:  # fmt: skip
     # Contiguous, as the real gradients are (empty_like would copy the inputs' strides).
     grads = [q5.new_empty(q5.shape), k.new_empty(k.shape), v.new_empty(v.shape)]
     if bias_grad:
         assert bias is not None
         grads.append(bias.new_empty(bias.shape))
+    if sinks is not None:
+        grads.append(sinks.new_empty(sinks.shape))
     return grads
 
 
@@ -609,7 +610,7 @@ def _backward_flops(dout_shape: Any, q5_shape: Any, k_shape: Any, *args: Any, **
 
 
 def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: list[Tensor]) -> None:
-    q5, k, v, bias, mask, causal, key_block, scale, softcap, window = inputs
+    q5, k, v, bias, mask, sinks, causal, key_block, scale, softcap, window = inputs
     out, stat, *kept = output
     ctx.set_materialize_grads(False)  # only `out` gets a gradient
     ctx.causal, ctx.key_block = causal, key_block
@@ -618,20 +619,23 @@ def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: list[Tensor]) -> N
     # makes one bias per forward): held by reference, not counted as this layer's activations.
     ctx.bias, ctx.mask = bias, mask
     ctx.bias_grad = bias is not None and bias.requires_grad
-    ctx.save_for_backward(q5, k, v, out, stat, *kept)
+    ctx.sinks = sinks is not None
+    ctx.save_for_backward(q5, k, v, out, stat, *([sinks] if sinks is not None else []), *kept)
 
 
 def _autograd_backward(ctx: Any, grads: list[Tensor | None]) -> tuple[Tensor | None, ...]:
     dout = grads[0]
     if dout is None:
-        return (None,) * 10
+        return (None,) * 11
     q5, k, v, out, stat, *kept = ctx.saved_tensors
+    sinks = kept.pop(0) if ctx.sinks else None
     got = torch.ops.lmcore.tiled_attention_backward(
-        dout, q5, k, v, out, stat, ctx.bias, ctx.mask, kept, ctx.causal, ctx.key_block,
+        dout, q5, k, v, out, stat, ctx.bias, ctx.mask, sinks, kept, ctx.causal, ctx.key_block,
         ctx.scale, ctx.softcap, ctx.window, ctx.bias_grad,
     )  # fmt: skip
     dbias = got[3] if ctx.bias_grad else None
-    return got[0], got[1], got[2], dbias, *(None,) * 6
+    dsinks = got[-1] if sinks is not None else None
+    return got[0], got[1], got[2], dbias, None, dsinks, *(None,) * 5
 
 
 torch.library.register_autograd(
@@ -655,14 +659,16 @@ def tiled_attention(
     scale: float | None = None,
     softcap: float | None = None,
     window: int | None = None,
+    sinks: Float[Tensor, " H"] | None = None,
 ) -> Float[Tensor, "B H Sq D"]:
     """`softmax(cap(scale · q kᵀ) + bias) v` in tiles (module docstring); `mask` True = may
     attend; `scale` defaults to 1 / sqrt(D); `softcap` caps the scores, `cap·tanh(s / cap)`;
-    `window` lets a query see only its last `window` keys. `key_block=None` keeps each tile's
+    `window` lets a query see only its last `window` keys; `sinks` adds `exp(sinks[h])` to
+    the softmax's denominator of head h. `key_block=None` keeps each tile's
     weights for backward, an int recomputes them. When no gradient is wanted (inference),
     nothing needs keeping: keys are streamed in blocks of `STREAM_BLOCK` whatever `key_block`
     says, and memory stays linear in the sequence."""
-    grad = _wants_grad(q, k, v, bias)
+    grad = _wants_grad(q, k, v, bias, sinks)
     if key_block is None and not grad:
         key_block = STREAM_BLOCK
     B, H, Sq, D = q.shape
@@ -670,7 +676,7 @@ def tiled_attention(
     q5 = q.view(B, Hkv, H // Hkv, Sq, D).transpose(2, 3)  # (B, Hkv, Sq, G, D), a view
     factor = 1.0 / math.sqrt(D) if scale is None else float(scale)
     options = (factor, float(softcap or 0.0), int(window or 0))
-    args = (q5, k, v, _as_4d(bias), _as_4d(mask), causal, key_block or 0, *options)
+    args = (q5, k, v, _as_4d(bias), _as_4d(mask), sinks, causal, key_block or 0, *options)
     if not grad:
         # Without a gradient the operator has nothing to add: no autograd node, no softmax
         # statistics (only a backward reads them), no dispatcher round trip. A call that is
@@ -679,8 +685,8 @@ def tiled_attention(
         # under torch.compile, which keeps seeing one opaque operator there.
         plan = Plan.of(q5, k, causal, key_block or 0, options[2])
         if plan.whole:
-            return _attend_whole(*args[:5], plan, *options[:2])
+            return _attend_whole(*args[:5], plan, *options[:2], sinks)
         if not torch.compiler.is_compiling():
-            return _attend(*args, stats=False)[0]
+            return _attend(*args[:5], *args[6:], sinks, stats=False)[0]
     out: Tensor = _forward(*args)[0]
     return out

@@ -362,6 +362,9 @@ def account(
             linear(f"{at}.output_proj", width, d, count, True, bias=s.out_bias, layers=layers),
             replace(kernel, state_each=(kv, 0)),
         ]
+        if s.attn_gate:  # x is q_proj's input, kept there (or by the block, when shared)
+            gate = linear(f"{at}.gate_proj", d, width, count, False, bias=s.qkv_bias, layers=layers)
+            rows.insert(1, gate)
         if "qk_norm" in lbp.parts:
             full = s.qk_norm_scope == "full"
             for which, heads in (("q_norm", s.num_heads), ("k_norm", s.num_kv_heads)):
@@ -377,6 +380,15 @@ def account(
                         rows=1 if full else heads,
                     )
                 )
+        if s.attn_gate or s.attn_sinks:
+            # The attention's own: the sinks, and what the gate's sigmoid and product keep (the
+            # gate and the heads' output; output_proj keeps the product). No matmul FLOPs.
+            what = [w for w, on in (("sigmoid output gate", s.attn_gate),
+                                    (f"sinks ({s.num_heads})", s.attn_sinks)) if on]  # fmt: skip
+            params = s.num_heads if s.attn_sinks else 0
+            kept = 2 * tokens * width * size if s.attn_gate else 0
+            rows.append(Row(at, "attention projections", ", ".join(what), count, params, 0,
+                            activations_each=kept, layers=layers))  # fmt: skip
         return rows
 
     def layer(lbp: Blueprint, prefix: str, layers: tuple[int, ...] | None) -> list[Row]:

@@ -47,11 +47,16 @@ class CausalSelfAttention(nn.Module):
 
     `x → q, k, v` (k and v for `num_kv_heads` heads) `→ q_norm, k_norm` (a norm over each head,
     or over the full width with `qk_norm_full`) `→` the positional rotation `→` the kernel
-    `→ output_proj`. `kernel_options` go to every kernel call (`scale`, `softcap`, `window`);
-    `q_factor` multiplies q for a kernel that takes no `scale`.
+    `→` (with `gate`: `· sigmoid(gate_proj(x))`, per head and channel, Qwen3-Next's gated
+    attention) `→ output_proj`. `kernel_options` go to every kernel call (`scale`, `softcap`,
+    `window`); `q_factor` multiplies q for a kernel that takes no `scale`. With `sinks`, the
+    parameter `sinks (num_heads,)` (gpt-oss's per-head logit in the softmax's denominator,
+    initialised to 0) goes to every kernel call as `sinks=`.
 
     State-dict keys: q_proj, k_proj, v_proj, output_proj (each `.weight`, and `.bias` with
-    `qkv_bias` / `out_bias`), and q_norm, k_norm with a qk_norm.
+    `qkv_bias` / `out_bias`), gate_proj with a gate (`.bias` with `qkv_bias`: Qwen3-Next
+    computes it as the second half of each head's rows of its q_proj), sinks, and q_norm,
+    k_norm with a qk_norm.
     """
 
     def __init__(
@@ -70,6 +75,8 @@ class CausalSelfAttention(nn.Module):
         qk_norm_full: bool = False,
         kernel_options: Mapping[str, Any] | None = None,
         q_factor: float | None = None,
+        gate: bool = False,
+        sinks: bool = False,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ):
@@ -82,6 +89,12 @@ class CausalSelfAttention(nn.Module):
         self.k_proj = Linear(d_model, kv_width, device=device, dtype=dtype, bias=qkv_bias)
         self.v_proj = Linear(d_model, kv_width, device=device, dtype=dtype, bias=qkv_bias)
         self.output_proj = Linear(width, d_model, device=device, dtype=dtype, bias=out_bias)
+        self.gate_proj = (
+            Linear(d_model, width, device=device, dtype=dtype, bias=qkv_bias) if gate else None
+        )
+        self.sinks = (
+            nn.Parameter(torch.zeros(num_heads, device=device, dtype=dtype)) if sinks else None
+        )
         self.kernel = kernel
         self.q_norm, self.k_norm = q_norm, k_norm
         self.qk_norm_full = qk_norm_full
@@ -133,15 +146,28 @@ class CausalSelfAttention(nn.Module):
         # Sq = T queries against Sk keys: the kernel aligns causal queries to the end. Only a
         # padded batch passes a mask, so kernels without 'mask' serve everything else.
         kw = self.kernel_options if mask is None else {**self.kernel_options, "mask": mask}
+        if self.sinks is not None:
+            kw = {**kw, "sinks": local(self.sinks)}
         out = self.kernel(q, k, v, causal=True, bias=bias, **kw)  # (B, H, T, D)
         heads = out.transpose(1, 2)  # (B, T, H, D)
         if torch.is_grad_enabled():
             # A copy, never a view of `out`: a kernel may keep `out` for its backward, and
-            # output_proj keeps its input; with a view (one token, or one head) both would
-            # hold the same storage and the activations declared for each would count it twice.
+            # output_proj (or the gate's product) keeps its input; with a view (one token, or
+            # one head) both would hold the same storage and the activations declared for each
+            # would count it twice.
             heads = heads.clone(memory_format=torch.contiguous_format)
-        y: Tensor = self.output_proj(heads.flatten(2))
+        flat = heads.flatten(2)  # (B, T, H·D)
+        if self.gate_proj is not None:  # after q_proj, which keeps x first
+            flat = flat * torch.sigmoid(self.gate_proj(x))
+        y: Tensor = self.output_proj(flat)
         return y
+
+
+def local(t: Tensor) -> Tensor:
+    """This rank's part of a parameter tensor parallelism shards (a DTensor, e.g. the sinks of
+    the heads the rank holds); any other tensor as it is."""
+    to_local = getattr(t, "to_local", None)
+    return t if to_local is None else to_local()
 
 
 class LogitCap(nn.Module):
@@ -192,6 +218,8 @@ def build_attention(bp: Blueprint, **factory: Any) -> CausalSelfAttention:
         qk_norm_full=spec.qk_norm_scope == "full",
         kernel_options=options,
         q_factor=q_factor,
+        gate=spec.attn_gate,
+        sinks=spec.attn_sinks,
         **factory,
     )
     if "qk_norm" in bp.parts:

@@ -1,7 +1,7 @@
 """The conformance checks of attention kernels (registered with `core.check`, like the others
 that `lmcore.testing.checks` gathers): the kit's float64 reference, stability, causality, masks,
-biases, grouped-query heads, and the query scale, soft-capping and sliding window a kernel
-declares.
+biases, grouped-query heads, and the query scale, soft-capping, sliding window and attention
+sinks a kernel declares.
 
 Kernels are compared with `reference_attention`, written here plainly in float64 with an
 explicit mask, independent of lmcore's own kernels: a bug shared by lmcore.model.nn and a kernel
@@ -46,13 +46,15 @@ def reference_attention(
     scale: float | None = None,
     softcap: float | None = None,
     window: int | None = None,
+    sinks: Tensor | None = None,
 ) -> Tensor:
     """`softmax(cap(scale · q kᵀ) + bias) v` in float64 (`scale` 1 / sqrt(D) by default;
     `cap(s) = softcap · tanh(s / softcap)` when given), written out step by step and sharing no
     code with lmcore's kernels: k, v repeated to q's heads (head h uses kv head h // group),
     masked keys, with `causal` keys after the query's position (query i sits at Sk - Sq + i,
     aligned to the end), and with `window` keys `window` or more positions behind it get no
-    weight; a query with no visible key gets zeros. The softmax subtracts each row's maximum,
+    weight; a query with no visible key gets zeros; `sinks (H,)` adds `exp(sinks[h])` to each
+    row's denominator (gpt-oss). The softmax subtracts each row's maximum (the sink's included),
     so it stays exact for scores far beyond exp's range. Differentiable (for the gradient
     checks): pass tensors that require grad."""
     group = q.shape[1] // k.shape[1]
@@ -75,9 +77,15 @@ def reference_attention(
         keep = keep & mask
     scores = torch.where(keep, scores, -math.inf)
     top = scores.amax(dim=-1, keepdim=True)
+    sink = None
+    if sinks is not None:
+        sink = sinks.double().view(1, -1, 1, 1)
+        top = torch.maximum(top, sink)
     top = torch.where(torch.isfinite(top), top, 0.0)  # a row with no visible key
     weights = torch.exp(scores - top)  # (..., Sq, Sk), every entry in [0, 1]
     total = weights.sum(dim=-1, keepdim=True)
+    if sink is not None:
+        total = total + torch.exp(sink - top)
     return (weights / torch.where(total > 0, total, 1.0)) @ v
 
 
@@ -266,6 +274,38 @@ def window(target: Target, variant: str, settings: Settings) -> None:
     after it), output and gradients, for Sq = Sk and Sq < Sk."""
     for (sq, sk), causal, w in itertools.product(ATTN_LENGTHS, (False, True), (1, 3, 2 * SEQ)):
         _option_case(target, "window", w, sq, sk, causal)
+
+
+@check("sinks", ("attn",), feature="sinks")
+def sinks(target: Target, variant: str, settings: Settings) -> None:
+    """`sinks=s` (one logit per query head) joins every row's softmax as a key with no value,
+    `exp(s_j) / (Σ exp(s_i) + exp(sink))` (gpt-oss), output and the gradients of q, k, v and
+    the sinks, with sinks far above and below the scores."""
+    heads = shape_of(target)["num_heads"]
+    for (sq, sk), causal in itertools.product(ATTN_LENGTHS, (False, True)):
+        module = target.build()
+        i = make_inputs(target, seq=sq, kv_seq=sk)
+        q, k, v = (i[n].detach().requires_grad_() for n in "qkv")
+        logits = torch.linspace(-30.0, 30.0, heads).requires_grad_()
+        out = module(q, k, v, causal=causal, sinks=logits)
+        refs = [t.detach().double().requires_grad_() for t in (q, k, v, logits)]
+        expected = reference_attention(*refs[:3], causal=causal, sinks=refs[3])
+        given = [round(x, 2) for x in logits.tolist()]
+        what = f"with sinks={given} (causal={causal}, Sq={sq}, Sk={sk})"
+        problem = mismatch(out, expected, *tolerance(torch.float32))
+        if problem:
+            fail(f"{what}, the output differs from the float64 reference: {problem}")
+        cotangent = torch.randn(out.shape)
+        torch.autograd.backward((out.float() * cotangent).sum())
+        torch.autograd.backward((expected * cotangent.double()).sum())
+        for name, got, ref in zip(("q", "k", "v", "sinks"), (q, k, v, logits), refs, strict=True):
+            if got.grad is None:
+                fail(f"{what}, {name} gets no gradient: the sinks are learned")
+            assert ref.grad is not None
+            problem = mismatch(got.grad, ref.grad, atol=1e-4, rtol=1e-3)
+            if problem:
+                fail(f"{what}, the gradient of {name} differs from the float64 reference's: "
+                     f"{problem}")  # fmt: skip
 
 
 @check("gqa", ("attn",), feature="gqa")

@@ -21,9 +21,9 @@ from lmcore.registry import Entry, Registry
 # Two model shapes; head_dim = d_model / num_heads in both, as in a real model.
 SHAPES: Final[tuple[Mapping[str, int], ...]] = (
     dict(d_model=64, d_ff=128, num_heads=4, num_kv_heads=4, head_dim=16, context_length=32,
-         window=0),
+         window=0, attn_sinks=False),
     dict(d_model=48, d_ff=80, num_heads=2, num_kv_heads=2, head_dim=24, context_length=24,
-         window=0),
+         window=0, attn_sinks=False),
 )  # fmt: skip
 # Kinds that map (..., d_model) to (..., d_model), token by token.
 TOKENWISE: Final = ("norm", "ffn")

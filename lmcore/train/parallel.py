@@ -369,17 +369,22 @@ def by_index(state: Mapping[str, Any], names: Sequence[Sequence[str]]) -> dict[s
 
 def tensor_parallel_plan(model: TransformerLM) -> dict[str, ParallelStyle]:
     """The Megatron-style plan for `parallelize_module(model, mesh, plan)`, one entry per block:
-    `ColwiseParallel` for q/k/v and the FFN's w1/w3 (each rank computes a slice of the heads and
-    of d_ff), `RowwiseParallel` for output_proj and w2 (their partial sums are all-reduced).
+    `ColwiseParallel` for q/k/v, the output gate's gate_proj and the FFN's w1/w3 (each rank
+    computes a slice of the heads and of d_ff), `RowwiseParallel` for output_proj and w2 (their
+    partial sums are all-reduced), and the attention module itself where it has sinks, which are
+    sharded by heads (`HeadParallel`).
     Embeddings, norms and lm_head stay replicated. The FFN entries are there for the FFNs that
     have those projections (swiglu, geglu: w1, w2, w3; silu, gelu, relu: w1, w2)."""
     styles = _styles()
     plan: dict[str, ParallelStyle] = {}
     for i, block in enumerate(model.layers):
         assert isinstance(block.attn, CausalSelfAttention)
-        for name in ("q_proj", "k_proj", "v_proj"):
-            plan[f"layers.{i}.attn.{name}"] = styles["colwise"]()
+        for name in ("q_proj", "gate_proj", "k_proj", "v_proj"):
+            if getattr(block.attn, name, None) is not None:  # gate_proj: with attn_gate
+                plan[f"layers.{i}.attn.{name}"] = styles["colwise"]()
         plan[f"layers.{i}.attn.output_proj"] = styles["rowwise"]()
+        if block.attn.sinks is not None:  # one per head: each rank holds its heads'
+            plan[f"layers.{i}.attn"] = styles["heads"]()
         ffn = block.get_submodule("ffn")
         ffn_linears = {n for n, m in ffn.named_children() if isinstance(m, Linear)}
         for name, style in (("w1", "colwise"), ("w3", "colwise"), ("w2", "rowwise")):
@@ -446,8 +451,9 @@ def _styles() -> dict[str, type[ParallelStyle]]:
     """
     from functools import partial
 
-    from torch.distributed.tensor import Shard, distribute_module
+    from torch.distributed.tensor import Shard, distribute_module, distribute_tensor
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+    from torch.distributed.tensor.parallel import ParallelStyle as Style
 
     def distribute_linear(
         style: ColwiseParallel | RowwiseParallel, module: Linear, mesh: DeviceMesh
@@ -474,9 +480,21 @@ def _styles() -> dict[str, type[ParallelStyle]]:
             self.desired_input_layouts = (Shard(-1),)
             return distribute_linear(self, module, device_mesh)
 
+    class HeadParallel(Style):
+        """The attention's per-head parameters (`sinks`) as DTensors sharded by heads: rank r
+        holds the heads of its slice of q_proj's rows; the forward reads its part
+        (`lmcore.model.transformer.local`), and the gradients stay sharded the same way."""
+
+        def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+            sinks = getattr(module, "sinks", None)
+            if sinks is not None:
+                shard = distribute_tensor(sinks.data, device_mesh, [Shard(0)])
+                module.sinks = nn.Parameter(shard, requires_grad=sinks.requires_grad)
+            return module
+
     LinearColwise.__name__ = LinearColwise.__qualname__ = "ColwiseParallel"
     LinearRowwise.__name__ = LinearRowwise.__qualname__ = "RowwiseParallel"
-    return {"colwise": LinearColwise, "rowwise": LinearRowwise}
+    return {"colwise": LinearColwise, "rowwise": LinearRowwise, "heads": HeadParallel}
 
 
 # ------------------------------------------------------------------------------ memory

@@ -47,7 +47,8 @@ def test_a_kernel_without_gqa_is_built_and_counted_for_num_heads() -> None:
     with scoped_registry() as reg:
         reg.add(kernel)
         bp = resolve("cs336-tiny, num_kv_heads=1, attn=plain")
-        assert bp.kwargs("attn") == {"num_heads": 4, "num_kv_heads": 4, "head_dim": 16, "window": 0}
+        assert bp.kwargs("attn") == {"num_heads": 4, "num_kv_heads": 4, "head_dim": 16, "window": 0,
+                                       "attn_sinks": False}
         assert resolve("cs336-tiny, num_kv_heads=1").kwargs("attn")["num_kv_heads"] == 1
         build_model(bp, device="meta")
         account(bp)

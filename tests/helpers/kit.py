@@ -279,8 +279,8 @@ class WithBuiltins(PlantedRegistry):
 
 
 class OptionsAttention(Attention):
-    """Takes the query scale, soft-capping and the sliding window; ignores the one `ignored`
-    names."""
+    """Takes the query scale, soft-capping, the sliding window and sinks; ignores the one
+    `ignored` names."""
 
     ignored = ""
 
@@ -302,7 +302,12 @@ class OptionsAttention(Attention):
             keep = keep & kw["mask"]
         if kw.get("bias") is not None:
             s = s + kw["bias"]
-        return torch.softmax(s.masked_fill(~keep, -torch.inf), dim=-1) @ v
+        s = s.masked_fill(~keep, -torch.inf)
+        sinks = None if self.ignored == "sinks" else kw.get("sinks")
+        if sinks is not None:  # one more column per row, dropped after the softmax
+            sink = sinks.view(1, -1, 1, 1).expand(*s.shape[:-1], 1)
+            return torch.softmax(torch.cat([s, sink], dim=-1), dim=-1)[..., :-1] @ v
+        return torch.softmax(s, dim=-1) @ v
 
 
 class NoScale(OptionsAttention):
@@ -315,6 +320,10 @@ class NoSoftcap(OptionsAttention):
 
 class NoWindow(OptionsAttention):
     ignored = "window"
+
+
+class NoSinks(OptionsAttention):
+    ignored = "sinks"
 
 
 class _Block(nn.Module):
@@ -355,7 +364,9 @@ def block(name: str, build: Any, **kw: Any) -> Component:
     return Component(kind="block", name=name, build=build, **kw)
 
 
-KIT_OPTIONS = frozenset({"gqa", "mask", "bias", "scale", "softcap", "window", "compile"})
+KIT_OPTIONS = frozenset(
+    {"gqa", "mask", "bias", "scale", "softcap", "window", "sinks", "compile"}
+)
 
 
 # (check, component, the facts its failure names): checks that need lmcore's built-ins.
@@ -366,6 +377,9 @@ PLANTED_BESIDE_BUILTINS = [
      ("with softcap=5.0 (causal=False, Sq=8, Sk=8)", "the output differs from the float64 reference")),
     ("window", attn("no-window", NoWindow, features=KIT_OPTIONS),
      ("with window=1 (causal=False, Sq=8, Sk=8)", "the output differs from the float64 reference")),
+    ("sinks", attn("no-sinks", NoSinks, features=KIT_OPTIONS),
+     ("with sinks=[-30.0, -10.0, 10.0, 30.0] (causal=False, Sq=8, Sk=8)",
+      "the output differs from the float64 reference")),
     ("residual", block("peeking", PeekingBlock),  # a future leak: the cache check fails too
      ("changing the inputs from position 4 on changed the output before it",
       "a block mixes tokens only through its attention sub-layer")),

@@ -1,6 +1,6 @@
 """The attention and model options of the transformer (head_dim, q/k/v and output biases, qk_norm
 per head or over the full width, the query scale, soft-capped scores and logits, the sliding
-window, the embedding scale) and the blocks (prenorm, postnorm, sandwich, reordered, parallel),
+window, the embedding scale, the output gate, attention sinks) and the blocks (prenorm, postnorm, sandwich, reordered, parallel),
 each against an independent forward written with torch.nn.functional from the model's state
 dict; every option's default is today's model bit for bit; the KV cache, torch.compile and
 save/load hold with the options on."""
@@ -77,13 +77,22 @@ def reference(model: lmcore.TransformerLM, ids: Tensor) -> Tensor:
         keep = torch.ones(t, t, dtype=torch.bool).tril()
         if layer.window:  # transformers' sliding_window_overlay: kv_idx > q_idx - window
             keep &= torch.arange(t)[None, :] > torch.arange(t)[:, None] - layer.window
-        if layer.attn_softcap:  # Gemma 2's eager attention
+        if layer.attn_softcap or layer.attn_sinks:  # Gemma 2's and gpt-oss's eager attention
             s = q @ k.transpose(-2, -1) * layer.query_scale
-            s = torch.tanh(s / layer.attn_softcap) * layer.attn_softcap
-            a = torch.softmax(s.masked_fill(~keep, -math.inf), -1) @ v
+            if layer.attn_softcap:
+                s = torch.tanh(s / layer.attn_softcap) * layer.attn_softcap
+            s = s.masked_fill(~keep, -math.inf)
+            if layer.attn_sinks:  # one more logit per head, dropped after the softmax
+                sink = w[p + "attn.sinks"].view(1, -1, 1, 1).expand(*s.shape[:-1], 1)
+                a = F.softmax(torch.cat([s, sink], -1), -1)[..., :-1] @ v
+            else:
+                a = torch.softmax(s, -1) @ v
         else:
             a = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, scale=layer.query_scale)
-        return linear(a.transpose(1, 2).flatten(-2), p + "attn.output_proj")
+        a = a.transpose(1, 2).flatten(-2)
+        if layer.attn_gate:  # Qwen3-Next: attn_output * sigmoid(gate)
+            a = a * torch.sigmoid(linear(x, p + "attn.gate_proj"))
+        return linear(a, p + "attn.output_proj")
 
     def ffn(x: Tensor, p: str) -> Tensor:
         return linear(F.silu(linear(x, p + "ffn.w1")) * linear(x, p + "ffn.w3"), p + "ffn.w2")
@@ -154,6 +163,15 @@ OPTIONS = [
     "block=reordered, qk_norm=rmsnorm(eps=1e-6), qk_norm_scope=full",
     # Qwen 3, tiny: per-head q/k norms and a head_dim of its own.
     "qk_norm=rmsnorm(eps=1e-6), head_dim=16, num_kv_heads=2",
+    "attn_gate=true",
+    "attn_gate=true, qkv_bias=true, block=parallel",
+    "attn_sinks=true",
+    "attn_sinks=true, attn=chunked(block_size=3), window=3",
+    # Qwen3-Next's attention layers, tiny: the output gate, per-head q/k norms, grouped heads.
+    "attn_gate=true, qk_norm=rmsnorm(eps=1e-6), head_dim=16, num_kv_heads=2",
+    # gpt-oss, tiny: sinks on every layer, a window on alternate ones, biases, grouped heads.
+    "attn_sinks=true, window[0::2]=3, qkv_bias=true, out_bias=true, num_kv_heads=2",
+    "attn_gate[1]=true, attn_sinks[0::2]=true, attn_softcap=2.0",
 ]
 
 
@@ -169,11 +187,13 @@ def test_every_default_written_out_is_the_same_model() -> None:
     defaults = (
         "head_dim=8, qkv_bias=false, out_bias=false, qk_norm=none, qk_norm_scope=head, "
         "query_scale=0.35355339059327373, window=0, attn_softcap=0.0, logit_softcap=0.0, "
-        "embed_scale=1.0, block=prenorm, window[0]=0"
+        "embed_scale=1.0, block=prenorm, window[0]=0, attn_gate=false, attn_sinks=false, "
+        "attn_sinks[1]=false"
     )
     plain, written = parse_spec(BASE), parse_spec(f"{BASE}, {defaults}")
     assert str(written) == str(plain) and written == plain
     assert "head_dim" not in str(plain) and "window" not in str(plain)
+    assert "attn_gate" not in str(plain) and "attn_sinks" not in str(plain)
 
 
 def old_forward(model: lmcore.TransformerLM, ids: Tensor) -> Tensor:
@@ -271,6 +291,8 @@ CACHED = [
     "block=parallel(norms=2), qkv_bias=true, out_bias=true, pos[2]=nope",
     "block=reordered, qk_norm=rmsnorm, qk_norm_scope=full, num_kv_heads=2, attn=chunked(block_size=2), window=5",
     "qk_norm=rmsnorm(eps=1e-6), head_dim=12, num_kv_heads=1, query_scale=0.2",
+    "attn_gate=true, attn_sinks=true, window[0::2]=3, num_kv_heads=2",
+    "attn_gate[0]=true, attn_sinks[1:]=true, attn=chunked(block_size=2)",
 ]
 
 
@@ -283,7 +305,7 @@ def test_greedy_decoding_with_the_cache_equals_recomputing(option: str) -> None:
     assert torch.equal(cached, plain)
 
 
-@pytest.mark.parametrize("option", CACHED[:2])
+@pytest.mark.parametrize("option", [*CACHED[:2], CACHED[4]])
 def test_save_and_load_are_bitwise_and_keep_the_options(option: str, tmp_path: Any) -> None:
     model = perturbed(f"{BASE}, {option}")
     path = model.save(tmp_path / "m.safetensors")

@@ -174,5 +174,5 @@ def test_flops_are_the_matmul_counts_written_out() -> None:
 
 def test_declared_features() -> None:
     assert get_registry().get("attn", "chunked").component.features == {
-        "gqa", "bias", "mask", "scale", "softcap", "window", "compile"
+        "gqa", "bias", "mask", "scale", "softcap", "window", "sinks", "compile"
     }  # fmt: skip

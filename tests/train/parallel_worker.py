@@ -6,7 +6,8 @@
 `runs`: in one process group, the 2-rank runs the tests compare with one-process runs: ddp and
 fsdp (tied embeddings) for 4 steps, fsdp stopped after 2 steps and resumed to 4, fsdp with
 bf16 mixed precision, the logits of the sharded model after training, ddp and fsdp of a model
-with today's options, and the tensor-parallel forward and backward of two models. `fail`: a ddp run whose rank 1 raises in its third step.
+with today's options, and the tensor-parallel forward and backward of three models (the last with
+the output gate and sinks). `fail`: a ddp run whose rank 1 raises in its third step.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ OPTIONS = (
 )
 TP_OPTIONS = (SPEC + ", block=sandwich, qkv_bias=true, out_bias=true, window[1]=3, "
               "attn_softcap=20.0, head_dim=8")  # fmt: skip
+# The output gate (column-parallel like q) and sinks on one layer (sharded by heads).
+TP_GATED = SPEC + ", attn_gate=true, qkv_bias=true, attn_sinks[0]=true"
 CONFIG = TrainConfig(steps=4, batch_size=8, eval_batches=2, eval_every=2, log_every=1,
                      save_every=2, keep=0, device="cpu", lr=3e-3, warmup=1)  # fmt: skip
 
@@ -78,6 +81,7 @@ def runs(data: Path, out: Path) -> None:
 
     tensor_parallel(out, SPEC, "tp")
     tensor_parallel(out, TP_OPTIONS, "tp-options")
+    tensor_parallel(out, TP_GATED, "tp-gated")
 
 
 def tensor_parallel(out: Path, spec: str, name: str) -> None:
@@ -85,6 +89,7 @@ def tensor_parallel(out: Path, spec: str, name: str) -> None:
 
     torch.manual_seed(0)
     model = TransformerLM(spec)
+    perturb_sinks(model)
     apply_tensor_parallel(model, init_device_mesh("cpu", (2,)))
     x = probe()
     logits = model(x)
@@ -97,6 +102,14 @@ def tensor_parallel(out: Path, spec: str, name: str) -> None:
         tensors[f"local.{param}"] = (p.to_local() if hasattr(p, "to_local") else p).detach()
     if torch.distributed.get_rank() == 0:
         save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / f"{name}.safetensors"))
+
+
+def perturb_sinks(model: TransformerLM) -> None:
+    """Sinks off their initial zeros, the same on every rank and in the one-process model."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(".sinks"):
+                p.copy_(torch.linspace(-1.0, 2.0, p.numel()))
 
 
 def fail(data: Path, out: Path, par: Any) -> None:

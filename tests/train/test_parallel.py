@@ -34,7 +34,16 @@ from lmcore.train.runs import CHECKPOINTS, checkpoints, latest_checkpoint, read_
 from lmcore.train.trainer import Parallel, train
 from tests.helpers.errors import raises_naming
 from tests.helpers.runs import latest_weights, torchrun
-from tests.train.parallel_worker import CONFIG, OPTIONS, SPEC, TIED, TP_OPTIONS, probe
+from tests.train.parallel_worker import (
+    CONFIG,
+    OPTIONS,
+    SPEC,
+    TIED,
+    TP_GATED,
+    TP_OPTIONS,
+    perturb_sinks,
+    probe,
+)
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -181,13 +190,16 @@ def test_ddp_and_fsdp_of_todays_options_match_one_process(two_ranks: Path, one_r
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("spec", "name"), [(SPEC, "tp"), (TP_OPTIONS, "tp-options")])
+@pytest.mark.parametrize(
+    ("spec", "name"), [(SPEC, "tp"), (TP_OPTIONS, "tp-options"), (TP_GATED, "tp-gated")]
+)
 def test_tensor_parallel_matches_one_process(two_ranks: Path, spec: str, name: str) -> None:
     from lmcore.model.nn import cross_entropy
 
     got = load_file(str(two_ranks / f"{name}.safetensors"))
     torch.manual_seed(0)
     model = TransformerLM(spec)
+    perturb_sinks(model)
     x = probe()
     logits = model(x)
     cross_entropy(logits, torch.roll(x, -1, dims=1)).backward()
@@ -200,6 +212,10 @@ def test_tensor_parallel_matches_one_process(two_ranks: Path, spec: str, name: s
     assert torch.equal(got[f"local.{q}"], model.get_parameter(q).detach().chunk(2, dim=0)[0])
     assert torch.equal(got[f"local.{w2}"], model.get_parameter(w2).detach().chunk(2, dim=1)[0])
     assert got["local.lm_head.weight"].shape == model.lm_head.weight.shape  # replicated
+    if spec == TP_GATED:  # the first half of the gate's rows and of the heads' sinks
+        gate, sinks = "layers.0.attn.gate_proj.weight", "layers.0.attn.sinks"
+        assert torch.equal(got[f"local.{gate}"], model.get_parameter(gate).detach().chunk(2)[0])
+        assert torch.equal(got[f"local.{sinks}"], model.get_parameter(sinks).detach()[:1])
 
 
 # ------------------------------------------------------------------------------ failure
