@@ -159,6 +159,11 @@ def test_declared_flops_match_flop_counter_mode_for_every_component(kind: str, n
         counted = sum(per_module.get(path, 0) for path in paths)
         if row.part == "block":  # a layer's count holds its attention's and ffn's: the block's own
             counted -= sum(n for p, n in per_module.items() if p.rpartition(".")[0] in paths)
+        if row.part == "mixer":  # and a mixer's the attention sub-layers it holds (own rows)
+            others = {q for r in acc.rows if r is not row for q in r.paths(acc.spec.num_layers)}
+            inside = [q for q in others if any(q.startswith(f"{p}.") for p in paths)]
+            outer = [q for q in inside if not any(q.startswith(f"{o}.") for o in inside)]
+            counted -= sum(per_module.get(q, 0) for q in outer)
         assert row.flops == counted, (row.name, row.flops, counted)
 
 
