@@ -117,11 +117,12 @@ class MinGRU(nn.Module):
 
 
 def params(d_model: int, expand: int) -> int:
-    return 3 * expand * d_model * d_model  # in_proj (d -> 2w) and out_proj (w -> d)
+    return 3 * expand * d_model * d_model  # in_proj (2w × d) and out_proj (d × w)
 
 
 def flops(d_model: int, expand: int, seq_len: int) -> int:
-    return 2 * seq_len * d_model * 3 * expand * d_model  # the two projections; the scan is no matmul
+    # The two projections (d -> 2w, w -> d); the scan does no matmul.
+    return 2 * seq_len * d_model * 3 * expand * d_model
 
 
 def activations(batch: int, seq_len: int, d_model: int, expand: int, dtype: torch.dtype) -> int:
