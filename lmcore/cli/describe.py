@@ -212,16 +212,23 @@ def describe_lines(found: Description) -> list[str]:
 
     acc, mem = found.accounting, found.memory
     table = [("row", "module", "count", "parameters", "share", "forward FLOPs", "share")]
+    names = layer_names(found)
     for r in acc.rows:
+        label = r.name
+        if r.layers is not None and label.startswith("layers["):
+            written, rest = label[len("layers[") :].split("]", 1)
+            label = f"layers[{names.get(written, written)}]{rest}"
         table.append((
-            r.name, r.module, str(r.count), f"{r.params:,}", _pct(acc.params_share(r)),
+            label, r.module, str(r.count), f"{r.params:,}", _pct(acc.params_share(r)),
             f"{r.flops:,}", _pct(acc.flops_share(r)),
         ))  # fmt: skip
     if acc.uniform:
         table.append(("per layer", "", "", f"{acc.layer_params:,}", "", f"{acc.layer_flops:,}", ""))
     else:  # one row per kind of layer: its parameters and FLOPs
+        shown = layer_names(found)
         for layers, n, _, params, flops in layer_groups(found):
-            table.append((f"layers[{layers}]", "", str(n), f"{params:,}", "", f"{flops:,}", ""))
+            label = f"layers[{shown.get(layers, layers)}]"
+            table.append((label, "", str(n), f"{params:,}", "", f"{flops:,}", ""))
     table.append(("total", "", "", f"{acc.params:,}", _pct(1.0), f"{acc.flops:,}", _pct(1.0)))
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
     left = (True, True, False, False, False, False, False)
@@ -240,9 +247,11 @@ def describe_lines(found: Description) -> list[str]:
         lines.append("  ".join(cells).rstrip())
     if not acc.uniform:
         lines += ["", "the keys that differ by layer:"]
+        names = layer_names(found)
         for layers, n, values, _, _ in layer_groups(found):
             shown = ", ".join(f"{k}={v}" for k, v in values.items())
-            lines.append(f"  layers {layers} ({n} layer{'s' if n > 1 else ''}): {shown}")
+            where = names.get(layers, layers)
+            lines.append(f"  layers {where} ({n} layer{'s' if n > 1 else ''}): {shown}")
     by_part = acc.flops_by_part()
     lines += ["", f"forward FLOPs by part (total {_flops(acc.flops)}):"]
     width = max(len(part) for part in by_part)
@@ -303,9 +312,10 @@ def state_lines(found: Description) -> list[str]:
         format_layers(indices, acc.spec.num_layers) if acc.spec.layers else "*": lbp.spec.mixer.name
         for indices, lbp in bp.groups()
     }
+    names = layer_names(found)
     rows = []
     for layers, n, state in acc.layer_states():
-        where = "every layer" if layers == "*" else f"layers {layers}"
+        where = "every layer" if layers == "*" else f"layers {names.get(layers, layers)}"
         what = f"{where} ({n}), mixer={mixers.get(layers, '?')}"
         if state is None:
             rows.append((what, "?", "?", "?"))
@@ -348,6 +358,23 @@ def layer_groups(found: Description) -> list[tuple[str, int, dict[str, str], int
         params, flops = sizes.get(layers, (0, 0))
         out.append((layers, len(indices), values, params, flops))
     return out
+
+
+def layer_names(found: Description) -> dict[str, str]:
+    """How describe shows each kind of layer: its layers as a spec writes them, or, where that
+    is long and the other layers' spelling is shorter, `all but` those (Qwen3-Next's 36 gated
+    DeltaNet layers are `all but 3::4`, not twelve ranges)."""
+    from lmcore.spec import format_layers
+
+    spec = found.accounting.spec
+    names = {}
+    for indices, _ in found.accounting.blueprint.groups():
+        written = format_layers(indices, spec.num_layers) if spec.layers else "*"
+        rest = sorted(set(range(spec.num_layers)) - set(indices))
+        other = format_layers(rest, spec.num_layers) if rest else ""
+        short = rest and len(written) > 16 and len(other) + 8 < len(written)
+        names[written] = f"all but {other}" if short else written
+    return names
 
 
 def _activations_note(mem: TrainingMemory) -> str:
