@@ -6,8 +6,8 @@ batch 1 after a prompt of 256 tokens and after one of 4,096, in one process.
 
 Each mixer runs in a model of the same shape (vocab 10000, d_model 512, 4 layers, 8 heads,
 d_ff 1344, context_length 4,096 + steps) that differs only in `mixer=`. For each context, the
-prompt is fed once through the cache (not timed), then `--steps` single tokens are fed one
-after another and timed; a round does this for every mixer and context in turn (interleaved,
+prompt is fed once through the cache (not timed), then 3 single tokens (not timed) and
+`--steps` more, each timed on its own (the median is the round's time); a round does this for every mixer and context in turn (interleaved,
 so load on a shared machine falls on all of them alike), and the table gives the median per
 token over the rounds, and the ratio of the longest context's time to the shortest's. An
 attention layer reads every cached key and value at each step, so its time grows with the
@@ -31,17 +31,21 @@ SHAPE = "vocab_size=10000, d_model=512, num_layers=4, num_heads=8, d_ff=1344"
 
 
 def step_time(model: TransformerLM, context: int, steps: int) -> float:
-    """Seconds per cached single-token step after a prompt of `context - 1` tokens."""
+    """The median seconds of a cached single-token step after a prompt of `context - 4`
+    tokens."""
     cache = DecodingCache.for_model(model, 1)
-    prompt = torch.randint(0, model.spec.vocab_size, (1, context - 1))
+    prompt = torch.randint(0, model.spec.vocab_size, (1, context - 4))
     token = torch.randint(0, model.spec.vocab_size, (1, 1))
+    times = []
     with torch.inference_mode():
         model(prompt, cache=cache)
-        model(token, cache=cache)  # warm the single-token path before timing it
-        start = time.perf_counter()
-        for _ in range(steps):
+        for _ in range(3):  # warm the single-token path before timing it
             model(token, cache=cache)
-        return (time.perf_counter() - start) / steps
+        for _ in range(steps):
+            start = time.perf_counter()
+            model(token, cache=cache)
+            times.append(time.perf_counter() - start)
+    return statistics.median(times)  # a step's time, whatever hiccup hit a few of them
 
 
 def main() -> None:
@@ -55,7 +59,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     contexts = sorted(args.contexts)
     mixers = args.mixers or get_registry().names("mixer")
-    length = contexts[-1] + args.steps + 1
+    length = contexts[-1] + args.steps
     models = {}
     for name in mixers:
         torch.manual_seed(0)
