@@ -34,38 +34,9 @@ from torch import Tensor, nn
 from lmcore import Arg, Component, hookimpl
 from lmcore.interfaces import LayerContext
 from lmcore.model.cache import RecurrentState
-from lmcore.model.conv import causal_conv
+from lmcore.model.conv import DepthwiseConv
 from lmcore.model.deltanet import chunk_gated_delta_rule, recurrent_gated_delta_rule
-from lmcore.model.nn import Linear, silu
-
-
-def _core_dtype(dtype: torch.dtype | None) -> torch.dtype:
-    """The delta rule and its state in float32 at least: the state sums every token."""
-    return torch.promote_types(dtype or torch.get_default_dtype(), torch.float32)
-
-
-class DepthwiseConv(nn.Module):
-    """The convolution's filters, one per channel, `weight (channels, 1, conv_size)` as torch's
-    `Conv1d(groups=channels)` keeps them (and Qwen3-Next's checkpoints); run by
-    `lmcore.model.conv.causal_conv`."""
-
-    def __init__(
-        self,
-        channels: int,
-        conv_size: int,
-        device: torch.device | str | None = None,
-        dtype: torch.dtype | None = None,
-    ):
-        super().__init__()
-        bound = conv_size**-0.5  # torch's default for a depthwise filter
-        self.weight = nn.Parameter(
-            torch.empty(channels, 1, conv_size, device=device, dtype=dtype).uniform_(-bound, bound)
-        )
-
-    def forward(
-        self, x: Float[Tensor, "B T C"], tail: Float[Tensor, "B C K1"] | None
-    ) -> tuple[Float[Tensor, "B T C"], Float[Tensor, "B C K1"]]:
-        return causal_conv(x, self.weight[:, 0], None, tail)
+from lmcore.model.nn import Linear, at_least_float32, silu, softplus
 
 
 class GatedRMSNorm(nn.Module):
@@ -86,7 +57,7 @@ class GatedRMSNorm(nn.Module):
     def forward(
         self, x: Float[Tensor, "... dim"], z: Float[Tensor, "... dim"]
     ) -> Float[Tensor, "... dim"]:
-        wide = _core_dtype(z.dtype)
+        wide = at_least_float32(z.dtype)
         x = x.to(wide)
         normed = x * torch.rsqrt(x.square().mean(dim=-1, keepdim=True) + self.eps)
         return (normed * self.weight.to(wide) * silu(z.to(wide))).to(z.dtype)
@@ -122,7 +93,9 @@ class GatedDeltaNet(nn.Module):
         factory: dict[str, Any] = {"device": device, "dtype": dtype}
         self.in_proj_qkvz = Linear(d_model, 2 * self.key_dim + 2 * self.value_dim, **factory)
         self.in_proj_ba = Linear(d_model, 2 * hv, **factory)
-        self.conv1d = DepthwiseConv(2 * self.key_dim + self.value_dim, conv_size, **factory)
+        self.conv1d = DepthwiseConv(
+            2 * self.key_dim + self.value_dim, conv_size, bias=False, **factory
+        )
         # Mamba-2's time-step init (as flash-linear-attention's GatedDeltaNet): dt log-uniform
         # in [1e-3, 1e-1], dt_bias its inverse softplus; A uniform in [0.01, 16] (transformers').
         dt = torch.empty(hv, **factory).uniform_(math.log(1e-3), math.log(1e-1)).exp()
@@ -154,7 +127,7 @@ class GatedDeltaNet(nn.Module):
         mixed, new_tail = self.conv1d(mixed, tail)
         if cache is not None:
             cache.state["conv"].copy_(new_tail)  # in place: the storage never moves
-        wide = _core_dtype(x.dtype)
+        wide = at_least_float32(x.dtype)
         mixed = silu(mixed.to(wide))
         q, k, v = torch.split(mixed, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
         q, k = (_l2norm(t.reshape(B, T, hk, dk)) for t in (q, k))
@@ -163,7 +136,7 @@ class GatedDeltaNet(nn.Module):
         v = v.reshape(B, T, hv, dv)
 
         beta = torch.sigmoid(b.reshape(B, T, hv).to(wide))
-        g = -self.A_log.to(wide).exp() * _softplus(a.reshape(B, T, hv).to(wide) + self.dt_bias)
+        g = -self.A_log.to(wide).exp() * softplus(a.reshape(B, T, hv).to(wide) + self.dt_bias)
         if valid is not None:  # a pad neither decays nor writes the state
             keep = valid[..., None].to(wide)
             g, beta = g * keep, beta * keep
@@ -191,7 +164,7 @@ class GatedDeltaNet(nn.Module):
     ) -> RecurrentState:
         """The delta rule's matrix per value head and the convolution's last inputs."""
         hv, dk, dv = self.num_v_heads, self.head_k_dim, self.head_v_dim
-        S = torch.zeros(batch, hv, dk, dv, device=device, dtype=_core_dtype(dtype))
+        S = torch.zeros(batch, hv, dk, dv, device=device, dtype=at_least_float32(dtype))
         channels = 2 * self.key_dim + self.value_dim
         tail = torch.zeros(batch, channels, self.conv_size - 1, device=device, dtype=dtype)
         return RecurrentState({"S": S, "conv": tail})
@@ -207,11 +180,6 @@ class GatedDeltaNet(nn.Module):
 def _l2norm(x: Float[Tensor, "... d"]) -> Float[Tensor, "... d"]:
     """`x / sqrt(|x|² + 1e-6)`, as Qwen3-Next (and flash-linear-attention) normalise q and k."""
     return x * torch.rsqrt(x.square().sum(dim=-1, keepdim=True) + 1e-6)
-
-
-def _softplus(x: Float[Tensor, "..."]) -> Float[Tensor, "..."]:
-    """`log(1 + exp(x))`, written so that no exp overflows."""
-    return x.clamp_min(0) + torch.log1p(torch.exp(-x.abs()))
 
 
 def _dims(
@@ -259,7 +227,7 @@ def activations(
     the rule's (w bytes: float32 at least); per sequence of T tokens in N chunks of C (L = N·C
     padded tokens), with Cc = 2·Hk·dk + Hv·dv convolution channels."""
     hk, hv, dk, dv = _dims(num_heads, head_dim, num_k_heads, num_v_heads, head_k_dim, head_v_dim)
-    s, w = dtype.itemsize, _core_dtype(dtype).itemsize
+    s, w = dtype.itemsize, at_least_float32(dtype).itemsize
     T, K = seq_len, conv_size
     C = max(1, min(chunk_size, T))
     N = -(-T // C)
@@ -298,7 +266,7 @@ def state(
     head_v_dim: int, conv_size: int, dtype: torch.dtype,
 ) -> tuple[int, int]:  # fmt: skip
     hk, hv, dk, dv = _dims(num_heads, head_dim, num_k_heads, num_v_heads, head_k_dim, head_v_dim)
-    matrix = hv * dk * dv * _core_dtype(dtype).itemsize
+    matrix = hv * dk * dv * at_least_float32(dtype).itemsize
     tail = (2 * hk * dk + hv * dv) * (conv_size - 1) * dtype.itemsize
     return 0, matrix + tail
 

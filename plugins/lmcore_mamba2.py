@@ -30,44 +30,9 @@ from torch import Tensor, nn
 from lmcore import Arg, Component, hookimpl
 from lmcore.interfaces import LayerContext
 from lmcore.model.cache import RecurrentState
-from lmcore.model.conv import causal_conv
-from lmcore.model.nn import Linear, silu
+from lmcore.model.conv import DepthwiseConv
+from lmcore.model.nn import Linear, at_least_float32, silu, softplus
 from lmcore.model.ssd import chunk_ssd, recurrent_ssd
-
-
-def _core_dtype(dtype: torch.dtype | None) -> torch.dtype:
-    """The scan and its state in float32 at least: the state sums every token."""
-    return torch.promote_types(dtype or torch.get_default_dtype(), torch.float32)
-
-
-class DepthwiseConv(nn.Module):
-    """The convolution's filters, one per channel, `weight (channels, 1, conv_size)` and `bias
-    (channels,)` as torch's `Conv1d(groups=channels)` keeps them (and Mamba-2's checkpoints);
-    run by `lmcore.model.conv.causal_conv`."""
-
-    def __init__(
-        self,
-        channels: int,
-        conv_size: int,
-        bias: bool = True,
-        device: torch.device | str | None = None,
-        dtype: torch.dtype | None = None,
-    ):
-        super().__init__()
-        bound = conv_size**-0.5  # torch's default for a depthwise filter
-        self.weight = nn.Parameter(
-            torch.empty(channels, 1, conv_size, device=device, dtype=dtype).uniform_(-bound, bound)
-        )
-        self.bias = (
-            nn.Parameter(torch.empty(channels, device=device, dtype=dtype).uniform_(-bound, bound))
-            if bias
-            else None
-        )
-
-    def forward(
-        self, x: Float[Tensor, "B T C"], tail: Float[Tensor, "B C K1"] | None
-    ) -> tuple[Float[Tensor, "B T C"], Float[Tensor, "B C K1"]]:
-        return causal_conv(x, self.weight[:, 0], self.bias, tail)
 
 
 class GatedRMSNorm(nn.Module):
@@ -89,7 +54,7 @@ class GatedRMSNorm(nn.Module):
     def forward(
         self, x: Float[Tensor, "... dim"], z: Float[Tensor, "... dim"]
     ) -> Float[Tensor, "... dim"]:
-        wide = _core_dtype(x.dtype)
+        wide = at_least_float32(x.dtype)
         gated = x.to(wide) * silu(z.to(wide))
         grouped = gated.unflatten(-1, (self.groups, -1))
         normed = grouped * torch.rsqrt(grouped.square().mean(dim=-1, keepdim=True) + self.eps)
@@ -154,10 +119,10 @@ class Mamba2(nn.Module):
         xbc, new_tail = self.conv1d(xbc, tail)
         if cache is not None:
             cache.state["conv"].copy_(new_tail)  # in place: the storage never moves
-        wide = _core_dtype(x.dtype)
+        wide = at_least_float32(x.dtype)
         xbc = silu(xbc.to(wide))
         xs, b, c = xbc.split([self.inner, G * N, G * N], dim=-1)
-        dt = _softplus(dt.to(wide) + self.dt_bias.to(wide))
+        dt = softplus(dt.to(wide) + self.dt_bias.to(wide))
         if valid is not None:  # a pad neither decays nor writes the state
             dt = dt * valid[..., None].to(wide)
         A = -self.A_log.to(wide).exp()
@@ -186,7 +151,7 @@ class Mamba2(nn.Module):
     ) -> RecurrentState:
         """The SSM state per head and the convolution's last inputs."""
         H, P, N = self.num_heads, self.head_dim, self.d_state
-        ssm = torch.zeros(batch, H, P, N, device=device, dtype=_core_dtype(dtype))
+        ssm = torch.zeros(batch, H, P, N, device=device, dtype=at_least_float32(dtype))
         tail = torch.zeros(batch, self.conv_dim, self.conv_size - 1, device=device, dtype=dtype)
         return RecurrentState({"ssm": ssm, "conv": tail})
 
@@ -195,11 +160,6 @@ class Mamba2(nn.Module):
             f"num_heads={self.num_heads}, head_dim={self.head_dim}, d_state={self.d_state}, "
             f"n_groups={self.n_groups}, conv_size={self.conv_size}, chunk_size={self.chunk_size}"
         )
-
-
-def _softplus(x: Float[Tensor, "..."]) -> Float[Tensor, "..."]:
-    """`log(1 + exp(x))`, written so that no exp overflows."""
-    return x.clamp_min(0) + torch.log1p(torch.exp(-x.abs()))
 
 
 def check(d_model: int, expand: int, head_dim: int, n_groups: int) -> None:
@@ -285,7 +245,7 @@ def activations(
     inner, P, N, T, K, G = expand * d_model, _head(head_dim, ssm_head_dim), d_state, seq_len, \
         conv_size, n_groups  # fmt: skip
     H, channels = inner // P, inner + 2 * n_groups * d_state
-    s, w = dtype.itemsize, _core_dtype(dtype).itemsize
+    s, w = dtype.itemsize, at_least_float32(dtype).itemsize
     C = max(1, min(chunk_size, T))
     M = -(-T // C)
     L = M * C
@@ -314,7 +274,7 @@ def state(
     conv_size: int, dtype: torch.dtype,
 ) -> tuple[int, int]:  # fmt: skip
     inner = expand * d_model
-    ssm = inner * d_state * _core_dtype(dtype).itemsize  # heads · head_dim = inner
+    ssm = inner * d_state * at_least_float32(dtype).itemsize  # heads · head_dim = inner
     tail = (inner + 2 * n_groups * d_state) * (conv_size - 1) * dtype.itemsize
     return 0, ssm + tail
 

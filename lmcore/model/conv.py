@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 from jaxtyping import Float
-from torch import Tensor
+from torch import Tensor, nn
 
 
 def causal_conv(
@@ -38,3 +38,33 @@ def causal_conv(
     if bias is not None:
         y = y + bias
     return y, padded[:, T:].transpose(1, 2)  # the last K-1 inputs, (B, C, K-1)
+
+
+class DepthwiseConv(nn.Module):
+    """The convolution's filters, one per channel, `weight (channels, 1, conv_size)` and, with
+    `bias`, `bias (channels,)`, as torch's `Conv1d(groups=channels)` keeps them (and Mamba-2's
+    and Qwen3-Next's checkpoints); run by `causal_conv`."""
+
+    def __init__(
+        self,
+        channels: int,
+        conv_size: int,
+        bias: bool = True,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ):
+        super().__init__()
+        bound = conv_size**-0.5  # torch's default for a depthwise filter
+        self.weight = nn.Parameter(
+            torch.empty(channels, 1, conv_size, device=device, dtype=dtype).uniform_(-bound, bound)
+        )
+        self.bias = (
+            nn.Parameter(torch.empty(channels, device=device, dtype=dtype).uniform_(-bound, bound))
+            if bias
+            else None
+        )
+
+    def forward(
+        self, x: Float[Tensor, "B T C"], tail: Float[Tensor, "B C K1"] | None
+    ) -> tuple[Float[Tensor, "B T C"], Float[Tensor, "B C K1"]]:
+        return causal_conv(x, self.weight[:, 0], self.bias, tail)

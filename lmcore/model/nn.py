@@ -235,6 +235,17 @@ def softmax(x: Float[Tensor, "..."], dim: int = -1) -> Float[Tensor, "..."]:
     return e / e.sum(dim=dim, keepdim=True)
 
 
+def softplus(x: Float[Tensor, "..."]) -> Float[Tensor, "..."]:
+    """`log(1 + exp(x))`, written so that no exp overflows."""
+    return x.clamp_min(0) + torch.log1p(torch.exp(-x.abs()))
+
+
+def at_least_float32(dtype: torch.dtype | None) -> torch.dtype:
+    """`dtype` (default: torch's) widened to float32 at least: what a recurrent state that sums
+    every token is kept and computed in."""
+    return torch.promote_types(dtype or torch.get_default_dtype(), torch.float32)
+
+
 def silu(x: Float[Tensor, "..."]) -> Float[Tensor, "..."]:
     """`x * sigmoid(x)`."""
     return x * torch.sigmoid(x)
