@@ -49,7 +49,7 @@ __all__ = [
 ]
 
 # Component slots a path may name (their arguments after a dot).
-SLOTS: Final = ("block", "norm", "ffn", "pos", "attn", "qk_norm")
+SLOTS: Final = ("block", "norm", "ffn", "pos", "mixer", "attn", "qk_norm")
 _OMIT: Final = object()
 
 
