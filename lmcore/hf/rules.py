@@ -349,6 +349,28 @@ _ROPE_ARGS: Final[Mapping[str, Mapping[str, tuple[str, type]]]] = {
         "high_freq_factor": ("high_freq_factor", float),
         "original_max_position_embeddings": ("original_context_length", int),
     },
+    "yarn": {
+        "factor": ("factor", float),
+        "original_max_position_embeddings": ("original_context_length", int),
+        "beta_fast": ("beta_fast", float),
+        "beta_slow": ("beta_slow", float),
+        "truncate": ("truncate", bool),
+        "attention_factor": ("attention_factor", float),
+        "mscale": ("mscale", float),
+        "mscale_all_dim": ("mscale_all_dim", float),
+    },
+}
+# The rope parameters a scaling may leave out (or null), and what transformers takes then;
+# written back only when they differ from it.
+_ROPE_OPTIONAL: Final[Mapping[str, Mapping[str, Any]]] = {
+    "yarn": {
+        "beta_fast": 32.0,
+        "beta_slow": 1.0,
+        "truncate": True,
+        "attention_factor": 0.0,
+        "mscale": 0.0,
+        "mscale_all_dim": 0.0,
+    },
 }
 
 
@@ -358,8 +380,8 @@ class Rope:
     (transformers 4) or `rope_parameters` (transformers 5) to `pos=rope(theta=..., fraction=...,
     scaling=...)`. `fraction_names`: the partial-rotary field, for families that rotate part of
     each head (GPT-NeoX's `rotary_pct`, Phi-3's `partial_rotary_factor`); without one, a
-    fraction other than 1 is refused. Scalings other than `linear` and `llama3` (dynamic, yarn,
-    longrope, ...) are refused by name. Written in transformers 4's form, which 4 and 5 read."""
+    fraction other than 1 is refused. Scalings other than `linear`, `llama3` and `yarn`
+    (dynamic, longrope, ...) are refused by name. Written in transformers 4's form, which 4 and 5 read."""
 
     theta: float = 10000.0
     theta_names: tuple[str, ...] = ("rope_theta",)
@@ -397,7 +419,7 @@ class Rope:
         if kind not in _ROPE_ARGS:
             problems.append(
                 f"rope type {_json(kind)}: lmcore's rope scales frequencies by none "
-                '("default"), "linear" or "llama3"'
+                '("default"), "linear", "llama3" or "yarn"'
             )
             return
         theta = self._top(d, self.theta_names)
@@ -435,11 +457,19 @@ class Rope:
                     "original_max_position_embeddings", d.field("max_position_embeddings")
                 )
                 params["original_max_position_embeddings"] = fallback
+            optional = _ROPE_OPTIONAL.get(kind, {})
             for key, (arg, kind_of) in wanted.items():
                 if params.get(key) is None:
-                    problems.append(f"rope {kind} scaling without {key}")
+                    params.pop(key, None)
+                    if key in optional:
+                        args[arg] = optional[key]
+                    else:
+                        problems.append(f"rope {kind} scaling without {key}")
                     continue
-                args[arg] = checked(origin.get(key, key), params.pop(key), kind_of, problems)
+                zero = key in optional and not optional[key]  # 0 there is the default's
+                args[arg] = checked(
+                    origin.get(key, key), params.pop(key), kind_of, problems, zero=zero
+                )
         extra = sorted(k for k in params if k not in wanted)
         if extra:
             problems.append(
@@ -466,8 +496,11 @@ class Rope:
             out["rope_scaling"] = None
             return
         rope: dict[str, Any] = {"rope_type": scaling}
+        optional = _ROPE_OPTIONAL.get(scaling, {})
         for key, (arg, _) in _ROPE_ARGS.get(scaling, {}).items():
-            rope[key] = v.first(f"pos.{arg}")
+            value = v.first(f"pos.{arg}")
+            if key not in optional or value != optional[key]:
+                rope[key] = value
         out["rope_scaling"] = rope
 
 
