@@ -18,7 +18,7 @@ or a list of per-layer values.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
@@ -484,7 +484,8 @@ class Window:
     default: int | None = None
     gate: str | None = None
     layer_types: bool = False
-    default_types: Callable[[Draft, int], range] | None = None  # the layers that slide
+    # the layers that slide: a range, or one flag per layer (Gemma 3's `sliding_window_pattern`)
+    default_types: Callable[[Draft, int], range | Sequence[bool]] | None = None
     reads: tuple[str, ...] = ()  # fields default_types reads ("max_window_layers")
 
     @property
@@ -503,7 +504,7 @@ class Window:
                 window = None
         if n is None:
             return
-        slides: range | list[bool] = range(n)
+        slides: range | Sequence[bool] = range(n)
         if self.layer_types:
             types = d.config.get("layer_types")
             if types is None:
