@@ -15,7 +15,12 @@ transformers = quiet_transformers()
 
 
 @pytest.mark.parametrize(
-    "config, count", [("MixtralConfig", "46,702,792,704"), ("GPT2Config", "124,439,808")]
+    "config, count",
+    [
+        ("MixtralConfig", "46,702,792,704"),
+        ("GPT2Config", "124,439,808"),
+        ("Gemma3TextConfig", "2,628,658,432"),  # local and global layers, rotary bases of each
+    ],
 )
 def test_describe_build_and_print_spec_read_a_config(
     config: str, count: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
@@ -49,3 +54,12 @@ def test_describe_counts_qwen3_nexts_default_config_as_hugging_face_does(
     assert deltanet / 2**20 == pytest.approx(2.09, abs=0.005)
     assert "layers all but 3::4 (36), mixer=gated_deltanet - 2.09 MiB" in out
     assert "layers 3::4 (12), mixer=attention 4.00 KiB/token" in out
+def test_describe_refuses_the_multimodal_gemma3_naming_its_language_model(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    transformers.Gemma3Config().save_pretrained(tmp_path)
+    assert main(["describe", str(tmp_path)]) != 0
+    err = " ".join(capsys.readouterr().err.split())
+    for fact in ("model_type 'gemma3'", "Gemma3ForConditionalGeneration", "multimodal",
+                 "text_config", "'gemma3_text'"):  # fmt: skip
+        assert fact in err, err

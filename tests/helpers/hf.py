@@ -99,6 +99,11 @@ FAMILY_CONFIGS: dict[str, dict[str, Any]] = {
                        linear_value_head_dim=12, num_experts=4, num_experts_per_tok=2,
                        moe_intermediate_size=24, shared_expert_intermediate_size=20,
                        mlp_only_layers=[2]),
+    # local layers 0 and 2 (base 50, window 6), global 1 and 3 (base 1,000, linear scaling)
+    "gemma3_text": dict(_SIZES, num_hidden_layers=4, head_dim=8, sliding_window=6,
+                        sliding_window_pattern=2, rope_theta=1000.0, rope_local_base_freq=50.0,
+                        rope_scaling={"rope_type": "linear", "factor": 2.0},
+                        query_pre_attn_scalar=16),
 }  # fmt: skip
 
 

@@ -15,6 +15,7 @@ import torch
 
 import lmcore
 from lmcore import ConversionError
+from lmcore.blueprint import resolve
 from lmcore.hf import (
     FAMILIES,
     config_to_spec,
@@ -24,7 +25,6 @@ from lmcore.hf import (
     save_llama,
     spec_to_config,
 )
-from lmcore.blueprint import resolve
 from tests.helpers.errors import raises_naming
 from tests.helpers.hf import HF_SPEC as SMALL
 from tests.helpers.hf import LLAMA_V4, quiet_transformers, random_family_model
