@@ -484,7 +484,7 @@ class Window:
     default: int | None = None
     gate: str | None = None
     layer_types: bool = False
-    default_types: Callable[[Draft, int], range] | None = None  # the layers that slide
+    default_types: Callable[[Draft, int], range | list[bool]] | None = None  # which slide
     reads: tuple[str, ...] = ()  # fields default_types reads ("max_window_layers")
 
     @property

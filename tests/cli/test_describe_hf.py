@@ -29,3 +29,20 @@ def test_describe_build_and_print_spec_read_a_config(
     printed = capsys.readouterr().out.strip()
     assert printed == str(lmcore.parse_spec(printed))
     assert not list(tmp_path.glob("*.safetensors"))
+
+
+@pytest.mark.parametrize("name", ["smollm3"])
+def test_describe_gives_hugging_faces_count_of_a_default_config(
+    name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`lmcore describe DIR` on a directory holding only a family's default (real-sized)
+    config.json prints Hugging Face's own parameter count, counted on meta."""
+    import torch
+
+    config = transformers.AutoConfig.for_model(name)
+    config.save_pretrained(tmp_path)
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    count = sum(p.numel() for p in model.parameters())
+    assert main(["describe", str(tmp_path)]) == 0
+    assert f"total {count:,}" in " ".join(capsys.readouterr().out.split())

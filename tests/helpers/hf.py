@@ -93,6 +93,9 @@ FAMILY_CONFIGS: dict[str, dict[str, Any]] = {
     "mixtral": dict(_SIZES, num_local_experts=4, num_experts_per_tok=2),
     "qwen3_moe": dict(_SIZES, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24,
                       head_dim=8, norm_topk_prob=True, mlp_only_layers=[1]),
+    "smollm3": dict(_SIZES, num_hidden_layers=4, no_rope_layer_interval=2, pad_token_id=0,
+                    bos_token_id=1, eos_token_id=2,
+                    use_sliding_window=True, sliding_window=6),
 }  # fmt: skip
 
 
