@@ -109,20 +109,17 @@ class NoRope:
         out["no_rope_layer_interval"] = v.base.get("no_rope_layer_interval", INTERVAL)
 
 
-class _Rotating:
+class _Rotating(SpecView):
     """A `SpecView` whose whole-model `pos` is `rope` when any layer rotates (layer 0 may be a
     NoPE layer), for `Rope.write`."""
 
     def __init__(self, v: SpecView):
-        self._v = v
+        super().__init__(v.bp, v.base)
 
     def first(self, path: str) -> Any:
-        if path == "pos" and "rope" in self._v.layers("pos"):
+        if path == "pos" and "rope" in self.layers("pos"):
             return "rope"
-        return self._v.first(path)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._v, name)
+        return super().first(path)
 
 
 def nope_layers(d: Draft, n: int) -> range | list[bool]:

@@ -96,6 +96,11 @@ FAMILY_CONFIGS: dict[str, dict[str, Any]] = {
     "smollm3": dict(_SIZES, num_hidden_layers=4, no_rope_layer_interval=2, pad_token_id=0,
                     bos_token_id=1, eos_token_id=2,
                     use_sliding_window=True, sliding_window=6),
+    "olmo3": dict(_SIZES, num_hidden_layers=4, sliding_window=6, pad_token_id=0,
+                  eos_token_id=2, rope_parameters={
+                      "sliding_attention": {"rope_type": "default", "rope_theta": 500.0},
+                      "full_attention": {"rope_type": "linear", "factor": 2.0,
+                                         "rope_theta": 10000.0}}),
 }  # fmt: skip
 
 
