@@ -69,6 +69,7 @@ FAMILIES: Final = (
     "qwen3_moe",
     "smollm3",
     "olmo3",
+    "lfm2",
 )
 
 # Fields any saved config may hold that do not change the function a causal LM computes:

@@ -31,7 +31,7 @@ def test_describe_build_and_print_spec_read_a_config(
     assert not list(tmp_path.glob("*.safetensors"))
 
 
-@pytest.mark.parametrize("name", ["smollm3", "olmo3"])
+@pytest.mark.parametrize("name", ["smollm3", "olmo3", "lfm2"])
 def test_describe_gives_hugging_faces_count_of_a_default_config(
     name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

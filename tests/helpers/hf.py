@@ -101,6 +101,10 @@ FAMILY_CONFIGS: dict[str, dict[str, Any]] = {
                       "sliding_attention": {"rope_type": "default", "rope_theta": 500.0},
                       "full_attention": {"rope_type": "linear", "factor": 2.0,
                                          "rope_theta": 10000.0}}),
+    "lfm2": dict(_SIZES, num_hidden_layers=3, intermediate_size=72, block_multiple_of=16,
+                 block_ffn_dim_multiplier=1.3, conv_bias=True, norm_eps=1e-5, rope_theta=500.0,
+                 layer_types=["conv", "full_attention", "conv"], pad_token_id=0,
+                 bos_token_id=1, eos_token_id=2),
 }  # fmt: skip
 
 
