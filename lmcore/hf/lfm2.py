@@ -31,7 +31,7 @@ from torch import Tensor
 
 from lmcore.hf.common import core, ends, mlp, norms
 from lmcore.hf.family import Family
-from lmcore.hf.rules import FULL, Draft, Field, Rope, SpecView, spread
+from lmcore.hf.rules import FULL, Draft, Field, Rope, Rule, SpecView, spread
 from lmcore.hf.values import checked
 from lmcore.hf.values import json_text as _json
 from lmcore.hf.values import too_many as _too_many
@@ -77,7 +77,8 @@ class Width:
 
     @staticmethod
     def _given(config: Mapping[str, Any], problems: list[str]) -> tuple[Any, ...] | None:
-        sizes = [(n, config[n]) for n in ("block_ff_dim", "intermediate_size") if config.get(n) is not None]
+        names = ("block_ff_dim", "intermediate_size")  # transformers prefers block_ff_dim
+        sizes = [(n, config[n]) for n in names if config.get(n) is not None]
         if len({_json(v) for _, v in sizes}) > 1:
             problems.append(" and ".join(f"{n}={_json(v)}" for n, v in sizes) + " disagree")
             return None
@@ -86,9 +87,11 @@ class Width:
         adjust = config.get("block_auto_adjust_ff_dim", WIDTH["block_auto_adjust_ff_dim"])
         adjust = checked("block_auto_adjust_ff_dim", adjust, bool, problems)
         multiplier = config.get("block_ffn_dim_multiplier", WIDTH["block_ffn_dim_multiplier"])
-        if multiplier is not None:  # null: no multiplier, no rounding
-            if checked("block_ffn_dim_multiplier", multiplier, float, problems) is None:
-                return None
+        if (  # null: no multiplier, no rounding
+            multiplier is not None
+            and checked("block_ffn_dim_multiplier", multiplier, float, problems) is None
+        ):
+            return None
         multiple = config.get("block_multiple_of", WIDTH["block_multiple_of"])
         multiple = checked("block_multiple_of", multiple, int, problems)
         if None in (size, adjust, multiple):
@@ -126,9 +129,10 @@ class Width:
 
 @dataclass(frozen=True)
 class Mixers:
-    """`layer_types` ("conv" or "full_attention"; absent, `full_attn_idxs` names the attention
-    layers, absent too, every layer; given, it alone counts, as transformers 4 and 5 read it) to `mixer=short_conv(conv_size=conv_L_cache,
-    bias=conv_bias)` on the convolution layers and `attention` on the others."""
+    """`layer_types` ("conv" or "full_attention"; given, it alone counts, as transformers 4 and
+    5 read it; absent, `full_attn_idxs` names the attention layers, absent too, every layer) to
+    `mixer=short_conv(conv_size=conv_L_cache, bias=conv_bias)` on the convolution layers and
+    `attention` on the others."""
 
     @property
     def fields(self) -> tuple[str, ...]:
@@ -139,9 +143,8 @@ class Mixers:
         size = checked("conv_L_cache", d.field("conv_L_cache", 3), int, p)
         bias = checked("conv_bias", d.field("conv_bias", False), bool, p)
         types, idxs = d.config.get("layer_types"), d.config.get("full_attn_idxs")
-        if idxs is not None and (
-            not isinstance(idxs, list) or not all(type(i) is int and i >= 0 for i in idxs)
-        ):
+        listed = isinstance(idxs, list) and all(type(i) is int and i >= 0 for i in idxs)
+        if types is None and idxs is not None and not listed:  # read only without layer_types
             p.append(f"full_attn_idxs={_json(idxs)} is not a list of layer indices")
             return
         if n is None or size is None or bias is None:
@@ -153,7 +156,9 @@ class Mixers:
                 or len(types) != n
                 or not all(t in (CONV, FULL) for t in types)
             ):
-                p.append(f'layer_types={_json(types)}: lmcore reads a list of {n:,} "{CONV}" or "{FULL}"')
+                p.append(
+                    f'layer_types={_json(types)}: lmcore reads a list of {n:,} "{CONV}" or "{FULL}"'
+                )
                 return
             conv = spread(n, [t == CONV for t in types])
         elif idxs is None:
@@ -196,7 +201,7 @@ class _Depthwise:
         return ts[0][:, None]
 
 
-def _rules() -> tuple[Any, ...]:
+def _rules() -> tuple[Rule, ...]:
     """Llama's sizes with LFM2's epsilon field, `tie_embedding` for `tie_word_embeddings` (as
     transformers reads it), and no `intermediate_size` (the width's own rule)."""
     tie = Field("tie_word_embeddings", "tie_embeddings", bool, True, aliases=("tie_embedding",))

@@ -58,13 +58,17 @@ def _slides(d: Draft, n: int) -> list[bool]:
     return _default_slides(n)
 
 
+_WINDOW: Final = Window(default=WINDOW, layer_types=True, default_types=_slides)
+_ROPE: Final = Rope(theta=THETA)
+
+
 @dataclass(frozen=True)
 class SlidingLayers:
     """`Window` on `layer_types` (default three sliding layers in four), refusing a null window
     while layers slide (transformers' Olmo3 then has no window for their mask), and a default
     pattern on more layers than a spec lists, with no work per layer."""
 
-    window: Window = Window(default=WINDOW, layer_types=True, default_types=_slides)
+    window: Window = _WINDOW
 
     @property
     def fields(self) -> tuple[str, ...]:
@@ -112,7 +116,7 @@ class RopeByType:
     value when both types rotate alike), each type's parameters read as `Rope` reads a model's.
     Written back per layer type."""
 
-    rope: Rope = Rope(theta=THETA)
+    rope: Rope = _ROPE
 
     @property
     def fields(self) -> tuple[str, ...]:

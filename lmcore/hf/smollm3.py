@@ -70,12 +70,15 @@ def _nope(d: Draft, n: int, problems: list[str]) -> bool | list[bool] | None:
     return on
 
 
+_ROPE: Final = Rope(theta=THETA)
+
+
 @dataclass(frozen=True)
 class NoRope:
     """`no_rope_layers` (or `no_rope_layer_interval`) to `pos[layers]=nope`, after `Rope`: the
     rotary arguments stay on the layers that rotate. Written back as an explicit list."""
 
-    rope: Rope = Rope(theta=THETA)
+    rope: Rope = _ROPE
 
     @property
     def fields(self) -> tuple[str, ...]:
@@ -128,14 +131,15 @@ def nope_layers(d: Draft, n: int) -> range | list[bool]:
     return nope if isinstance(nope, list) else range(n) if nope else range(0)
 
 
+_WINDOW: Final = Window(gate="use_sliding_window", layer_types=True, default_types=nope_layers)
+
+
 @dataclass(frozen=True)
 class _GatedWindow:
     """`Window` with `use_sliding_window`, refusing `layer_types` that name sliding layers
     while it is false (transformers' attention implementations disagree there)."""
 
-    window: Window = Window(
-        gate="use_sliding_window", layer_types=True, default_types=nope_layers
-    )
+    window: Window = _WINDOW
 
     @property
     def fields(self) -> tuple[str, ...]:

@@ -32,7 +32,9 @@ def _config(**change: Any) -> dict[str, Any]:
     [(12288, True, 1.0, 256), (72, True, 1.3, 16), (100, True, 1, 7), (100, False, 1.5, 64),
      (4608, True, 1.5, 256), (10, True, 2, 3)],
 )  # fmt: skip
-def test_the_width_is_transformers_own(size: int, adjust: bool, multiplier: Any, multiple_of: int) -> None:
+def test_the_width_is_transformers_own(
+    size: int, adjust: bool, multiplier: Any, multiple_of: int
+) -> None:
     config = transformers.Lfm2Config(hidden_size=8, intermediate_size=size, block_auto_adjust_ff_dim=adjust,
                                      block_ffn_dim_multiplier=multiplier, block_multiple_of=multiple_of)  # fmt: skip
     with torch.device("meta"):
@@ -45,7 +47,9 @@ def test_the_width_is_transformers_own(size: int, adjust: bool, multiplier: Any,
 
 def test_a_null_multiplier_adjusts_without_rounding_as_lfm2_mlp_reads_it() -> None:
     # transformers 5's config refuses null; its Lfm2MLP (and transformers 4's config) read it so
-    assert ",d_ff=66," in config_to_spec(_config(intermediate_size=100, block_ffn_dim_multiplier=None))
+    assert ",d_ff=66," in config_to_spec(
+        _config(intermediate_size=100, block_ffn_dim_multiplier=None)
+    )
 
 
 def test_full_attn_idxs_name_the_attention_layers_when_layer_types_is_absent() -> None:
@@ -62,7 +66,9 @@ def test_full_attn_idxs_name_the_attention_layers_when_layer_types_is_absent() -
 
 
 def test_a_model_of_its_own_width_is_written_unadjusted_and_read_back() -> None:
-    bp = resolve(f"{SIZES}, d_ff=50, tie_embeddings=true, qk_norm=rmsnorm, mixer=short_conv, mixer[2]=attention")
+    bp = resolve(
+        f"{SIZES}, d_ff=50, tie_embeddings=true, qk_norm=rmsnorm, mixer=short_conv, mixer[2]=attention"
+    )
     config = spec_to_config(bp, torch.float32, family=FAMILY)
     assert (config["intermediate_size"], config["block_auto_adjust_ff_dim"]) == (50, False)
     assert config["layer_types"] == ["conv", "conv", "full_attention", "conv"]
@@ -75,7 +81,7 @@ def test_a_model_of_its_own_width_is_written_unadjusted_and_read_back() -> None:
     [
         ({"layer_types": ["conv", "mamba", "conv", "conv"]},
          ('layer_types=["conv", "mamba", "conv", "conv"]', 'a list of 4 "conv" or "full_attention"')),
-        ({"full_attn_idxs": "all"}, ('full_attn_idxs="all" is not a list of layer indices',)),
+        ({"full_attn_idxs": "all", "layer_types": None}, ('full_attn_idxs="all" is not a list of layer indices',)),
         ({"intermediate_size": 1}, ("intermediate_size=1", "a feed-forward 0 wide")),
         ({"block_ff_dim": 100, "intermediate_size": 200}, ("block_ff_dim=100 and intermediate_size=200 disagree",)),
         ({"tie_embedding": False}, ("tie_word_embeddings=true and tie_embedding=false disagree",)),

@@ -40,13 +40,17 @@ def test_transformers_4_rope_fields_go_to_the_full_layers_as_transformers_5_read
     del config["rope_parameters"]
     spec = config_to_spec(config)
     assert "pos=rope(theta=500000.0),pos[3]=rope(theta=500000.0,scaling=linear,factor=4.0)" in spec
-    theirs = AutoConfig.for_model("olmo3", num_hidden_layers=4, rope_scaling={"rope_type": "linear", "factor": 4.0})
+    theirs = AutoConfig.for_model(
+        "olmo3", num_hidden_layers=4, rope_scaling={"rope_type": "linear", "factor": 4.0}
+    )
     assert theirs.rope_parameters["full_attention"]["factor"] == 4.0
     assert theirs.rope_parameters["sliding_attention"]["rope_type"] == "default"
 
 
 def test_a_base_per_window_is_written_per_layer_type_and_read_back() -> None:
-    bp = resolve(f"{SIZES}, {OLMO}, pos=rope(theta=1000.0), pos[1]=rope(theta=9.0), window=5, window[1]=0")
+    bp = resolve(
+        f"{SIZES}, {OLMO}, pos=rope(theta=1000.0), pos[1]=rope(theta=9.0), window=5, window[1]=0"
+    )
     config = spec_to_config(bp, torch.float32, family=FAMILY)
     assert config["rope_parameters"] == {
         "sliding_attention": {"rope_type": "default", "rope_theta": 1000.0},

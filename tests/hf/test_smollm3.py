@@ -32,7 +32,9 @@ def test_without_lists_the_interval_and_the_window_give_transformers_default_lay
         config.pop(absent)
     spec = config_to_spec(config)
     assert "pos=rope(theta=2000000.0),pos[1::2]=nope" in spec and "window[1::2]=6" in spec
-    theirs = AutoConfig.for_model("smollm3", **{k: v for k, v in config.items() if k != "model_type"})
+    theirs = AutoConfig.for_model(
+        "smollm3", **{k: v for k, v in config.items() if k != "model_type"}
+    )
     assert theirs.no_rope_layers == [1, 0, 1, 0]
     assert theirs.layer_types == ["full_attention", "sliding_attention"] * 2
 
@@ -64,9 +66,7 @@ def test_a_first_nope_layer_and_all_nope_layers_are_written_and_read_back() -> N
 def test_what_smollm3_cannot_express_is_refused_by_name(
     change: dict[str, Any], facts: tuple[str, ...]
 ) -> None:
-    with raises_naming(
-        ConversionError, "DIR/config.json: ", "Hugging Face smollm3 config", *facts
-    ):
+    with raises_naming(ConversionError, "DIR/config.json: ", "Hugging Face smollm3 config", *facts):
         config_to_spec(_config(**change), "DIR/config.json")
 
 
