@@ -12,7 +12,8 @@ layers `layer_types` names (by default the NoPE layers, when `use_sliding_window
 transformers' eager and SDPA attention slide on the layers `layer_types` names whatever
 `use_sliding_window` says, its flash attention only when it is true; a config whose
 `layer_types` names sliding layers while `use_sliding_window` is false means two models, and is
-refused.
+refused. `max_window_layers`, which SmolLM3's published configs carry over from Qwen 2, is not
+read by transformers' SmolLM3: kept.
 """
 
 from __future__ import annotations
@@ -183,4 +184,5 @@ FAMILY: Final = Family(
         *attention(),
         *mlp(),
     ),
+    passive=frozenset({"max_window_layers"}),
 )

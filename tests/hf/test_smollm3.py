@@ -39,6 +39,10 @@ def test_without_lists_the_interval_and_the_window_give_transformers_default_lay
     assert theirs.layer_types == ["full_attention", "sliding_attention"] * 2
 
 
+def test_max_window_layers_which_transformers_smollm3_never_reads_is_kept() -> None:
+    assert config_to_spec(_config(max_window_layers=28)) == config_to_spec(_config())
+
+
 def test_a_first_nope_layer_and_all_nope_layers_are_written_and_read_back() -> None:
     for pos in ("pos=rope(theta=1000.0), pos[0]=nope", "pos=nope"):
         bp = resolve(f"{SIZES}, {pos}, tie_embeddings=true")
