@@ -63,8 +63,8 @@ def test_a_first_nope_layer_and_all_nope_layers_are_written_and_read_back() -> N
           "layer_types": ["sliding_attention", "full_attention"] * 2},
          ('layer_types names "sliding_attention" layers while use_sliding_window=false',
           "its flash attention does not")),
-        ({"rope_parameters": {"rope_type": "yarn", "factor": 2.0, "rope_theta": 1e6}},
-         ('rope type "yarn"',)),
+        ({"rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e6}},
+         ('rope type "dynamic"',)),
     ],
 )  # fmt: skip
 def test_what_smollm3_cannot_express_is_refused_by_name(
