@@ -2,7 +2,8 @@
 full width of q and k) with a sliding window on the layers `layer_types` names (by default three
 in four: `window=4096, window[3::4]=0`) and rotary parameters per layer type
 (`rope_parameters: {"sliding_attention": {...}, "full_attention": {...}}`), so the full layers
-may rotate with a base or scaling of their own (`pos[3::4]=rope(...)`).
+may rotate with a base or scaling of their own (`pos[3::4]=rope(...)`; the long-context
+checkpoints' YaRN there: `pos[3::4]=rope(scaling=yarn, ...)`).
 
     config.json                          spec
     sliding_window, layer_types          window[layers]=...

@@ -54,6 +54,8 @@ def test_describe_counts_qwen3_nexts_default_config_as_hugging_face_does(
     assert deltanet / 2**20 == pytest.approx(2.09, abs=0.005)
     assert "layers all but 3::4 (36), mixer=gated_deltanet - 2.09 MiB" in out
     assert "layers 3::4 (12), mixer=attention 4.00 KiB/token" in out
+
+
 def test_describe_refuses_the_multimodal_gemma3_naming_its_language_model(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

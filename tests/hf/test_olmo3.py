@@ -4,6 +4,7 @@ tiny model converted both ways: tests/cli/test_convert_hf_families.py."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,7 +18,7 @@ from tests.helpers.errors import raises_naming
 from tests.helpers.hf import quiet_transformers
 
 transformers = quiet_transformers()
-from transformers import AutoConfig  # noqa: E402
+from transformers import AutoConfig, AutoModelForCausalLM  # noqa: E402
 
 SIZES = "vocab_size=97,context_length=64,d_model=32,num_layers=4,num_heads=4,num_kv_heads=2,d_ff=48"
 OLMO = "block=reordered, qk_norm=rmsnorm, qk_norm_scope=full"
@@ -87,3 +88,30 @@ def test_a_model_olmo3_cannot_hold_is_refused_by_name() -> None:
     bp = resolve(f"{SIZES}, {OLMO}, pos[1]=rope(theta=9.0)")  # a base of its own on one full layer
     with raises_naming(ConversionError, "Olmo3ForCausalLM", "pos[1]=rope(theta=9.0)"):
         spec_to_config(bp, torch.float32, family=FAMILY)
+
+
+def test_yarn_on_the_full_layers_as_olmo3_long_context_checkpoints_have_converts_both_ways(
+    tmp_path: Path,
+) -> None:
+    from lmcore.hf import load_hf, save_hf
+    from tests.helpers.hf import FAMILY_CONFIGS
+    from tests.helpers.models import perturb
+
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16,
+            "attention_factor": 1.2, "beta_fast": 32.0, "beta_slow": 1.0, "rope_theta": 1e4}  # fmt: skip
+    rope = {
+        "sliding_attention": {"rope_type": "default", "rope_theta": 500.0},
+        "full_attention": yarn,
+    }
+    config = AutoConfig.for_model("olmo3", **{**FAMILY_CONFIGS["olmo3"], "rope_parameters": rope})
+    torch.manual_seed(0)
+    theirs = perturb(AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval())
+    theirs.save_pretrained(tmp_path / "hf")
+    ours = load_hf(tmp_path / "hf").eval()
+    assert "pos[3]=rope(theta=10000.0,scaling=yarn,factor=4.0," in str(ours.spec)
+    ids = torch.randint(0, 97, (2, 40), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert (ours(ids) - theirs(ids).logits).abs().max() <= 1e-4
+        save_hf(ours, tmp_path / "back")
+        back = AutoModelForCausalLM.from_pretrained(tmp_path / "back", attn_implementation="eager")
+        assert (back.eval()(ids).logits - theirs(ids).logits).abs().max() <= 1e-4
