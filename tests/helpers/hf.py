@@ -93,6 +93,10 @@ FAMILY_CONFIGS: dict[str, dict[str, Any]] = {
     "mixtral": dict(_SIZES, num_local_experts=4, num_experts_per_tok=2),
     "qwen3_moe": dict(_SIZES, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24,
                       head_dim=8, norm_topk_prob=True, mlp_only_layers=[1]),
+    # layer 0 slides (transformers' default layer_types), the clamps bite at 0.5
+    "gpt_oss": dict(_SIZES, head_dim=16, num_local_experts=4, num_experts_per_tok=2,
+                    sliding_window=6, swiglu_limit=0.5,
+                    rope_parameters={"rope_type": "default", "rope_theta": 500.0}),
 }  # fmt: skip
 
 

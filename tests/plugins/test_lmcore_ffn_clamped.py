@@ -94,7 +94,8 @@ def test_keys_defaults_and_the_arguments_refused() -> None:
     assert str(spec.ffn) == "clamped_swiglu(alpha=1.702,limit=7.0,bias=false)"
     with pytest.raises(SpecError, match=r"limit.*must be > 0.0, got -1.0"):
         build_model(f"{SMALL}, ffn=clamped_swiglu(limit=-1.0)", device="meta")
-    with pytest.raises(SpecError, match=r"no argument 'approximate'; it takes: alpha, bias, d_ff, limit"):
+    takes = r"no argument 'approximate'; it takes: alpha, bias, d_ff, limit"
+    with pytest.raises(SpecError, match=takes):
         build_model(f"{SMALL}, ffn=clamped_swiglu(approximate=tanh)", device="meta")
 
 
