@@ -29,3 +29,13 @@ def test_describe_build_and_print_spec_read_a_config(
     printed = capsys.readouterr().out.strip()
     assert printed == str(lmcore.parse_spec(printed))
     assert not list(tmp_path.glob("*.safetensors"))
+
+
+def test_describe_reads_gpt_oss_default_config_with_its_active_parameters(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    transformers.AutoConfig.for_model("gpt_oss").save_pretrained(tmp_path)  # YaRN rope
+    assert main(["describe", str(tmp_path)]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "total 116,829,156,672" in out  # Hugging Face's count
+    assert "active parameters: 5,711,982,912 of 116,829,156,672" in out
