@@ -29,7 +29,9 @@ from typing import Any, Final
 
 from lmcore.hf.common import attention, core, ends, norms
 from lmcore.hf.family import Family
-from lmcore.hf.rules import Draft, Dropout, Field, Moe, Rope, SpecView, Window, checked
+from lmcore.hf.draft import Draft, SpecView
+from lmcore.hf.rules import Dropout, Field, Moe, Rope, Window
+from lmcore.hf.values import checked
 from lmcore.hf.weights import Experts, weight
 from lmcore.spec import ComponentSpec
 

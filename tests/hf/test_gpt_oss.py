@@ -111,3 +111,20 @@ def test_what_gpt_oss_cannot_hold_is_refused_by_name(
     model = lmcore.build_model(GPT_OSS.replace(old, new))
     with raises_naming(ConversionError, "GptOssForCausalLM without losing something", *facts):
         save_hf(model, tmp_path / "out", model_type="gpt_oss")
+
+
+def test_no_rotary_parameters_is_gpt_oss_yarn_and_a_plain_rope_is_written_default(
+    tmp_path: Path,
+) -> None:
+    """GptOssConfig fills in YaRN (factor 32 over 4,096 positions, untruncated) when a config
+    gives no rotary parameters; so a rope without scaling is written as "default", not null."""
+    config = AutoConfig.for_model("gpt_oss", **FAMILY_CONFIGS["gpt_oss"]).to_dict()
+    bare = {k: v for k, v in config.items() if k not in ("rope_parameters", "rope_scaling")}
+    yarn = "scaling=yarn,factor=32.0,original_context_length=4096,truncate=false"
+    assert f"pos=rope(theta=150000.0,{yarn})" in config_to_spec(bare)
+    assert config_to_spec({**bare, "rope_parameters": None}) == config_to_spec(bare)
+    plain = GPT_OSS  # pos=rope(theta=500.0): no scaling
+    out = save_hf(lmcore.build_model(plain), tmp_path / "plain", model_type="gpt_oss")
+    written = transformers.GptOssConfig.from_pretrained(out)
+    assert written.rope_parameters["rope_type"] == "default"
+    assert written.rope_parameters["rope_theta"] == 500.0
