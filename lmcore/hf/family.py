@@ -73,6 +73,7 @@ FAMILIES: Final = (
     "smollm3",
     "olmo3",
     "lfm2",
+    "gpt_oss",
 )
 
 # Model types of multimodal models whose language model is a family lmcore converts: refused
