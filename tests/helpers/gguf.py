@@ -564,3 +564,60 @@ def write_as_llama_cpp(path: Path, case: str, model: Any, meta: dict[str, Any] |
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+SPM_SPECIALS = ["<unk>", "<s>", "</s>"]
+
+
+def sentencepiece_bpe(prefix: bool = True) -> Any:
+    """A Llama-2-style tokenizer.json (what transformers' converter makes of a SentencePiece
+    BPE model): <unk> <s> </s>, the 256 byte tokens <0x00>..<0xFF> for byte fallback, then
+    pieces in merge order; spaces as "▁" (and one before the text, `prefix`) by its normalizer,
+    no pre-tokenizer."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, trainers
+
+    space = "\u2581"
+    spaces = [normalizers.Replace(" ", space)]
+    norm = normalizers.Sequence([normalizers.Prepend(space), *spaces] if prefix else spaces)
+    trainer_tok = Tokenizer(models.BPE())
+    trainer_tok.normalizer = norm
+    trainer = trainers.BpeTrainer(vocab_size=400, show_progress=False, special_tokens=[])
+    trainer_tok.train_from_iterator([line for line in CORPUS * 20 if "<|" not in line], trainer)
+    trained = trainer_tok.model
+    learned = json.loads(trainer_tok.to_str())["model"]
+    pieces = sorted(learned["vocab"], key=learned["vocab"].__getitem__)
+    tokens = [*SPM_SPECIALS, *(f"<0x{b:02X}>" for b in range(256)), *pieces]
+    del trained
+    vocab = {t: i for i, t in enumerate(tokens)}
+    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in learned["merges"]]
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token="<unk>", byte_fallback=True,
+                               fuse_unk=True))  # fmt: skip
+    tok.normalizer = norm
+    steps = [decoders.Replace(space, " "), decoders.ByteFallback(), decoders.Fuse()]
+    tok.decoder = decoders.Sequence([*steps, decoders.Strip(" ", 1, 0)] if prefix else steps)
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPM_SPECIALS])
+    return tok
+
+
+def ggml_sentencepiece(tok: Any, prefix: bool = True) -> dict[str, Any]:
+    """`tokenizer.ggml.*` as llama.cpp's converter writes a SentencePiece vocabulary: each
+    piece's score (SentencePiece's BPE scores: minus its position, so earlier merges score
+    higher), types 2 unknown, 3 control, 6 byte, 1 normal; no merges."""
+    vocab = tok.get_vocab()
+    by_id = sorted(vocab, key=vocab.__getitem__)
+
+    def kind(t: str) -> int:
+        return 2 if t == "<unk>" else 3 if t in SPM_SPECIALS else 6 if t.startswith("<0x") else 1
+
+    return {
+        "tokenizer.ggml.model": "llama",
+        "tokenizer.ggml.pre": "default",
+        "tokenizer.ggml.tokens": by_id,
+        "tokenizer.ggml.scores": [0.0 if kind(t) != 1 else -float(i) for i, t in enumerate(by_id)],
+        "tokenizer.ggml.token_type": [kind(t) for t in by_id],
+        "tokenizer.ggml.bos_token_id": 1,
+        "tokenizer.ggml.eos_token_id": 2,
+        "tokenizer.ggml.unknown_token_id": 0,
+        "tokenizer.ggml.add_space_prefix": prefix,
+        "tokenizer.ggml.add_bos_token": True,
+    }
