@@ -165,15 +165,33 @@ def _window_or_zero(key: str) -> Derived:
     return Derived((key,), read, write)
 
 
-def _gemma2_scale(meta: Meta, config: dict[str, Any]) -> None:
-    """llama.cpp's Gemma 2 scales q·k by 1/sqrt(head width), except for the 46-layer (27B)
-    model's 1/sqrt(embedding / heads); the file holds no key for it."""
-    d, heads = positive(meta.get("embedding_length")), positive(meta.get("attention.head_count"))
-    width = _head_dim(meta)
-    if meta.get("block_count") == 46 and d and heads:
-        config["query_pre_attn_scalar"] = d // heads
-    elif width:
-        config["query_pre_attn_scalar"] = width
+def _gemma_scale(big: int) -> Callable[[Meta, dict[str, Any]], None]:
+    """llama.cpp's Gemma 2 and 3 scale q·k by 1/sqrt(head width), except for their 27B
+    models' (`big` layers) 1/sqrt(embedding / heads); the file holds no key for it."""
+
+    def read(meta: Meta, config: dict[str, Any]) -> None:
+        d, heads = positive(meta.get("embedding_length")), positive(meta.get("attention.head_count"))
+        width = _head_dim(meta)
+        if meta.get("block_count") == big and d and heads:
+            config["query_pre_attn_scalar"] = d // heads
+        elif width:
+            config["query_pre_attn_scalar"] = width
+
+    return read
+
+
+def _linear_read(meta: Meta, config: dict[str, Any]) -> None:
+    """`rope.scaling.type` linear and its factor: Gemma 3's scaled global layers."""
+    kind = meta.get("rope.scaling.type")
+    if kind not in (None, "none"):
+        config["rope_scaling"] = {"rope_type": kind, "factor": meta.get("rope.scaling.factor")}
+
+
+def _linear_write(config: Mapping[str, Any], meta: dict[str, Any]) -> None:
+    scaling = config.get("rope_scaling")
+    if isinstance(scaling, dict) and scaling.get("rope_type", "default") != "default":
+        meta["rope.scaling.type"] = scaling["rope_type"]
+        meta["rope.scaling.factor"] = scaling.get("factor")
 
 
 def _gpt2_ff(meta: Meta, config: dict[str, Any]) -> None:
@@ -366,7 +384,31 @@ GEMMA2: Final = Architecture(
         "final_logit_softcapping": 30.0,
     },
     fixed={"tie_word_embeddings": True},
-    derived=(Derived((), _gemma2_scale, _nothing),),
+    derived=(Derived((), _gemma_scale(46), _nothing),),
+    norm_offset=True,
+)
+# Gemma 3: Gemma 2 with (1 + w) q/k norms (stored + 1 too), no soft caps, five local layers
+# (window, base 10,000) to one global (rope.freq_base, linearly scaled by rope.scaling.*), as
+# llama.cpp fixes them (set_swa_pattern(6), rope_freq_base_train_swa = 10000).
+GEMMA3: Final = Architecture(
+    name="gemma3",
+    family="gemma3_text",
+    model_type="gemma3_text",
+    fields=(*GEMMA.fields, ("attention.sliding_window", "sliding_window")),
+    head_keys=GEMMA.head_keys,
+    trivial=_NO_EXPERTS,
+    tensors=(*GEMMA2.tensors, ("output.weight", "lm_head.weight"), *_QK_NORMS),
+    defaults=_ROPE,
+    fixed={
+        "rope_local_base_freq": 10000.0,
+        "sliding_window_pattern": 6,
+        "attn_logit_softcapping": None,
+        "final_logit_softcapping": None,
+    },
+    derived=(
+        Derived((), _gemma_scale(62), _nothing),
+        Derived(("rope.scaling.type", "rope.scaling.factor"), _linear_read, _linear_write),
+    ),
     norm_offset=True,
 )
 # Phi-3: fused qkv and gate_up (as Hugging Face's), a partial rotation by rope.dimension_count,
@@ -482,12 +524,13 @@ GPTNEOX: Final = Architecture(
 )
 
 ARCHITECTURES: Final[Mapping[str, Architecture]] = {
-    a.name: a for a in (LLAMA, QWEN2, QWEN3, QWEN3MOE, GEMMA, GEMMA2, PHI3, OLMO2, GPT2, GPTNEOX)
+    a.name: a
+    for a in (LLAMA, QWEN2, QWEN3, QWEN3MOE, GEMMA, GEMMA2, GEMMA3, PHI3, OLMO2, GPT2, GPTNEOX)
 }
 # What `--to-gguf` tries, in order, when nothing names the architecture: the first whose
 # family expresses the model and whose metadata reads back as the same model.
 WRITE_ORDER: Final = (
-    LLAMA, QWEN2, QWEN3, GEMMA, GEMMA2, OLMO2, PHI3, GPT2, GPTNEOX, LLAMA_MOE, QWEN3MOE,
+    LLAMA, QWEN2, QWEN3, GEMMA, GEMMA2, GEMMA3, OLMO2, PHI3, GPT2, GPTNEOX, LLAMA_MOE, QWEN3MOE,
 )  # fmt: skip
 # Hugging Face model_type -> the architecture a model converted from it is written as first.
 BY_MODEL_TYPE: Final[Mapping[str, Architecture]] = {

@@ -43,6 +43,8 @@ SPECS = {
     "qwen3moe": "renormalize=true",
     "gemma": "zero_centered=true",
     "gemma2": "window[0]=4,attn_softcap=50.0",
+    "gemma3": "pos[5]=rope(theta=1000000.0),attn=sdpa,qk_norm=rmsnorm(eps=1e-06,zero_centered=true),window[0:5]=4",
+    "gemma3-scaled": "pos[5]=rope(theta=1000000.0,scaling=linear,factor=4.0)",
     "phi3": "rope(theta=10000.0)",
     "phi3-partial": "fraction=0.5),attn=sdpa,window=5",
     "olmo2": "qk_norm_scope=full",
@@ -149,6 +151,10 @@ UNWRITABLE = {
                         "pass architecture='phi3' to write it anyway")),
     "gpt2-inverse-scale": (("gpt2", {"scale_attn_by_inverse_layer_idx": True}),
                            ("query_scale", "GGUF gpt2")),
+    "gemma3-pattern": (("gemma3_text", {"head_dim": 8, "query_pre_attn_scalar": 8,
+                                        "num_hidden_layers": 4, "sliding_window_pattern": 2}),
+                       ("as gemma3 (gemma3_text)",
+                        "window=0, window[0::2]=4096: a GGUF gemma3 has window=4096")),
     "gemma2-no-softcap": (("gemma2", {"attn_logit_softcapping": None, "head_dim": 8,
                                       "query_pre_attn_scalar": 8}),
                           ("attn_softcap=0.0", "GGUF gemma2 has attn_softcap=50.0")),
@@ -175,7 +181,7 @@ def test_what_no_gguf_architecture_holds_is_refused_by_name(
     with raises_naming(ConversionError, "cannot write this model as GGUF", *facts):
         save_gguf(model, tmp_path / "m.gguf")
     assert not (tmp_path / "m.gguf").exists()
-    with raises_naming(ConversionError, "GGUF architecture 'bert'", "gemma2, gpt2, gptneox"):
+    with raises_naming(ConversionError, "GGUF architecture 'bert'", "gemma2, gemma3, gpt2"):
         save_gguf(model, tmp_path / "m.gguf", architecture="bert")
 
 
@@ -241,6 +247,6 @@ def test_an_unknown_architecture_is_refused_naming_those_that_convert(tmp_path: 
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    with raises_naming(ConversionError, "general.architecture is 'bert'", "gemma, gemma2, gpt2",
-                       "gptneox, llama, olmo2, phi3, qwen2, qwen3, qwen3moe"):  # fmt: skip
+    with raises_naming(ConversionError, "general.architecture is 'bert'", "gemma, gemma2, gemma3",
+                       "gpt2, gptneox, llama, olmo2, phi3, qwen2, qwen3, qwen3moe"):  # fmt: skip
         load_gguf(tmp_path / "m.gguf")

@@ -406,6 +406,12 @@ GGUF_CASES: dict[str, tuple[str, dict[str, Any]]] = {
     # heads 256 wide and the default soft caps: what transformers' GGUF loader assumes too
     "gemma2": ("gemma2", dict(_TINY_SIZES, num_attention_heads=2, num_key_value_heads=1,
                               head_dim=256, query_pre_attn_scalar=256, sliding_window=4)),
+    # six layers: five local (window 4, base 10,000), the sixth global
+    "gemma3": ("gemma3_text", dict(_TINY_SIZES, num_hidden_layers=6, num_attention_heads=2,
+                                   num_key_value_heads=1, head_dim=256, sliding_window=4)),
+    "gemma3-scaled": ("gemma3_text", dict(_TINY_SIZES, num_hidden_layers=6, head_dim=16,
+                                          query_pre_attn_scalar=16, sliding_window=4,
+                                          rope_scaling={"rope_type": "linear", "factor": 4.0})),
     "phi3": ("phi3", dict(_TINY_SIZES, pad_token_id=0)),
     "phi3-partial": ("phi3", dict(_TINY_SIZES, partial_rotary_factor=0.5, sliding_window=5,
                                   pad_token_id=0)),
@@ -417,7 +423,7 @@ GGUF_CASES: dict[str, tuple[str, dict[str, Any]]] = {
 }  # fmt: skip
 # The cases transformers' GGUF loader reads (integrations/ggml.py: GGUF_CONFIG_MAPPING); it
 # reads neither gemma, olmo2, gptneox nor a llama with experts, nor a partial rotation of Phi-3.
-TRANSFORMERS_READS = ("llama", "qwen2", "qwen3", "qwen3moe", "gemma2", "phi3", "gpt2")
+TRANSFORMERS_READS = ("llama", "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3", "gpt2")
 
 
 def hf_case(case: str) -> Any:
@@ -432,7 +438,7 @@ def hf_case(case: str) -> Any:
 
 
 def arch_of(case: str) -> str:
-    return {"mixtral": "llama", "phi3-partial": "phi3"}.get(case, case)
+    return {"mixtral": "llama", "phi3-partial": "phi3", "gemma3-scaled": "gemma3"}.get(case, case)
 
 
 def _metadata(case: str, c: Any) -> dict[str, Any]:
@@ -451,7 +457,8 @@ def _metadata(case: str, c: Any) -> dict[str, Any]:
         "feed_forward_length": c.intermediate_size,
         "attention.head_count": c.num_attention_heads,
     }
-    theta = float(c.rope_parameters["rope_theta"])
+    rope = c.rope_parameters.get("full_attention", c.rope_parameters)  # Gemma 3's global layers
+    theta = float(rope["rope_theta"])
     if arch == "gptneox":
         pct = c.rope_parameters.get("partial_rotary_factor", getattr(c, "rotary_pct", 1.0))
         return {**meta, "rope.dimension_count": int(pct * head_dim),
@@ -459,6 +466,12 @@ def _metadata(case: str, c: Any) -> dict[str, Any]:
                 "attention.layer_norm_epsilon": c.layer_norm_eps}  # fmt: skip
     meta["attention.head_count_kv"] = c.num_key_value_heads
     meta["attention.layer_norm_rms_epsilon"] = c.rms_norm_eps
+    if arch == "gemma3":  # Gemma3Model.set_gguf_parameters
+        meta |= {"attention.key_length": head_dim, "attention.value_length": head_dim,
+                 "attention.sliding_window": c.sliding_window, "rope.freq_base": theta}  # fmt: skip
+        if rope.get("rope_type", "default") == "linear":
+            meta |= {"rope.scaling.type": "linear", "rope.scaling.factor": rope["factor"]}
+        return meta
     if arch in ("gemma", "gemma2"):
         meta |= {"attention.key_length": head_dim, "attention.value_length": head_dim}
         if arch == "gemma2":
@@ -507,7 +520,7 @@ def _converted(case: str, model: Any) -> dict[str, Any]:
             else:
                 out[f"{at}.ffn_down_exps.weight"] = x
             continue
-        if arch in ("gemma", "gemma2") and name.endswith("norm.weight"):
+        if arch in ("gemma", "gemma2", "gemma3") and name.endswith("norm.weight"):
             x = x + 1
         if arch == "gpt2" and name.endswith((".c_attn.weight", ".c_proj.weight", ".c_fc.weight")):
             x = x.T
