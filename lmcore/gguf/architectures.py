@@ -69,6 +69,7 @@ class Derived:
     keys: tuple[str, ...]
     read: Callable[[Meta, dict[str, Any]], None]
     write: Callable[[Mapping[str, Any], dict[str, Any]], None]
+    names: tuple[tuple[str, str], ...] = ()  # config field -> the key a message names for it
 
 
 @dataclass(frozen=True)
@@ -149,7 +150,8 @@ def _rotated(fraction_field: str) -> Derived:
         fraction = config.get(fraction_field)
         meta["rope.dimension_count"] = int((1.0 if fraction is None else fraction) * d) // heads
 
-    return Derived(("rope.dimension_count",), read, write)
+    return Derived(("rope.dimension_count",), read, write,
+                   ((fraction_field, "rope.dimension_count"),))  # fmt: skip
 
 
 def _window_or_zero(key: str) -> Derived:
@@ -162,7 +164,7 @@ def _window_or_zero(key: str) -> Derived:
     def write(config: Mapping[str, Any], meta: dict[str, Any]) -> None:
         meta[key] = config.get("sliding_window") or 0
 
-    return Derived((key,), read, write)
+    return Derived((key,), read, write, (("sliding_window", key),))
 
 
 def _gemma_scale(big: int) -> Callable[[Meta, dict[str, Any]], None]:
@@ -407,7 +409,8 @@ GEMMA3: Final = Architecture(
     },
     derived=(
         Derived((), _gemma_scale(62), _nothing),
-        Derived(("rope.scaling.type", "rope.scaling.factor"), _linear_read, _linear_write),
+        Derived(("rope.scaling.type", "rope.scaling.factor"), _linear_read, _linear_write,
+                (("rope_scaling", "rope.scaling.type"),)),  # fmt: skip
     ),
     norm_offset=True,
 )
@@ -484,7 +487,8 @@ GPT2: Final = Architecture(
         *_both("blk.{i}.ffn_up", f"{_H}.mlp.c_fc"),
         *_both("blk.{i}.ffn_down", f"{_H}.mlp.c_proj"),
     ),
-    derived=(Derived(("feed_forward_length",), _gpt2_ff, _gpt2_ff_write),),
+    derived=(Derived(("feed_forward_length",), _gpt2_ff, _gpt2_ff_write,
+                     (("n_inner", "feed_forward_length"),)),),  # fmt: skip
     transposed=("c_attn.weight", "c_proj.weight", "c_fc.weight"),
 )
 _NEOX: Final = "gpt_neox.layers.{i}"
@@ -648,7 +652,8 @@ def spec_of(config: Mapping[str, Any], arch: Architecture, where: object) -> str
         spec = read_config(config, str(where), family=family(arch)).spec
     except ConversionError as e:
         text = re.sub(r"this Hugging Face \w+ config", "this GGUF file", str(e))
-        for key, hf in arch.fields:
+        names = (*arch.fields, *((k, f) for d in arch.derived for f, k in d.names))
+        for key, hf in names:
             text = re.sub(rf"\b{re.escape(hf)}\b", f"{arch.name}.{key}", text)
         raise ConversionError(text) from None
     return spec

@@ -207,6 +207,10 @@ HOSTILE = {
     "type": ("gemma2", {"attention.sliding_window": "4"}, (), {},
              ("gemma2.attention.sliding_window",)),
     "type-count": ("gptneox", {"block_count": 2.5}, (), {}, ("gptneox.block_count",)),
+    "type-derived": ("phi3-partial", {"rope.dimension_count": "8"}, (), {},
+                     ("phi3.rope.dimension_count",)),
+    "type-window": ("phi3-partial", {"attention.sliding_window": 2.5}, (), {},
+                    ("phi3.attention.sliding_window",)),
     "longrope": ("phi3", {}, (), {}, ()),  # filled in below: rope_factors_long
 }  # fmt: skip
 
