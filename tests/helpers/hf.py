@@ -104,6 +104,18 @@ FAMILY_CONFIGS: dict[str, dict[str, Any]] = {
                         sliding_window_pattern=2, rope_theta=1000.0, rope_local_base_freq=50.0,
                         rope_scaling={"rope_type": "linear", "factor": 2.0},
                         query_pre_attn_scalar=16),
+    "smollm3": dict(_SIZES, num_hidden_layers=4, no_rope_layer_interval=2, pad_token_id=0,
+                    bos_token_id=1, eos_token_id=2,
+                    use_sliding_window=True, sliding_window=6),
+    "olmo3": dict(_SIZES, num_hidden_layers=4, sliding_window=6, pad_token_id=0,
+                  eos_token_id=2, rope_parameters={
+                      "sliding_attention": {"rope_type": "default", "rope_theta": 500.0},
+                      "full_attention": {"rope_type": "linear", "factor": 2.0,
+                                         "rope_theta": 10000.0}}),
+    "lfm2": dict(_SIZES, num_hidden_layers=3, intermediate_size=72, block_multiple_of=16,
+                 block_ffn_dim_multiplier=1.3, conv_bias=True, norm_eps=1e-5, rope_theta=500.0,
+                 layer_types=["conv", "full_attention", "conv"], pad_token_id=0,
+                 bos_token_id=1, eos_token_id=2),
 }  # fmt: skip
 
 
