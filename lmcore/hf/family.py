@@ -67,6 +67,7 @@ FAMILIES: Final = (
     "gpt_neox",
     "mixtral",
     "qwen3_moe",
+    "deepseek_v3",
 )
 
 # Fields any saved config may hold that do not change the function a causal LM computes:
@@ -290,7 +291,8 @@ def config_to_spec(
 
 
 def assemble(values: Mapping[str, Any]) -> str:
-    """A spec string from spec values by path; per-layer lists as `key=v, key[layers]=w`.
+    """A spec string from spec values by path; per-layer lists as `key=v, key[layers]=w`. An
+    argument's value may be a component (`ComponentSpec`: `moe(shared=swiglu(d_ff=...))`).
     Without a list nothing is done per layer, however many layers `num_layers` says (the rules
     give lists only to models the spec can give per-layer values, `spread`)."""
     tops = list(dict.fromkeys(path.partition(".")[0] for path in values))
@@ -310,7 +312,7 @@ def assemble(values: Mapping[str, Any]) -> str:
             rendered = []
             for i, name in enumerate(names):
                 inner = ",".join(
-                    f"{a}={format_scalar(v[i])}" for a, v in args.items() if v[i] is not None
+                    f"{a}={format_value(v[i])}" for a, v in args.items() if v[i] is not None
                 )
                 rendered.append("none" if name is None else f"{name}({inner})" if inner else name)
         else:
@@ -333,7 +335,7 @@ def _whole(top: str, values: Mapping[str, Any]) -> str:
         return f"{top}={format_scalar(values[top])}"
     name = values[top]
     args = {p.partition(".")[2]: v for p, v in values.items() if p.startswith(f"{top}.")}
-    inner = ",".join(f"{a}={format_scalar(v)}" for a, v in args.items() if v is not None)
+    inner = ",".join(f"{a}={format_value(v)}" for a, v in args.items() if v is not None)
     return f"{top}={'none' if name is None else f'{name}({inner})' if inner else name}"
 
 
