@@ -124,7 +124,9 @@ class LatentRope:
 
     @property
     def fields(self) -> tuple[str, ...]:
-        return ("rope_theta", "rope_scaling", "rope_parameters", "original_max_position_embeddings")
+        return (
+            "rope_theta", "rope_scaling", "rope_parameters", "original_max_position_embeddings",
+        )  # fmt: skip
 
     def read(self, d: Draft) -> None:
         p = d.problems
@@ -154,9 +156,10 @@ class LatentRope:
                 f"rope_theta={_json(top)} and rope rope_theta={_json(params['rope_theta'])} "
                 "disagree"
             )
-        theta = checked("rope_theta", params.pop("rope_theta", 10000.0 if top is None else top), float, p)
+        theta = params.pop("rope_theta", 10000.0 if top is None else top)
+        theta = checked("rope_theta", theta, float, p)
         fraction = params.pop("partial_rotary_factor", None)
-        if fraction is not None and not _same(float(fraction), 1.0):
+        if fraction is not None and not (_same(fraction, 1) or _same(fraction, 1.0)):
             p.append(
                 f"partial_rotary_factor={_json(fraction)}: the latent attention rotates all "
                 "qk_rope_head_dim dimensions"
@@ -343,7 +346,8 @@ FAMILY: Final = Family(
         "attn": "sdpa",
     },
     rules=(
-        *(r for r in core(DEFAULTS, head_dim=False, d_ff=False) if r.fields[0] != "num_key_value_heads"),
+        *(r for r in core(DEFAULTS, head_dim=False, d_ff=False)
+          if r.fields[0] != "num_key_value_heads"),
         Heads(),
         Derived(),
         Fixed("hidden_act", ("silu", "swish"), "lmcore's experts here are SwiGLU"),

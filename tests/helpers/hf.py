@@ -75,6 +75,11 @@ _SIZES: dict[str, Any] = dict(
 )  # fmt: skip
 _LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
            "original_max_position_embeddings": 16}  # fmt: skip
+# DeepSeek's YaRN: mscale / mscale_all_dim scale cos and sin by their ratio, the softmax by
+# mscale(factor, mscale_all_dim)²; with qk_rope_head_dim 4 one frequency is kept, one divided.
+_YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "beta_fast": 32.0,
+         "beta_slow": 1.0, "mscale": 0.8, "mscale_all_dim": 1.0,
+         "original_max_position_embeddings": 16}  # fmt: skip
 FAMILY_CONFIGS: dict[str, dict[str, Any]] = {
     "llama": dict(_SIZES, rope_scaling=_LLAMA3, rope_theta=500.0),
     "mistral": dict(_SIZES, sliding_window=6),
@@ -93,6 +98,11 @@ FAMILY_CONFIGS: dict[str, dict[str, Any]] = {
     "mixtral": dict(_SIZES, num_local_experts=4, num_experts_per_tok=2),
     "qwen3_moe": dict(_SIZES, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24,
                       head_dim=8, norm_topk_prob=True, mlp_only_layers=[1]),
+    "deepseek_v3": dict(_SIZES, num_hidden_layers=3, num_key_value_heads=4, first_k_dense_replace=1,
+                        n_routed_experts=8, n_group=4, topk_group=2, num_experts_per_tok=2,
+                        n_shared_experts=1, moe_intermediate_size=16, routed_scaling_factor=2.5,
+                        q_lora_rank=12, kv_lora_rank=10, qk_nope_head_dim=6, qk_rope_head_dim=4,
+                        v_head_dim=8, rope_parameters=_YARN),
 }  # fmt: skip
 
 
