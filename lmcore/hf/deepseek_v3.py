@@ -31,8 +31,9 @@ whatever a config says: they are written, not read. `num_key_value_heads` must b
 (every head has its own keys and values). DeepSeek's own fields that transformers never reads
 are refused unless they say what it computes (`moe_layer_freq: 1`, `scoring_func: sigmoid`,
 `topk_method: noaux_tc`), or kept when they only concern training or parallelism
-(`aux_loss_alpha`, `seq_aux`, `ep_size`) or the multi-token-prediction layers transformers'
-DeepseekV3ForCausalLM does not build (`num_nextn_predict_layers`).
+(`aux_loss_alpha`, `seq_aux`, `ep_size`), DeepSeek's remote code (`auto_map`), or the
+multi-token-prediction layers transformers' DeepseekV3ForCausalLM does not build
+(`num_nextn_predict_layers`).
 """
 
 from __future__ import annotations
@@ -398,6 +399,6 @@ FAMILY: Final = Family(
     ),
     passive=frozenset(
         {"num_nextn_predict_layers", "output_router_logits", "aux_loss_alpha", "seq_aux",
-         "ep_size"}
+         "ep_size", "auto_map"}
     ),  # fmt: skip
 )
