@@ -15,7 +15,8 @@ does not apply. The mixer rotates its `qk_rope_head_dim` dimensions itself, with
 an additive bias (`pos=alibi`) is.
 
 `scaling=yarn` stretches that rotation as DeepSeek-V3's long-context weights were trained
-(YaRN, Peng et al. 2023; Hugging Face's `rope_type: yarn`): the frequencies blend between
+(YaRN, Peng et al. 2023; Hugging Face's `rope_type: yarn`; the rope plugin's frequencies and
+attention factor, `lmcore_rope`): the frequencies blend between
 `f` and `f / factor` over the band `beta_fast` … `beta_slow` rotations within
 `original_context_length`; cos and sin are multiplied by the attention factor (given, or
 `mscale(factor, mscale) / mscale(factor, mscale_all_dim)` when both are given, else
@@ -36,6 +37,7 @@ from torch import Tensor
 from lmcore import Arg, Component, hookimpl
 from lmcore.model.attention import Plan, accumulator, kept_elements
 from lmcore.model.mla import MultiHeadLatentAttention
+from lmcore_rope import inverse_frequencies, yarn_attention_factor, yarn_mscale
 
 
 def widths(
@@ -72,7 +74,7 @@ def build(
     bias: bool = False,
     scaling: str = "none",
     factor: float = 1.0,
-    original_context_length: int = 4096,
+    original_context_length: int = 8192,
     beta_fast: float = 32.0,
     beta_slow: float = 1.0,
     mscale: float = 0.0,
@@ -85,10 +87,12 @@ def build(
     inv_freq: Tensor | None = None
     cos_sin_factor, softmax_scale = 1.0, (n + p) ** -0.5
     if scaling == "yarn":
-        inv_freq = yarn_frequencies(
-            rope_theta, p, factor, original_context_length, beta_fast, beta_slow
-        )
-        cos_sin_factor = yarn_attention_factor(factor, mscale, mscale_all_dim, attention_factor)
+        inv_freq = inverse_frequencies(
+            rope_theta, p, scaling="yarn", factor=factor,
+            original_context_length=original_context_length, beta_fast=beta_fast,
+            beta_slow=beta_slow,
+        )  # fmt: skip
+        cos_sin_factor = yarn_attention_factor(factor, attention_factor, mscale, mscale_all_dim)
         if mscale_all_dim:  # DeepSeek's: the scale times mscale² (Hugging Face's order)
             m = yarn_mscale(factor, mscale_all_dim)
             softmax_scale = softmax_scale * m * m
@@ -98,40 +102,6 @@ def build(
         rope_theta=rope_theta, rope_interleave=rope_interleave, eps=eps, bias=bias,
         inv_freq=inv_freq, attention_factor=cos_sin_factor, softmax_scale=softmax_scale,
         device=device, dtype=dtype,
-    )  # fmt: skip
-
-
-def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
-    """DeepSeek's `mscale(s, m) = 0.1 · m · ln s + 1` (1 for s ≤ 1), Hugging Face's
-    `yarn_get_mscale`."""
-    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
-
-
-def yarn_attention_factor(
-    factor: float, mscale: float, mscale_all_dim: float, attention_factor: float
-) -> float:
-    """What cos and sin are multiplied by: `attention_factor` when given (non-zero), else
-    `mscale(factor, mscale) / mscale(factor, mscale_all_dim)` when both are given, else
-    `mscale(factor)`, as Hugging Face's `_compute_yarn_parameters` infers it."""
-    if attention_factor:
-        return attention_factor
-    if mscale and mscale_all_dim:
-        return float(yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all_dim))
-    return yarn_mscale(factor)
-
-
-def yarn_frequencies(
-    theta: float, dim: int, factor: float, original: int, beta_fast: float, beta_slow: float
-) -> Tensor:
-    """YaRN's frequencies for a `dim`-wide rotation: the rope plugin's (one copy of them)."""
-    import lmcore_rope
-    from lmcore_rope import inverse_frequencies
-
-    if "yarn" not in lmcore_rope.SCALINGS:  # until the rope plugin computes YaRN's
-        raise ValueError("scaling=yarn needs the rope plugin's YaRN frequencies")
-    return inverse_frequencies(
-        theta, dim, scaling="yarn", factor=factor, original_context_length=original,
-        beta_fast=beta_fast, beta_slow=beta_slow,
     )  # fmt: skip
 
 
@@ -222,7 +192,7 @@ SCALINGS: Final = ("none", "yarn")
 # The YaRN arguments and their defaults: each has an effect only with scaling=yarn.
 _YARN: Final = {
     "factor": 1.0,
-    "original_context_length": 4096,
+    "original_context_length": 8192,
     "beta_fast": 32.0,
     "beta_slow": 1.0,
     "mscale": 0.0,
@@ -236,7 +206,7 @@ def _validate(
     qk_rope_head_dim: int,
     scaling: str = "none",
     factor: float = 1.0,
-    original_context_length: int = 4096,
+    original_context_length: int = 8192,
     beta_fast: float = 32.0,
     beta_slow: float = 1.0,
     mscale: float = 0.0,
@@ -288,7 +258,7 @@ ARGS = (
         "(DeepSeek-V3's long context)", choices=SCALINGS, written="changed"),
     Arg("factor", float, 1.0, "yarn: how much longer the context gets", gt=0.0,
         written="changed"),
-    Arg("original_context_length", int, 4096, "yarn: the context length the model was "
+    Arg("original_context_length", int, 8192, "yarn: the context length the model was "
         "trained at", ge=1, written="changed"),
     Arg("beta_fast", float, 32.0, "yarn: rotations above which frequencies are kept",
         gt=0.0, written="changed"),

@@ -235,7 +235,11 @@ def from_hf_state_dict(
     and misshapen tensor is listed in one `ConversionError`, and so is any lmcore key the table
     does not fill."""
     prefix, head, embedding = family.prefix, family.head, family.embedding
-    tensors = {k: v for k, v in tensors.items() if not k.endswith(family.skip)}
+    tensors = {
+        k: v
+        for k, v in tensors.items()
+        if not k.endswith(family.skip) and not k.startswith(family.skip_prefixes)
+    }
     if prefix and tensors and not any(k.startswith(prefix) for k in tensors):
         tensors = {k if k == head else prefix + k: v for k, v in tensors.items()}  # base model
     found = list(pairs(family.tensors, bp, shapes))

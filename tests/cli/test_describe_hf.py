@@ -15,7 +15,12 @@ transformers = quiet_transformers()
 
 
 @pytest.mark.parametrize(
-    "config, count", [("MixtralConfig", "46,702,792,704"), ("GPT2Config", "124,439,808")]
+    "config, count",
+    [
+        ("MixtralConfig", "46,702,792,704"),
+        ("GPT2Config", "124,439,808"),
+        ("Gemma3TextConfig", "2,628,658,432"),  # local and global layers, rotary bases of each
+    ],
 )
 def test_describe_build_and_print_spec_read_a_config(
     config: str, count: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
@@ -29,6 +34,35 @@ def test_describe_build_and_print_spec_read_a_config(
     printed = capsys.readouterr().out.strip()
     assert printed == str(lmcore.parse_spec(printed))
     assert not list(tmp_path.glob("*.safetensors"))
+
+
+def test_describe_counts_qwen3_nexts_default_config_as_hugging_face_does(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """transformers' Qwen3NextConfig() (Qwen3-Next-80B-A3B's shape): 79,674,391,296 parameters
+    (transformers' own count on meta, tests/hf/test_family.py), of which a token uses the router,
+    10 of 512 experts and the shared expert: 48 layers × 502 idle experts × 3·2048·512 fewer.
+    The decoding state: per DeltaNet layer a 32 × 128 × 128 float32 matrix and the convolution's
+    last 3 inputs over 2·16·128 + 32·128 channels; per attention layer 2 · 2 · 256 floats a token."""
+    transformers.AutoConfig.for_model("qwen3_next").save_pretrained(tmp_path)
+    assert main(["describe", str(tmp_path)]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    active = 79_674_391_296 - 48 * 502 * 3 * 2048 * 512
+    assert "total 79,674,391,296" in out
+    assert f"active parameters: {active:,} of 79,674,391,296" in out
+    deltanet = 32 * 128 * 128 * 4 + (2 * 16 * 128 + 32 * 128) * 3 * 4
+    assert deltanet / 2**20 == pytest.approx(2.09, abs=0.005)
+    assert "layers all but 3::4 (36), mixer=gated_deltanet - 2.09 MiB" in out
+    assert "layers 3::4 (12), mixer=attention 4.00 KiB/token" in out
+def test_describe_refuses_the_multimodal_gemma3_naming_its_language_model(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    transformers.Gemma3Config().save_pretrained(tmp_path)
+    assert main(["describe", str(tmp_path)]) != 0
+    err = " ".join(capsys.readouterr().err.split())
+    for fact in ("model_type 'gemma3'", "Gemma3ForConditionalGeneration", "multimodal",
+                 "text_config", "'gemma3_text'"):  # fmt: skip
+        assert fact in err, err
 
 
 def test_describe_counts_deepseek_v3_and_its_active_parameters_on_meta(

@@ -98,6 +98,17 @@ FAMILY_CONFIGS: dict[str, dict[str, Any]] = {
     "mixtral": dict(_SIZES, num_local_experts=4, num_experts_per_tok=2),
     "qwen3_moe": dict(_SIZES, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24,
                       head_dim=8, norm_topk_prob=True, mlp_only_layers=[1]),
+    # DeltaNet on layers 0 and 2, gated attention on 1 and 3; experts everywhere but layer 2.
+    "qwen3_next": dict(_SIZES, num_hidden_layers=4, full_attention_interval=2, head_dim=16,
+                       linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,
+                       linear_value_head_dim=12, num_experts=4, num_experts_per_tok=2,
+                       moe_intermediate_size=24, shared_expert_intermediate_size=20,
+                       mlp_only_layers=[2]),
+    # local layers 0 and 2 (base 50, window 6), global 1 and 3 (base 1,000, linear scaling)
+    "gemma3_text": dict(_SIZES, num_hidden_layers=4, head_dim=8, sliding_window=6,
+                        sliding_window_pattern=2, rope_theta=1000.0, rope_local_base_freq=50.0,
+                        rope_scaling={"rope_type": "linear", "factor": 2.0},
+                        query_pre_attn_scalar=16),
     "deepseek_v3": dict(_SIZES, num_hidden_layers=3, num_key_value_heads=4, first_k_dense_replace=1,
                         n_routed_experts=8, n_group=4, topk_group=2, num_experts_per_tok=2,
                         n_shared_experts=1, moe_intermediate_size=16, routed_scaling_factor=2.5,

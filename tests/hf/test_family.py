@@ -15,6 +15,7 @@ import torch
 
 import lmcore
 from lmcore import ConversionError
+from lmcore.blueprint import resolve
 from lmcore.hf import (
     FAMILIES,
     config_to_spec,
@@ -22,6 +23,7 @@ from lmcore.hf import (
     convert_to_hf,
     read_config,
     save_llama,
+    spec_to_config,
 )
 from tests.helpers.errors import raises_naming
 from tests.helpers.hf import HF_SPEC as SMALL
@@ -29,6 +31,29 @@ from tests.helpers.hf import LLAMA_V4, quiet_transformers, random_family_model
 
 transformers = quiet_transformers()
 from transformers import AutoConfig, AutoModelForCausalLM  # noqa: E402
+
+
+@pytest.mark.parametrize(
+    "rope",
+    [
+        {"rope_type": "yarn", "factor": 32.0, "original_max_position_embeddings": 16,
+         "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False},
+        {"rope_type": "yarn", "factor": 40.0, "original_max_position_embeddings": 16,
+         "mscale": 1.0, "mscale_all_dim": 0.5, "beta_fast": 16.0},
+    ],
+)
+def test_yarn_rope_parameters_read_into_the_spec_and_write_back(rope: dict[str, Any]) -> None:
+    config = {**LLAMA_V4, "rope_scaling": rope}
+    spec = lmcore.parse_spec(config_to_spec(config))
+    args = spec.pos.kwargs
+    assert args["scaling"] == "yarn" and args["factor"] == rope["factor"]
+    assert args["original_context_length"] == 16
+    assert args.get("truncate", True) is rope.get("truncate", True)
+    assert args.get("mscale_all_dim", 0.0) == rope.get("mscale_all_dim", 0.0)
+    back = spec_to_config(resolve(spec), torch.float32, {"model_type": "llama"})
+    wanted = {k: v for k, v in rope.items() if (k, v) not in (("beta_fast", 32.0),
+              ("beta_slow", 1.0), ("truncate", True))}  # fmt: skip
+    assert back["rope_scaling"] == wanted
 
 
 def test_a_transformers_4_config_maps_to_a_spec() -> None:
@@ -53,7 +78,10 @@ def test_a_transformers_4_config_maps_to_a_spec() -> None:
         ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}},
          ("rope llama3 scaling without low_freq_factor", "rope llama3 scaling without high_freq_factor")),
         ({"rope_parameters": {"rope_type": "yarn", "factor": 2.0, "rope_theta": 5e5}},
-         ('rope type "yarn"', 'none ("default"), "linear" or "llama3"')),
+         ("rope yarn scaling without original_max_position_embeddings",)),
+        ({"rope_parameters": {"rope_type": "yarn", "factor": 2.0, "rope_theta": 5e5,
+                              "original_max_position_embeddings": 16, "truncate": "no"}},
+         ('rope_parameters.truncate="no" is not true or false',)),
         ({"rope_parameters": {"rope_type": "default", "rope_theta": 5e5,
                               "partial_rotary_factor": 0.5}},
          ("partial_rotary_factor=0.5", "this family's attention rotates every dimension")),
@@ -176,7 +204,7 @@ _DS_YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 40.0, "beta_fa
     "name, change, facts",
     [
         ("phi3", {"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4}},
-         ('rope type "longrope"', 'none ("default"), "linear" or "llama3"')),
+         ('rope type "longrope"', 'none ("default"), "linear", "llama3" or "yarn"')),
         ("llama", {"rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}},
          ('rope type "dynamic"',)),
         ("gemma", {"use_bidirectional_attention": True},
@@ -272,7 +300,7 @@ def test_deepseek_v3s_own_config_reads_and_its_quantization_is_refused() -> None
         "d_ff=2048", "d_ff[0:3]=18432", "ffn=swiglu,ffn[3:]=moe(", "pos=nope",
         "mixer=mla(kv_lora_rank=512,q_lora_rank=1536,qk_nope_head_dim=128,qk_rope_head_dim=64,"
         "v_head_dim=128,rope_theta=10000.0,rope_interleave=true,eps=1e-06,scaling=yarn,"
-        "factor=40.0,mscale=1.0,mscale_all_dim=1.0)",  # original_context_length: 4096, its default
+        "factor=40.0,original_context_length=4096,mscale=1.0,mscale_all_dim=1.0)",
         "num_experts=256", "top_k=8", "renormalize=true", "shared=swiglu(d_ff=2048)",
         "score=sigmoid", "n_group=8", "topk_group=4", "score_bias=true", "scale=2.5",
     ):  # fmt: skip
