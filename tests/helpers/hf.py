@@ -119,12 +119,17 @@ FAMILY_CONFIGS: dict[str, dict[str, Any]] = {
 
 def random_family_model(name: str, directory: Path) -> Any:
     """A tiny random model of family `name` (`FAMILY_CONFIGS`), eager attention, every weight
-    perturbed (norm gains and biases too, so they matter), saved to `directory`."""
+    perturbed (norm gains and biases too, and DeepSeek-V3's score-correction bias, so they
+    matter), saved to `directory`."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     torch.manual_seed(0)
     config = AutoConfig.for_model(name, **FAMILY_CONFIGS[name])
     model = AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
     perturb(model)
+    with torch.no_grad():  # DeepSeek-V3's score correction, a saved buffer: it changes choices
+        for name, buffer in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                buffer.add_(0.1 * torch.randn_like(buffer))
     model.save_pretrained(directory)
     return model
