@@ -276,7 +276,7 @@ class Experts:
             return
         sparse = spread(n, range(min(dense, n), n))
         if sparse is None:
-            p.append(_too_many(n, "experts"))
+            p.append(_too_many(n, f"experts (first_k_dense_replace={dense})"))
             return
 
         def by_layer(yes: Any, no: Any) -> Any:

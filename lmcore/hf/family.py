@@ -70,6 +70,9 @@ FAMILIES: Final = (
     "qwen3_moe",
     "qwen3_next",
     "gemma3_text",
+    "smollm3",
+    "olmo3",
+    "lfm2",
     "deepseek_v3",
 )
 

@@ -54,6 +54,8 @@ def test_describe_counts_qwen3_nexts_default_config_as_hugging_face_does(
     assert deltanet / 2**20 == pytest.approx(2.09, abs=0.005)
     assert "layers all but 3::4 (36), mixer=gated_deltanet - 2.09 MiB" in out
     assert "layers 3::4 (12), mixer=attention 4.00 KiB/token" in out
+
+
 def test_describe_refuses_the_multimodal_gemma3_naming_its_language_model(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -63,6 +65,23 @@ def test_describe_refuses_the_multimodal_gemma3_naming_its_language_model(
     for fact in ("model_type 'gemma3'", "Gemma3ForConditionalGeneration", "multimodal",
                  "text_config", "'gemma3_text'"):  # fmt: skip
         assert fact in err, err
+
+
+@pytest.mark.parametrize("name", ["smollm3", "olmo3", "lfm2"])
+def test_describe_gives_hugging_faces_count_of_a_default_config(
+    name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`lmcore describe DIR` on a directory holding only a family's default (real-sized)
+    config.json prints Hugging Face's own parameter count, counted on meta."""
+    import torch
+
+    config = transformers.AutoConfig.for_model(name)
+    config.save_pretrained(tmp_path)
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    count = sum(p.numel() for p in model.parameters())
+    assert main(["describe", str(tmp_path)]) == 0
+    assert f"total {count:,}" in " ".join(capsys.readouterr().out.split())
 
 
 def test_describe_counts_deepseek_v3_and_its_active_parameters_on_meta(

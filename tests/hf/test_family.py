@@ -26,8 +26,8 @@ from lmcore.hf import (
     spec_to_config,
 )
 from tests.helpers.errors import raises_naming
+from tests.helpers.hf import FAMILY_CONFIGS, LLAMA_V4, quiet_transformers, random_family_model
 from tests.helpers.hf import HF_SPEC as SMALL
-from tests.helpers.hf import LLAMA_V4, quiet_transformers, random_family_model
 
 transformers = quiet_transformers()
 from transformers import AutoConfig, AutoModelForCausalLM  # noqa: E402
@@ -265,6 +265,31 @@ def test_without_model_type_the_architectures_name_the_family_or_it_is_refused()
             config_to_spec({**bare, "architectures": archs}, "DIR/config.json")
     with raises_naming(ConversionError, "names 2 families (llama, mistral)", 'add "model_type"'):
         config_to_spec({**bare, "architectures": ["MistralForCausalLM", "LlamaForCausalLM"]})
+
+
+@pytest.mark.parametrize(
+    ("activation", "approximate"), [("gelu", "none"), ("gelu_pytorch_tanh", "tanh")]
+)
+def test_gemma2_reads_hidden_activation_as_transformers_does_and_leaves_hidden_act(
+    activation: str, approximate: str, tmp_path: Path
+) -> None:
+    """Gemma 2's MLP is `ACT2FN[hidden_activation]` (exact GELU for "gelu", unlike Gemma's
+    legacy remapping); `hidden_act`, which released configs also hold, is never read."""
+    config = AutoConfig.for_model("gemma2", **FAMILY_CONFIGS["gemma2"],
+                                  hidden_activation=activation)  # fmt: skip
+    config.hidden_act = "silu"
+    torch.manual_seed(0)
+    reference = AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
+    reference.save_pretrained(tmp_path / "hf")
+    saved = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert saved["hidden_act"] == "silu"
+    spec = lmcore.parse_spec(config_to_spec(saved))
+    assert (spec.ffn.name, spec.ffn.kwargs.get("approximate", "none")) == ("geglu", approximate)
+    convert_from_hf(tmp_path / "hf", tmp_path / "m.safetensors")
+    ids = torch.randint(0, 97, (1, 12), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        diff = lmcore.load(tmp_path / "m.safetensors").eval()(ids) - reference(ids).logits
+    assert diff.abs().max() <= 1e-4
 
 
 # DeepSeek-V3's config.json on the Hub (deepseek-ai/DeepSeek-V3), less its fp8
