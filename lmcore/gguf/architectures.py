@@ -34,11 +34,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
 from typing import Any, Final
 
 from lmcore.blueprint import Blueprint, parse_spec
 from lmcore.errors import ConversionError, one_of
+from lmcore.gguf.gpt_oss import GPT_OSS
+from lmcore.gguf.rows import Architecture, Derived, Meta, both, layer, positive
 from lmcore.hf.family import Family, differences, read_config
 from lmcore.hf.family import family as hf_family
 
@@ -47,6 +48,7 @@ __all__ = [
     "WRITE_ORDER",
     "Architecture",
     "Derived",
+    "Meta",
     "architecture",
     "config_to_metadata",
     "family",
@@ -56,76 +58,6 @@ __all__ = [
     "spec_of",
     "writable",
 ]
-
-Meta = Mapping[str, Any]  # metadata keys relative to "{arch}." -> values
-
-
-@dataclass(frozen=True)
-class Derived:
-    """Metadata keys and config fields that are not one renaming: `read(meta, config)` sets
-    config fields from the architecture-relative metadata (values of the wrong type are passed
-    on as they are, for the family's checks to name), `write(config, meta)` the other way."""
-
-    keys: tuple[str, ...]
-    read: Callable[[Meta, dict[str, Any]], None]
-    write: Callable[[Mapping[str, Any], dict[str, Any]], None]
-    names: tuple[tuple[str, str], ...] = ()  # config field -> the key a message names for it
-
-
-@dataclass(frozen=True)
-class Architecture:
-    """One GGUF architecture (`general.architecture`) and the Hugging Face family it renames."""
-
-    name: str
-    family: str  # the module of lmcore.hf holding the family's tables
-    model_type: str  # config.json's model_type
-    # "{arch}."-relative metadata key -> config.json field (both directions)
-    fields: tuple[tuple[str, str], ...]
-    # keys checked against what the spec implies (head widths, the rotated width), not mapped
-    head_keys: tuple[str, ...]
-    # keys whose value is the default (scaling "none", 0 experts) are accepted
-    trivial: Mapping[str, tuple[Any, ...]]
-    # GGUF tensor name -> Hugging Face tensor name; "{i}" is the layer, "{e}" (Hugging Face side
-    # only) the expert of a GGUF tensor stacking every expert's
-    tensors: tuple[tuple[str, str], ...]
-    # Hugging Face tensor name suffix -> config field giving the heads its rows were permuted by
-    permuted: Mapping[str, str] = field(default_factory=dict)
-    # config field -> llama.cpp's value when the file lacks the key (optional keys)
-    defaults: Mapping[str, Any] = field(default_factory=dict)
-    # config fields llama.cpp's architecture fixes, whatever the file says
-    fixed: Mapping[str, Any] = field(default_factory=dict)
-    derived: tuple[Derived, ...] = ()
-    norm_offset: bool = False  # Gemma: `*norm.weight` stored as 1 + w
-    transposed: tuple[str, ...] = ()  # Hugging Face suffixes stored transposed (Conv1D)
-    per_head: Mapping[str, str] = field(default_factory=dict)  # suffix -> heads field (NeoX)
-    shapes: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # overrides of _SHAPES
-    # config fields the file holds but llama.cpp's graph ignores -> why: a model using one is
-    # written as this architecture only when asked for, or when it came from it
-    unused: Mapping[str, str] = field(default_factory=dict)
-
-    @property
-    def keys(self) -> frozenset[str]:
-        """Every "{arch}."-relative key the architecture reads."""
-        names = [k for k, _ in self.fields] + list(self.head_keys) + list(self.trivial)
-        return frozenset(names + [k for d in self.derived for k in d.keys])
-
-    @property
-    def has_output(self) -> bool:
-        return any(g == "output.weight" for g, _ in self.tensors)
-
-
-def _layer(gguf: str, hf: str) -> tuple[str, str]:
-    return (f"blk.{{i}}.{gguf}", f"model.layers.{{i}}.{hf}")
-
-
-def _both(gguf: str, hf: str) -> tuple[tuple[str, str], ...]:
-    return tuple((f"{gguf}.{p}", f"{hf}.{p}") for p in ("weight", "bias"))
-
-
-def positive(value: Any) -> int | None:
-    """`value` if it is a positive integer (not a bool), else None."""
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
-
 
 def _head_dim(meta: Meta) -> int | None:
     """The head width llama.cpp takes: `attention.key_length`, else embedding / heads."""
@@ -230,23 +162,23 @@ _ENDS: Final = (
     ("output.weight", "lm_head.weight"),
 )
 _ATTENTION: Final = (
-    _layer("attn_q.weight", "self_attn.q_proj.weight"),
-    _layer("attn_k.weight", "self_attn.k_proj.weight"),
-    _layer("attn_v.weight", "self_attn.v_proj.weight"),
-    _layer("attn_output.weight", "self_attn.o_proj.weight"),
+    layer("attn_q.weight", "self_attn.q_proj.weight"),
+    layer("attn_k.weight", "self_attn.k_proj.weight"),
+    layer("attn_v.weight", "self_attn.v_proj.weight"),
+    layer("attn_output.weight", "self_attn.o_proj.weight"),
 )
 _MLP: Final = (
-    _layer("ffn_gate.weight", "mlp.gate_proj.weight"),
-    _layer("ffn_up.weight", "mlp.up_proj.weight"),
-    _layer("ffn_down.weight", "mlp.down_proj.weight"),
+    layer("ffn_gate.weight", "mlp.gate_proj.weight"),
+    layer("ffn_up.weight", "mlp.up_proj.weight"),
+    layer("ffn_down.weight", "mlp.down_proj.weight"),
 )
 _PRENORMS: Final = (
-    _layer("attn_norm.weight", "input_layernorm.weight"),
-    _layer("ffn_norm.weight", "post_attention_layernorm.weight"),
+    layer("attn_norm.weight", "input_layernorm.weight"),
+    layer("ffn_norm.weight", "post_attention_layernorm.weight"),
 )
 _QK_NORMS: Final = (
-    _layer("attn_q_norm.weight", "self_attn.q_norm.weight"),
-    _layer("attn_k_norm.weight", "self_attn.k_norm.weight"),
+    layer("attn_q_norm.weight", "self_attn.q_norm.weight"),
+    layer("attn_k_norm.weight", "self_attn.k_norm.weight"),
 )
 _LLAMA_PERMUTED: Final = {
     "self_attn.q_proj.weight": "num_attention_heads",
@@ -258,10 +190,10 @@ def _experts(at: str, names: tuple[str, str, str]) -> tuple[tuple[str, str], ...
     """The stacked experts (gate, up, down) and the router, Hugging Face's per-expert names."""
     gate, up, down = names
     return (
-        _layer("ffn_gate_inp.weight", f"{at}.gate.weight"),
-        _layer("ffn_gate_exps.weight", f"{at}.experts.{{e}}.{gate}.weight"),
-        _layer("ffn_up_exps.weight", f"{at}.experts.{{e}}.{up}.weight"),
-        _layer("ffn_down_exps.weight", f"{at}.experts.{{e}}.{down}.weight"),
+        layer("ffn_gate_inp.weight", f"{at}.gate.weight"),
+        layer("ffn_gate_exps.weight", f"{at}.experts.{{e}}.{gate}.weight"),
+        layer("ffn_up_exps.weight", f"{at}.experts.{{e}}.{up}.weight"),
+        layer("ffn_down_exps.weight", f"{at}.experts.{{e}}.{down}.weight"),
     )
 
 
@@ -307,9 +239,9 @@ QWEN2: Final = Architecture(
     trivial={**_NO_SCALING, **_NO_EXPERTS},
     tensors=(
         *LLAMA.tensors,
-        _layer("attn_q.bias", "self_attn.q_proj.bias"),
-        _layer("attn_k.bias", "self_attn.k_proj.bias"),
-        _layer("attn_v.bias", "self_attn.v_proj.bias"),
+        layer("attn_q.bias", "self_attn.q_proj.bias"),
+        layer("attn_k.bias", "self_attn.k_proj.bias"),
+        layer("attn_v.bias", "self_attn.v_proj.bias"),
     ),
     defaults=_ROPE,
 )
@@ -372,10 +304,10 @@ GEMMA2: Final = Architecture(
     trivial=GEMMA.trivial,
     tensors=(
         *GEMMA.tensors[:2],
-        _layer("attn_norm.weight", "input_layernorm.weight"),
-        _layer("post_attention_norm.weight", "post_attention_layernorm.weight"),
-        _layer("ffn_norm.weight", "pre_feedforward_layernorm.weight"),
-        _layer("post_ffw_norm.weight", "post_feedforward_layernorm.weight"),
+        layer("attn_norm.weight", "input_layernorm.weight"),
+        layer("post_attention_norm.weight", "post_attention_layernorm.weight"),
+        layer("ffn_norm.weight", "pre_feedforward_layernorm.weight"),
+        layer("post_ffw_norm.weight", "post_feedforward_layernorm.weight"),
         *_ATTENTION,
         *_MLP,
     ),
@@ -430,10 +362,10 @@ PHI3: Final = Architecture(
     tensors=(
         *_ENDS,
         *_PRENORMS,
-        _layer("attn_qkv.weight", "self_attn.qkv_proj.weight"),
-        _layer("attn_output.weight", "self_attn.o_proj.weight"),
-        _layer("ffn_up.weight", "mlp.gate_up_proj.weight"),
-        _layer("ffn_down.weight", "mlp.down_proj.weight"),
+        layer("attn_qkv.weight", "self_attn.qkv_proj.weight"),
+        layer("attn_output.weight", "self_attn.o_proj.weight"),
+        layer("ffn_up.weight", "mlp.gate_up_proj.weight"),
+        layer("ffn_down.weight", "mlp.down_proj.weight"),
     ),
     defaults=_ROPE,
     derived=(_rotated("partial_rotary_factor"), _window_or_zero("attention.sliding_window")),
@@ -453,8 +385,8 @@ OLMO2: Final = Architecture(
         *_ATTENTION,
         *_MLP,
         *_QK_NORMS,
-        _layer("post_attention_norm.weight", "post_attention_layernorm.weight"),
-        _layer("post_ffw_norm.weight", "post_feedforward_layernorm.weight"),
+        layer("post_attention_norm.weight", "post_attention_layernorm.weight"),
+        layer("post_ffw_norm.weight", "post_feedforward_layernorm.weight"),
     ),
     defaults=_ROPE,
     shapes={"attn_q_norm.weight": ("q",), "attn_k_norm.weight": ("kv",)},
@@ -478,14 +410,14 @@ GPT2: Final = Architecture(
     tensors=(
         ("token_embd.weight", "transformer.wte.weight"),
         ("position_embd.weight", "transformer.wpe.weight"),
-        *_both("output_norm", "transformer.ln_f"),
+        *both("output_norm", "transformer.ln_f"),
         ("output.weight", "lm_head.weight"),
-        *_both("blk.{i}.attn_norm", f"{_H}.ln_1"),
-        *_both("blk.{i}.attn_qkv", f"{_H}.attn.c_attn"),
-        *_both("blk.{i}.attn_output", f"{_H}.attn.c_proj"),
-        *_both("blk.{i}.ffn_norm", f"{_H}.ln_2"),
-        *_both("blk.{i}.ffn_up", f"{_H}.mlp.c_fc"),
-        *_both("blk.{i}.ffn_down", f"{_H}.mlp.c_proj"),
+        *both("blk.{i}.attn_norm", f"{_H}.ln_1"),
+        *both("blk.{i}.attn_qkv", f"{_H}.attn.c_attn"),
+        *both("blk.{i}.attn_output", f"{_H}.attn.c_proj"),
+        *both("blk.{i}.ffn_norm", f"{_H}.ln_2"),
+        *both("blk.{i}.ffn_up", f"{_H}.mlp.c_fc"),
+        *both("blk.{i}.ffn_down", f"{_H}.mlp.c_proj"),
     ),
     derived=(Derived(("feed_forward_length",), _gpt2_ff, _gpt2_ff_write,
                      (("n_inner", "feed_forward_length"),)),),  # fmt: skip
@@ -512,14 +444,14 @@ GPTNEOX: Final = Architecture(
     trivial=_NO_SCALING,
     tensors=(
         ("token_embd.weight", "gpt_neox.embed_in.weight"),
-        *_both("output_norm", "gpt_neox.final_layer_norm"),
+        *both("output_norm", "gpt_neox.final_layer_norm"),
         ("output.weight", "embed_out.weight"),
-        *_both("blk.{i}.attn_norm", f"{_NEOX}.input_layernorm"),
-        *_both("blk.{i}.ffn_norm", f"{_NEOX}.post_attention_layernorm"),
-        *_both("blk.{i}.attn_qkv", f"{_NEOX}.attention.query_key_value"),
-        *_both("blk.{i}.attn_output", f"{_NEOX}.attention.dense"),
-        *_both("blk.{i}.ffn_up", f"{_NEOX}.mlp.dense_h_to_4h"),
-        *_both("blk.{i}.ffn_down", f"{_NEOX}.mlp.dense_4h_to_h"),
+        *both("blk.{i}.attn_norm", f"{_NEOX}.input_layernorm"),
+        *both("blk.{i}.ffn_norm", f"{_NEOX}.post_attention_layernorm"),
+        *both("blk.{i}.attn_qkv", f"{_NEOX}.attention.query_key_value"),
+        *both("blk.{i}.attn_output", f"{_NEOX}.attention.dense"),
+        *both("blk.{i}.ffn_up", f"{_NEOX}.mlp.dense_h_to_4h"),
+        *both("blk.{i}.ffn_down", f"{_NEOX}.mlp.dense_4h_to_h"),
     ),
     defaults={"rotary_emb_base": 10000.0, "use_parallel_residual": True},
     derived=(_rotated("rotary_pct"),),
@@ -530,11 +462,12 @@ GPTNEOX: Final = Architecture(
 ARCHITECTURES: Final[Mapping[str, Architecture]] = {
     a.name: a
     for a in (LLAMA, QWEN2, QWEN3, QWEN3MOE, GEMMA, GEMMA2, GEMMA3, PHI3, OLMO2, GPT2, GPTNEOX)
-}
+} | {a.name: a for a in (GPT_OSS,)}  # architectures with a module of their own
 # What `--to-gguf` tries, in order, when nothing names the architecture: the first whose
 # family expresses the model and whose metadata reads back as the same model.
 WRITE_ORDER: Final = (
     LLAMA, QWEN2, QWEN3, GEMMA, GEMMA2, GEMMA3, OLMO2, PHI3, GPT2, GPTNEOX, LLAMA_MOE, QWEN3MOE,
+    GPT_OSS,
 )  # fmt: skip
 # Hugging Face model_type -> the architecture a model converted from it is written as first.
 BY_MODEL_TYPE: Final[Mapping[str, Architecture]] = {

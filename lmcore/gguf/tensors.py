@@ -206,6 +206,8 @@ def from_gguf_tensors(
     check to list)."""
     rules = _rules(arch, reverse=False)
     out: dict[str, Tensor] = {}
+    if arch.join is not None:
+        tensors = arch.join(dict(tensors), config)
     for name, t in tensors.items():
         renamed = _rename(name, rules)
         if renamed is None:
@@ -227,6 +229,8 @@ def to_gguf_tensors(
     (each layer's experts stacked into one tensor per matrix)."""
     rules = _rules(arch, reverse=True)
     out: dict[str, Tensor] = {}
+    if arch.split is not None:
+        tensors, out = arch.split(dict(tensors), config)
     stacks: dict[str, dict[int, Tensor]] = {}
     for name, t in tensors.items():
         renamed = _rename(name, rules)

@@ -1,0 +1,90 @@
+"""The row each GGUF architecture is (`Architecture`: metadata keys as a Hugging Face config's
+fields, tensor names as Hugging Face's, how llama.cpp's converter changed the tensors) and the
+helpers its tables are written with; `lmcore.gguf.architectures` holds the rows and reads them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import Tensor
+
+__all__ = ["Architecture", "Derived", "Meta", "both", "layer", "positive"]
+
+Meta = Mapping[str, Any]  # metadata keys relative to "{arch}." -> values
+
+
+@dataclass(frozen=True)
+class Derived:
+    """Metadata keys and config fields that are not one renaming: `read(meta, config)` sets
+    config fields from the architecture-relative metadata (values of the wrong type are passed
+    on as they are, for the family's checks to name), `write(config, meta)` the other way."""
+
+    keys: tuple[str, ...]
+    read: Callable[[Meta, dict[str, Any]], None]
+    write: Callable[[Mapping[str, Any], dict[str, Any]], None]
+    names: tuple[tuple[str, str], ...] = ()  # config field -> the key a message names for it
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """One GGUF architecture (`general.architecture`) and the Hugging Face family it renames."""
+
+    name: str
+    family: str  # the module of lmcore.hf holding the family's tables
+    model_type: str  # config.json's model_type
+    # "{arch}."-relative metadata key -> config.json field (both directions)
+    fields: tuple[tuple[str, str], ...]
+    # keys checked against what the spec implies (head widths, the rotated width), not mapped
+    head_keys: tuple[str, ...]
+    # keys whose value is the default (scaling "none", 0 experts) are accepted
+    trivial: Mapping[str, tuple[Any, ...]]
+    # GGUF tensor name -> Hugging Face tensor name; "{i}" is the layer, "{e}" (Hugging Face side
+    # only) the expert of a GGUF tensor stacking every expert's
+    tensors: tuple[tuple[str, str], ...]
+    # Hugging Face tensor name suffix -> config field giving the heads its rows were permuted by
+    permuted: Mapping[str, str] = field(default_factory=dict)
+    # config field -> llama.cpp's value when the file lacks the key (optional keys)
+    defaults: Mapping[str, Any] = field(default_factory=dict)
+    # config fields llama.cpp's architecture fixes, whatever the file says
+    fixed: Mapping[str, Any] = field(default_factory=dict)
+    derived: tuple[Derived, ...] = ()
+    norm_offset: bool = False  # Gemma: `*norm.weight` stored as 1 + w
+    transposed: tuple[str, ...] = ()  # Hugging Face suffixes stored transposed (Conv1D)
+    per_head: Mapping[str, str] = field(default_factory=dict)  # suffix -> heads field (NeoX)
+    shapes: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # overrides of _SHAPES
+    # config fields the file holds but llama.cpp's graph ignores -> why: a model using one is
+    # written as this architecture only when asked for, or when it came from it
+    unused: Mapping[str, str] = field(default_factory=dict)
+    # llama.cpp's tensors that are not one renaming of Hugging Face's (gpt-oss's de-interleaved
+    # experts, DeepSeek-V2's attn_k_b and attn_v_b): `join(gguf tensors, config)` gives those as
+    # Hugging Face's tensors (the rest as they were), `split(hf tensors, config)` the tensors
+    # left for the renaming and the GGUF tensors made of the others
+    join: Callable[[dict[str, Tensor], Mapping[str, Any]], dict[str, Tensor]] | None = None
+    split: Callable[[dict[str, Tensor], Mapping[str, Any]],
+                    tuple[dict[str, Tensor], dict[str, Tensor]]] | None = None  # fmt: skip
+
+    @property
+    def keys(self) -> frozenset[str]:
+        """Every "{arch}."-relative key the architecture reads."""
+        names = [k for k, _ in self.fields] + list(self.head_keys) + list(self.trivial)
+        return frozenset(names + [k for d in self.derived for k in d.keys])
+
+    @property
+    def has_output(self) -> bool:
+        return any(g == "output.weight" for g, _ in self.tensors)
+
+
+def layer(gguf: str, hf: str) -> tuple[str, str]:
+    return (f"blk.{{i}}.{gguf}", f"model.layers.{{i}}.{hf}")
+
+
+def both(gguf: str, hf: str) -> tuple[tuple[str, str], ...]:
+    return tuple((f"{gguf}.{p}", f"{hf}.{p}") for p in ("weight", "bias"))
+
+
+def positive(value: Any) -> int | None:
+    """`value` if it is a positive integer (not a bool), else None."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
