@@ -38,6 +38,7 @@ from typing import Any, Final
 
 from lmcore.blueprint import Blueprint, parse_spec
 from lmcore.errors import ConversionError, one_of
+from lmcore.gguf.deepseek2 import DEEPSEEK2
 from lmcore.gguf.gpt_oss import GPT_OSS
 from lmcore.gguf.rows import Architecture, Derived, Meta, both, layer, positive
 from lmcore.hf.family import Family, differences, read_config
@@ -462,12 +463,12 @@ GPTNEOX: Final = Architecture(
 ARCHITECTURES: Final[Mapping[str, Architecture]] = {
     a.name: a
     for a in (LLAMA, QWEN2, QWEN3, QWEN3MOE, GEMMA, GEMMA2, GEMMA3, PHI3, OLMO2, GPT2, GPTNEOX)
-} | {a.name: a for a in (GPT_OSS,)}  # architectures with a module of their own
+} | {a.name: a for a in (GPT_OSS, DEEPSEEK2)}  # architectures with a module of their own
 # What `--to-gguf` tries, in order, when nothing names the architecture: the first whose
 # family expresses the model and whose metadata reads back as the same model.
 WRITE_ORDER: Final = (
     LLAMA, QWEN2, QWEN3, GEMMA, GEMMA2, GEMMA3, OLMO2, PHI3, GPT2, GPTNEOX, LLAMA_MOE, QWEN3MOE,
-    GPT_OSS,
+    GPT_OSS, DEEPSEEK2,
 )  # fmt: skip
 # Hugging Face model_type -> the architecture a model converted from it is written as first.
 BY_MODEL_TYPE: Final[Mapping[str, Architecture]] = {
