@@ -17,14 +17,17 @@ transformers' `rope_interleave: true`), no attention biases, no grouping without
 `expert_weights_norm`; `expert_gating_func` absent is softmax (DeepSeek-V2's), which lmcore's
 DeepSeek-V3 family does not route by: refused, naming the key. YaRN: llama.cpp leaves the rotated
 dimensions unscaled and scales q·k by mscale², mscale = 1 + 0.1 · m · ln(factor) with m =
-`rope.scaling.yarn_log_multiplier` / 0.1 (the converter stores 0.1 · mscale_all_dim), or m = 1
-without the key: transformers' `mscale = mscale_all_dim = m`, so a model whose mscale and
-mscale_all_dim differ is refused by `--to-gguf`. Not exact: llama.cpp's latent norms take the
-file's `layer_norm_rms_epsilon`, transformers' (and so lmcore's family) 1e-6.
+`rope.scaling.yarn_log_multiplier` / 0.1 (the converter stores 0.1 · mscale_all_dim):
+transformers' `mscale = mscale_all_dim = m`, so a model whose mscale and mscale_all_dim differ is
+refused by `--to-gguf`; without the key, llama.cpp scales the rotated dimensions by g = 1 + 0.1 ·
+ln(factor) and q·k by g² (transformers' `mscale_all_dim = 1, attention_factor = g`). Not exact:
+llama.cpp's latent norms take the file's `layer_norm_rms_epsilon`, transformers' (and so lmcore's
+family) 1e-6.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any, Final
 
@@ -100,11 +103,15 @@ def _rope_read(meta: Meta, config: dict[str, Any]) -> None:
         if f"rope.scaling.{key}" in meta:
             rope[name] = meta[f"rope.scaling.{key}"]
     log_mul = meta.get("rope.scaling.yarn_log_multiplier", 0.0)
-    if isinstance(log_mul, (int, float)) and not isinstance(log_mul, bool):
-        m = round(log_mul / 0.1, 6) if log_mul else 1.0  # llama.cpp's `/= 0.1f`, float32's digits
-    else:
-        m = log_mul  # the family names its type
-    rope["mscale"] = rope["mscale_all_dim"] = m
+    factor = rope.get("factor")
+    if isinstance(log_mul, bool) or not isinstance(log_mul, (int, float)):
+        rope["mscale"] = rope["mscale_all_dim"] = log_mul  # the family names its type
+    elif log_mul:  # llama.cpp's `/= 0.1f`, to float32's digits
+        rope["mscale"] = rope["mscale_all_dim"] = round(log_mul / 0.1, 6)
+    elif isinstance(factor, (int, float)) and factor > 1:
+        # without the key llama.cpp scales the rotated dimensions by its default attention
+        # factor g = 1 + 0.1 ln(factor) and q·k by g²: transformers' mscale_all_dim 1
+        rope["mscale_all_dim"], rope["attention_factor"] = 1.0, 1.0 + 0.1 * math.log(factor)
     config["rope_scaling"] = rope
 
 

@@ -5,6 +5,7 @@ transformers model's logits; written back by lmcore, the newer form is the same 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -166,6 +167,18 @@ def test_a_llama_cpp_deepseek2_gives_hugging_faces_logits(tmp_path: Path, case: 
         assert fact in spec
     assert ("scaling=yarn" in spec) == (case == "split")
     torch.testing.assert_close(_logits(model), _logits(hf), atol=1e-4, rtol=0)
+
+
+def test_a_yarn_without_log_multiplier_reads_as_llama_cpp_runs_it(tmp_path: Path) -> None:
+    """No rope.scaling.yarn_log_multiplier: llama.cpp scales the rotated dimensions by its
+    default g = 1 + 0.1 ln(factor) and q·k by g², as transformers with mscale_all_dim 1 and
+    attention_factor g does."""
+    config = CASES["split"][0]
+    rope = {k: v for k, v in config["rope_parameters"].items() if k != "mscale"}
+    rope |= {"mscale_all_dim": 1.0, "attention_factor": 1.0 + 0.1 * math.log(4.0)}
+    hf = hf_deepseek({**config, "rope_parameters": rope})
+    path = write_deepseek2(tmp_path / "m.gguf", hf, drop=("rope.scaling.yarn_log_multiplier",))
+    torch.testing.assert_close(_logits(load_gguf(path)), _logits(hf), atol=1e-4, rtol=0)
 
 
 def test_lmcore_writes_the_deepseek2_file_llama_cpp_writes(tmp_path: Path) -> None:
