@@ -20,9 +20,9 @@ dimensions unscaled and scales q·k by mscale², mscale = 1 + 0.1 · m · ln(fac
 `rope.scaling.yarn_log_multiplier` / 0.1 (the converter stores 0.1 · mscale_all_dim):
 transformers' `mscale = mscale_all_dim = m`, so a model whose mscale and mscale_all_dim differ is
 refused by `--to-gguf`; without the key, llama.cpp scales the rotated dimensions by g = 1 + 0.1 ·
-ln(factor) and q·k by g² (transformers' `mscale_all_dim = 1, attention_factor = g`). Not exact:
-llama.cpp's latent norms take the file's `layer_norm_rms_epsilon`, transformers' (and so lmcore's
-family) 1e-6.
+ln(factor) and q·k by g² (transformers' `mscale_all_dim = 1, attention_factor = g`). llama.cpp's
+latent norms take the file's `layer_norm_rms_epsilon`, transformers' (and so lmcore's family)
+1e-6: a file whose eps is another is refused, naming it.
 """
 
 from __future__ import annotations
@@ -75,6 +75,17 @@ def _widths_write(config: Mapping[str, Any], meta: dict[str, Any]) -> None:
     meta["attention.value_length"] = rank
     meta["attention.key_length_mla"] = config["qk_nope_head_dim"] + rope
     meta["attention.value_length_mla"] = config["v_head_dim"]
+
+
+def _eps_read(meta: Meta, config: dict[str, Any]) -> None:
+    """llama.cpp's latent norms take the file's eps; transformers' (and lmcore's family) 1e-6."""
+    eps = config.get("rms_norm_eps")
+    if isinstance(eps, float) and eps != 1e-6:
+        config["rms_norm_eps"] = f"{eps} (llama.cpp's latent norms use it too, transformers' 1e-6)"
+
+
+def _nothing(config: Mapping[str, Any], meta: dict[str, Any]) -> None:
+    return None
 
 
 def _gating_read(meta: Meta, config: dict[str, Any]) -> None:
@@ -246,6 +257,7 @@ DEEPSEEK2: Final = Architecture(
                 ("num_key_value_heads", "attention.head_count_kv"),
             ),
         ),
+        Derived((), _eps_read, _nothing),
         Derived(
             ("expert_gating_func",),
             _gating_read,

@@ -230,6 +230,8 @@ HOSTILE = {
     "missing-bias": ({}, ("blk.1.exp_probs_b.bias",), {},
                      ("missing (1): model.layers.1.mlp.gate.e_score_correction_bias",)),
     "key-length": ({"attention.key_length": 99}, (), {}, ("deepseek2.attention.key_length",)),
+    "eps": ({"attention.layer_norm_rms_epsilon": 1e-5}, (), {},
+            ("deepseek2.attention.layer_norm_rms_epsilon", "latent norms")),
     "type-rank": ({"attention.kv_lora_rank": "10"}, (), {}, ("deepseek2.attention.kv_lora_rank",)),
     "type-log-mul": ({"rope.scaling.yarn_log_multiplier": "0.08"}, (), {},
                      ("deepseek2.rope.scaling.yarn_log_multiplier",)),
