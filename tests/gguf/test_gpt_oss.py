@@ -95,9 +95,11 @@ def _tensors(model: Any) -> dict[str, np.ndarray]:
 
 def write_gpt_oss(path: Path, model: Any, meta: dict[str, Any] | None = None, *,
                   drop: tuple[str, ...] = (),
-                  tensors: dict[str, Callable[[Any], Any]] | None = None) -> Path:  # fmt: skip
+                  tensors: dict[str, Callable[[Any], Any]] | None = None,
+                  experts: Any = None) -> Path:  # fmt: skip
     """`model` as llama.cpp's converter writes it; `meta` replaces or adds keys (written in the
-    type of the value given), `drop` leaves keys or tensors out, `tensors` changes some."""
+    type of the value given), `drop` leaves keys or tensors out, `tensors` changes some,
+    `experts`: the GGML type of the experts' matrices (F32 unless given)."""
     w = gguf.GGUFWriter(str(path), "gpt-oss")
     w.add_name("tiny")
     T = gguf.GGUFValueType
@@ -113,6 +115,9 @@ def write_gpt_oss(path: Path, model: Any, meta: dict[str, Any] | None = None, *,
             continue
         if tensors and name in tensors:
             x = np.ascontiguousarray(tensors[name](x), dtype=np.float32)
+        if experts is not None and name.endswith("_exps.weight"):  # llama.cpp's MXFP4 experts
+            w.add_tensor(name, gguf.quants.quantize(x, experts), raw_dtype=experts)
+            continue
         w.add_tensor(name, x)
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -159,6 +164,27 @@ def test_lmcore_writes_the_gpt_oss_file_llama_cpp_writes(tmp_path: Path) -> None
     extra = {k for k in set(meta) - set(ref) if not k.startswith("general.")}
     assert extra <= {"gpt-oss.vocab_size", "gpt-oss.rope.dimension_count"}, extra
     torch.testing.assert_close(_logits(load_gguf(written)), _logits(hf), atol=1e-4, rtol=0)
+
+
+def test_mxfp4_experts_read_as_the_values_they_hold(tmp_path: Path) -> None:
+    """gpt-oss's files keep the experts in MXFP4 (the checkpoint's own blocks): dequantized by
+    the gguf package, they give the logits of the transformers model holding those values."""
+    hf = hf_gpt_oss()
+    mxfp4 = gguf.GGMLQuantizationType.MXFP4
+    model = load_gguf(write_gpt_oss(tmp_path / "m.gguf", hf, experts=mxfp4))
+    exact = _tensors(hf)
+    held = {k: gguf.quants.dequantize(gguf.quants.quantize(v, mxfp4), mxfp4)
+            for k, v in exact.items() if k.endswith("_exps.weight")}  # fmt: skip
+    state = hf.state_dict()
+    for i in range(hf.config.num_hidden_layers):
+        gate, up, down = (torch.from_numpy(held[f"blk.{i}.ffn_{m}_exps.weight"].copy())
+                          for m in ("gate", "up", "down"))  # fmt: skip
+        assert not np.array_equal(down.numpy(), exact[f"blk.{i}.ffn_down_exps.weight"])
+        rows = torch.stack((gate, up), dim=2).flatten(1, 2)  # interleaved again
+        state[f"model.layers.{i}.mlp.experts.gate_up_proj"] = rows.transpose(1, 2)
+        state[f"model.layers.{i}.mlp.experts.down_proj"] = down.transpose(1, 2)
+    hf.load_state_dict(state)
+    torch.testing.assert_close(_logits(model), _logits(hf), atol=1e-4, rtol=0)
 
 
 def test_a_gpt_oss_llama_cpp_cannot_run_is_refused_by_name(tmp_path: Path) -> None:
