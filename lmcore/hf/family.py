@@ -73,6 +73,7 @@ FAMILIES: Final = (
     "smollm3",
     "olmo3",
     "lfm2",
+    "gpt_oss",
     "deepseek_v3",
 )
 

@@ -82,6 +82,14 @@ def test_describe_gives_hugging_faces_count_of_a_default_config(
     count = sum(p.numel() for p in model.parameters())
     assert main(["describe", str(tmp_path)]) == 0
     assert f"total {count:,}" in " ".join(capsys.readouterr().out.split())
+def test_describe_reads_gpt_oss_default_config_with_its_active_parameters(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    transformers.AutoConfig.for_model("gpt_oss").save_pretrained(tmp_path)  # YaRN rope
+    assert main(["describe", str(tmp_path)]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "total 116,829,156,672" in out  # Hugging Face's count
+    assert "active parameters: 5,711,982,912 of 116,829,156,672" in out
 
 
 def test_describe_counts_deepseek_v3_and_its_active_parameters_on_meta(

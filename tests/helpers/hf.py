@@ -121,6 +121,13 @@ FAMILY_CONFIGS: dict[str, dict[str, Any]] = {
                  block_ffn_dim_multiplier=1.3, conv_bias=True, norm_eps=1e-5, rope_theta=500.0,
                  layer_types=["conv", "full_attention", "conv"], pad_token_id=0,
                  bos_token_id=1, eos_token_id=2),
+    # layer 0 slides (transformers' default layer_types), the clamps bite at 0.5, gpt-oss's
+    # YaRN (untruncated) over 4 × 16 positions
+    "gpt_oss": dict(_SIZES, head_dim=16, num_local_experts=4, num_experts_per_tok=2,
+                    sliding_window=6, swiglu_limit=0.5,
+                    rope_parameters={"rope_type": "yarn", "rope_theta": 500.0, "factor": 4.0,
+                                     "original_max_position_embeddings": 16, "beta_fast": 32.0,
+                                     "beta_slow": 1.0, "truncate": False}),
     "deepseek_v3": dict(_SIZES, num_hidden_layers=3, num_key_value_heads=4, first_k_dense_replace=1,
                         n_routed_experts=8, n_group=4, topk_group=2, num_experts_per_tok=2,
                         n_shared_experts=1, moe_intermediate_size=16, routed_scaling_factor=2.5,

@@ -115,6 +115,7 @@ def test_every_family_reads_a_trillion_layers_in_bounded_time_and_memory(
         "gemma3_text": "sliding_window_pattern=2",
         "qwen3_next": "full attention (full_attention_interval=2)",
         "olmo3": "sliding_window=6",
+        "gpt_oss": "sliding_window=6",
         "deepseek_v3": "experts (first_k_dense_replace=1)",  # dense first layers
     }
     if name in hybrid:
