@@ -74,6 +74,7 @@ FAMILIES: Final = (
     "olmo3",
     "lfm2",
     "gpt_oss",
+    "deepseek_v3",
 )
 
 # Model types of multimodal models whose language model is a family lmcore converts: refused

@@ -194,6 +194,12 @@ def test_an_edited_spec_is_an_ablation_qwen3_cannot_hold(tmp_path: Path) -> None
         lmcore.hf.save_hf(ablation, tmp_path / "out", model_type="qwen3")
 
 
+# DeepSeek-V3's own rope_scaling (its config.json on the Hub), as transformers 5 standardises it.
+_DS_YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 40.0, "beta_fast": 32,
+            "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0,
+            "original_max_position_embeddings": 4096}  # fmt: skip
+
+
 @pytest.mark.parametrize(
     "name, change, facts",
     [
@@ -213,6 +219,24 @@ def test_an_edited_spec_is_an_ablation_qwen3_cannot_hold(tmp_path: Path) -> None
          ('use_parallel_residual="yes"', "lmcore expresses true or false")),
         ("qwen3_moe", {"mlp_only_layers": "all"},
          ('mlp_only_layers="all" is not a list of layer indices',)),
+        ("deepseek_v3", {"num_key_value_heads": 16},
+         ("num_key_value_heads=16", "each of the num_attention_heads=128 heads its own keys")),
+        ("deepseek_v3", {"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4}},
+         ('rope type "longrope"', 'without scaling ("default") or with "yarn"')),
+        ("deepseek_v3", {"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4}},
+         ("rope yarn scaling without factor",)),
+        ("deepseek_v3", {"rope_parameters": {**_DS_YARN, "truncate": False}},
+         ("rope truncate=false", "truncate: true")),
+        ("deepseek_v3", {"rope_parameters": {**_DS_YARN, "partial_rotary_factor": 0.5}},
+         ("partial_rotary_factor=0.5", "rotates all qk_rope_head_dim dimensions")),
+        ("deepseek_v3", {"rope_parameters": {**_DS_YARN, "low_freq_factor": 1.0}},
+         ("rope parameters low_freq_factor=1.0", '"yarn" rotation reads none of them')),
+        ("deepseek_v3", {"moe_layer_freq": 2},
+         ("moe_layer_freq=2", "every layer from first_k_dense_replace on a mixture of experts")),
+        ("deepseek_v3", {"scoring_func": "softmax"},
+         ('scoring_func="softmax"', "routes by sigmoid")),
+        ("deepseek_v3", {"hidden_act": "gelu"},
+         ('hidden_act="gelu"', "lmcore's experts here are SwiGLU")),
 ],
 )  # fmt: skip
 def test_what_a_family_cannot_express_is_refused_by_name(
@@ -266,3 +290,63 @@ def test_gemma2_reads_hidden_activation_as_transformers_does_and_leaves_hidden_a
     with torch.no_grad():
         diff = lmcore.load(tmp_path / "m.safetensors").eval()(ids) - reference(ids).logits
     assert diff.abs().max() <= 1e-4
+
+
+# DeepSeek-V3's config.json on the Hub (deepseek-ai/DeepSeek-V3), less its fp8
+# quantization_config: the fields of DeepSeek's own code that transformers never reads.
+DEEPSEEK_V3_HUB = {
+    "architectures": ["DeepseekV3ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+    "auto_map": {"AutoConfig": "configuration_deepseek.DeepseekV3Config",
+                 "AutoModel": "modeling_deepseek.DeepseekV3Model",
+                 "AutoModelForCausalLM": "modeling_deepseek.DeepseekV3ForCausalLM"},
+    "aux_loss_alpha": 0.001, "bos_token_id": 0, "eos_token_id": 1, "ep_size": 1,
+    "first_k_dense_replace": 3, "hidden_act": "silu", "hidden_size": 7168,
+    "initializer_range": 0.02, "intermediate_size": 18432, "kv_lora_rank": 512,
+    "max_position_embeddings": 163840, "model_type": "deepseek_v3", "moe_intermediate_size": 2048,
+    "moe_layer_freq": 1, "n_group": 8, "n_routed_experts": 256, "n_shared_experts": 1,
+    "norm_topk_prob": True, "num_attention_heads": 128, "num_experts_per_tok": 8,
+    "num_hidden_layers": 61, "num_key_value_heads": 128, "num_nextn_predict_layers": 1,
+    "q_lora_rank": 1536, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+    "rms_norm_eps": 1e-06,
+    "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0,
+                     "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096,
+                     "type": "yarn"},
+    "rope_theta": 10000, "routed_scaling_factor": 2.5, "scoring_func": "sigmoid",
+    "seq_aux": True, "tie_word_embeddings": False, "topk_group": 4, "topk_method": "noaux_tc",
+    "torch_dtype": "bfloat16", "transformers_version": "4.33.1", "use_cache": True,
+    "v_head_dim": 128, "vocab_size": 129280,
+}  # fmt: skip
+
+
+def test_deepseek_v3s_own_config_reads_and_its_quantization_is_refused() -> None:
+    spec = config_to_spec(DEEPSEEK_V3_HUB)
+    for part in (
+        "context_length=163840", "d_model=7168", "num_layers=61", "num_heads=128",
+        "d_ff=2048", "d_ff[0:3]=18432", "ffn=swiglu,ffn[3:]=moe(", "pos=nope",
+        "mixer=mla(kv_lora_rank=512,q_lora_rank=1536,qk_nope_head_dim=128,qk_rope_head_dim=64,"
+        "v_head_dim=128,rope_theta=10000.0,rope_interleave=true,eps=1e-06,scaling=yarn,"
+        "factor=40.0,original_context_length=4096,mscale=1.0,mscale_all_dim=1.0)",
+        "num_experts=256", "top_k=8", "renormalize=true", "shared=swiglu(d_ff=2048)",
+        "score=sigmoid", "n_group=8", "topk_group=4", "score_bias=true", "scale=2.5",
+    ):  # fmt: skip
+        assert part in spec, part
+    fp8 = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8"}
+    with raises_naming(ConversionError, "fields lmcore does not know", "quantization_config"):
+        config_to_spec({**DEEPSEEK_V3_HUB, "quantization_config": fp8})
+
+
+def test_a_latent_attention_model_deepseek_v3_cannot_hold_is_refused_by_name(
+    tmp_path: Path,
+) -> None:
+    """The spec of a DeepSeek-V3 with one word changed: converting it back names that word."""
+    random_family_model("deepseek_v3", tmp_path / "hf")
+    spec = config_to_spec(json.loads((tmp_path / "hf" / "config.json").read_text()))
+    for before, after, fact in (
+        ("pos=nope", "pos=rope", "pos=rope(theta=10000.0): a DeepseekV3ForCausalLM has pos=nope"),
+        ("score_bias=true,", "", "a DeepseekV3ForCausalLM has ffn=swiglu, ffn[1:]=moe("),
+        ("block=prenorm", "block=postnorm", "block=postnorm"),
+    ):
+        assert before in spec
+        model = lmcore.build_model(spec.replace(before, after), device="meta")
+        with raises_naming(ConversionError, "DeepseekV3ForCausalLM without losing", fact):
+            lmcore.hf.save_hf(model, tmp_path / "out", model_type="deepseek_v3")
