@@ -67,6 +67,7 @@ FAMILIES: Final = (
     "gpt_neox",
     "mixtral",
     "qwen3_moe",
+    "mamba2",
 )
 
 # Fields any saved config may hold that do not change the function a causal LM computes:

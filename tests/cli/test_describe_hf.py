@@ -29,3 +29,19 @@ def test_describe_build_and_print_spec_read_a_config(
     printed = capsys.readouterr().out.strip()
     assert printed == str(lmcore.parse_spec(printed))
     assert not list(tmp_path.glob("*.safetensors"))
+
+
+@pytest.mark.parametrize("name", ["mamba2"])
+def test_describe_counts_a_default_config_as_hugging_face(
+    name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The families of state space layers (issue 34): the default, real-sized config's count."""
+    import torch
+
+    config = transformers.AutoConfig.for_model(name)
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    count = sum(p.numel() for p in model.parameters())
+    config.save_pretrained(tmp_path)
+    assert main(["describe", str(tmp_path)]) == 0
+    assert f"total {count:,}" in " ".join(capsys.readouterr().out.split())

@@ -93,6 +93,9 @@ FAMILY_CONFIGS: dict[str, dict[str, Any]] = {
     "mixtral": dict(_SIZES, num_local_experts=4, num_experts_per_tok=2),
     "qwen3_moe": dict(_SIZES, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24,
                       head_dim=8, norm_topk_prob=True, mlp_only_layers=[1]),
+    # Two groups of B and C over eight heads, chunks of 8 (the 24-token prompt is three), biases.
+    "mamba2": dict(vocab_size=HF_VOCAB, hidden_size=32, num_hidden_layers=2, num_heads=8,
+                   head_dim=8, state_size=8, n_groups=2, chunk_size=8, use_bias=True),
 }  # fmt: skip
 
 

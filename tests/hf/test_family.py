@@ -185,6 +185,14 @@ def test_an_edited_spec_is_an_ablation_qwen3_cannot_hold(tmp_path: Path) -> None
          ('use_parallel_residual="yes"', "lmcore expresses true or false")),
         ("qwen3_moe", {"mlp_only_layers": "all"},
          ('mlp_only_layers="all" is not a list of layer indices',)),
+        ("mamba2", {"hidden_act": "gelu"},
+         ('hidden_act="gelu"', "lmcore's mamba2 applies silu after the conv")),
+        ("mamba2", {"time_step_limit": [0.0, 0.1]},
+         ("time_step_limit=[0.0, 0.1]", "clamps dt to nothing", "(0.0, inf)")),
+        ("mamba2", {"num_heads": 64},
+         ("num_heads=64 and head_dim=64 split 4,096 channels",
+          "not expand · hidden_size = 2 · 4096 = 8,192")),
+        ("mamba2", {"residual_in_fp32": "yes"}, ('residual_in_fp32="yes" is not true or false',)),
 ],
 )  # fmt: skip
 def test_what_a_family_cannot_express_is_refused_by_name(
@@ -213,3 +221,34 @@ def test_without_model_type_the_architectures_name_the_family_or_it_is_refused()
             config_to_spec({**bare, "architectures": archs}, "DIR/config.json")
     with raises_naming(ConversionError, "names 2 families (llama, mistral)", 'add "model_type"'):
         config_to_spec({**bare, "architectures": ["MistralForCausalLM", "LlamaForCausalLM"]})
+
+
+def test_a_mamba2_config_is_layers_of_a_norm_and_the_mixer_alone(tmp_path: Path) -> None:
+    """No feed-forward sub-layer (`ffn=none`: no ln2, nothing counted), no positions; its
+    residual_in_fp32 noted (the same in float32), its time_step_limit as transformers saves it."""
+    config = AutoConfig.for_model("mamba2", num_hidden_layers=2, residual_in_fp32=True)
+    config.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved["time_step_limit"] == [0.0, {"__float__": "Infinity"}]
+    reading = read_config(saved)
+    spec = lmcore.parse_spec(reading.spec)
+    assert (str(spec.ffn), spec.pos.name, spec.mixer.name, spec.context_length) == (
+        "none", "nope", "mamba2", 2048,
+    )  # fmt: skip
+    assert any("residual_in_fp32=true" in n and "the same in float32" in n for n in reading.notes)
+    model = lmcore.build_model(reading.spec, device="meta")
+    assert not [k for k in model.state_dict() if ".ln2" in k or ".ffn." in k]
+    longer = read_config({**saved, "max_position_embeddings": 65536}).spec
+    assert lmcore.parse_spec(longer).context_length == 65536
+
+
+def test_a_model_mamba2_cannot_hold_is_refused_by_name(tmp_path: Path) -> None:
+    spec = ("vocab_size=97, context_length=2048, d_model=32, num_layers=2, num_heads=8, "
+            "head_dim=8, ffn=none, pos=nope, mixer=mamba2(d_state=8, n_groups=2)")  # fmt: skip
+    with_ffn = lmcore.build_model(spec.replace("ffn=none", "ffn=swiglu"))
+    with pytest.raises(ConversionError, match=r"ffn=swiglu: a Mamba2ForCausalLM has ffn=none"):
+        lmcore.hf.save_hf(with_ffn, tmp_path / "a", model_type="mamba2")
+    odd_heads = lmcore.build_model(spec.replace("num_heads=8, head_dim=8", "num_heads=4"))
+    with raises_naming(ConversionError, "num_heads=4 and head_dim=8 split 32 channels"):
+        lmcore.hf.save_hf(odd_heads, tmp_path / "b", model_type="mamba2")
+    assert lmcore.hf.save_hf(lmcore.build_model(spec), tmp_path / "c", model_type="mamba2")
