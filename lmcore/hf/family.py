@@ -68,6 +68,7 @@ FAMILIES: Final = (
     "mixtral",
     "qwen3_moe",
     "mamba2",
+    "falcon_h1",
 )
 
 # Fields any saved config may hold that do not change the function a causal LM computes:

@@ -31,7 +31,7 @@ def test_describe_build_and_print_spec_read_a_config(
     assert not list(tmp_path.glob("*.safetensors"))
 
 
-@pytest.mark.parametrize("name", ["mamba2"])
+@pytest.mark.parametrize("name", ["mamba2", "falcon_h1"])
 def test_describe_counts_a_default_config_as_hugging_face(
     name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
