@@ -224,7 +224,7 @@ NO_FFN = Component(
     flops=lambda: 0,
     activations=lambda: 0,
     default_d_ff=lambda: 1,  # d_ff means nothing here; 1 when not given
-    features=frozenset({"compile"}),
+    features=frozenset({"compile", "empty"}),
 )
 
 
