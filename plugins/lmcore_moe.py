@@ -6,9 +6,18 @@ is (default swiglu, Mixtral's `w1, w2, w3`), `d_ff` each expert's hidden width (
 `d_ff`, or `moe(d_ff=...)`); `shared=` adds a shared expert every token passes through, e.g.
 `shared=swiglu(d_ff=5632)` (DeepSeek-MoE's `n_shared_experts · moe_intermediate_size`, Qwen2-MoE's
 `shared_expert_intermediate_size`; without its own `d_ff`, the experts'), `shared_gate=sigmoid`
-its gate (Qwen2-MoE). The module is `lmcore.model.moe.MixtureOfExperts`; this plugin declares it:
-its arguments, and its parameters, FLOPs and activations from the experts' own declarations, so a
-spec is checked and accounted before any weight exists.
+its gate (Qwen2-MoE).
+
+The frontier's routing: `score=sigmoid` (each expert's sigmoid of its float32 logit),
+`n_group`/`topk_group` (group-limited top-k), `score_bias=true` (a score-correction bias that
+chooses but does not weight), `scale` (the routed scaling factor) and `router_bias=true`:
+DeepSeek-V3's layer is `moe(num_experts=256, top_k=8, score=sigmoid, n_group=8, topk_group=4,
+score_bias=true, renormalize=true, scale=2.5, shared=swiglu(d_ff=2048), aux_loss_coef=0)`,
+gpt-oss's `moe(num_experts=128, top_k=4, softmax=after, router_bias=true, ...)`.
+
+The module is `lmcore.model.moe.MixtureOfExperts`; this plugin declares it: its arguments, and
+its parameters, FLOPs and activations from the experts' own declarations, so a spec is checked
+and accounted before any weight exists.
 """
 
 from __future__ import annotations
@@ -19,7 +28,7 @@ import torch
 
 from lmcore import Arg, Component, hookimpl
 from lmcore.blueprint import Part
-from lmcore.model.moe import SOFTMAX_ORDERS, MixtureOfExperts
+from lmcore.model.moe import SCORES, SOFTMAX_ORDERS, MixtureOfExperts, routing_problem
 from lmcore.model.nn import gated_d_ff
 
 NAME: Final = "moe"
@@ -45,6 +54,12 @@ def build(
     shared: Part | None,
     shared_gate: str,
     aux_loss_coef: float,
+    score: str = "softmax",
+    n_group: int = 1,
+    topk_group: int = 0,
+    score_bias: bool = False,
+    scale: float = 1.0,
+    router_bias: bool = False,
     device: torch.device | str | None = None,
     dtype: torch.dtype | None = None,
 ) -> MixtureOfExperts:
@@ -58,15 +73,31 @@ def build(
         shared=None if shared is None else shared.create(**factory),
         shared_gate=_gate(shared, shared_gate),
         aux_loss_coef=aux_loss_coef,
+        score=score,
+        n_group=n_group,
+        topk_group=topk_group,
+        score_bias=score_bias,
+        scale=scale,
+        router_bias=router_bias,
         device=device,
         dtype=dtype,
     )
 
 
 def params(
-    d_model: int, d_ff: int, num_experts: int, expert: Part, shared: Part | None, shared_gate: str
+    d_model: int,
+    d_ff: int,
+    num_experts: int,
+    expert: Part,
+    shared: Part | None,
+    shared_gate: str,
+    score_bias: bool = False,
+    router_bias: bool = False,
 ) -> int:
-    return _params(d_model, d_ff, num_experts, num_experts, expert, shared, shared_gate)
+    return _params(
+        d_model, d_ff, num_experts, num_experts, expert, shared, shared_gate,
+        score_bias, router_bias,
+    )  # fmt: skip
 
 
 def active_params(
@@ -77,9 +108,13 @@ def active_params(
     expert: Part,
     shared: Part | None,
     shared_gate: str,
+    score_bias: bool = False,
+    router_bias: bool = False,
 ) -> int:
-    """The router, `top_k` experts and the shared expert (with its gate)."""
-    return _params(d_model, d_ff, num_experts, top_k, expert, shared, shared_gate)
+    """The router (its biases), `top_k` experts and the shared expert (with its gate)."""
+    return _params(
+        d_model, d_ff, num_experts, top_k, expert, shared, shared_gate, score_bias, router_bias
+    )
 
 
 def _params(
@@ -90,8 +125,11 @@ def _params(
     expert: Part,
     shared: Part | None,
     shared_gate: str,
+    score_bias: bool,
+    router_bias: bool,
 ) -> int:
     total = d_model * num_experts + used * _count(expert, "params", d_model=d_model, d_ff=d_ff)
+    total += num_experts * router_bias  # score_bias is a buffer, as transformers' is
     if shared is not None:
         total += _count(shared, "params", d_model=d_model, d_ff=d_ff)
         total += d_model * _gate(shared, shared_gate)
@@ -132,12 +170,14 @@ def activations(
     shared: Part | None,
     shared_gate: str,
     aux_loss_coef: float,
+    score: str = "softmax",
 ) -> int | None:
     """Bytes a training forward keeps for backward; None when an expert declares none.
 
-    The input x (kept by the router); the float32 softmax; the top-k's int64 indices (and, with
-    renormalisation, the float32 top-k weights and their sum; with the softmax after, the
-    float32 softmax over the k); the load-balancing loss's float32 token shares; the int64
+    The input x (kept by the router); the float32 softmax or sigmoid; the top-k's int64 indices
+    (and, with renormalisation, the float32 top-k weights and their sum; with the softmax after,
+    the float32 softmax over the k); the load-balancing loss's float32 token shares (and, with
+    sigmoid scores, each token's float32 sum of them, which normalises them); the int64
     token index of each sorted assignment and the sort order; what the experts keep for their
     `top_k · tokens` inputs, by their own declaration; the experts' outputs and the weights
     they are scaled by; the shared expert's own (less its input, which is x) and its gate's.
@@ -151,9 +191,10 @@ def activations(
     if kept is None:
         return None
     total = tokens * d_model * size + assigned * 8 + kept
-    if softmax == "before":
+    if softmax == "before" or score == "sigmoid":
         total += tokens * num_experts * 4
         total += (assigned * 4 + tokens * 4) if renormalize else 0
+        total += tokens * 4 if score == "sigmoid" and aux_loss_coef > 0 else 0
     else:
         total += assigned * 4 + (tokens * num_experts * 4 if aux_loss_coef > 0 else 0)
     total += num_experts * 4 if aux_loss_coef > 0 else 0
@@ -202,16 +243,16 @@ def validate(
     renormalize: bool,
     shared: Part | None,
     shared_gate: str,
+    score: str = "softmax",
+    n_group: int = 1,
+    topk_group: int = 0,
+    score_bias: bool = False,
 ) -> None:
-    if top_k > num_experts:
-        raise ValueError(
-            f"top_k={top_k} exceeds num_experts={num_experts}; a token picks top_k of them"
-        )
-    if softmax == "after" and renormalize:
-        raise ValueError(
-            "softmax=after already gives top-k weights that sum to 1; renormalize=true would "
-            "repeat it (it is for softmax=before); drop it"
-        )
+    problem = routing_problem(
+        num_experts, top_k, softmax, renormalize, score, n_group, topk_group, score_bias
+    )
+    if problem:
+        raise ValueError(problem)
     if shared_gate != "none" and shared is None:
         raise ValueError(
             f"shared_gate={shared_gate} gates the shared expert; give one, e.g. "
@@ -257,6 +298,50 @@ ARGS: Final = (
         "weight of the load-balancing loss added to the training loss",
         ge=0.0,
     ),
+    Arg(
+        "score",
+        str,
+        "softmax",
+        "softmax over the experts, or sigmoid: each expert's own sigmoid of its float32 logit "
+        "(DeepSeek-V3)",
+        choices=SCORES,
+        written="changed",
+    ),
+    Arg(
+        "n_group",
+        int,
+        1,
+        "groups the experts fall into for group-limited top-k (DeepSeek-V3)",
+        ge=1,
+        written="changed",
+    ),
+    Arg(
+        "topk_group",
+        int,
+        0,
+        "the best groups (by the sum of their two best scores) whose experts a token may "
+        "choose; 0: all",
+        ge=0,
+        written="changed",
+    ),
+    Arg(
+        "score_bias",
+        bool,
+        False,
+        "a score-correction bias (E,) added to the scores to choose the experts, not to "
+        "weight them (DeepSeek-V3's e_score_correction_bias)",
+        written="changed",
+    ),
+    Arg(
+        "scale",
+        float,
+        1.0,
+        "the routed scaling factor multiplying the chosen experts' weights, after "
+        "renormalisation (DeepSeek-V3's routed_scaling_factor)",
+        gt=0.0,
+        written="changed",
+    ),
+    Arg("router_bias", bool, False, "the router has a bias (gpt-oss)", written="changed"),
 )
 
 

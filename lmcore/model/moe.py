@@ -6,6 +6,18 @@ followed by the top k (optionally renormalised to sum to 1: Mixtral, Qwen3-MoE's
 `norm_topk_prob`), or by the top k logits followed by a softmax over those k. The softmax is
 computed in float32 and the weights are cast to the input's dtype, as Qwen3-MoE does.
 
+DeepSeek-V3's routing (`score="sigmoid"`, transformers' `DeepseekV3TopkRouter`): the router's
+product is computed in float32 and each expert's score is `sigmoid(logit)`, independently of the
+others. A score-correction bias `score_bias (E,)` (DeepSeek-V3's `e_score_correction_bias`,
+adjusted outside the gradient by auxiliary-loss-free balancing; no gradient reaches it) is added
+to the scores to choose the experts but does not weight them. Group-limited top-k (`n_group`,
+`topk_group`): the experts fall into `n_group` equal groups, a group's score is the sum of its
+two best (bias-corrected) scores, and only the experts of the `topk_group` best groups may be
+chosen. The chosen experts' scores, renormalised to sum to 1 (`w / (Σ w + 1e-20)` for
+sigmoid scores, as DeepSeek-V3), are multiplied by the routed scaling factor `scale`. Either
+score, the bias and the groups combine (with the softmax before the top-k); the router may have a
+bias `router.bias` (gpt-oss).
+
 Dispatch: the `T · k` (token, expert) assignments are sorted by expert, the tokens gathered once
 (`index_select`), each expert runs once on its contiguous slice (one batched product per
 expert, never a loop over tokens), and the weighted outputs are summed back per token with one
@@ -19,8 +31,9 @@ through, its output added, optionally scaled by `sigmoid(shared_gate(x))` (Qwen2
 Load balancing (Switch Transformer, eq. 4-6): in training, with gradients on,
 `aux_loss = coef · E · Σᵢ fᵢ · Pᵢ` with `fᵢ` the share of the `T` tokens routed to expert i
 (counting each of a token's k choices, so Σᵢ fᵢ = k) and `Pᵢ` the mean over tokens of its softmax
-probability. It is left in `self.aux_loss` (None otherwise) for the training loop to add to the
-loss; `TransformerLM.aux_loss()` collects it from every layer.
+probability (with sigmoid scores, of the scores normalised to sum to 1 per token, as
+DeepSeek-V3's balance loss). It is left in `self.aux_loss` (None otherwise) for the training
+loop to add to the loss; `TransformerLM.aux_loss()` collects it from every layer.
 """
 
 from __future__ import annotations
@@ -36,6 +49,8 @@ from lmcore.errors import ConfigError
 from lmcore.model.nn import Linear
 
 SOFTMAX_ORDERS: Final = ("before", "after")
+SCORES: Final = ("softmax", "sigmoid")
+SIGMOID_EPS: Final = 1e-20  # DeepSeek-V3's renormalisation: w / (Σ w + 1e-20)
 _UNCOMPILED: dict[str, Callable[..., Tensor]] = {}
 
 
@@ -89,6 +104,49 @@ class _Combine(torch.autograd.Function):
         return dy, dw, None, None
 
 
+class _Float32Linear(torch.autograd.Function):
+    """`x Wᵀ (+ b)` computed in float32 (or wider) whatever the dtypes, keeping x and W as they
+    are for backward: autograd through `x.float() @ W.float().T` would keep float32 copies of
+    both in a bfloat16 model."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, w: Tensor, b: Tensor | None) -> Tensor:
+        ctx.save_for_backward(x, w)
+        ctx.bias_dtype = None if b is None else b.dtype
+        wide = torch.promote_types(torch.promote_types(x.dtype, w.dtype), torch.float32)
+        out = x.to(wide) @ w.to(wide).T
+        return out if b is None else out.add_(b.to(wide))
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
+        x, w = ctx.saved_tensors
+        dx = (grad @ w.to(grad.dtype)).to(x.dtype) if ctx.needs_input_grad[0] else None
+        dw = (grad.T @ x.to(grad.dtype)).to(w.dtype) if ctx.needs_input_grad[1] else None
+        db = grad.sum(dim=0).to(ctx.bias_dtype) if ctx.needs_input_grad[2] else None
+        return dx, dw, db
+
+
+def linear_float32(
+    x: Float[Tensor, "T d_in"], w: Float[Tensor, "d_out d_in"], b: Float[Tensor, " d_out"] | None
+) -> Float[Tensor, "T d_out"]:
+    """`x Wᵀ (+ b)` in float32 (or wider), saving only x and W for backward."""
+    out: Tensor = _Float32Linear.apply(x, w, b)  # type: ignore[no-untyped-call]
+    return out
+
+
+def limit_groups(
+    choice: Float[Tensor, "T E"], n_group: int, topk_group: int
+) -> Float[Tensor, "T E"]:
+    """`choice` with -inf for every expert outside the `topk_group` best of `n_group` equal
+    groups, a group's score being the sum of its two best (DeepSeek-V3's group-limited top-k)."""
+    tokens, experts = choice.shape
+    grouped = choice.view(tokens, n_group, experts // n_group)
+    best = grouped.topk(2, dim=-1).values.sum(dim=-1)  # (T, n_group)
+    kept = best.topk(topk_group, dim=-1, sorted=False).indices
+    allowed = torch.zeros_like(best, dtype=torch.bool).scatter_(1, kept, True)
+    return grouped.masked_fill(~allowed[..., None], float("-inf")).view(tokens, experts)
+
+
 def softmax_float32(z: Float[Tensor, "... n"]) -> Float[Tensor, "... n"]:
     """Softmax over the last dimension in float32 (or wider), subtracting the max first."""
     z = z.to(torch.promote_types(z.dtype, torch.float32))
@@ -99,9 +157,11 @@ def softmax_float32(z: Float[Tensor, "... n"]) -> Float[Tensor, "... n"]:
 class MixtureOfExperts(nn.Module):
     """`Σ_{e in top_k(x)} w_e(x) · expert_e(x)` (+ a shared expert) for each token.
 
-    State-dict keys: `router.weight (E, d_model)`, `experts.{e}.<the expert's keys>`
-    (e.g. `experts.0.w1.weight` for a SwiGLU expert, Mixtral's own names), and, with a shared
-    expert, `shared.<its keys>` and `shared_gate.weight (1, d_model)`.
+    State-dict keys: `router.weight (E, d_model)` (and `router.bias (E,)` with
+    `router_bias`), `score_bias (E,)` (with `score_bias`; a persistent buffer),
+    `experts.{e}.<the expert's keys>` (e.g. `experts.0.w1.weight` for a SwiGLU expert,
+    Mixtral's own names), and, with a shared expert, `shared.<its keys>` and
+    `shared_gate.weight (1, d_model)`.
     """
 
     aux_loss: Tensor | None
@@ -117,19 +177,41 @@ class MixtureOfExperts(nn.Module):
         shared: nn.Module | None = None,
         shared_gate: bool = False,
         aux_loss_coef: float = 0.0,
+        score: str = "softmax",
+        n_group: int = 1,
+        topk_group: int = 0,
+        score_bias: bool = False,
+        scale: float = 1.0,
+        router_bias: bool = False,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ):
         super().__init__()
-        if not 1 <= top_k <= len(experts):
-            raise ConfigError(f"top_k={top_k} must lie within 1..{len(experts)} (the experts)")
-        if softmax not in SOFTMAX_ORDERS:
-            raise ConfigError(f"softmax={softmax!r} must be 'before' or 'after' the top-k")
+        problem = routing_problem(
+            len(experts), top_k, softmax, renormalize, score, n_group, topk_group, score_bias
+        )
+        if problem:
+            raise ConfigError(problem)
         self.d_model, self.num_experts, self.top_k = d_model, len(experts), top_k
         # softmax over all experts, then the top-k (else the top-k logits, then a softmax)
         self.softmax_first = softmax == "before"
+        self.sigmoid = score == "sigmoid"
         self.renormalize, self.aux_loss_coef = renormalize, aux_loss_coef
-        self.router = Linear(d_model, len(experts), device=device, dtype=dtype)
+        self.n_group, self.scale = n_group, scale
+        # 0 (all groups) or every group: no limit, and none of its work
+        self.topk_group = n_group if topk_group in (0, n_group) else topk_group
+        self.router = Linear(d_model, len(experts), device=device, dtype=dtype, bias=router_bias)
+        # In the model's dtype, as every parameter (transformers keeps DeepSeek-V3's in float32,
+        # as its router weight): added to the float32 scores, so only its own value rounds.
+        # No gradient reaches it (it only chooses): it is set, or adjusted by a balancing rule.
+        # A persistent buffer, as transformers' e_score_correction_bias: saved and loaded, not
+        # a parameter (DeepSeek-V3's 671,026,404,352 parameters do not count it).
+        self.score_bias: Tensor | None
+        if score_bias:
+            bias = torch.zeros(len(experts), device=device, dtype=dtype)
+            self.register_buffer("score_bias", bias, persistent=True)
+        else:
+            self.score_bias = None
         self.experts = nn.ModuleList(experts)
         self.shared = shared
         self.shared_gate = (
@@ -138,23 +220,43 @@ class MixtureOfExperts(nn.Module):
         )  # fmt: skip
         self.aux_loss = None
 
+    def logits(self, flat: Float[Tensor, "T d_model"]) -> Float[Tensor, "T E"]:
+        """The router's logits: in the input's dtype for softmax scores (Qwen3-MoE), in float32
+        for sigmoid scores (DeepSeek-V3)."""
+        if self.sigmoid:
+            return linear_float32(flat, self.router.weight, self.router.bias)
+        logits: Tensor = self.router(flat)
+        return logits
+
     def route(
         self, logits: Float[Tensor, "T E"]
     ) -> tuple[Float[Tensor, "T k"], Int[Tensor, "T k"], Float[Tensor, "T E"] | None]:
-        """The top-k weights (float32), the chosen experts, and the float32 softmax over all
-        experts when it was computed (softmax before the top-k)."""
-        if self.softmax_first:
-            probs = softmax_float32(logits)
-            weights, chosen = probs.topk(self.top_k, dim=-1)
-            if self.renormalize:
-                weights = weights / weights.sum(dim=-1, keepdim=True)
-            return weights, chosen, probs
-        top, chosen = logits.topk(self.top_k, dim=-1)
-        return softmax_float32(top), chosen, None
+        """The top-k weights (float32), the chosen experts, and the float32 scores over all
+        experts when they were computed (softmax before the top-k, or sigmoid)."""
+        if not (self.softmax_first or self.sigmoid):
+            top, chosen = logits.topk(self.top_k, dim=-1)
+            weights = softmax_float32(top)
+            return (weights * self.scale if self.scale != 1 else weights), chosen, None
+        scores = logits.sigmoid() if self.sigmoid else softmax_float32(logits)  # float32
+        if self.score_bias is None and self.topk_group == self.n_group:
+            weights, chosen = scores.topk(self.top_k, dim=-1)
+        else:
+            with torch.no_grad():  # the choice only: no gradient flows through an index
+                choice = scores if self.score_bias is None else scores + self.score_bias
+                if self.topk_group < self.n_group:
+                    choice = limit_groups(choice, self.n_group, self.topk_group)
+                chosen = choice.topk(self.top_k, dim=-1).indices
+            weights = scores.gather(1, chosen)
+        if self.renormalize:
+            total = weights.sum(dim=-1, keepdim=True)
+            weights = weights / (total + SIGMOID_EPS if self.sigmoid else total)
+        if self.scale != 1:
+            weights = weights * self.scale
+        return weights, chosen, scores
 
     def forward(self, x: Float[Tensor, "... d_model"]) -> Float[Tensor, "... d_model"]:
         flat = x.reshape(-1, self.d_model)  # (T, d_model)
-        logits = self.router(flat)  # (T, E)
+        logits = self.logits(flat)  # (T, E)
         weights, chosen, probs = self.route(logits)
         assignments = chosen.reshape(-1)  # (T·k,): token t's j-th choice at t·k + j
         counts = torch.zeros(self.num_experts, dtype=torch.long, device=x.device)
@@ -173,6 +275,8 @@ class MixtureOfExperts(nn.Module):
         if self.training and torch.is_grad_enabled() and self.aux_loss_coef > 0 and len(flat):
             if probs is None:
                 probs = softmax_float32(logits)
+            if self.sigmoid:  # DeepSeek-V3's balance loss: the scores normalised per token
+                probs = probs / probs.sum(dim=-1, keepdim=True)
             self.aux_loss = self.balance_loss(probs, counts)
         return out.reshape(x.shape)
 
@@ -211,9 +315,74 @@ class MixtureOfExperts(nn.Module):
 
     def extra_repr(self) -> str:
         shared = ", shared" + ("(gated)" if self.shared_gate is not None else "")
-        order = "before" if self.softmax_first else "after"
+        order = (
+            "sigmoid"
+            if self.sigmoid
+            else "softmax " + ("before" if self.softmax_first else "after")
+        )
+        groups = f", groups={self.topk_group}/{self.n_group}" if self.n_group > 1 else ""
+        bias = ", score_bias" if self.score_bias is not None else ""
+        scale = f", scale={self.scale}" if self.scale != 1 else ""
         return (
-            f"experts={self.num_experts}, top_k={self.top_k}, softmax={order}, "
-            f"renormalize={self.renormalize}{shared if self.shared is not None else ''}, "
+            f"experts={self.num_experts}, top_k={self.top_k}, score={order}{groups}{bias}, "
+            f"renormalize={self.renormalize}{scale}{shared if self.shared is not None else ''}, "
             f"aux_loss_coef={self.aux_loss_coef}"
         )
+
+
+def routing_problem(
+    num_experts: int,
+    top_k: int,
+    softmax: str,
+    renormalize: bool,
+    score: str,
+    n_group: int,
+    topk_group: int,
+    score_bias: bool,
+) -> str:
+    """Why these routing arguments do not make a router ("" when they do); the plugin's
+    validate() and the module both refuse with it."""
+    if score not in SCORES:
+        return f"score={score!r} must be one of {', '.join(SCORES)}"
+    if softmax not in SOFTMAX_ORDERS:
+        return f"softmax={softmax!r} must be 'before' or 'after' the top-k"
+    if not 1 <= top_k <= num_experts:
+        return f"top_k={top_k} exceeds num_experts={num_experts}; a token picks top_k of them"
+    if softmax == "after" and renormalize:
+        return (
+            "softmax=after already gives top-k weights that sum to 1; renormalize=true would "
+            "repeat it (it is for softmax=before); drop it"
+        )
+    if softmax == "after" and score == "sigmoid":
+        return (
+            "softmax=after is the order of a softmax over the chosen logits; score=sigmoid "
+            "has no softmax: drop softmax=after"
+        )
+    limited = n_group > 1 or topk_group not in (0, n_group)
+    if softmax == "after" and (limited or score_bias):
+        what = "score_bias=true" if score_bias else f"n_group={n_group}, topk_group={topk_group}"
+        return (
+            f"{what} chooses experts by their scores; softmax=after chooses them by the raw "
+            "logits: use softmax=before or score=sigmoid"
+        )
+    if n_group < 1:
+        return f"n_group={n_group} must be at least 1"
+    if num_experts % n_group:
+        return (
+            f"n_group={n_group} does not divide num_experts={num_experts}; the experts fall "
+            "into n_group equal groups"
+        )
+    if n_group > 1 and num_experts // n_group < 2:
+        return (
+            f"n_group={n_group} leaves {num_experts // n_group} expert per group; a group's "
+            "score is the sum of its two best, so each needs at least 2"
+        )
+    if not 0 <= topk_group <= n_group:
+        return f"topk_group={topk_group} must lie within 0..n_group={n_group} (0: all groups)"
+    available = (topk_group or n_group) * (num_experts // n_group)
+    if top_k > available:
+        return (
+            f"top_k={top_k} exceeds the {available} experts of the topk_group={topk_group} "
+            f"groups of {num_experts // n_group} a token may choose from"
+        )
+    return ""

@@ -60,6 +60,16 @@ def test_describe_prints_total_and_active_parameters() -> None:
         ("moe(expert=moe)", r"expert=moe.*: an expert is a plain feed-forward network"),
         ("moe(expert=swiglu(d_ff=64))", r"the experts' width is the moe's d_ff .*moe\(d_ff=64\)"),
         ("moe(softmax=later)", r"'softmax' of ffn 'moe' must be one of .*before"),
+        ("moe(score=relu)", r"'score' of ffn 'moe' must be one of sigmoid, softmax, got 'relu'"),
+        ("moe(score=sigmoid, softmax=after)", r"score=sigmoid has no softmax: drop softmax"),
+        ("moe(softmax=after, score_bias=true)", r"score_bias=true chooses experts by their sc"),
+        ("moe(softmax=after, n_group=2)", r"n_group=2, topk_group=0 chooses experts by th"),
+        ("moe(num_experts=6, n_group=4)", r"n_group=4 does not divide num_experts=6; the ex"),
+        ("moe(num_experts=8, n_group=8)", r"n_group=8 leaves 1 expert per group; a group's"),
+        ("moe(n_group=2, topk_group=3)", r"topk_group=3 must lie within 0..n_group=2 \(0: all"),
+        ("moe(n_group=4, topk_group=1, top_k=3)", r"top_k=3 exceeds the 2 experts of the topk_g"),
+        ("moe(n_group=0)", r"'n_group' of ffn 'moe' must be >= 1"),
+        ("moe(scale=0)", r"'scale' of ffn 'moe' must be > 0"),
     ],
 )
 def test_spec_errors_name_the_problem(ffn: str, message: str) -> None:
@@ -67,8 +77,37 @@ def test_spec_errors_name_the_problem(ffn: str, message: str) -> None:
         lmcore.parse_spec(f"{SMALL}, ffn={ffn}")
 
 
+def test_the_frontier_routing_is_accounted_exactly() -> None:
+    """The router's bias is a parameter (active for every token), the score bias a persistent
+    buffer (saved, not a parameter, as transformers' e_score_correction_bias); the spec of a
+    model that does not use the new arguments is written as before."""
+    ffn = ("moe(num_experts=8, top_k=2, score=sigmoid, n_group=4, topk_group=2, "
+           "score_bias=true, router_bias=true, renormalize=true, scale=2.5, shared=swiglu)")  # fmt: skip
+    acc = account(f"{SMALL}, ffn={ffn}", seq_len=8)
+    model = build_model(f"{SMALL}, ffn={ffn}")
+    d, f = 32, 48
+    row = acc.row("layers.*.ffn")
+    assert row.params_each == 8 * d + 8 + 9 * 3 * d * f
+    assert row.active_params == 2 * (8 * d + 8 + 3 * 3 * d * f)
+    assert acc.params == sum(p.numel() for p in model.parameters())
+    assert "layers.0.ffn.score_bias" in model.state_dict()
+    assert "layers.0.ffn.score_bias" not in dict(model.named_parameters())
+    assert row.flops_each == 8 * (2 * d * 8 + 3 * 2 * 3 * d * f)
+    assert "score" not in str(lmcore.parse_spec(f"{SMALL}, ffn=moe(num_experts=4)"))
+    assert "score=sigmoid" in str(model.spec) and "scale=2.5" in str(model.spec)
+
+
 KIT_VARIANTS = [
     (("softmax", "after"), ("top_k", 3)),
+    (
+        ("score", "sigmoid"),
+        ("n_group", 2),
+        ("topk_group", 1),
+        ("score_bias", True),
+        ("renormalize", True),
+        ("scale", 2.5),
+        ("shared", "swiglu"),
+    ),
     (("shared", "gelu"), ("shared_gate", "sigmoid")),
     (("expert", "geglu"), ("num_experts", 3), ("top_k", 1)),
 ]
