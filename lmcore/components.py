@@ -80,7 +80,8 @@ MIXER_PARTS: Final = ("attention",)
 # without it the conformance kit's cache check holds the component to the contract).
 FEATURES: Final[Mapping[str, frozenset[str]]] = {
     "norm": frozenset({"compile", "nocache"}),
-    "ffn": frozenset({"compile", "nocache"}),
+    # empty (ffn): no feed-forward sub-layer at all (`ffn=none`): blocks wire none, nor its norms.
+    "ffn": frozenset({"compile", "nocache", "empty"}),
     # rotary: rotates q and k; absolute: adds to the token embeddings; bias: adds an attention
     # bias; relative: q.k after the encoding depends only on the offset between positions.
     "pos": frozenset({"rotary", "absolute", "bias", "relative", "compile", "nocache"}),
