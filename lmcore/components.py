@@ -139,6 +139,8 @@ class Arg:
     ``written="changed"`` leaves the argument out of the canonical form while it has its
     default: declare every argument added to an already released component so, and the
     canonical strings (run names, hashes) of specs that do not use it stay what they were.
+    ``applies_with``: the other arguments a boolean takes effect with (rope's ``truncate`` with
+    ``scaling=yarn``); the conformance kit's variant that flips it sets them too.
     """
 
     name: str
@@ -149,6 +151,7 @@ class Arg:
     ge: float | None = None
     choices: tuple[str, ...] | None = None
     written: str = "always"
+    applies_with: tuple[tuple[str, Any], ...] = ()
 
     @property
     def required(self) -> bool:

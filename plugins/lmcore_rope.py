@@ -323,6 +323,7 @@ ARGS: Final = (
         True,
         "yarn: round the ramp's ends to whole dimensions (gpt-oss: false)",
         written="changed",
+        applies_with=(("scaling", "yarn"), ("factor", 4.0), ("original_context_length", 8)),
     ),
     Arg(
         "attention_factor",
