@@ -20,10 +20,11 @@ bias `router.bias` (gpt-oss).
 
 Dispatch: the `T · k` (token, expert) assignments are sorted by expert, the tokens gathered once
 (`index_select`), each expert runs once on its contiguous slice (one batched product per
-expert, never a loop over tokens), and the weighted outputs are summed back per token with one
-`index_add`. The expert sizes are read from the device once per forward (one synchronisation);
-an expert that received no token still runs on an empty slice, so every parameter takes part in
-every backward (DistributedDataParallel needs no `find_unused_parameters`).
+expert, never a loop over tokens), and each expert's weighted outputs are added back to their
+tokens with one `index_add` (never concatenated first). The expert sizes are read from the
+device once per forward (one synchronisation); an expert that received no token still runs on
+an empty slice, so every parameter takes part in every backward (DistributedDataParallel needs
+no `find_unused_parameters`).
 
 Shared experts (DeepSeek-MoE, Qwen2-MoE): one more feed-forward module every token passes
 through, its output added, optionally scaled by `sigmoid(shared_gate(x))` (Qwen2-MoE).
