@@ -4,8 +4,11 @@ Options beyond CS336, each off by default: `fraction` rotates only the first
 `int(head_dim · fraction)` dimensions of each head and passes the rest through (GPT-NeoX's
 `rotary_pct`, Phi's `partial_rotary_factor`); `scaling=linear` divides every frequency by
 `factor` (position interpolation); `scaling=llama3` divides the low frequencies by `factor`,
-keeps the high ones and blends in between (Llama 3.1's `rope_scaling`), as Hugging Face's
-`modeling_rope_utils` computes them.
+keeps the high ones and blends in between (Llama 3.1's `rope_scaling`); `scaling=yarn` (YaRN,
+Peng et al. 2023: gpt-oss, DeepSeek-V3) interpolates the low frequencies by `factor`, keeps the
+high ones, ramps linearly between the dimensions that turn `beta_slow` and `beta_fast` times
+over `original_context_length`, and multiplies cos and sin by an attention factor; all as
+Hugging Face's `modeling_rope_utils` computes them.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from lmcore import Arg, Component, hookimpl
+from lmcore.components import format_scalar
 from lmcore.interfaces import PositionalEncodingBase, Rotation
 
 
@@ -28,8 +32,8 @@ class RotaryPositionalEmbedding(PositionalEncodingBase):
     dimensions of each head are rotated, the others pass through unchanged. The cos/sin
     tables are non-persistent buffers of shape `(max_seq_len, rotary_dim/2)`, kept in float32
     whatever the model dtype. A pair is rotated as the complex number `x[2k] + i·x[2k+1]` times
-    `cos + i·sin`. `scaling` ("none", "linear", "llama3") rescales the frequencies; see
-    `inverse_frequencies`.
+    `cos + i·sin`. `scaling` ("none", "linear", "llama3", "yarn") rescales the frequencies; see
+    `inverse_frequencies`. `attention_factor` multiplies cos and sin (YaRN's; 1: none).
     """
 
     def __init__(
@@ -45,6 +49,10 @@ class RotaryPositionalEmbedding(PositionalEncodingBase):
         low_freq_factor: float = 1.0,
         high_freq_factor: float = 4.0,
         original_context_length: int = 8192,
+        beta_fast: float = 32.0,
+        beta_slow: float = 1.0,
+        truncate: bool = True,
+        attention_factor: float = 1.0,
     ):
         super().__init__()
         if d_k % 2 and rotary_dim in (None, d_k):
@@ -72,10 +80,16 @@ class RotaryPositionalEmbedding(PositionalEncodingBase):
                 low_freq_factor=low_freq_factor,
                 high_freq_factor=high_freq_factor,
                 original_context_length=original_context_length,
+                beta_fast=beta_fast,
+                beta_slow=beta_slow,
+                truncate=truncate,
             )  # (rotary_dim/2,)
             pos = torch.arange(max_seq_len, dtype=torch.float32)
             angles = pos[:, None] * inv_freq[None, :]  # (max_seq_len, rotary_dim/2)
-            cos, sin = torch.cos(angles).to(device), torch.sin(angles).to(device)
+            cos, sin = torch.cos(angles), torch.sin(angles)
+            if attention_factor != 1.0:  # YaRN's: q·k of the rotated part grows by its square
+                cos, sin = cos * attention_factor, sin * attention_factor
+            cos, sin = cos.to(device), sin.to(device)
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
 
@@ -122,7 +136,7 @@ def _rotate_real(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return out.flatten(-2).to(x.dtype)  # re-interleave the pairs
 
 
-SCALINGS: Final = ("none", "linear", "llama3")
+SCALINGS: Final = ("none", "linear", "llama3", "yarn")
 
 
 def inverse_frequencies(
@@ -134,6 +148,9 @@ def inverse_frequencies(
     low_freq_factor: float = 1.0,
     high_freq_factor: float = 4.0,
     original_context_length: int = 8192,
+    beta_fast: float = 32.0,
+    beta_slow: float = 1.0,
+    truncate: bool = True,
 ) -> Tensor:
     """`1 / theta^(2k/dim)` for k = 0 … dim/2-1, in float32, rescaled by `scaling`.
 
@@ -142,10 +159,14 @@ def inverse_frequencies(
     wavelength is below `original_context_length / high_freq_factor` is kept; in between it
     is blended, `(1 - s) · f / factor + s · f` with
     `s = (original_context_length / wavelength - low_freq_factor) / (high_freq_factor -
-    low_freq_factor)`. The operations are Hugging Face's, in their order, for the same float32
-    numbers.
+    low_freq_factor)`. yarn: pair k's frequency is `f / factor` below dimension `low`, `f` above
+    `high`, and blended linearly in between, `low`/`high` the dimensions that turn `beta_fast`/
+    `beta_slow` times over `original_context_length` (rounded outwards when `truncate`). The
+    operations are Hugging Face's, in their order, for the same float32 numbers.
     """
     k = torch.arange(0, dim, 2, dtype=torch.float32)  # 2k
+    if scaling == "yarn":
+        return _yarn(theta, dim, k, factor, original_context_length, beta_fast, beta_slow, truncate)
     inv_freq = 1.0 / (theta ** (k / dim))  # (dim/2,)
     if scaling == "linear":
         return inv_freq / factor
@@ -163,9 +184,65 @@ def inverse_frequencies(
     return torch.where(medium, smoothed, scaled)
 
 
+def _yarn(
+    theta: float,
+    dim: int,
+    k: Tensor,
+    factor: float,
+    original: int,
+    beta_fast: float,
+    beta_slow: float,
+    truncate: bool,
+) -> Tensor:
+    def turns_at(rotations: float) -> float:  # the dimension turning `rotations` times
+        return (dim * math.log(original / (rotations * 2 * math.pi))) / (2 * math.log(theta))
+
+    low, high = turns_at(beta_fast), turns_at(beta_slow)
+    if truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001  # no zero-width ramp
+    ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    kept = 1 - ramp  # 1: extrapolated (kept), 0: interpolated (divided by factor)
+    pos_freqs = theta ** (k / dim)
+    return (1.0 / (factor * pos_freqs)) * (1 - kept) + (1.0 / pos_freqs) * kept
+
+
+def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    """YaRN's `0.1 · mscale · ln(factor) + 1` (1 for factor ≤ 1)."""
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def yarn_attention_factor(
+    factor: float, attention_factor: float = 0.0, mscale: float = 0.0, mscale_all_dim: float = 0.0
+) -> float:
+    """The factor YaRN multiplies cos and sin by: `attention_factor` when given (not 0), else
+    `yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all_dim)` when both are given
+    (DeepSeek), else `yarn_mscale(factor)`; as Hugging Face derives it."""
+    if attention_factor:
+        return attention_factor
+    if mscale and mscale_all_dim:
+        return float(yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all_dim))
+    return yarn_mscale(factor)
+
+
 def rotary_dim(head_dim: int, fraction: float) -> int:
     """The rotated width: `int(head_dim · fraction)`, truncated as Hugging Face does."""
     return int(head_dim * fraction)
+
+
+# The scalings each frequency argument applies with.
+_USED_BY: Final = {
+    "factor": ("linear", "llama3", "yarn"),
+    "low_freq_factor": ("llama3",),
+    "high_freq_factor": ("llama3",),
+    "original_context_length": ("llama3", "yarn"),
+    **dict.fromkeys(
+        ("beta_fast", "beta_slow", "truncate", "attention_factor", "mscale", "mscale_all_dim"),
+        ("yarn",),
+    ),
+}
 
 
 def _check(
@@ -176,6 +253,12 @@ def _check(
     low_freq_factor: float,
     high_freq_factor: float,
     original_context_length: int,
+    beta_fast: float,
+    beta_slow: float,
+    truncate: bool,
+    attention_factor: float,
+    mscale: float,
+    mscale_all_dim: float,
 ) -> None:
     if fraction > 1.0:
         raise ValueError(
@@ -198,15 +281,25 @@ def _check(
         "low_freq_factor": (low_freq_factor, 1.0),
         "high_freq_factor": (high_freq_factor, 4.0),
         "original_context_length": (original_context_length, 8192),
+        "beta_fast": (beta_fast, 32.0),
+        "beta_slow": (beta_slow, 1.0),
+        "truncate": (truncate, True),
+        "attention_factor": (attention_factor, 0.0),
+        "mscale": (mscale, 0.0),
+        "mscale_all_dim": (mscale_all_dim, 0.0),
     }
-    used = {"none": (), "linear": ("factor",), "llama3": tuple(given)}[scaling]
     for name, (value, default) in given.items():
-        if name not in used and value != default:
-            needs = "scaling=linear or scaling=llama3" if name == "factor" else "scaling=llama3"
+        if scaling not in _USED_BY[name] and value != default:
+            needs = " or ".join(f"scaling={x}" for x in _USED_BY[name])
             raise ValueError(
-                f"{name}={value} has no effect with scaling={scaling}; it applies with {needs} "
-                f"(or drop {name})"
+                f"{name}={format_scalar(value)} has no effect with scaling={scaling}; it applies "
+                f"with {needs} (or drop {name})"
             )
+    if scaling == "yarn" and not beta_fast > beta_slow:
+        raise ValueError(
+            f"scaling=yarn ramps between the dimensions turning beta_slow and beta_fast times, so "
+            f"beta_fast={beta_fast} must exceed beta_slow={beta_slow}"
+        )
     if scaling == "llama3" and not high_freq_factor > low_freq_factor:
         raise ValueError(
             f"scaling=llama3 blends between low_freq_factor and high_freq_factor, so "
@@ -224,6 +317,12 @@ def _build(
     low_freq_factor: float,
     high_freq_factor: float,
     original_context_length: int,
+    beta_fast: float,
+    beta_slow: float,
+    truncate: bool,
+    attention_factor: float,
+    mscale: float,
+    mscale_all_dim: float,
     device: torch.device | str | None = None,
 ) -> RotaryPositionalEmbedding:
     return RotaryPositionalEmbedding(
@@ -237,6 +336,14 @@ def _build(
         low_freq_factor=low_freq_factor,
         high_freq_factor=high_freq_factor,
         original_context_length=original_context_length,
+        beta_fast=beta_fast,
+        beta_slow=beta_slow,
+        truncate=truncate,
+        attention_factor=(
+            yarn_attention_factor(factor, attention_factor, mscale, mscale_all_dim)
+            if scaling == "yarn"
+            else 1.0
+        ),
     )
 
 
@@ -254,7 +361,7 @@ ARGS: Final = (
         "scaling",
         str,
         "none",
-        "frequency scaling: none, linear (all / factor) or llama3 (Llama 3.1's)",
+        "frequency scaling: none, linear (all / factor), llama3 (Llama 3.1's) or yarn (YaRN)",
         choices=SCALINGS,
         written="changed",
     ),
@@ -262,7 +369,7 @@ ARGS: Final = (
         "factor",
         float,
         1.0,
-        "linear and llama3: how much longer the context gets",
+        "linear, llama3 and yarn: how much longer the context gets",
         gt=0.0,
         written="changed",
     ),
@@ -286,8 +393,55 @@ ARGS: Final = (
         "original_context_length",
         int,
         8192,
-        "llama3: the context length the model was trained at",
+        "llama3 and yarn: the context length the model was trained at",
         ge=1,
+        written="changed",
+    ),
+    Arg(
+        "beta_fast",
+        float,
+        32.0,
+        "yarn: dimensions turning more often than this over the original context are kept",
+        gt=0.0,
+        written="changed",
+    ),
+    Arg(
+        "beta_slow",
+        float,
+        1.0,
+        "yarn: dimensions turning less often than this are divided by factor",
+        gt=0.0,
+        written="changed",
+    ),
+    Arg(
+        "truncate",
+        bool,
+        True,
+        "yarn: round the ramp's ends to whole dimensions (gpt-oss: false)",
+        written="changed",
+    ),
+    Arg(
+        "attention_factor",
+        float,
+        0.0,
+        "yarn: cos and sin multiplied by this; 0: 0.1·ln(factor) + 1 (or by mscale)",
+        ge=0.0,
+        written="changed",
+    ),
+    Arg(
+        "mscale",
+        float,
+        0.0,
+        "yarn, with mscale_all_dim: the attention factor's numerator's ln weight (DeepSeek)",
+        ge=0.0,
+        written="changed",
+    ),
+    Arg(
+        "mscale_all_dim",
+        float,
+        0.0,
+        "yarn, with mscale: the attention factor's denominator's ln weight (DeepSeek)",
+        ge=0.0,
         written="changed",
     ),
 )

@@ -3,8 +3,9 @@
 
     from lmcore.gguf import convert_from_gguf, convert_to_gguf, load_gguf, save_gguf
 
-One module per concern: `reading.py` (metadata, dequantizing), `architectures.py` (GGUF names
-onto the Hugging Face families' tables), `tokenizer.py` (`tokenizer.ggml.*` <-> tokenizer.json),
+One module per concern: `reading.py` (metadata, dequantizing), `architectures.py` (GGUF metadata
+onto the Hugging Face families' tables), `tensors.py` (shapes checked, llama.cpp's tensor
+changes undone and redone), `tokenizer.py` (`tokenizer.ggml.*` <-> tokenizer.json),
 `writing.py` (a model to GGUF), `convert.py` (the files). Names are imported on first use.
 """
 

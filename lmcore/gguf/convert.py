@@ -31,15 +31,9 @@ import torch
 
 from lmcore.checkpoint import build_empty, save
 from lmcore.errors import ConversionError
-from lmcore.gguf.architectures import (
-    architecture,
-    check_shapes,
-    family,
-    from_gguf_tensors,
-    metadata_to_config,
-    spec_of,
-)
+from lmcore.gguf.architectures import architecture, family, metadata_to_config, spec_of
 from lmcore.gguf.reading import GGUFFile, read_gguf
+from lmcore.gguf.tensors import check_shapes, from_gguf_tensors
 from lmcore.gguf.tokenizer import from_gguf_metadata
 from lmcore.gguf.writing import write_gguf
 from lmcore.hf.weights import from_hf_state_dict
@@ -102,7 +96,7 @@ def _load(
     """`load_gguf`, and the file it read. `buffers=False`: a model only to be saved, whose
     buffers outside the state dict are never built (`build_empty`)."""
     file = read_gguf(where)
-    arch = architecture(file.architecture, where)
+    arch = architecture(file.architecture, where, file.metadata)
     shapes = {name: e.shape for name, e in file.tensors.items()}
     config = metadata_to_config(file.metadata, shapes, where, ignore=ignore)
     spec = spec_of(config, arch, where)
@@ -141,15 +135,50 @@ def convert_from_gguf(
     return save(model, out, metadata={METADATA_KEY: json.dumps(kept, sort_keys=True)})
 
 
-def save_gguf(model: torch.nn.Module, path: str | os.PathLike[str], *, type: str = "f32") -> Path:
-    """Write `model` (a `TransformerLM`) and its tokenizer as a GGUF file (`write_gguf`)."""
-    return write_gguf(unwrap(model), path, type=type)
+def save_gguf(
+    model: torch.nn.Module,
+    path: str | os.PathLike[str],
+    *,
+    type: str = "f32",
+    architecture: str | None = None,
+) -> Path:
+    """Write `model` (a `TransformerLM`) and its tokenizer as a GGUF file (`write_gguf`):
+    as `architecture`, else the first GGUF architecture that holds the model."""
+    return write_gguf(unwrap(model), path, type=type, architecture=architecture)
 
 
 def convert_to_gguf(
-    checkpoint: str | os.PathLike[str], out: str | os.PathLike[str], *, type: str = "f32"
+    checkpoint: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    *,
+    type: str = "f32",
+    architecture: str | None = None,
 ) -> Path:
-    """`lmcore convert --to-gguf CKPT OUT`: an lmcore checkpoint (and its tokenizer) to GGUF."""
+    """`lmcore convert --to-gguf CKPT OUT`: an lmcore checkpoint (and its tokenizer) to GGUF,
+    as `architecture`, else as the architecture of the Hugging Face family or GGUF file it was
+    converted from when that holds it (a Phi-3 as `phi3`, not `llama`), else the first that
+    does."""
     if Path(out).resolve() == Path(checkpoint).resolve():
         raise ConversionError(f"{out}: is the checkpoint being converted; choose another OUT")
-    return write_gguf(load(checkpoint), out, type=type)
+    return write_gguf(
+        load(checkpoint), out, type=type, architecture=architecture, prefer=_origin(checkpoint)
+    )
+
+
+def _origin(checkpoint: str | os.PathLike[str]) -> str | None:
+    """The model_type (`hf.config`) or GGUF architecture (`gguf.metadata`) a checkpoint was
+    converted from, if it says."""
+    from lmcore.checkpoint import read_info
+
+    try:
+        metadata = read_info(checkpoint).metadata
+    except (ConversionError, OSError, ValueError):
+        return None  # not a checkpoint file: `load` says why
+    for key, field in (("hf.config", "model_type"), (METADATA_KEY, "general.architecture")):
+        try:
+            found = json.loads(metadata.get(key, "{}"))
+        except json.JSONDecodeError:
+            continue
+        if isinstance(found, dict) and isinstance(found.get(field), str):
+            return str(found[field])
+    return None

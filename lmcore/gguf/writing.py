@@ -1,9 +1,12 @@
 """Writing an lmcore model as a GGUF file that llama.cpp-family tools load (`--to-gguf`).
 
-The model goes through its Hugging Face family's tables first (`spec_to_config` refuses what
-the family cannot express: another norm, FFN or positional encoding, post-norm blocks, ...),
-then the GGUF architecture's (`lmcore.gguf.architectures`): metadata keys, tensor names, and q/k
-rows in llama.cpp's interleaved layout. Weights are stored as `TYPES` says; one-dimensional
+The architecture is the first of `WRITE_ORDER` (llama, qwen2, qwen3, gemma, gemma2, olmo2,
+phi3, gpt2, gptneox, llama with experts, qwen3moe) whose Hugging Face family expresses the model
+(`spec_to_config`) and whose metadata reads back as the same model (`writable`), the one the
+model came from tried first; `architecture=` names one. The model goes through that family's
+tables, then the GGUF architecture's (`lmcore.gguf.architectures`): metadata keys, tensor names,
+and the tensors changed as llama.cpp's converter changes them (q/k rows interleaved, Gemma's
+norm gains + 1, experts stacked, ...). Weights are stored as `TYPES` says; one-dimensional
 tensors (the norms' gains) stay F32, as llama.cpp expects, and a matrix whose rows do not split
 into Q8_0's 32-value blocks is stored F16. The tokenizer, when the checkpoint has one, is written
 as `tokenizer.ggml.*` (`lmcore.gguf.tokenizer`).
@@ -22,8 +25,16 @@ from torch import Tensor
 
 from lmcore.atomic import atomic_path
 from lmcore.errors import ConversionError, one_of
-from lmcore.gguf.architectures import ARCHITECTURES, config_to_metadata, family, to_gguf_tensors
+from lmcore.gguf.architectures import (
+    ARCHITECTURES,
+    BY_MODEL_TYPE,
+    WRITE_ORDER,
+    Architecture,
+    family,
+    writable,
+)
 from lmcore.gguf.reading import import_gguf
+from lmcore.gguf.tensors import to_gguf_tensors
 from lmcore.gguf.tokenizer import to_gguf_metadata
 from lmcore.hf.family import spec_to_config
 from lmcore.hf.weights import to_hf_state_dict
@@ -31,7 +42,7 @@ from lmcore.model.transformer import TransformerLM
 from lmcore.tokenizer import SavedTokenizer
 from lmcore.version import __version__
 
-__all__ = ["TYPES", "write_gguf"]
+__all__ = ["TYPES", "choose", "write_gguf"]
 
 # --type -> (GGML type of the matrices, general.file_type)
 TYPES: Final[Mapping[str, tuple[str, int]]] = {
@@ -49,15 +60,19 @@ def write_gguf(
     type: str = "f32",
     tokenizer: SavedTokenizer | None = None,
     name: str | None = None,
+    architecture: str | None = None,
+    prefer: str | None = None,
 ) -> Path:
     """Write `model` (and `tokenizer`, default: the model's own) to one GGUF file,
-    atomically. `type`: how the matrices are stored, one of `TYPES`."""
+    atomically. `type`: how the matrices are stored, one of `TYPES`; `architecture`: the GGUF
+    architecture to write (default: the first of `WRITE_ORDER` that holds the model, trying
+    first the one of `prefer`, a Hugging Face model_type or GGUF architecture the model came
+    from)."""
     gguf = import_gguf()
     if type not in TYPES:
         raise ConversionError(f"--type {type!r}: GGUF types lmcore writes are {one_of(TYPES)}")
-    arch = ARCHITECTURES["llama"]
+    arch, config, metadata = choose(model, architecture, prefer)
     fam = family(arch)
-    config = spec_to_config(model.blueprint, model.lm_head.weight.dtype, family=fam)
     state = {k: v.detach().to("cpu", torch.float32) for k, v in model.state_dict().items()}
     tensors = to_gguf_tensors(to_hf_state_dict(fam, state, model.blueprint), arch, config)
     matrix_type, file_type = TYPES[type]
@@ -69,8 +84,9 @@ def write_gguf(
         writer.add_file_type(file_type)
         writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
         writer.add_string("general.source.url", f"lmcore {__version__}: {model.spec}")
-        for key, value in config_to_metadata(config, arch).items():
-            _add(writer, key, value)
+        for key, value in metadata.items():
+            if not key.startswith("general."):
+                _add(writer, key, value)
         saved = tokenizer or model.tokenizer
         if saved is not None:
             for key, value in to_gguf_metadata(saved, model.spec.vocab_size).items():
@@ -92,6 +108,68 @@ def write_gguf(
     return out
 
 
+def choose(
+    model: TransformerLM, architecture: str | None = None, prefer: str | None = None
+) -> tuple[Architecture, dict[str, Any], dict[str, Any]]:
+    """The GGUF architecture `model` is written as, its family's config and its metadata; or
+    `ConversionError` naming what the closest architecture cannot hold."""
+    first: Architecture | None = None
+    if architecture is not None:
+        candidates = [a for a in WRITE_ORDER if a.name == architecture]
+        if not candidates:
+            names = one_of(a.name for a in WRITE_ORDER)
+            raise ConversionError(f"GGUF architecture {architecture!r}: lmcore writes {names}")
+    else:
+        first = BY_MODEL_TYPE.get(prefer or "") or ARCHITECTURES.get(prefer or "")
+        candidates = [*([first] if first else []), *(a for a in WRITE_ORDER if a is not first)]
+    bp = model.blueprint
+    dtype = model.lm_head.weight.dtype
+    tried: list[tuple[int, int, str, list[str]]] = []
+    for rank, arch in enumerate(candidates):
+        try:
+            config = spec_to_config(bp, dtype, family=family(arch))
+        except ConversionError as e:
+            said = str(e).partition("without losing something: ")[2] or str(e)
+            lost = [said.removesuffix(f" (spec: {bp.spec})")]  # said once, at the end
+        else:
+            metadata, lost = writable(bp, config, arch)
+            chosen = architecture is not None or (rank == 0 and first is arch)
+            unused = [
+                f"{name}={config[name]}: {why}; pass architecture={arch.name!r} to write it anyway"
+                for name, why in arch.unused.items()
+                if config.get(name) and not chosen
+            ]
+            if not lost and not unused:
+                return arch, config, metadata
+            if not lost:  # it holds the model, but llama.cpp would not run all of it: said first
+                tried.append((0, rank, arch.name, unused))
+                continue
+        label = arch.name if arch.family == arch.name else f"{arch.name} ({arch.family})"
+        tried.append((sum(x.count("; ") + 1 for x in lost), rank, label, lost))
+    tried.sort()
+    # the closest, those as close, and the architecture of the model's own Hugging Face family
+    own = _own_architecture(bp, dtype)
+    shown = [t for t in tried if t[0] == tried[0][0] or t[2].split(" ")[0] == own][:3]
+    said = "; ".join(f"as {label}: " + "; ".join(lost) for _, _, label, lost in shown)
+    raise ConversionError(
+        f"cannot write this model as GGUF without losing something ({said}) (spec: {bp.spec})"
+    )
+
+
+def _own_architecture(bp: Any, dtype: Any) -> str | None:
+    """The GGUF architecture of the first Hugging Face family that expresses the model."""
+    try:
+        model_type = spec_to_config(bp, dtype)["model_type"]
+    except ConversionError:
+        return None
+    arch = BY_MODEL_TYPE.get(model_type)
+    return None if arch is None else arch.name
+
+
+# Metadata llama.cpp reads as float32 (a config may hold them as integers: rope_theta 10000).
+_FLOAT_KEYS: Final = ("freq_base", "epsilon", "softcapping", "factor")
+
+
 def _numpy(t: Tensor) -> Any:
     return np.ascontiguousarray(t.numpy(), dtype=np.float32)
 
@@ -100,6 +178,8 @@ def _add(writer: Any, key: str, value: Any) -> None:
     """A metadata entry in GGUF's type for it: bool, uint32, float32, string, or an array."""
     if isinstance(value, bool):
         writer.add_bool(key, value)
+    elif key.endswith(_FLOAT_KEYS) and isinstance(value, int):
+        writer.add_float32(key, float(value))  # llama.cpp reads these as float32 only
     elif isinstance(value, int):
         writer.add_uint32(key, value)
     elif isinstance(value, float):

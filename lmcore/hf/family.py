@@ -41,6 +41,7 @@ from lmcore.spec import LAYER_KEYS, ORDER, ComponentSpec, ModelSpec, format_laye
 
 __all__ = [
     "FAMILIES",
+    "MULTIMODAL",
     "PASSIVE",
     "Family",
     "Reading",
@@ -67,7 +68,20 @@ FAMILIES: Final = (
     "gpt_neox",
     "mixtral",
     "qwen3_moe",
+    "qwen3_next",
+    "gemma3_text",
+    "smollm3",
+    "olmo3",
+    "lfm2",
+    "gpt_oss",
+    "deepseek_v3",
 )
+
+# Model types of multimodal models whose language model is a family lmcore converts: refused
+# by name, saying where that language model's config is (the vision tower has no lmcore form).
+MULTIMODAL: Final = {
+    "gemma3": ("Gemma3ForConditionalGeneration", "text_config", "gemma3_text"),
+}
 
 # Fields any saved config may hold that do not change the function a causal LM computes:
 # identity and bookkeeping, token ids, what a forward returns, generation defaults, the
@@ -160,7 +174,8 @@ class Family:
     output matrix (a tied model's saved file leaves the head out); `prefix`: what the base
     model's names start with (a file saved from the base model alone lacks it); `skip`:
     suffixes of derived tensors some files carry (rotary `inv_freq`, GPT-2's causal mask),
-    skipped."""
+    skipped; `skip_prefixes`: the starts of tensors a checkpoint carries that transformers'
+    causal LM does not load (Qwen3-Next's multi-token prediction `mtp.`), skipped."""
 
     model_type: str
     architecture: str
@@ -172,6 +187,7 @@ class Family:
     prefix: str = "model."
     passive: frozenset[str] = frozenset()
     skip: tuple[str, ...] = (".rotary_emb.inv_freq",)
+    skip_prefixes: tuple[str, ...] = ()
 
     @property
     def fields(self) -> frozenset[str]:
@@ -184,6 +200,14 @@ class Family:
 def family(model_type: str) -> Family:
     """The family of `model_type` (`lmcore.hf.<model_type>.FAMILY`), or `ConversionError`
     naming the families there are."""
+    if model_type in MULTIMODAL:
+        arch, sub, inner = MULTIMODAL[model_type]
+        raise ConversionError(
+            f"model_type {model_type!r} is {arch}, a multimodal model: lmcore converts "
+            f"language models only, not a vision tower; its language model's config, {sub}, "
+            f"is a {inner!r} one, which converts with the weights of a "
+            f"{family(inner).architecture} (model.* and lm_head.weight)"
+        )
     if model_type not in FAMILIES:
         raise ConversionError(
             f"model_type {model_type!r} does not convert to lmcore"
@@ -290,7 +314,8 @@ def config_to_spec(
 
 
 def assemble(values: Mapping[str, Any]) -> str:
-    """A spec string from spec values by path; per-layer lists as `key=v, key[layers]=w`.
+    """A spec string from spec values by path; per-layer lists as `key=v, key[layers]=w`; an
+    argument's value may be a component (`ComponentSpec`: `moe(shared=swiglu(d_ff=512))`).
     Without a list nothing is done per layer, however many layers `num_layers` says (the rules
     give lists only to models the spec can give per-layer values, `spread`)."""
     tops = list(dict.fromkeys(path.partition(".")[0] for path in values))
@@ -310,7 +335,7 @@ def assemble(values: Mapping[str, Any]) -> str:
             rendered = []
             for i, name in enumerate(names):
                 inner = ",".join(
-                    f"{a}={format_scalar(v[i])}" for a, v in args.items() if v[i] is not None
+                    f"{a}={format_value(v[i])}" for a, v in args.items() if v[i] is not None
                 )
                 rendered.append("none" if name is None else f"{name}({inner})" if inner else name)
         else:
@@ -333,7 +358,7 @@ def _whole(top: str, values: Mapping[str, Any]) -> str:
         return f"{top}={format_scalar(values[top])}"
     name = values[top]
     args = {p.partition(".")[2]: v for p, v in values.items() if p.startswith(f"{top}.")}
-    inner = ",".join(f"{a}={format_scalar(v)}" for a, v in args.items() if v is not None)
+    inner = ",".join(f"{a}={format_value(v)}" for a, v in args.items() if v is not None)
     return f"{top}={'none' if name is None else f'{name}({inner})' if inner else name}"
 
 

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from lmcore.hf.common import attention, core, ends, mlp, norms
+from lmcore.hf.common import GATED, attention, core, ends, mlp, norms
 from lmcore.hf.family import Family
-from lmcore.hf.gemma import ACTIVATIONS, GEMMA_SPEC, embed_scale
+from lmcore.hf.gemma import GEMMA_SPEC, embed_scale
 from lmcore.hf.rules import Choice, Derived, Draft, Dropout, Field, Fixed, Rope, Window
 
 DEFAULTS: Final = {
@@ -56,13 +56,9 @@ FAMILY: Final = Family(
     spec={**GEMMA_SPEC, "block": "sandwich"},
     rules=(
         *core(DEFAULTS),
-        Choice(
-            "hidden_activation",
-            ACTIVATIONS,
-            "gelu_pytorch_tanh",
-            aliases=("hidden_act",),
-            what="a gated MLP's activation",
-        ),
+        # transformers' Gemma 2 takes hidden_activation as ACT2FN does ("gelu" is exact), and
+        # never reads hidden_act, which released configs also hold: kept, passive
+        Choice("hidden_activation", GATED, "gelu_pytorch_tanh", what="a gated MLP's activation"),
         Field("attention_bias", ("qkv_bias", "out_bias"), bool, False),
         Derived("embed_scale", embed_scale),
         Field(
@@ -109,5 +105,5 @@ FAMILY: Final = Family(
         *attention(),
         *mlp(),
     ),
-    passive=frozenset({"cache_implementation"}),
+    passive=frozenset({"cache_implementation", "hidden_act"}),
 )

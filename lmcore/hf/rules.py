@@ -18,12 +18,12 @@ or a list of per-layer values.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, Protocol
+from typing import Any, Final
 
-from lmcore.blueprint import Blueprint
 from lmcore.components import REQUIRED
+from lmcore.hf.draft import OMIT, SLOTS, Draft, Rule, SpecView, paths
 from lmcore.hf.values import checked, spread
 from lmcore.hf.values import either as _or
 from lmcore.hf.values import json_text as _json
@@ -48,105 +48,6 @@ __all__ = [
     "spread",
 ]
 
-# Component slots a path may name (their arguments after a dot).
-SLOTS: Final = ("block", "norm", "ffn", "pos", "mixer", "attn", "qk_norm")
-_OMIT: Final = object()
-
-
-class Draft:
-    """What a config says, as spec values: `values` by spec path (a value, or a list of one
-    value per layer), the `problems` found (each names its field) and `notes` (what is kept
-    but not applied, e.g. dropout). Rules read fields with `field`, which records them as
-    read, and set values with `set`, which names two fields that disagree."""
-
-    def __init__(self, config: Mapping[str, Any]):
-        self.config = config
-        self.values: dict[str, Any] = {}
-        self.sources: dict[str, str] = {}
-        self.problems: list[str] = []
-        self.notes: list[str] = []
-
-    def field(self, name: str, default: Any = None) -> Any:
-        """Config field `name`; `default` when it is absent or null."""
-        value = self.config.get(name)
-        return default if value is None else value
-
-    def set(self, path: str, value: Any, source: str) -> None:
-        if path in self.values and self.values[path] != value and self.sources[path] != source:
-            self.problems.append(
-                f"{source} and {self.sources[path]} disagree (one gives {path}="
-                f"{_json(value)}, the other {_json(self.values[path])})"
-            )
-            return
-        self.values[path] = value
-        self.sources[path] = source
-
-    @property
-    def num_layers(self) -> int | None:
-        n = self.values.get("num_layers")
-        return n if isinstance(n, int) else None
-
-
-class SpecView:
-    """A resolved model as the rules write it: the value of a spec path at each layer (`None`
-    where that layer's slot has no such argument), and the `base` config (the one a checkpoint
-    was converted from) whose spelling a rule keeps when it says the same."""
-
-    def __init__(self, bp: Blueprint, base: Mapping[str, Any]):
-        self.bp, self.spec, self.base = bp, bp.spec, base
-        self.n = bp.spec.num_layers
-
-    def at(self, path: str, layer: int) -> Any:
-        slot, _, arg = path.partition(".")
-        lbp = self.bp.layer(layer)
-        if slot not in SLOTS:
-            return getattr(lbp.spec, slot)
-        part = lbp.parts.get(slot)
-        if part is None:
-            return None
-        return part.name if not arg else lbp.kwargs(slot).get(arg)
-
-    def layers(self, path: str) -> list[Any]:
-        return [self.at(path, i) for i in range(self.n)]
-
-    def first(self, path: str) -> Any:
-        """The value of the first layer that has one (the whole model's, when uniform)."""
-        slot = path.partition(".")[0]
-        if slot == "norm" or slot not in SLOTS:  # whole-model values: ln_final's norm
-            whole = self.bp.parts.get(slot) if slot in SLOTS else None
-            if slot not in SLOTS:
-                return getattr(self.spec, slot)
-            arg = path.partition(".")[2]
-            return None if whole is None else (self.bp.kwargs(slot).get(arg) if arg else whole.name)
-        return next((v for v in self.layers(path) if v is not None), None)
-
-    def keep(self, name: str, value: Any, reads: Callable[[Any], Any] = lambda v: v) -> Any:
-        """`value` for config field `name`, or the base config's own spelling of it when that
-        reads as the same spec value (`4096` for `4096.0`, `null` head_dim for the default)."""
-        if name in self.base:
-            try:
-                if reads(self.base[name]) == value:
-                    return self.base[name]
-            except (TypeError, ValueError, ArithmeticError):
-                pass
-        return value
-
-
-class Rule(Protocol):
-    """Config fields and the spec values they give, both ways."""
-
-    @property
-    def fields(self) -> tuple[str, ...]: ...
-
-    def read(self, d: Draft) -> None: ...
-
-    def write(self, v: SpecView, out: dict[str, Any]) -> None: ...
-
-
-def _paths(spec: str | tuple[str, ...]) -> tuple[str, ...]:
-    return (spec,) if isinstance(spec, str) else spec
-
-
 # ------------------------------------------------------------------------------ rules
 
 
@@ -167,7 +68,7 @@ class Field:
     zero: bool = False
     reads: Callable[[Any], Any] | None = None
     writes: Callable[[Any], Any] | None = None
-    null: Any = _OMIT
+    null: Any = OMIT
 
     @property
     def fields(self) -> tuple[str, ...]:
@@ -185,7 +86,7 @@ class Field:
             given[0][1]
             if given
             else self.null
-            if nulled and self.null is not _OMIT
+            if nulled and self.null is not OMIT
             else (self.default)
         )
         if callable(value):
@@ -201,11 +102,11 @@ class Field:
         if value is None:
             return
         value = self.reads(value) if self.reads else value
-        for path in _paths(self.spec):
+        for path in paths(self.spec):
             d.set(path, value, f"{name}={_json(given[0][1]) if given else _json(value)}")
 
     def write(self, v: SpecView, out: dict[str, Any]) -> None:
-        value = v.first(_paths(self.spec)[0])
+        value = v.first(paths(self.spec)[0])
         if value is not None:
             out[self.name] = v.keep(self.name, self.writes(value) if self.writes else value)
 
@@ -236,8 +137,8 @@ class Choice:
             if self.default is not REQUIRED and self.default is not None
             else []
         ):
-            key = next((k for k in self.table if _same(k, value)), _OMIT)
-            if key is _OMIT:
+            key = next((k for k in self.table if _same(k, value)), OMIT)
+            if key is OMIT:
                 what = f" ({self.what})" if self.what else ""
                 d.problems.append(
                     f"{name}={_json(value)}: lmcore expresses {_or(self.table)}{what}"
@@ -278,8 +179,8 @@ class Fixed:
             d.problems.append(f"{self.name}={_json(d.config[self.name])} ({why})")
 
     def write(self, v: SpecView, out: dict[str, Any]) -> None:
-        base = v.base.get(self.name, _OMIT)
-        if base is not _OMIT and _one_of(base, self.allowed):
+        base = v.base.get(self.name, OMIT)
+        if base is not OMIT and _one_of(base, self.allowed):
             out[self.name] = base
         elif self.write_it:
             out[self.name] = self.allowed[0]
@@ -349,6 +250,28 @@ _ROPE_ARGS: Final[Mapping[str, Mapping[str, tuple[str, type]]]] = {
         "high_freq_factor": ("high_freq_factor", float),
         "original_max_position_embeddings": ("original_context_length", int),
     },
+    "yarn": {
+        "factor": ("factor", float),
+        "original_max_position_embeddings": ("original_context_length", int),
+        "beta_fast": ("beta_fast", float),
+        "beta_slow": ("beta_slow", float),
+        "truncate": ("truncate", bool),
+        "attention_factor": ("attention_factor", float),
+        "mscale": ("mscale", float),
+        "mscale_all_dim": ("mscale_all_dim", float),
+    },
+}
+# The rope parameters a scaling may leave out (or null), and what transformers takes then;
+# written back only when they differ from it.
+_ROPE_OPTIONAL: Final[Mapping[str, Mapping[str, Any]]] = {
+    "yarn": {
+        "beta_fast": 32.0,
+        "beta_slow": 1.0,
+        "truncate": True,
+        "attention_factor": 0.0,
+        "mscale": 0.0,
+        "mscale_all_dim": 0.0,
+    },
 }
 
 
@@ -358,8 +281,9 @@ class Rope:
     (transformers 4) or `rope_parameters` (transformers 5) to `pos=rope(theta=..., fraction=...,
     scaling=...)`. `fraction_names`: the partial-rotary field, for families that rotate part of
     each head (GPT-NeoX's `rotary_pct`, Phi-3's `partial_rotary_factor`); without one, a
-    fraction other than 1 is refused. Scalings other than `linear` and `llama3` (dynamic, yarn,
-    longrope, ...) are refused by name. Written in transformers 4's form, which 4 and 5 read."""
+    fraction other than 1 is refused. Scalings other than `linear`, `llama3` and `yarn`
+    (dynamic, longrope, ...) are refused by name. Written in transformers 4's form, which 4 and
+    5 read."""
 
     theta: float = 10000.0
     theta_names: tuple[str, ...] = ("rope_theta",)
@@ -397,7 +321,7 @@ class Rope:
         if kind not in _ROPE_ARGS:
             problems.append(
                 f"rope type {_json(kind)}: lmcore's rope scales frequencies by none "
-                '("default"), "linear" or "llama3"'
+                '("default"), "linear", "llama3" or "yarn"'
             )
             return
         theta = self._top(d, self.theta_names)
@@ -435,11 +359,19 @@ class Rope:
                     "original_max_position_embeddings", d.field("max_position_embeddings")
                 )
                 params["original_max_position_embeddings"] = fallback
+            optional = _ROPE_OPTIONAL.get(kind, {})
             for key, (arg, kind_of) in wanted.items():
                 if params.get(key) is None:
-                    problems.append(f"rope {kind} scaling without {key}")
+                    params.pop(key, None)
+                    if key in optional:
+                        args[arg] = optional[key]
+                    else:
+                        problems.append(f"rope {kind} scaling without {key}")
                     continue
-                args[arg] = checked(origin.get(key, key), params.pop(key), kind_of, problems)
+                zero = key in optional and not optional[key]  # 0 there is the default's
+                args[arg] = checked(
+                    origin.get(key, key), params.pop(key), kind_of, problems, zero=zero
+                )
         extra = sorted(k for k in params if k not in wanted)
         if extra:
             problems.append(
@@ -466,8 +398,11 @@ class Rope:
             out["rope_scaling"] = None
             return
         rope: dict[str, Any] = {"rope_type": scaling}
+        optional = _ROPE_OPTIONAL.get(scaling, {})
         for key, (arg, _) in _ROPE_ARGS.get(scaling, {}).items():
-            rope[key] = v.first(f"pos.{arg}")
+            value = v.first(f"pos.{arg}")
+            if key not in optional or value != optional[key]:
+                rope[key] = value
         out["rope_scaling"] = rope
 
 
@@ -484,7 +419,8 @@ class Window:
     default: int | None = None
     gate: str | None = None
     layer_types: bool = False
-    default_types: Callable[[Draft, int], range] | None = None  # the layers that slide
+    # the layers that slide: a range, or one flag per layer (Gemma 3's `sliding_window_pattern`)
+    default_types: Callable[[Draft, int], range | Sequence[bool]] | None = None
     reads: tuple[str, ...] = ()  # fields default_types reads ("max_window_layers")
 
     @property
@@ -503,7 +439,7 @@ class Window:
                 window = None
         if n is None:
             return
-        slides: range | list[bool] = range(n)
+        slides: range | Sequence[bool] = range(n)
         if self.layer_types:
             types = d.config.get("layer_types")
             if types is None:

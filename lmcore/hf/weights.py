@@ -11,6 +11,11 @@ tensor they come from; its layout says how:
     Fused(...)     one tensor holding several lmcore tensors one after another (Phi-3's
                    qkv_proj and gate_up_proj; GPT-2's c_attn, transposed)
     PerHead(...)   GPT-NeoX's query_key_value: per head, its q, k and v rows in turn
+    Experts(...)   every expert's tensors stacked in one Hugging Face tensor (gpt-oss's
+                   experts.gate_up_proj: (E, d, 2·ff), gate and up columns interleaved)
+
+A row whose lmcore keys have `{e}` and whose Hugging Face name has none holds every expert
+(an `Experts` layout): its lmcore keys are those of expert 0, 1, ... in turn.
 
 A row applies to a model when the model has all of its lmcore keys, so one table serves every
 variant of a family (biases or not, q/k norms or not, dense or MoE layers). A Hugging Face
@@ -41,6 +46,7 @@ __all__ = [
     "COPY",
     "ROTARY",
     "TRANSPOSE",
+    "Experts",
     "Fused",
     "Layout",
     "PerHead",
@@ -170,6 +176,47 @@ class PerHead:
 
 
 @dataclass(frozen=True)
+class Experts:
+    """Every expert's `parts` lmcore tensors in one Hugging Face tensor, expert e at index e of
+    its first dimension; within an expert the parts one after another along the output
+    dimension, or row by row in turn with `interleaved` (gpt-oss: gate 0, up 0, gate 1, ...);
+    `transpose`: an expert's matrix is stored (in, out) (gpt-oss's `x @ W` experts)."""
+
+    parts: int = 1
+    interleaved: bool = False
+    transpose: bool = False
+
+    def _one(self, shapes: Sequence[Shape]) -> Shape:
+        out = (sum(s[0] for s in shapes), *shapes[0][1:])
+        return out[::-1] if self.transpose and len(out) == 2 else out
+
+    def hf_shape(self, shapes: Sequence[Shape]) -> Shape:
+        return (len(shapes) // self.parts, *self._one(shapes[: self.parts]))
+
+    def split(self, t: Tensor, shapes: Sequence[Shape], rot: Rotation) -> list[Tensor]:
+        out: list[Tensor] = []
+        for e in range(t.shape[0]):
+            one = t[e].T if self.transpose and t.ndim == 3 else t[e]
+            mine = shapes[e * self.parts : (e + 1) * self.parts]
+            if self.interleaved:
+                out += [one[j :: self.parts] for j in range(self.parts)]
+            else:
+                out += list(torch.split(one, [s[0] for s in mine], dim=0))
+        return out
+
+    def join(self, ts: Sequence[Tensor], rot: Rotation) -> Tensor:
+        experts = []
+        for e in range(len(ts) // self.parts):
+            mine = ts[e * self.parts : (e + 1) * self.parts]
+            if self.interleaved:  # (rows, parts, ...) read row by row
+                one = torch.stack(list(mine), dim=1).reshape(-1, *mine[0].shape[1:])
+            else:
+                one = torch.cat(list(mine), dim=0)
+            experts.append(one.T if self.transpose and one.ndim == 2 else one)
+        return torch.stack(experts)
+
+
+@dataclass(frozen=True)
 class Weight:
     """One row of a family's tensor table: lmcore keys (`{i}` layer, `{e}` expert), the
     Hugging Face name and the layout between them."""
@@ -208,11 +255,27 @@ def pairs(rows: Sequence[Weight], bp: Blueprint, keys: Mapping[str, Shape]) -> I
         layered = any("{i}" in k for k in (*row.ours, row.theirs))
         for i in range(bp.spec.num_layers) if layered else [None]:
             rot = _rotation(bp.layer(i or 0))
+            if "{e}" not in row.theirs and any("{e}" in k for k in row.ours):
+                stacked = _every_expert(row.ours, i, keys)
+                if stacked:
+                    yield Pair(stacked, row.theirs.format(i=i), row.layout, rot)
+                continue
             for e in range(1 << 20) if "{e}" in row.theirs else [None]:
                 ours = tuple(k.format(i=i, e=e) for k in row.ours)
                 if not all(k in keys for k in ours):
                     break
                 yield Pair(ours, row.theirs.format(i=i, e=e), row.layout, rot)
+
+
+def _every_expert(ours: Sequence[str], i: int | None, keys: Mapping[str, Shape]) -> tuple[str, ...]:
+    """The keys of `ours` for expert 0, 1, ... in turn, while the model has them all."""
+    found: list[str] = []
+    for e in range(1 << 20):
+        one = [k.format(i=i, e=e) for k in ours]
+        if not all(k in keys for k in one):
+            return tuple(found)
+        found += one
+    return tuple(found)
 
 
 def _listed(groups: Sequence[tuple[str, Sequence[str]]]) -> str:
@@ -235,7 +298,11 @@ def from_hf_state_dict(
     and misshapen tensor is listed in one `ConversionError`, and so is any lmcore key the table
     does not fill."""
     prefix, head, embedding = family.prefix, family.head, family.embedding
-    tensors = {k: v for k, v in tensors.items() if not k.endswith(family.skip)}
+    tensors = {
+        k: v
+        for k, v in tensors.items()
+        if not k.endswith(family.skip) and not k.startswith(family.skip_prefixes)
+    }
     if prefix and tensors and not any(k.startswith(prefix) for k in tensors):
         tensors = {k if k == head else prefix + k: v for k, v in tensors.items()}  # base model
     found = list(pairs(family.tensors, bp, shapes))

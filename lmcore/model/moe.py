@@ -174,7 +174,7 @@ class MixtureOfExperts(nn.Module):
     """`Σ_{e in top_k(x)} w_e(x) · expert_e(x)` (+ a shared expert) for each token.
 
     State-dict keys: `router.weight (E, d_model)` (and `router.bias (E,)` with
-    `router_bias`), `score_bias (E,)` (with `score_bias`; a parameter without gradient),
+    `router_bias`), `score_bias (E,)` (with `score_bias`; a persistent buffer),
     `experts.{e}.<the expert's keys>` (e.g. `experts.0.w1.weight` for a SwiGLU expert,
     Mixtral's own names), and, with a shared expert, `shared.<its keys>` and
     `shared_gate.weight (1, d_model)`.
@@ -220,11 +220,14 @@ class MixtureOfExperts(nn.Module):
         # In the model's dtype, as every parameter (transformers keeps DeepSeek-V3's in float32,
         # as its router weight): added to the float32 scores, so only its own value rounds.
         # No gradient reaches it (it only chooses): it is set, or adjusted by a balancing rule.
-        self.score_bias = (
-            nn.Parameter(torch.zeros(len(experts), device=device, dtype=dtype),
-                         requires_grad=False)
-            if score_bias else None
-        )  # fmt: skip
+        # A persistent buffer, as transformers' e_score_correction_bias: saved and loaded, not
+        # a parameter (DeepSeek-V3's 671,026,404,352 parameters do not count it).
+        self.score_bias: Tensor | None
+        if score_bias:
+            bias = torch.zeros(len(experts), device=device, dtype=dtype)
+            self.register_buffer("score_bias", bias, persistent=True)
+        else:
+            self.score_bias = None
         self.experts = nn.ModuleList(experts)
         self.shared = shared
         self.shared_gate = (

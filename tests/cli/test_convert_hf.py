@@ -99,12 +99,32 @@ def test_a_field_known_not_to_matter_can_be_ignored(tmp_path: Path, capsys) -> N
 
 
 def test_a_refused_directory_writes_nothing(tmp_path: Path, capsys) -> None:
-    random_llama(tmp_path / "hf", rope_parameters={"rope_type": "yarn", "factor": 2.0,
+    random_llama(tmp_path / "hf", rope_parameters={"rope_type": "dynamic", "factor": 2.0,
                                                   "rope_theta": 500.0})  # fmt: skip
     out = tmp_path / "m.safetensors"
     assert main(["convert", "--from-hf", str(tmp_path / "hf"), str(out)]) == 2
-    assert 'rope type "yarn"' in capsys.readouterr().err
+    assert 'rope type "dynamic"' in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_a_yarn_llama_gives_transformers_logits_both_ways(tmp_path: Path) -> None:
+    rope = {"rope_type": "yarn", "factor": 4.0, "rope_theta": 500.0, "beta_fast": 8.0,
+            "original_max_position_embeddings": 8, "truncate": False}  # fmt: skip
+    reference = random_llama(tmp_path / "hf", rope_parameters=rope)
+    ids = token_ids(97, 24)
+    with torch.no_grad():
+        expected = reference(ids).logits
+    out = tmp_path / "m.safetensors"
+    assert main(["convert", "--from-hf", str(tmp_path / "hf"), str(out)]) == 0
+    ours = lmcore.load(out).eval()
+    assert ours.blueprint.kwargs("pos")["scaling"] == "yarn"
+    with torch.no_grad():
+        got = ours(ids)
+    assert (got - expected).abs().max() <= 1e-4
+    assert main(["convert", "--to-hf", str(out), str(tmp_path / "back")]) == 0
+    back = LlamaForCausalLM.from_pretrained(tmp_path / "back").eval()
+    with torch.no_grad():
+        assert (back(ids).logits - expected).abs().max() <= 1e-4
 
 
 @pytest.mark.parametrize(

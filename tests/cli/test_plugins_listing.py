@@ -58,7 +58,10 @@ def test_plugins_json_and_kind_filter(registry: Registry, capsys) -> None:
     assert [(a["name"], a["type"], a["default"]) for a in rope["args"][1:]] == [
         ("fraction", "float", 1.0), ("scaling", "str", "none"), ("factor", "float", 1.0),
         ("low_freq_factor", "float", 1.0), ("high_freq_factor", "float", 4.0),
-        ("original_context_length", "int", 8192),
+        ("original_context_length", "int", 8192), ("beta_fast", "float", 32.0),
+        ("beta_slow", "float", 1.0), ("truncate", "bool", True),
+        ("attention_factor", "float", 0.0), ("mscale", "float", 0.0),
+        ("mscale_all_dim", "float", 0.0),
     ]  # fmt: skip
 
 

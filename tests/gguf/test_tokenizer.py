@@ -1,5 +1,5 @@
 """A GGUF file's tokenizer (`lmcore.gguf.tokenizer`): `tokenizer.ggml.*` as llama.cpp's converter
-writes them for a byte-level BPE, rebuilt into a tokenizer that tokenizes as the original, with
+writes them for a byte-level BPE or a SentencePiece vocabulary, rebuilt into a tokenizer that tokenizes as the original, with
 its stop tokens and chat template, and written back as llama.cpp wrote it."""
 
 from __future__ import annotations
@@ -12,7 +12,15 @@ import pytest
 from lmcore.errors import ConversionError
 from lmcore.gguf.tokenizer import from_gguf_metadata, to_gguf_metadata
 from tests.helpers.errors import raises_naming
-from tests.helpers.gguf import CHATML, CORPUS, byte_level_bpe, ggml_tokenizer, needs_gguf
+from tests.helpers.gguf import (
+    CHATML,
+    CORPUS,
+    byte_level_bpe,
+    ggml_sentencepiece,
+    ggml_tokenizer,
+    needs_gguf,
+    sentencepiece_bpe,
+)
 
 gguf = needs_gguf()
 
@@ -150,3 +158,90 @@ def test_a_bos_token_of_any_spelling_is_prepended_as_one_token(bos: str) -> None
     encoded = tok.encode("Hi there")
     assert encoded.ids == [1, *plain.ids] and encoded.tokens[0] == bos
     assert tok.encode("Hi", "there").ids[0] == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# SentencePiece (`tokenizer.ggml.model` "llama"): Llama 2, Mistral, Gemma, Phi-3's vocabularies
+# ---------------------------------------------------------------------------------------------
+
+SPM_LINES = [*CORPUS, "\n".join(CORPUS) + " 2024-06-01 x1y22z333 ÆØÅ   \n\t! 漢字",
+             "  two spaces first", "</s>after a special token<s> x", "Hello"]  # fmt: skip
+
+
+@pytest.mark.parametrize("prefix", [True, False], ids=["space-prefix", "no-prefix"])
+def test_a_sentencepiece_gguf_tokenizes_as_the_original(prefix: bool) -> None:
+    tok = sentencepiece_bpe(prefix)
+    meta = ggml_sentencepiece(tok, prefix)
+    saved = from_gguf_metadata(meta, "t.gguf")
+    assert saved is not None and saved.add_bos_token and saved.bos_token_id == 1
+    rebuilt = saved.tokenizer()
+    for line in SPM_LINES:  # merged by score, unknown characters as their bytes (漢字)
+        ids = tok.encode(line).ids
+        assert rebuilt.encode(line).ids == [1, *ids], line
+        assert rebuilt.decode(ids) == tok.decode(ids), line
+    assert "<0xE6>" in tok.encode("漢").tokens  # byte fallback is exercised
+    back = to_gguf_metadata(saved, len(meta["tokenizer.ggml.tokens"]))  # and written back
+    for key in ("model", "tokens", "token_type", "add_space_prefix", "bos_token_id"):
+        assert back[f"tokenizer.ggml.{key}"] == meta[f"tokenizer.ggml.{key}"], key
+    again = from_gguf_metadata(back, "t.gguf")
+    assert again is not None
+    for line in SPM_LINES:
+        assert again.tokenizer().encode(line).ids == rebuilt.encode(line).ids, line
+
+
+def test_a_sentencepiece_gguf_file_round_trips_and_transformers_reads_it(tmp_path: Path) -> None:
+    """The file's tokenizer as lmcore and transformers' GGUF tokenizer rebuild it, and lmcore's
+    written file read by both. transformers' rebuild differs from llama.cpp (and the original)
+    only where a space is prepended: before text that starts with a space, and after a special
+    token (its Metaspace prepends once, llama.cpp's add_space_prefix after every special)."""
+    import transformers
+
+    from lmcore.gguf import load_gguf, save_gguf
+    from tests.helpers.gguf import hf_llama, write_llama
+
+    tok = sentencepiece_bpe()
+    meta = ggml_sentencepiece(tok)
+    write_llama(tmp_path / "m.gguf", hf_llama(vocab=len(meta["tokenizer.ggml.tokens"])),
+                tokenizer=meta)  # fmt: skip
+    model = load_gguf(tmp_path / "m.gguf")
+    assert model.tokenizer is not None
+    ours = model.tokenizer.tokenizer()
+    save_gguf(model, tmp_path / "w.gguf")
+    written = load_gguf(tmp_path / "w.gguf").tokenizer
+    assert written is not None
+    for name in ("m.gguf", "w.gguf"):
+        theirs = transformers.AutoTokenizer.from_pretrained(tmp_path, gguf_file=name)
+        for line in SPM_LINES:
+            ids = ours.encode(line).ids
+            assert ids == [1, *tok.encode(line).ids]
+            assert written.tokenizer().encode(line).ids == ids
+            if not line.startswith((" ", "</s>")):
+                assert theirs(line)["input_ids"] == ids, (name, line)
+
+
+SPM_REFUSED = {
+    "scores-missing": ({"ggml__scores": None}, ("tokenizer.ggml.scores is missing",
+                                                "one number per token")),
+    "scores-short": ({"ggml__scores": lambda m: m["tokenizer.ggml.scores"][:-1]},
+                     ("tokenizer.ggml.scores is a list",)),
+    "prefix-type": ({"ggml__add_space_prefix": "yes"},
+                    ("tokenizer.ggml.add_space_prefix is a string ('yes')", "not a bool")),
+    "charsmap": ({"ggml__precompiled_charsmap": [1, 2, 3]},
+                 ("tokenizer.ggml.precompiled_charsmap", "normalization")),
+    "unigram": ({"ggml__model": "t5"}, ("tokenizer.ggml.model='t5'", "'gpt2'", "'llama'")),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(("changes", "facts"), SPM_REFUSED.values(), ids=SPM_REFUSED.keys())
+def test_a_sentencepiece_tokenizer_lmcore_cannot_rebuild_is_refused(
+    changes: dict[str, Any], facts: tuple[str, ...]
+) -> None:
+    meta = ggml_sentencepiece(sentencepiece_bpe())
+    for key, value in changes.items():
+        full = "tokenizer." + key.replace("__", ".")
+        if value is None:
+            meta.pop(full)
+        else:
+            meta[full] = value(meta) if callable(value) else value
+    with raises_naming(ConversionError, "t.gguf", *facts, "--ignore-field tokenizer.ggml.model"):
+        from_gguf_metadata(meta, "t.gguf")

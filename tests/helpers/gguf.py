@@ -382,3 +382,255 @@ def huge_array(path: Path, items: int = 2**62, zeros: int = 2**20) -> Path:
     header = b"GGUF" + struct.pack("<IQQ", 3, 0, len(kv))
     path.write_bytes(header + b"".join(s(k) + v for k, v in kv) + bytes(zeros))
     return path
+
+
+# ---------------------------------------------------------------------------------------------
+# Every architecture as llama.cpp's converter (convert_hf_to_gguf.py) writes it, by code here
+# ---------------------------------------------------------------------------------------------
+
+_TINY_SIZES: dict[str, Any] = dict(
+    vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+)  # fmt: skip
+# GGUF architecture case -> (model_type, config): tiny, every feature the architecture stores
+GGUF_CASES: dict[str, tuple[str, dict[str, Any]]] = {
+    "llama": ("llama", dict(_TINY_SIZES, rope_theta=5000.0)),
+    "mixtral": ("mixtral", dict(_TINY_SIZES, num_local_experts=4, num_experts_per_tok=2)),
+    "qwen2": ("qwen2", dict(_TINY_SIZES)),
+    # heads wider than d_model / heads; transformers' loader reads no head_dim for qwen3 (its
+    # default is 128), no expert width for qwen3moe (768), no n_positions for gpt2 (1024)
+    "qwen3": ("qwen3", dict(_TINY_SIZES, head_dim=128)),
+    "qwen3moe": ("qwen3_moe", dict(_TINY_SIZES, num_experts=4, num_experts_per_tok=2,
+                                   moe_intermediate_size=768, head_dim=16, norm_topk_prob=True)),
+    "gemma": ("gemma", dict(_TINY_SIZES, head_dim=16)),
+    # heads 256 wide and the default soft caps: what transformers' GGUF loader assumes too
+    "gemma2": ("gemma2", dict(_TINY_SIZES, num_attention_heads=2, num_key_value_heads=1,
+                              head_dim=256, query_pre_attn_scalar=256, sliding_window=4)),
+    # six layers: five local (window 4, base 10,000), the sixth global
+    "gemma3": ("gemma3_text", dict(_TINY_SIZES, num_hidden_layers=6, num_attention_heads=2,
+                                   num_key_value_heads=1, head_dim=256, sliding_window=4)),
+    "gemma3-scaled": ("gemma3_text", dict(_TINY_SIZES, num_hidden_layers=6, head_dim=16,
+                                          query_pre_attn_scalar=16, sliding_window=4,
+                                          rope_scaling={"rope_type": "linear", "factor": 4.0})),
+    "phi3": ("phi3", dict(_TINY_SIZES, pad_token_id=0)),
+    "phi3-partial": ("phi3", dict(_TINY_SIZES, partial_rotary_factor=0.5, sliding_window=5,
+                                  pad_token_id=0)),
+    "olmo2": ("olmo2", dict(_TINY_SIZES)),
+    "gpt2": ("gpt2", dict(vocab_size=128, n_embd=64, n_layer=2, n_head=4, n_positions=1024)),
+    "gptneox": ("gpt_neox", dict(vocab_size=128, hidden_size=64, intermediate_size=128,
+                                 num_hidden_layers=2, num_attention_heads=4,
+                                 max_position_embeddings=64, rotary_pct=0.5)),
+}  # fmt: skip
+# The cases transformers' GGUF loader reads (integrations/ggml.py: GGUF_CONFIG_MAPPING); it
+# reads neither gemma, olmo2, gptneox nor a llama with experts, nor a partial rotation of Phi-3.
+TRANSFORMERS_READS = ("llama", "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3", "gpt2")
+
+
+def hf_case(case: str) -> Any:
+    """The tiny random transformers model of `GGUF_CASES[case]`, norms and biases perturbed."""
+    import transformers
+
+    model_type, sizes = GGUF_CASES[case]
+    config = transformers.AutoConfig.for_model(model_type, **sizes)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager")
+    return perturb_norms(model.eval())
+
+
+def arch_of(case: str) -> str:
+    return {"mixtral": "llama", "phi3-partial": "phi3", "gemma3-scaled": "gemma3"}.get(case, case)
+
+
+def _metadata(case: str, c: Any) -> dict[str, Any]:
+    """The architecture's metadata as the converter's set_gguf_parameters writes it."""
+    arch = arch_of(case)
+    if arch == "gpt2":
+        return {"block_count": c.n_layer, "context_length": c.n_positions,
+                "embedding_length": c.n_embd, "feed_forward_length": 4 * c.n_embd,
+                "attention.head_count": c.n_head,
+                "attention.layer_norm_epsilon": c.layer_norm_epsilon}  # fmt: skip
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    meta: dict[str, Any] = {
+        "block_count": c.num_hidden_layers,
+        "context_length": c.max_position_embeddings,
+        "embedding_length": c.hidden_size,
+        "feed_forward_length": c.intermediate_size,
+        "attention.head_count": c.num_attention_heads,
+    }
+    rope = c.rope_parameters.get("full_attention", c.rope_parameters)  # Gemma 3's global layers
+    theta = float(rope["rope_theta"])
+    if arch == "gptneox":
+        pct = c.rope_parameters.get("partial_rotary_factor", getattr(c, "rotary_pct", 1.0))
+        return {**meta, "rope.dimension_count": int(pct * head_dim),
+                "use_parallel_residual": c.use_parallel_residual,
+                "attention.layer_norm_epsilon": c.layer_norm_eps}  # fmt: skip
+    meta["attention.head_count_kv"] = c.num_key_value_heads
+    meta["attention.layer_norm_rms_epsilon"] = c.rms_norm_eps
+    if arch == "gemma3":  # Gemma3Model.set_gguf_parameters
+        meta |= {"attention.key_length": head_dim, "attention.value_length": head_dim,
+                 "attention.sliding_window": c.sliding_window, "rope.freq_base": theta}  # fmt: skip
+        if rope.get("rope_type", "default") == "linear":
+            meta |= {"rope.scaling.type": "linear", "rope.scaling.factor": rope["factor"]}
+        return meta
+    if arch in ("gemma", "gemma2"):
+        meta |= {"attention.key_length": head_dim, "attention.value_length": head_dim}
+        if arch == "gemma2":
+            meta |= {"attn_logit_softcapping": c.attn_logit_softcapping,
+                     "final_logit_softcapping": c.final_logit_softcapping,
+                     "attention.sliding_window": c.sliding_window}  # fmt: skip
+        return meta
+    meta["rope.freq_base"] = theta
+    if arch == "phi3":
+        pct = c.rope_parameters.get("partial_rotary_factor", 1.0)
+        return {**meta, "rope.dimension_count": int(pct * c.hidden_size) // c.num_attention_heads,
+                "rope.scaling.original_context_length": c.original_max_position_embeddings,
+                "attention.sliding_window": c.sliding_window or 0}  # fmt: skip
+    if arch in ("llama", "mixtral"):
+        meta |= {"vocab_size": c.vocab_size, "rope.dimension_count": head_dim}
+    if arch in ("qwen3", "qwen3moe"):
+        meta |= {"attention.key_length": head_dim, "attention.value_length": head_dim}
+    experts = getattr(c, "num_local_experts", None) or getattr(c, "num_experts", None)
+    if experts:
+        meta |= {"expert_count": experts, "expert_used_count": c.num_experts_per_tok}
+    if arch == "qwen3moe":
+        meta["expert_feed_forward_length"] = c.moe_intermediate_size
+    return meta
+
+
+def _converted(case: str, model: Any) -> dict[str, Any]:
+    """The model's tensors (numpy float32) under GGUF's names, changed as the converter's
+    modify_tensors changes them, named by gguf's own tensor map."""
+    import gguf
+    import numpy as np
+
+    arch, c = arch_of(case), model.config
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH[arch.upper()], 64)
+    out: dict[str, Any] = {}
+    for name, p in model.state_dict().items():
+        x = p.detach().float()
+        if name == "lm_head.weight" and c.tie_word_embeddings:
+            continue
+        if name.endswith((".attn.bias", ".attn.masked_bias", "rotary_emb.inv_freq")):
+            continue
+        if ".experts.gate_up_proj" in name or ".experts.down_proj" in name:  # stack 3-D
+            at = name.split(".mlp.")[0].replace("model.layers.", "blk.")
+            if "gate_up" in name:
+                gate, up = x.chunk(2, dim=1)
+                out[f"{at}.ffn_gate_exps.weight"], out[f"{at}.ffn_up_exps.weight"] = gate, up
+            else:
+                out[f"{at}.ffn_down_exps.weight"] = x
+            continue
+        if arch in ("gemma", "gemma2", "gemma3") and name.endswith("norm.weight"):
+            x = x + 1
+        if arch == "gpt2" and name.endswith((".c_attn.weight", ".c_proj.weight", ".c_fc.weight")):
+            x = x.T
+        if arch == "gptneox" and "query_key_value" in name:
+            heads = c.num_attention_heads
+            x = x.reshape(heads, 3, -1, *x.shape[1:]).transpose(0, 1).reshape(x.shape)
+        if arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
+            heads = c.num_attention_heads if "q_proj" in name else c.num_key_value_heads
+            x = torch.from_numpy(_permute(x.numpy(), heads))
+        target = names.get_name(name, try_suffixes=(".weight", ".bias"))
+        assert target is not None, name
+        out[target] = np.ascontiguousarray(x.numpy(), dtype=np.float32)
+    return {k: np.ascontiguousarray(np.asarray(v), dtype=np.float32) for k, v in out.items()}
+
+
+def write_as_llama_cpp(path: Path, case: str, model: Any, meta: dict[str, Any] | None = None,
+                       *, drop: tuple[str, ...] = (), tensors: dict[str, Any] | None = None
+                       ) -> Path:  # fmt: skip
+    """`model` (a `hf_case`) as llama.cpp's converter writes architecture `case`; `meta`
+    replaces or adds metadata ("{arch}."-relative keys; a value of the wrong type is written as
+    given), `drop` leaves keys or tensors out, `tensors`: GGUF name -> f(array) -> the array
+    written instead."""
+    import gguf
+    import numpy as np
+
+    arch = arch_of(case)
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_name("tiny")
+    T = gguf.GGUFValueType
+    fields = {**_metadata(case, model.config), **(meta or {})}
+    for key, value in fields.items():
+        if key in drop:
+            continue
+        kind = (
+            T.BOOL if isinstance(value, bool)
+            else T.FLOAT32 if isinstance(value, float)
+            else T.STRING if isinstance(value, str)
+            else T.UINT32
+        )  # fmt: skip
+        w.add_key_value(f"{arch}.{key}", value, kind)
+    # the vocabulary, for transformers' loader to size the embeddings by (no tokenizer.ggml.model:
+    # the model converts without a tokenizer)
+    w.add_array("tokenizer.ggml.tokens", [f"t{i}" for i in range(model.config.vocab_size)])
+    if getattr(model.config, "pad_token_id", None) is not None:  # else transformers' Phi-3 32000
+        w.add_uint32("tokenizer.ggml.padding_token_id", model.config.pad_token_id)
+    for name, x in _converted(case, model).items():
+        if name in drop:
+            continue
+        if tensors and name in tensors:
+            x = np.ascontiguousarray(tensors[name](x), dtype=np.float32)
+        w.add_tensor(name, x)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+SPM_SPECIALS = ["<unk>", "<s>", "</s>"]
+
+
+def sentencepiece_bpe(prefix: bool = True) -> Any:
+    """A Llama-2-style tokenizer.json (what transformers' converter makes of a SentencePiece
+    BPE model): <unk> <s> </s>, the 256 byte tokens <0x00>..<0xFF> for byte fallback, then
+    pieces in merge order; spaces as "▁" (and one before the text, `prefix`) by its normalizer,
+    no pre-tokenizer."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, trainers
+
+    space = "\u2581"
+    spaces = [normalizers.Replace(" ", space)]
+    norm = normalizers.Sequence([normalizers.Prepend(space), *spaces] if prefix else spaces)
+    trainer_tok = Tokenizer(models.BPE())
+    trainer_tok.normalizer = norm
+    trainer = trainers.BpeTrainer(vocab_size=400, show_progress=False, special_tokens=[])
+    trainer_tok.train_from_iterator([line for line in CORPUS * 20 if "<|" not in line], trainer)
+    trained = trainer_tok.model
+    learned = json.loads(trainer_tok.to_str())["model"]
+    pieces = sorted(learned["vocab"], key=learned["vocab"].__getitem__)
+    tokens = [*SPM_SPECIALS, *(f"<0x{b:02X}>" for b in range(256)), *pieces]
+    del trained
+    vocab = {t: i for i, t in enumerate(tokens)}
+    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in learned["merges"]]
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token="<unk>", byte_fallback=True,
+                               fuse_unk=True))  # fmt: skip
+    tok.normalizer = norm
+    steps = [decoders.Replace(space, " "), decoders.ByteFallback(), decoders.Fuse()]
+    tok.decoder = decoders.Sequence([*steps, decoders.Strip(" ", 1, 0)] if prefix else steps)
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPM_SPECIALS])
+    return tok
+
+
+def ggml_sentencepiece(tok: Any, prefix: bool = True) -> dict[str, Any]:
+    """`tokenizer.ggml.*` as llama.cpp's converter writes a SentencePiece vocabulary: each
+    piece's score (SentencePiece's BPE scores: minus its position, so earlier merges score
+    higher), types 2 unknown, 3 control, 6 byte, 1 normal; no merges."""
+    vocab = tok.get_vocab()
+    by_id = sorted(vocab, key=vocab.__getitem__)
+
+    def kind(t: str) -> int:
+        return 2 if t == "<unk>" else 3 if t in SPM_SPECIALS else 6 if t.startswith("<0x") else 1
+
+    return {
+        "tokenizer.ggml.model": "llama",
+        "tokenizer.ggml.pre": "default",
+        "tokenizer.ggml.tokens": by_id,
+        "tokenizer.ggml.scores": [0.0 if kind(t) != 1 else -float(i) for i, t in enumerate(by_id)],
+        "tokenizer.ggml.token_type": [kind(t) for t in by_id],
+        "tokenizer.ggml.bos_token_id": 1,
+        "tokenizer.ggml.eos_token_id": 2,
+        "tokenizer.ggml.unknown_token_id": 0,
+        "tokenizer.ggml.add_space_prefix": prefix,
+        "tokenizer.ggml.add_bos_token": True,
+    }

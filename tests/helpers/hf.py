@@ -75,6 +75,11 @@ _SIZES: dict[str, Any] = dict(
 )  # fmt: skip
 _LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
            "original_max_position_embeddings": 16}  # fmt: skip
+# DeepSeek's YaRN: mscale / mscale_all_dim scale cos and sin by their ratio, the softmax by
+# mscale(factor, mscale_all_dim)²; with qk_rope_head_dim 4 one frequency is kept, one divided.
+_YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "beta_fast": 32.0,
+         "beta_slow": 1.0, "mscale": 0.8, "mscale_all_dim": 1.0,
+         "original_max_position_embeddings": 16}  # fmt: skip
 FAMILY_CONFIGS: dict[str, dict[str, Any]] = {
     "llama": dict(_SIZES, rope_scaling=_LLAMA3, rope_theta=500.0),
     "mistral": dict(_SIZES, sliding_window=6),
@@ -93,17 +98,57 @@ FAMILY_CONFIGS: dict[str, dict[str, Any]] = {
     "mixtral": dict(_SIZES, num_local_experts=4, num_experts_per_tok=2),
     "qwen3_moe": dict(_SIZES, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24,
                       head_dim=8, norm_topk_prob=True, mlp_only_layers=[1]),
+    # DeltaNet on layers 0 and 2, gated attention on 1 and 3; experts everywhere but layer 2.
+    "qwen3_next": dict(_SIZES, num_hidden_layers=4, full_attention_interval=2, head_dim=16,
+                       linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,
+                       linear_value_head_dim=12, num_experts=4, num_experts_per_tok=2,
+                       moe_intermediate_size=24, shared_expert_intermediate_size=20,
+                       mlp_only_layers=[2]),
+    # local layers 0 and 2 (base 50, window 6), global 1 and 3 (base 1,000, linear scaling)
+    "gemma3_text": dict(_SIZES, num_hidden_layers=4, head_dim=8, sliding_window=6,
+                        sliding_window_pattern=2, rope_theta=1000.0, rope_local_base_freq=50.0,
+                        rope_scaling={"rope_type": "linear", "factor": 2.0},
+                        query_pre_attn_scalar=16),
+    "smollm3": dict(_SIZES, num_hidden_layers=4, no_rope_layer_interval=2, pad_token_id=0,
+                    bos_token_id=1, eos_token_id=2,
+                    use_sliding_window=True, sliding_window=6),
+    "olmo3": dict(_SIZES, num_hidden_layers=4, sliding_window=6, pad_token_id=0,
+                  eos_token_id=2, rope_parameters={
+                      "sliding_attention": {"rope_type": "default", "rope_theta": 500.0},
+                      "full_attention": {"rope_type": "linear", "factor": 2.0,
+                                         "rope_theta": 10000.0}}),
+    "lfm2": dict(_SIZES, num_hidden_layers=3, intermediate_size=72, block_multiple_of=16,
+                 block_ffn_dim_multiplier=1.3, conv_bias=True, norm_eps=1e-5, rope_theta=500.0,
+                 layer_types=["conv", "full_attention", "conv"], pad_token_id=0,
+                 bos_token_id=1, eos_token_id=2),
+    # layer 0 slides (transformers' default layer_types), the clamps bite at 0.5, gpt-oss's
+    # YaRN (untruncated) over 4 × 16 positions
+    "gpt_oss": dict(_SIZES, head_dim=16, num_local_experts=4, num_experts_per_tok=2,
+                    sliding_window=6, swiglu_limit=0.5,
+                    rope_parameters={"rope_type": "yarn", "rope_theta": 500.0, "factor": 4.0,
+                                     "original_max_position_embeddings": 16, "beta_fast": 32.0,
+                                     "beta_slow": 1.0, "truncate": False}),
+    "deepseek_v3": dict(_SIZES, num_hidden_layers=3, num_key_value_heads=4, first_k_dense_replace=1,
+                        n_routed_experts=8, n_group=4, topk_group=2, num_experts_per_tok=2,
+                        n_shared_experts=1, moe_intermediate_size=16, routed_scaling_factor=2.5,
+                        q_lora_rank=12, kv_lora_rank=10, qk_nope_head_dim=6, qk_rope_head_dim=4,
+                        v_head_dim=8, rope_parameters=_YARN),
 }  # fmt: skip
 
 
 def random_family_model(name: str, directory: Path) -> Any:
     """A tiny random model of family `name` (`FAMILY_CONFIGS`), eager attention, every weight
-    perturbed (norm gains and biases too, so they matter), saved to `directory`."""
+    perturbed (norm gains and biases too, and DeepSeek-V3's score-correction bias, so they
+    matter), saved to `directory`."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     torch.manual_seed(0)
     config = AutoConfig.for_model(name, **FAMILY_CONFIGS[name])
     model = AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
     perturb(model)
+    with torch.no_grad():  # DeepSeek-V3's score correction, a saved buffer: it changes choices
+        for name, buffer in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                buffer.add_(0.1 * torch.randn_like(buffer))
     model.save_pretrained(directory)
     return model

@@ -15,6 +15,7 @@ import torch
 
 import lmcore
 from lmcore import ConversionError
+from lmcore.blueprint import resolve
 from lmcore.hf import (
     FAMILIES,
     config_to_spec,
@@ -22,13 +23,37 @@ from lmcore.hf import (
     convert_to_hf,
     read_config,
     save_llama,
+    spec_to_config,
 )
 from tests.helpers.errors import raises_naming
+from tests.helpers.hf import FAMILY_CONFIGS, LLAMA_V4, quiet_transformers, random_family_model
 from tests.helpers.hf import HF_SPEC as SMALL
-from tests.helpers.hf import LLAMA_V4, quiet_transformers, random_family_model
 
 transformers = quiet_transformers()
 from transformers import AutoConfig, AutoModelForCausalLM  # noqa: E402
+
+
+@pytest.mark.parametrize(
+    "rope",
+    [
+        {"rope_type": "yarn", "factor": 32.0, "original_max_position_embeddings": 16,
+         "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False},
+        {"rope_type": "yarn", "factor": 40.0, "original_max_position_embeddings": 16,
+         "mscale": 1.0, "mscale_all_dim": 0.5, "beta_fast": 16.0},
+    ],
+)
+def test_yarn_rope_parameters_read_into_the_spec_and_write_back(rope: dict[str, Any]) -> None:
+    config = {**LLAMA_V4, "rope_scaling": rope}
+    spec = lmcore.parse_spec(config_to_spec(config))
+    args = spec.pos.kwargs
+    assert args["scaling"] == "yarn" and args["factor"] == rope["factor"]
+    assert args["original_context_length"] == 16
+    assert args.get("truncate", True) is rope.get("truncate", True)
+    assert args.get("mscale_all_dim", 0.0) == rope.get("mscale_all_dim", 0.0)
+    back = spec_to_config(resolve(spec), torch.float32, {"model_type": "llama"})
+    wanted = {k: v for k, v in rope.items() if (k, v) not in (("beta_fast", 32.0),
+              ("beta_slow", 1.0), ("truncate", True))}  # fmt: skip
+    assert back["rope_scaling"] == wanted
 
 
 def test_a_transformers_4_config_maps_to_a_spec() -> None:
@@ -53,7 +78,10 @@ def test_a_transformers_4_config_maps_to_a_spec() -> None:
         ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}},
          ("rope llama3 scaling without low_freq_factor", "rope llama3 scaling without high_freq_factor")),
         ({"rope_parameters": {"rope_type": "yarn", "factor": 2.0, "rope_theta": 5e5}},
-         ('rope type "yarn"', 'none ("default"), "linear" or "llama3"')),
+         ("rope yarn scaling without original_max_position_embeddings",)),
+        ({"rope_parameters": {"rope_type": "yarn", "factor": 2.0, "rope_theta": 5e5,
+                              "original_max_position_embeddings": 16, "truncate": "no"}},
+         ('rope_parameters.truncate="no" is not true or false',)),
         ({"rope_parameters": {"rope_type": "default", "rope_theta": 5e5,
                               "partial_rotary_factor": 0.5}},
          ("partial_rotary_factor=0.5", "this family's attention rotates every dimension")),
@@ -166,11 +194,17 @@ def test_an_edited_spec_is_an_ablation_qwen3_cannot_hold(tmp_path: Path) -> None
         lmcore.hf.save_hf(ablation, tmp_path / "out", model_type="qwen3")
 
 
+# DeepSeek-V3's own rope_scaling (its config.json on the Hub), as transformers 5 standardises it.
+_DS_YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 40.0, "beta_fast": 32,
+            "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0,
+            "original_max_position_embeddings": 4096}  # fmt: skip
+
+
 @pytest.mark.parametrize(
     "name, change, facts",
     [
         ("phi3", {"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4}},
-         ('rope type "longrope"', 'none ("default"), "linear" or "llama3"')),
+         ('rope type "longrope"', 'none ("default"), "linear", "llama3" or "yarn"')),
         ("llama", {"rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}},
          ('rope type "dynamic"',)),
         ("gemma", {"use_bidirectional_attention": True},
@@ -185,6 +219,24 @@ def test_an_edited_spec_is_an_ablation_qwen3_cannot_hold(tmp_path: Path) -> None
          ('use_parallel_residual="yes"', "lmcore expresses true or false")),
         ("qwen3_moe", {"mlp_only_layers": "all"},
          ('mlp_only_layers="all" is not a list of layer indices',)),
+        ("deepseek_v3", {"num_key_value_heads": 16},
+         ("num_key_value_heads=16", "each of the num_attention_heads=128 heads its own keys")),
+        ("deepseek_v3", {"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4}},
+         ('rope type "longrope"', 'without scaling ("default") or with "yarn"')),
+        ("deepseek_v3", {"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4}},
+         ("rope yarn scaling without factor",)),
+        ("deepseek_v3", {"rope_parameters": {**_DS_YARN, "truncate": False}},
+         ("rope truncate=false", "truncate: true")),
+        ("deepseek_v3", {"rope_parameters": {**_DS_YARN, "partial_rotary_factor": 0.5}},
+         ("partial_rotary_factor=0.5", "rotates all qk_rope_head_dim dimensions")),
+        ("deepseek_v3", {"rope_parameters": {**_DS_YARN, "low_freq_factor": 1.0}},
+         ("rope parameters low_freq_factor=1.0", '"yarn" rotation reads none of them')),
+        ("deepseek_v3", {"moe_layer_freq": 2},
+         ("moe_layer_freq=2", "every layer from first_k_dense_replace on a mixture of experts")),
+        ("deepseek_v3", {"scoring_func": "softmax"},
+         ('scoring_func="softmax"', "routes by sigmoid")),
+        ("deepseek_v3", {"hidden_act": "gelu"},
+         ('hidden_act="gelu"', "lmcore's experts here are SwiGLU")),
 ],
 )  # fmt: skip
 def test_what_a_family_cannot_express_is_refused_by_name(
@@ -213,3 +265,88 @@ def test_without_model_type_the_architectures_name_the_family_or_it_is_refused()
             config_to_spec({**bare, "architectures": archs}, "DIR/config.json")
     with raises_naming(ConversionError, "names 2 families (llama, mistral)", 'add "model_type"'):
         config_to_spec({**bare, "architectures": ["MistralForCausalLM", "LlamaForCausalLM"]})
+
+
+@pytest.mark.parametrize(
+    ("activation", "approximate"), [("gelu", "none"), ("gelu_pytorch_tanh", "tanh")]
+)
+def test_gemma2_reads_hidden_activation_as_transformers_does_and_leaves_hidden_act(
+    activation: str, approximate: str, tmp_path: Path
+) -> None:
+    """Gemma 2's MLP is `ACT2FN[hidden_activation]` (exact GELU for "gelu", unlike Gemma's
+    legacy remapping); `hidden_act`, which released configs also hold, is never read."""
+    config = AutoConfig.for_model("gemma2", **FAMILY_CONFIGS["gemma2"],
+                                  hidden_activation=activation)  # fmt: skip
+    config.hidden_act = "silu"
+    torch.manual_seed(0)
+    reference = AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
+    reference.save_pretrained(tmp_path / "hf")
+    saved = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert saved["hidden_act"] == "silu"
+    spec = lmcore.parse_spec(config_to_spec(saved))
+    assert (spec.ffn.name, spec.ffn.kwargs.get("approximate", "none")) == ("geglu", approximate)
+    convert_from_hf(tmp_path / "hf", tmp_path / "m.safetensors")
+    ids = torch.randint(0, 97, (1, 12), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        diff = lmcore.load(tmp_path / "m.safetensors").eval()(ids) - reference(ids).logits
+    assert diff.abs().max() <= 1e-4
+
+
+# DeepSeek-V3's config.json on the Hub (deepseek-ai/DeepSeek-V3), less its fp8
+# quantization_config: the fields of DeepSeek's own code that transformers never reads.
+DEEPSEEK_V3_HUB = {
+    "architectures": ["DeepseekV3ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+    "auto_map": {"AutoConfig": "configuration_deepseek.DeepseekV3Config",
+                 "AutoModel": "modeling_deepseek.DeepseekV3Model",
+                 "AutoModelForCausalLM": "modeling_deepseek.DeepseekV3ForCausalLM"},
+    "aux_loss_alpha": 0.001, "bos_token_id": 0, "eos_token_id": 1, "ep_size": 1,
+    "first_k_dense_replace": 3, "hidden_act": "silu", "hidden_size": 7168,
+    "initializer_range": 0.02, "intermediate_size": 18432, "kv_lora_rank": 512,
+    "max_position_embeddings": 163840, "model_type": "deepseek_v3", "moe_intermediate_size": 2048,
+    "moe_layer_freq": 1, "n_group": 8, "n_routed_experts": 256, "n_shared_experts": 1,
+    "norm_topk_prob": True, "num_attention_heads": 128, "num_experts_per_tok": 8,
+    "num_hidden_layers": 61, "num_key_value_heads": 128, "num_nextn_predict_layers": 1,
+    "q_lora_rank": 1536, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+    "rms_norm_eps": 1e-06,
+    "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0,
+                     "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096,
+                     "type": "yarn"},
+    "rope_theta": 10000, "routed_scaling_factor": 2.5, "scoring_func": "sigmoid",
+    "seq_aux": True, "tie_word_embeddings": False, "topk_group": 4, "topk_method": "noaux_tc",
+    "torch_dtype": "bfloat16", "transformers_version": "4.33.1", "use_cache": True,
+    "v_head_dim": 128, "vocab_size": 129280,
+}  # fmt: skip
+
+
+def test_deepseek_v3s_own_config_reads_and_its_quantization_is_refused() -> None:
+    spec = config_to_spec(DEEPSEEK_V3_HUB)
+    for part in (
+        "context_length=163840", "d_model=7168", "num_layers=61", "num_heads=128",
+        "d_ff=2048", "d_ff[0:3]=18432", "ffn=swiglu,ffn[3:]=moe(", "pos=nope",
+        "mixer=mla(kv_lora_rank=512,q_lora_rank=1536,qk_nope_head_dim=128,qk_rope_head_dim=64,"
+        "v_head_dim=128,rope_theta=10000.0,rope_interleave=true,eps=1e-06,scaling=yarn,"
+        "factor=40.0,original_context_length=4096,mscale=1.0,mscale_all_dim=1.0)",
+        "num_experts=256", "top_k=8", "renormalize=true", "shared=swiglu(d_ff=2048)",
+        "score=sigmoid", "n_group=8", "topk_group=4", "score_bias=true", "scale=2.5",
+    ):  # fmt: skip
+        assert part in spec, part
+    fp8 = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8"}
+    with raises_naming(ConversionError, "fields lmcore does not know", "quantization_config"):
+        config_to_spec({**DEEPSEEK_V3_HUB, "quantization_config": fp8})
+
+
+def test_a_latent_attention_model_deepseek_v3_cannot_hold_is_refused_by_name(
+    tmp_path: Path,
+) -> None:
+    """The spec of a DeepSeek-V3 with one word changed: converting it back names that word."""
+    random_family_model("deepseek_v3", tmp_path / "hf")
+    spec = config_to_spec(json.loads((tmp_path / "hf" / "config.json").read_text()))
+    for before, after, fact in (
+        ("pos=nope", "pos=rope", "pos=rope(theta=10000.0): a DeepseekV3ForCausalLM has pos=nope"),
+        ("score_bias=true,", "", "a DeepseekV3ForCausalLM has ffn=swiglu, ffn[1:]=moe("),
+        ("block=prenorm", "block=postnorm", "block=postnorm"),
+    ):
+        assert before in spec
+        model = lmcore.build_model(spec.replace(before, after), device="meta")
+        with raises_naming(ConversionError, "DeepseekV3ForCausalLM without losing", fact):
+            lmcore.hf.save_hf(model, tmp_path / "out", model_type="deepseek_v3")

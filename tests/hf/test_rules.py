@@ -103,12 +103,26 @@ def test_every_family_reads_a_trillion_layers_in_bounded_time_and_memory(
     config.pop("mlp_only_layers", None)  # a list that names layers: Qwen3-MoE's dense ones
     config.pop("max_window_layers", None)  # Qwen 2: its default (28) splits the layers
     config.pop("use_sliding_window", None)
+    config.pop("layer_types", None)  # LFM2's: a list that names layers
     config.pop("scale_attn_by_inverse_layer_idx", None)  # GPT-2's: a scale per layer
     monkeypatch.setattr(family_module, "parse_spec", lambda text: text)
     tracemalloc.start()
     start = time.perf_counter()
-    if name == "gemma2":  # its windows are on every other layer: more than a spec can list
-        with raises_naming(ConversionError, "sliding_window=6", "1,000,000,000,000 layers"):
+    # Hybrids: windows (Gemma 2: every other layer; Gemma 3: all but every pattern-th),
+    # attention (Qwen3-Next) or experts (DeepSeek-V3) on more layers than a spec can list.
+    hybrid = {
+        "gemma2": "sliding_window=6",
+        "gemma3_text": "sliding_window_pattern=2",
+        "qwen3_next": "full attention (full_attention_interval=2)",
+        "olmo3": "sliding_window=6",
+        "gpt_oss": "sliding_window=6",
+        "deepseek_v3": "experts (first_k_dense_replace=1)",  # dense first layers
+    }
+    if name in hybrid:
+        with raises_naming(ConversionError, hybrid[name], "1,000,000,000,000 layers"):
+            read_config(config)
+    elif name == "smollm3":  # NoPE on every other layer: as many per-layer values
+        with raises_naming(ConversionError, "NoPE on some of its 1,000,000,000,000 layers"):
             read_config(config)
     else:
         spec = read_config(config).spec

@@ -102,6 +102,39 @@ def test_the_tables_are_transformers_own_bit_for_bit(rope: str, params: dict[str
     assert torch.equal(pos.cos, angles.cos()) and torch.equal(pos.sin, angles.sin())
 
 
+@pytest.mark.parametrize(
+    "params",
+    [  # gpt-oss's (no truncation, the default attention factor) and DeepSeek-V3's (mscale)
+        {"factor": 32.0, "original_max_position_embeddings": 16, "beta_fast": 32.0,
+         "beta_slow": 1.0, "truncate": False, "rope_theta": 150000.0},
+        {"factor": 40.0, "original_max_position_embeddings": 16, "beta_fast": 32, "beta_slow": 1,
+         "mscale": 1.0, "mscale_all_dim": 0.707, "rope_theta": 10000.0},
+        {"factor": 4.0, "original_max_position_embeddings": 16, "attention_factor": 1.25,
+         "rope_theta": 10000.0},
+    ],
+    ids=["gpt-oss", "deepseek", "given"],
+)
+def test_yarn_tables_and_attention_factor_are_transformers_own(params: dict[str, Any]) -> None:
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    config = LlamaConfig(hidden_size=128, num_attention_heads=2, max_position_embeddings=96,
+                         rope_parameters={"rope_type": "yarn", **params})  # fmt: skip
+    hf_inv, hf_factor = ROPE_INIT_FUNCTIONS["yarn"](config, "cpu")
+    args = {k: v for k, v in params.items() if k != "original_max_position_embeddings"}
+    args["theta"] = args.pop("rope_theta")
+    args["original_context_length"] = params["original_max_position_embeddings"]
+    inner = ", ".join(f"{k}={str(v).lower()}" for k, v in args.items())
+    model = build_model("vocab_size=97, context_length=96, d_model=128, num_layers=1, "
+                        f"num_heads=2, pos=rope(scaling=yarn, {inner})")  # fmt: skip
+    pos = model.pos
+    assert isinstance(pos, RotaryPositionalEmbedding)
+    angles = torch.arange(96, dtype=torch.float32)[:, None] * hf_inv[None, :]
+    assert hf_factor != 1.0
+    assert torch.equal(pos.cos, angles.cos() * hf_factor)
+    assert torch.equal(pos.sin, angles.sin() * hf_factor)
+
+
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
@@ -140,7 +173,11 @@ def test_a_partial_rotation_is_gpt_neoxs_after_the_half_split_permutation() -> N
         ("factor=8.0", r"factor=8.0 has no effect with scaling=none"),
         ("scaling=linear, low_freq_factor=2.0", r"low_freq_factor=2.0 has no effect with scaling"),
         ("scaling=llama3, low_freq_factor=4.0", r"high_freq_factor=4.0 must exceed low_freq"),
-        ("scaling=yarn", r"'scaling' of pos 'rope' must be one of .*llama3"),
+        ("scaling=longrope", r"'scaling' of pos 'rope' must be one of linear, llama3, none, yarn, got 'longrope'"),
+        ("scaling=llama3, beta_fast=16.0", r"beta_fast=16.0 has no effect with scaling=llama3; "
+         r"it applies with scaling=yarn"),
+        ("scaling=linear, truncate=false", r"truncate=false has no effect with scaling=linear"),
+        ("scaling=yarn, beta_fast=1.0, beta_slow=2.0", r"beta_fast=1.0 must exceed beta_slow=2.0"),
     ],
 )
 def test_bad_options_are_spec_errors(args: str, message: str) -> None:
