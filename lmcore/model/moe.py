@@ -217,11 +217,10 @@ class MixtureOfExperts(nn.Module):
         # 0 (all groups) or every group: no limit, and none of its work
         self.topk_group = n_group if topk_group in (0, n_group) else topk_group
         self.router = Linear(d_model, len(experts), device=device, dtype=dtype, bias=router_bias)
-        # In the model's dtype, as every parameter (transformers keeps DeepSeek-V3's in float32,
-        # as its router weight): added to the float32 scores, so only its own value rounds.
-        # No gradient reaches it (it only chooses): it is set, or adjusted by a balancing rule.
         # A persistent buffer, as transformers' e_score_correction_bias: saved and loaded, not
-        # a parameter (DeepSeek-V3's 671,026,404,352 parameters do not count it).
+        # a parameter (DeepSeek-V3's 671,026,404,352 parameters do not count it); no gradient
+        # could reach it (it only chooses), a balancing rule adjusts it. In the model's dtype
+        # (transformers keeps it in float32): added to the float32 scores, only it rounds.
         self.score_bias: Tensor | None
         if score_bias:
             bias = torch.zeros(len(experts), device=device, dtype=dtype)
