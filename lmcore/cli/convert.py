@@ -16,11 +16,11 @@ def add_parser(sub: Any) -> None:
         help="convert a Hugging Face model directory or a GGUF file to an lmcore checkpoint, "
         "or back",
         description="Convert between Hugging Face model directories (config.json and "
-        "safetensors weights, sharded or not) of the families lmcore reads (llama, mistral, "
-        "qwen2, qwen3, gemma, gemma2, olmo2, phi3, gpt2, gpt_neox, mixtral, qwen3_moe) and "
-        "lmcore checkpoints, and GGUF files (llama.cpp, Ollama, LM Studio): llama, qwen2 and "
-        "qwen3 in, llama out. Anything the target cannot express is refused, naming the field or "
-        "component.",
+        "safetensors weights, sharded or not) of the families lmcore reads (lmcore.hf.FAMILIES: "
+        "Llama to DeepSeek-V3, gpt-oss, Qwen3-Next, Mamba-2, Falcon-H1; docs/huggingface.md) "
+        "and lmcore checkpoints, and GGUF files (llama.cpp, Ollama, LM Studio) of the "
+        "architectures in docs/gguf.md, both ways. Anything the target cannot express is "
+        "refused, naming the field or component.",
     )
     way = p.add_mutually_exclusive_group(required=True)
     way.add_argument(
