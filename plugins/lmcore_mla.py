@@ -16,7 +16,7 @@ an additive bias (`pos=alibi`) is.
 
 `scaling=yarn` stretches that rotation as DeepSeek-V3's long-context weights were trained
 (YaRN, Peng et al. 2023; Hugging Face's `rope_type: yarn`; the rope plugin's frequencies and
-attention factor, `lmcore_rope`): the frequencies blend between
+attention factor, `lmcore.model.rotary`): the frequencies blend between
 `f` and `f / factor` over the band `beta_fast` … `beta_slow` rotations within
 `original_context_length`; cos and sin are multiplied by the attention factor (given, or
 `mscale(factor, mscale) / mscale(factor, mscale_all_dim)` when both are given, else
@@ -28,7 +28,6 @@ DeepseekV3Attention's is. `bias=true` gives q_a_proj, kv_a_proj_with_mqa and o_p
 
 from __future__ import annotations
 
-import math
 from typing import Any, Final
 
 import torch
@@ -37,7 +36,7 @@ from torch import Tensor
 from lmcore import Arg, Component, hookimpl
 from lmcore.model.attention import Plan, accumulator, kept_elements
 from lmcore.model.mla import MultiHeadLatentAttention
-from lmcore_rope import inverse_frequencies, yarn_attention_factor, yarn_mscale
+from lmcore.model.rotary import inverse_frequencies, yarn_attention_factor, yarn_mscale
 
 
 def widths(

@@ -82,8 +82,6 @@ def test_describe_gives_hugging_faces_count_of_a_default_config(
     count = sum(p.numel() for p in model.parameters())
     assert main(["describe", str(tmp_path)]) == 0
     assert f"total {count:,}" in " ".join(capsys.readouterr().out.split())
-
-
 def test_describe_reads_gpt_oss_default_config_with_its_active_parameters(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -105,3 +103,19 @@ def test_describe_counts_deepseek_v3_and_its_active_parameters_on_meta(
     out = " ".join(capsys.readouterr().out.split())
     assert "total 671,026,404,352" in out
     assert "active parameters: 37,552,282,624 of 671,026,404,352" in out
+
+
+@pytest.mark.parametrize("name", ["mamba2", "falcon_h1"])
+def test_describe_counts_a_default_config_as_hugging_face(
+    name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The families of state space layers (issue 34): the default, real-sized config's count."""
+    import torch
+
+    config = transformers.AutoConfig.for_model(name)
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    count = sum(p.numel() for p in model.parameters())
+    config.save_pretrained(tmp_path)
+    assert main(["describe", str(tmp_path)]) == 0
+    assert f"total {count:,}" in " ".join(capsys.readouterr().out.split())

@@ -133,6 +133,17 @@ FAMILY_CONFIGS: dict[str, dict[str, Any]] = {
                         n_shared_experts=1, moe_intermediate_size=16, routed_scaling_factor=2.5,
                         q_lora_rank=12, kv_lora_rank=10, qk_nope_head_dim=6, qk_rope_head_dim=4,
                         v_head_dim=8, rope_parameters=_YARN),
+    # Two groups of B and C over eight heads, chunks of 8 (the 24-token prompt is three), biases.
+    "mamba2": dict(vocab_size=HF_VOCAB, hidden_size=32, num_hidden_layers=2, num_heads=8,
+                   head_dim=8, state_size=8, n_groups=2, chunk_size=8, use_bias=True),
+    # Every multiplier away from 1, Mamba-2 of its own width with its norm after the gate.
+    "falcon_h1": dict(_SIZES, mamba_d_ssm=48, mamba_n_heads=6, mamba_d_head="auto",
+                      mamba_n_groups=2, mamba_d_state=8, mamba_chunk_size=8, mamba_rms_norm=True,
+                      mamba_norm_before_gate=True, mamba_proj_bias=True, projectors_bias=False,
+                      key_multiplier=0.7, embedding_multiplier=1.5, lm_head_multiplier=0.8,
+                      mlp_multipliers=[0.9, 0.6], attention_in_multiplier=1.2,
+                      attention_out_multiplier=0.8, ssm_in_multiplier=0.9, ssm_out_multiplier=1.1,
+                      ssm_multipliers=[0.5, 1.5, 0.8, 1.25, 0.7], rope_theta=500.0),
 }  # fmt: skip
 
 

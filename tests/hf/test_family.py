@@ -237,6 +237,21 @@ _DS_YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 40.0, "beta_fa
          ('scoring_func="softmax"', "routes by sigmoid")),
         ("deepseek_v3", {"hidden_act": "gelu"},
          ('hidden_act="gelu"', "lmcore's experts here are SwiGLU")),
+        ("mamba2", {"hidden_act": "gelu"},
+         ('hidden_act="gelu"', "lmcore's mamba2 applies silu after the conv")),
+        ("mamba2", {"time_step_limit": [0.0, 0.1]},
+         ("time_step_limit=[0.0, 0.1]", "clamps dt to nothing", "(0.0, inf)")),
+        ("mamba2", {"num_heads": 64},
+         ("num_heads=64 and head_dim=64 split 4,096 channels",
+          "not expand · hidden_size = 2 · 4096 = 8,192")),
+        ("mamba2", {"residual_in_fp32": "yes"}, ('residual_in_fp32="yes" is not true or false',)),
+        ("falcon_h1", {"mamba_n_heads": 100, "mamba_d_head": 8},
+         ("mamba_n_heads=100 heads of mamba_d_head=8 are 800 channels, not the inner width 1,024",)),
+        ("falcon_h1", {"ssm_multipliers": [1.0, 2.0]},
+         ("ssm_multipliers=[1.0, 2.0] is not a list of 5 numbers",)),
+        ("falcon_h1", {"mlp_multipliers": [1.0, "x"]}, ('mlp_multipliers[1]="x" is not a positive float',)),
+        ("falcon_h1", {"hidden_act": "gelu"}, ('hidden_act="gelu"', "its conv applies silu")),
+        ("falcon_h1", {"time_step_limit": [0.001, 0.1]}, ("time_step_limit=[0.001, 0.1]",)),
 ],
 )  # fmt: skip
 def test_what_a_family_cannot_express_is_refused_by_name(
@@ -350,3 +365,52 @@ def test_a_latent_attention_model_deepseek_v3_cannot_hold_is_refused_by_name(
         model = lmcore.build_model(spec.replace(before, after), device="meta")
         with raises_naming(ConversionError, "DeepseekV3ForCausalLM without losing", fact):
             lmcore.hf.save_hf(model, tmp_path / "out", model_type="deepseek_v3")
+
+
+def test_a_mamba2_config_is_layers_of_a_norm_and_the_mixer_alone(tmp_path: Path) -> None:
+    """No feed-forward sub-layer (`ffn=none`: no ln2, nothing counted), no positions; its
+    residual_in_fp32 noted (the same in float32), its time_step_limit as transformers saves it."""
+    config = AutoConfig.for_model("mamba2", num_hidden_layers=2, residual_in_fp32=True)
+    config.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved["time_step_limit"] == [0.0, {"__float__": "Infinity"}]
+    reading = read_config(saved)
+    spec = lmcore.parse_spec(reading.spec)
+    assert (str(spec.ffn), spec.pos.name, spec.mixer.name, spec.context_length) == (
+        "none", "nope", "mamba2", 2048,
+    )  # fmt: skip
+    assert any("residual_in_fp32=true" in n and "the same in float32" in n for n in reading.notes)
+    model = lmcore.build_model(reading.spec, device="meta")
+    assert not [k for k in model.state_dict() if ".ln2" in k or ".ffn." in k]
+    longer = read_config({**saved, "max_position_embeddings": 65536}).spec
+    assert lmcore.parse_spec(longer).context_length == 65536
+
+
+def test_a_model_mamba2_cannot_hold_is_refused_by_name(tmp_path: Path) -> None:
+    spec = ("vocab_size=97, context_length=2048, d_model=32, num_layers=2, num_heads=8, "
+            "head_dim=8, ffn=none, pos=nope, mixer=mamba2(d_state=8, n_groups=2)")  # fmt: skip
+    with_ffn = lmcore.build_model(spec.replace("ffn=none", "ffn=swiglu"))
+    with pytest.raises(ConversionError, match=r"ffn=swiglu: a Mamba2ForCausalLM has ffn=none"):
+        lmcore.hf.save_hf(with_ffn, tmp_path / "a", model_type="mamba2")
+    odd_heads = lmcore.build_model(spec.replace("num_heads=8, head_dim=8", "num_heads=4"))
+    with raises_naming(ConversionError, "num_heads=4 and head_dim=8 split 32 channels"):
+        lmcore.hf.save_hf(odd_heads, tmp_path / "b", model_type="mamba2")
+    assert lmcore.hf.save_hf(lmcore.build_model(spec), tmp_path / "c", model_type="mamba2")
+
+
+def test_falcon_h1s_multipliers_are_spec_arguments_other_families_refuse(tmp_path: Path) -> None:
+    """None is folded into a weight: a Llama cannot hold Falcon-H1's logit scale or MLP scales,
+    and says so by name."""
+    spec = config_to_spec(
+        AutoConfig.for_model("falcon_h1", num_hidden_layers=2, lm_head_multiplier=0.5,
+                             mlp_multipliers=[2.0, 0.25], key_multiplier=2.0).to_dict()
+    )  # fmt: skip
+    assert "logit_scale=0.5" in spec and "ffn=swiglu(w1_scale=2.0,w2_scale=0.25)" in spec
+    assert lmcore.parse_spec(spec).query_scale == 2.0 / 128**0.5  # key_multiplier / sqrt(128)
+    llama = "vocab_size=97, context_length=16, d_model=32, num_layers=2, num_heads=4"
+    with raises_naming(ConversionError, "logit_scale=0.5: a LlamaForCausalLM has logit_scale=1.0",
+                       "ffn=swiglu(w1_scale=2.0): a LlamaForCausalLM has ffn=swiglu"):  # fmt: skip
+        lmcore.hf.save_hf(
+            lmcore.build_model(f"{llama}, logit_scale=0.5, ffn=swiglu(w1_scale=2.0)"),
+            tmp_path / "out", model_type="llama",
+        )
