@@ -40,7 +40,9 @@ from lmcore.blueprint import Blueprint, parse_spec
 from lmcore.errors import ConversionError, one_of
 from lmcore.gguf.deepseek2 import DEEPSEEK2
 from lmcore.gguf.gpt_oss import GPT_OSS
-from lmcore.gguf.rows import Architecture, Derived, Meta, both, layer, positive
+from lmcore.gguf.rows import Architecture, Derived, Meta, positive
+from lmcore.gguf.rows import both as _both
+from lmcore.gguf.rows import layer as _layer
 from lmcore.hf.family import Family, differences, read_config
 from lmcore.hf.family import family as hf_family
 
@@ -163,23 +165,23 @@ _ENDS: Final = (
     ("output.weight", "lm_head.weight"),
 )
 _ATTENTION: Final = (
-    layer("attn_q.weight", "self_attn.q_proj.weight"),
-    layer("attn_k.weight", "self_attn.k_proj.weight"),
-    layer("attn_v.weight", "self_attn.v_proj.weight"),
-    layer("attn_output.weight", "self_attn.o_proj.weight"),
+    _layer("attn_q.weight", "self_attn.q_proj.weight"),
+    _layer("attn_k.weight", "self_attn.k_proj.weight"),
+    _layer("attn_v.weight", "self_attn.v_proj.weight"),
+    _layer("attn_output.weight", "self_attn.o_proj.weight"),
 )
 _MLP: Final = (
-    layer("ffn_gate.weight", "mlp.gate_proj.weight"),
-    layer("ffn_up.weight", "mlp.up_proj.weight"),
-    layer("ffn_down.weight", "mlp.down_proj.weight"),
+    _layer("ffn_gate.weight", "mlp.gate_proj.weight"),
+    _layer("ffn_up.weight", "mlp.up_proj.weight"),
+    _layer("ffn_down.weight", "mlp.down_proj.weight"),
 )
 _PRENORMS: Final = (
-    layer("attn_norm.weight", "input_layernorm.weight"),
-    layer("ffn_norm.weight", "post_attention_layernorm.weight"),
+    _layer("attn_norm.weight", "input_layernorm.weight"),
+    _layer("ffn_norm.weight", "post_attention_layernorm.weight"),
 )
 _QK_NORMS: Final = (
-    layer("attn_q_norm.weight", "self_attn.q_norm.weight"),
-    layer("attn_k_norm.weight", "self_attn.k_norm.weight"),
+    _layer("attn_q_norm.weight", "self_attn.q_norm.weight"),
+    _layer("attn_k_norm.weight", "self_attn.k_norm.weight"),
 )
 _LLAMA_PERMUTED: Final = {
     "self_attn.q_proj.weight": "num_attention_heads",
@@ -191,10 +193,10 @@ def _experts(at: str, names: tuple[str, str, str]) -> tuple[tuple[str, str], ...
     """The stacked experts (gate, up, down) and the router, Hugging Face's per-expert names."""
     gate, up, down = names
     return (
-        layer("ffn_gate_inp.weight", f"{at}.gate.weight"),
-        layer("ffn_gate_exps.weight", f"{at}.experts.{{e}}.{gate}.weight"),
-        layer("ffn_up_exps.weight", f"{at}.experts.{{e}}.{up}.weight"),
-        layer("ffn_down_exps.weight", f"{at}.experts.{{e}}.{down}.weight"),
+        _layer("ffn_gate_inp.weight", f"{at}.gate.weight"),
+        _layer("ffn_gate_exps.weight", f"{at}.experts.{{e}}.{gate}.weight"),
+        _layer("ffn_up_exps.weight", f"{at}.experts.{{e}}.{up}.weight"),
+        _layer("ffn_down_exps.weight", f"{at}.experts.{{e}}.{down}.weight"),
     )
 
 
@@ -240,9 +242,9 @@ QWEN2: Final = Architecture(
     trivial={**_NO_SCALING, **_NO_EXPERTS},
     tensors=(
         *LLAMA.tensors,
-        layer("attn_q.bias", "self_attn.q_proj.bias"),
-        layer("attn_k.bias", "self_attn.k_proj.bias"),
-        layer("attn_v.bias", "self_attn.v_proj.bias"),
+        _layer("attn_q.bias", "self_attn.q_proj.bias"),
+        _layer("attn_k.bias", "self_attn.k_proj.bias"),
+        _layer("attn_v.bias", "self_attn.v_proj.bias"),
     ),
     defaults=_ROPE,
 )
@@ -305,10 +307,10 @@ GEMMA2: Final = Architecture(
     trivial=GEMMA.trivial,
     tensors=(
         *GEMMA.tensors[:2],
-        layer("attn_norm.weight", "input_layernorm.weight"),
-        layer("post_attention_norm.weight", "post_attention_layernorm.weight"),
-        layer("ffn_norm.weight", "pre_feedforward_layernorm.weight"),
-        layer("post_ffw_norm.weight", "post_feedforward_layernorm.weight"),
+        _layer("attn_norm.weight", "input_layernorm.weight"),
+        _layer("post_attention_norm.weight", "post_attention_layernorm.weight"),
+        _layer("ffn_norm.weight", "pre_feedforward_layernorm.weight"),
+        _layer("post_ffw_norm.weight", "post_feedforward_layernorm.weight"),
         *_ATTENTION,
         *_MLP,
     ),
@@ -363,10 +365,10 @@ PHI3: Final = Architecture(
     tensors=(
         *_ENDS,
         *_PRENORMS,
-        layer("attn_qkv.weight", "self_attn.qkv_proj.weight"),
-        layer("attn_output.weight", "self_attn.o_proj.weight"),
-        layer("ffn_up.weight", "mlp.gate_up_proj.weight"),
-        layer("ffn_down.weight", "mlp.down_proj.weight"),
+        _layer("attn_qkv.weight", "self_attn.qkv_proj.weight"),
+        _layer("attn_output.weight", "self_attn.o_proj.weight"),
+        _layer("ffn_up.weight", "mlp.gate_up_proj.weight"),
+        _layer("ffn_down.weight", "mlp.down_proj.weight"),
     ),
     defaults=_ROPE,
     derived=(_rotated("partial_rotary_factor"), _window_or_zero("attention.sliding_window")),
@@ -386,8 +388,8 @@ OLMO2: Final = Architecture(
         *_ATTENTION,
         *_MLP,
         *_QK_NORMS,
-        layer("post_attention_norm.weight", "post_attention_layernorm.weight"),
-        layer("post_ffw_norm.weight", "post_feedforward_layernorm.weight"),
+        _layer("post_attention_norm.weight", "post_attention_layernorm.weight"),
+        _layer("post_ffw_norm.weight", "post_feedforward_layernorm.weight"),
     ),
     defaults=_ROPE,
     shapes={"attn_q_norm.weight": ("q",), "attn_k_norm.weight": ("kv",)},
@@ -411,14 +413,14 @@ GPT2: Final = Architecture(
     tensors=(
         ("token_embd.weight", "transformer.wte.weight"),
         ("position_embd.weight", "transformer.wpe.weight"),
-        *both("output_norm", "transformer.ln_f"),
+        *_both("output_norm", "transformer.ln_f"),
         ("output.weight", "lm_head.weight"),
-        *both("blk.{i}.attn_norm", f"{_H}.ln_1"),
-        *both("blk.{i}.attn_qkv", f"{_H}.attn.c_attn"),
-        *both("blk.{i}.attn_output", f"{_H}.attn.c_proj"),
-        *both("blk.{i}.ffn_norm", f"{_H}.ln_2"),
-        *both("blk.{i}.ffn_up", f"{_H}.mlp.c_fc"),
-        *both("blk.{i}.ffn_down", f"{_H}.mlp.c_proj"),
+        *_both("blk.{i}.attn_norm", f"{_H}.ln_1"),
+        *_both("blk.{i}.attn_qkv", f"{_H}.attn.c_attn"),
+        *_both("blk.{i}.attn_output", f"{_H}.attn.c_proj"),
+        *_both("blk.{i}.ffn_norm", f"{_H}.ln_2"),
+        *_both("blk.{i}.ffn_up", f"{_H}.mlp.c_fc"),
+        *_both("blk.{i}.ffn_down", f"{_H}.mlp.c_proj"),
     ),
     derived=(Derived(("feed_forward_length",), _gpt2_ff, _gpt2_ff_write,
                      (("n_inner", "feed_forward_length"),)),),  # fmt: skip
@@ -445,14 +447,14 @@ GPTNEOX: Final = Architecture(
     trivial=_NO_SCALING,
     tensors=(
         ("token_embd.weight", "gpt_neox.embed_in.weight"),
-        *both("output_norm", "gpt_neox.final_layer_norm"),
+        *_both("output_norm", "gpt_neox.final_layer_norm"),
         ("output.weight", "embed_out.weight"),
-        *both("blk.{i}.attn_norm", f"{_NEOX}.input_layernorm"),
-        *both("blk.{i}.ffn_norm", f"{_NEOX}.post_attention_layernorm"),
-        *both("blk.{i}.attn_qkv", f"{_NEOX}.attention.query_key_value"),
-        *both("blk.{i}.attn_output", f"{_NEOX}.attention.dense"),
-        *both("blk.{i}.ffn_up", f"{_NEOX}.mlp.dense_h_to_4h"),
-        *both("blk.{i}.ffn_down", f"{_NEOX}.mlp.dense_4h_to_h"),
+        *_both("blk.{i}.attn_norm", f"{_NEOX}.input_layernorm"),
+        *_both("blk.{i}.ffn_norm", f"{_NEOX}.post_attention_layernorm"),
+        *_both("blk.{i}.attn_qkv", f"{_NEOX}.attention.query_key_value"),
+        *_both("blk.{i}.attn_output", f"{_NEOX}.attention.dense"),
+        *_both("blk.{i}.ffn_up", f"{_NEOX}.mlp.dense_h_to_4h"),
+        *_both("blk.{i}.ffn_down", f"{_NEOX}.mlp.dense_4h_to_h"),
     ),
     defaults={"rotary_emb_base": 10000.0, "use_parallel_residual": True},
     derived=(_rotated("rotary_pct"),),
