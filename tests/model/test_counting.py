@@ -373,3 +373,15 @@ def test_the_estimated_peak_is_the_measured_one() -> None:
         # within 16 MiB either way: the process itself moves a few (imports, the allocator);
         # the temporaries left out would be 72 MiB (rope) and 776 MiB (sinusoidal)
         assert abs(measured - estimate) < 16 * 2**20, (pos, estimate, measured)
+
+
+def test_a_mixer_torch_cannot_index_names_its_arguments_words_and_all() -> None:
+    """The refusal lists the mixer's arguments: sizes with separators, words as written."""
+    with raises_naming(
+        ModelTooLargeError,
+        "(mixer=mamba2)",
+        "2**63 - 1 bytes torch can index",
+        "d_state=1,000,000,000,000,000,000",
+        "gate_norm=",
+    ):
+        build_model("tinystories, mixer=mamba2(d_state=1000000000000000000)", device="meta")
