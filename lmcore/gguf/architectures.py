@@ -59,6 +59,7 @@ from lmcore.gguf.rows import (
     _layer,
     positive,
 )
+from lmcore.gguf.smollm3 import SMOLLM3
 from lmcore.hf.family import Family, differences, read_config
 from lmcore.hf.family import family as hf_family
 
@@ -415,14 +416,18 @@ GPTNEOX: Final = Architecture(
               "query_key_value.bias": "num_attention_heads"},  # fmt: skip
 )
 
+# The architectures in modules of their own (lmcore/gguf/<name>.py, built on lmcore.gguf.rows).
+OWN_MODULES: Final = (SMOLLM3,)
 ARCHITECTURES: Final[Mapping[str, Architecture]] = {
     a.name: a
-    for a in (LLAMA, QWEN2, QWEN3, QWEN3MOE, GEMMA, GEMMA2, GEMMA3, PHI3, OLMO2, GPT2, GPTNEOX)
+    for a in (LLAMA, QWEN2, QWEN3, QWEN3MOE, GEMMA, GEMMA2, GEMMA3, PHI3, OLMO2, GPT2, GPTNEOX,
+              *OWN_MODULES)  # fmt: skip
 }
 # What `--to-gguf` tries, in order, when nothing names the architecture: the first whose
 # family expresses the model and whose metadata reads back as the same model.
 WRITE_ORDER: Final = (
     LLAMA, QWEN2, QWEN3, GEMMA, GEMMA2, GEMMA3, OLMO2, PHI3, GPT2, GPTNEOX, LLAMA_MOE, QWEN3MOE,
+    *OWN_MODULES,
 )  # fmt: skip
 # Hugging Face model_type -> the architecture a model converted from it is written as first.
 BY_MODEL_TYPE: Final[Mapping[str, Architecture]] = {

@@ -50,6 +50,7 @@ SPECS = {
     "olmo2": "qk_norm_scope=full",
     "gpt2": "pos=learned",
     "gptneox": "block=parallel(norms=2)",
+    "smollm3": "pos=rope(theta=2000000.0),pos[3]=nope",
 }
 # the architecture a model is written as when nothing names one: the first that holds it
 # (a Phi-3 rotating all of each head is a Llama; one with a window is written as `phi3` only
@@ -168,6 +169,13 @@ UNWRITABLE = {
                                              "moe_intermediate_size": 16,
                                              "norm_topk_prob": False}),
                               ("as qwen3moe (qwen3_moe)", "renormalize=false", "GGUF qwen3moe")),
+    # llama.cpp's smollm3 rotates nothing on every fourth layer, and slides on none
+    "smollm3-nope-step": (("smollm3", {"num_hidden_layers": 4, "no_rope_layer_interval": 2,
+                                       "pad_token_id": 0}),
+                          ("as smollm3", "pos[1::2]=nope: a GGUF smollm3 has", "pos[3]=nope")),
+    "smollm3-window": (("smollm3", {"num_hidden_layers": 4, "use_sliding_window": True, "pad_token_id": 0,
+                                    "sliding_window": 8}),
+                       ("as smollm3", "window[3]=8", "a GGUF smollm3 has")),
 }  # fmt: skip
 
 
@@ -212,6 +220,13 @@ HOSTILE = {
     "type-window": ("phi3-partial", {"attention.sliding_window": 2.5}, (), {},
                     ("phi3.attention.sliding_window",)),
     "longrope": ("phi3", {}, (), {}, ()),  # filled in below: rope_factors_long
+    "smollm3-shape": ("smollm3", {}, (), {"blk.3.attn_k.weight": lambda x: x[:16]},
+                      ("tensor blk.3.attn_k.weight has shape (16, 64)", "(32, 64)",
+                       "smollm3.attention.head_count_kv 2")),
+    "smollm3-missing": ("smollm3", {}, ("blk.3.ffn_up.weight",), {},
+                        ("missing (1): model.layers.3.mlp.up_proj.weight",)),
+    "smollm3-type": ("smollm3", {"attention.head_count_kv": "2"}, (), {},
+                     ("smollm3.attention.head_count_kv",)),
 }  # fmt: skip
 
 

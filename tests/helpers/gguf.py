@@ -420,6 +420,9 @@ GGUF_CASES: dict[str, tuple[str, dict[str, Any]]] = {
     "gptneox": ("gpt_neox", dict(vocab_size=128, hidden_size=64, intermediate_size=128,
                                  num_hidden_layers=2, num_attention_heads=4,
                                  max_position_embeddings=64, rotary_pct=0.5)),
+    # four layers: the fourth rotates nothing (llama.cpp's fixed step of 4)
+    "smollm3": ("smollm3", dict(_TINY_SIZES, num_hidden_layers=4, pad_token_id=0,
+                                bos_token_id=1, eos_token_id=2)),
 }  # fmt: skip
 # The cases transformers' GGUF loader reads (integrations/ggml.py: GGUF_CONFIG_MAPPING); it
 # reads neither gemma, olmo2, gptneox nor a llama with experts, nor a partial rotation of Phi-3.
@@ -485,7 +488,7 @@ def _metadata(case: str, c: Any) -> dict[str, Any]:
         return {**meta, "rope.dimension_count": int(pct * c.hidden_size) // c.num_attention_heads,
                 "rope.scaling.original_context_length": c.original_max_position_embeddings,
                 "attention.sliding_window": c.sliding_window or 0}  # fmt: skip
-    if arch in ("llama", "mixtral"):
+    if arch in ("llama", "mixtral", "smollm3"):  # LlamaModel.set_gguf_parameters
         meta |= {"vocab_size": c.vocab_size, "rope.dimension_count": head_dim}
     if arch in ("qwen3", "qwen3moe"):
         meta |= {"attention.key_length": head_dim, "attention.value_length": head_dim}
@@ -527,7 +530,7 @@ def _converted(case: str, model: Any) -> dict[str, Any]:
         if arch == "gptneox" and "query_key_value" in name:
             heads = c.num_attention_heads
             x = x.reshape(heads, 3, -1, *x.shape[1:]).transpose(0, 1).reshape(x.shape)
-        if arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
+        if arch in ("llama", "smollm3") and name.endswith(("q_proj.weight", "k_proj.weight")):
             heads = c.num_attention_heads if "q_proj" in name else c.num_key_value_heads
             x = torch.from_numpy(_permute(x.numpy(), heads))
         target = names.get_name(name, try_suffixes=(".weight", ".bias"))
