@@ -59,6 +59,7 @@ from lmcore.gguf.rows import (
     _layer,
     positive,
 )
+from lmcore.gguf.lfm2 import LFM2
 from lmcore.gguf.smollm3 import SMOLLM3
 from lmcore.hf.family import Family, differences, read_config
 from lmcore.hf.family import family as hf_family
@@ -417,7 +418,7 @@ GPTNEOX: Final = Architecture(
 )
 
 # The architectures in modules of their own (lmcore/gguf/<name>.py, built on lmcore.gguf.rows).
-OWN_MODULES: Final = (SMOLLM3,)
+OWN_MODULES: Final = (SMOLLM3, LFM2)
 ARCHITECTURES: Final[Mapping[str, Architecture]] = {
     a.name: a
     for a in (LLAMA, QWEN2, QWEN3, QWEN3MOE, GEMMA, GEMMA2, GEMMA3, PHI3, OLMO2, GPT2, GPTNEOX,

@@ -50,6 +50,9 @@ class Architecture:
     derived: tuple[Derived, ...] = ()
     norm_offset: bool = False  # Gemma: `*norm.weight` stored as 1 + w
     transposed: tuple[str, ...] = ()  # Hugging Face suffixes stored transposed (Conv1D)
+    # Hugging Face suffixes of depthwise convolutions, (channels, 1, taps), stored without the
+    # middle axis (llama.cpp's ssm_conv takes a 2-D filter)
+    squeezed: tuple[str, ...] = ()
     per_head: Mapping[str, str] = field(default_factory=dict)  # suffix -> heads field (NeoX)
     shapes: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # overrides of _SHAPES
     # config fields the file holds but llama.cpp's graph ignores -> why: a model using one is

@@ -51,6 +51,7 @@ SPECS = {
     "gpt2": "pos=learned",
     "gptneox": "block=parallel(norms=2)",
     "smollm3": "pos=rope(theta=2000000.0),pos[3]=nope",
+    "lfm2": "d_ff=112,block=prenorm,tie_embeddings=true,norm=rmsnorm(eps=1e-05),ffn=swiglu,pos=rope(theta=1000000.0),mixer[0::2]=short_conv(conv_size=3,bias=false)",
 }
 # the architecture a model is written as when nothing names one: the first that holds it
 # (a Phi-3 rotating all of each head is a Llama; one with a window is written as `phi3` only
@@ -114,8 +115,8 @@ def test_lmcore_writes_the_file_llama_cpp_writes(tmp_path: Path, case: str) -> N
     assert extra <= set(_EXTRA), extra
     expected = _logits(hf)
     torch.testing.assert_close(_logits(load_gguf(written)), expected, atol=1e-4, rtol=0)
-    # transformers sizes GPT-2's vocabulary and Phi-3's padding id by the tokenizer alone
-    if case in TRANSFORMERS_READS and case not in ("gpt2", "phi3"):
+    # transformers sizes GPT-2's and LFM2's vocabulary and Phi-3's padding id by the tokenizer alone
+    if case in TRANSFORMERS_READS and case not in ("gpt2", "phi3", "lfm2"):
         again = transformers.AutoModelForCausalLM.from_pretrained(
             tmp_path, gguf_file="m.gguf", dtype=torch.float32
         )
@@ -173,6 +174,10 @@ UNWRITABLE = {
     "smollm3-nope-step": (("smollm3", {"num_hidden_layers": 4, "no_rope_layer_interval": 2,
                                        "pad_token_id": 0}),
                           ("as smollm3", "pos[1::2]=nope: a GGUF smollm3 has", "pos[3]=nope")),
+    # llama.cpp's lfm2 has no convolution biases
+    "lfm2-conv-bias": (("lfm2", {"layer_types": ["conv", "full_attention"], "conv_bias": True}),
+                       ("as lfm2", "short_conv(conv_size=3,bias=true): a GGUF lfm2 has",
+                        "short_conv(conv_size=3,bias=false)")),
     "smollm3-window": (("smollm3", {"num_hidden_layers": 4, "use_sliding_window": True, "pad_token_id": 0,
                                     "sliding_window": 8}),
                        ("as smollm3", "window[3]=8", "a GGUF smollm3 has")),
@@ -227,6 +232,14 @@ HOSTILE = {
                         ("missing (1): model.layers.3.mlp.up_proj.weight",)),
     "smollm3-type": ("smollm3", {"attention.head_count_kv": "2"}, (), {},
                      ("smollm3.attention.head_count_kv",)),
+    "lfm2-shape": ("lfm2", {}, (), {"blk.1.attn_k.weight": lambda x: x[:16]},
+                   ("tensor blk.1.attn_k.weight has shape (16, 64)", "(32, 64)",
+                    "lfm2.attention.head_count_kv 2")),
+    "lfm2-missing": ("lfm2", {}, ("blk.2.shortconv.conv.weight",), {},
+                     ("missing (1): model.layers.2.conv.conv.weight",)),
+    "lfm2-type": ("lfm2", {"attention.head_count_kv": "2"}, (), {},
+                  ("lfm2.attention.head_count_kv",)),
+    "lfm2-type-cache": ("lfm2", {"shortconv.l_cache": 2.5}, (), {}, ("lfm2.shortconv.l_cache",)),
 }  # fmt: skip
 
 
@@ -267,5 +280,5 @@ def test_an_unknown_architecture_is_refused_naming_those_that_convert(tmp_path: 
     w.write_tensors_to_file()
     w.close()
     with raises_naming(ConversionError, "general.architecture is 'bert'", "gemma, gemma2, gemma3",
-                       "gpt2, gptneox, llama, olmo2, phi3, qwen2, qwen3, qwen3moe"):  # fmt: skip
+                       "lfm2, llama, olmo2, phi3, qwen2, qwen3, qwen3moe", "smollm3"):  # fmt: skip
         load_gguf(tmp_path / "m.gguf")

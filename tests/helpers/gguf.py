@@ -423,10 +423,16 @@ GGUF_CASES: dict[str, tuple[str, dict[str, Any]]] = {
     # four layers: the fourth rotates nothing (llama.cpp's fixed step of 4)
     "smollm3": ("smollm3", dict(_TINY_SIZES, num_hidden_layers=4, pad_token_id=0,
                                 bos_token_id=1, eos_token_id=2)),
+    # convolution layers 0 and 2 (head_count_kv 0), the width adjusted as transformers does
+    "lfm2": ("lfm2", dict(_TINY_SIZES, num_hidden_layers=3, intermediate_size=120,
+                          block_multiple_of=16, block_ffn_dim_multiplier=1.3,
+                          layer_types=["conv", "full_attention", "conv"], pad_token_id=0,
+                          bos_token_id=1, eos_token_id=2)),
 }  # fmt: skip
 # The cases transformers' GGUF loader reads (integrations/ggml.py: GGUF_CONFIG_MAPPING); it
 # reads neither gemma, olmo2, gptneox nor a llama with experts, nor a partial rotation of Phi-3.
-TRANSFORMERS_READS = ("llama", "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3", "gpt2")
+TRANSFORMERS_READS = ("llama", "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3", "gpt2",
+                      "lfm2")
 
 
 def hf_case(case: str) -> Any:
@@ -467,6 +473,16 @@ def _metadata(case: str, c: Any) -> dict[str, Any]:
         return {**meta, "rope.dimension_count": int(pct * head_dim),
                 "use_parallel_residual": c.use_parallel_residual,
                 "attention.layer_norm_epsilon": c.layer_norm_eps}  # fmt: skip
+    if arch == "lfm2":  # LFM2Model.set_gguf_parameters
+        ff = int(2 * c.intermediate_size / 3) if c.block_auto_adjust_ff_dim else c.intermediate_size
+        if c.block_auto_adjust_ff_dim and c.block_ffn_dim_multiplier is not None:
+            ff = int(c.block_ffn_dim_multiplier * ff)
+            ff = c.block_multiple_of * ((ff + c.block_multiple_of - 1) // c.block_multiple_of)
+        return {**meta, "feed_forward_length": ff, "rope.freq_base": theta,
+                "attention.head_count_kv": [0 if t == "conv" else c.num_key_value_heads
+                                            for t in c.layer_types],
+                "attention.layer_norm_rms_epsilon": c.norm_eps, "vocab_size": c.vocab_size,
+                "shortconv.l_cache": c.conv_L_cache}  # fmt: skip
     meta["attention.head_count_kv"] = c.num_key_value_heads
     meta["attention.layer_norm_rms_epsilon"] = c.rms_norm_eps
     if arch == "gemma3":  # Gemma3Model.set_gguf_parameters
@@ -525,6 +541,8 @@ def _converted(case: str, model: Any) -> dict[str, Any]:
             continue
         if arch in ("gemma", "gemma2", "gemma3") and name.endswith("norm.weight"):
             x = x + 1
+        if arch == "lfm2" and name.endswith("conv.conv.weight"):  # a 2-D filter for ssm_conv
+            x = x.squeeze(1)
         if arch == "gpt2" and name.endswith((".c_attn.weight", ".c_proj.weight", ".c_fc.weight")):
             x = x.T
         if arch == "gptneox" and "query_key_value" in name:
@@ -556,6 +574,9 @@ def write_as_llama_cpp(path: Path, case: str, model: Any, meta: dict[str, Any] |
     fields = {**_metadata(case, model.config), **(meta or {})}
     for key, value in fields.items():
         if key in drop:
+            continue
+        if isinstance(value, list):  # per-layer values (LFM2's head_count_kv)
+            w.add_array(f"{arch}.{key}", value)
             continue
         kind = (
             T.BOOL if isinstance(value, bool)
