@@ -60,6 +60,7 @@ from lmcore.gguf.rows import (
     positive,
 )
 from lmcore.gguf.lfm2 import LFM2
+from lmcore.gguf.olmo3 import OLMO3
 from lmcore.gguf.smollm3 import SMOLLM3
 from lmcore.hf.family import Family, differences, read_config
 from lmcore.hf.family import family as hf_family
@@ -428,7 +429,7 @@ ARCHITECTURES: Final[Mapping[str, Architecture]] = {
 # family expresses the model and whose metadata reads back as the same model.
 WRITE_ORDER: Final = (
     LLAMA, QWEN2, QWEN3, GEMMA, GEMMA2, GEMMA3, OLMO2, PHI3, GPT2, GPTNEOX, LLAMA_MOE, QWEN3MOE,
-    *OWN_MODULES,
+    *OWN_MODULES, OLMO3,
 )  # fmt: skip
 # Hugging Face model_type -> the architecture a model converted from it is written as first.
 BY_MODEL_TYPE: Final[Mapping[str, Architecture]] = {
@@ -455,6 +456,8 @@ def architecture(name: str, where: object, metadata: Meta | None = None) -> Arch
     experts = (metadata or {}).get("llama.expert_count")
     if name == "llama" and positive(experts):
         return LLAMA_MOE
+    if name == "olmo2" and "olmo2.attention.sliding_window" in (metadata or {}):
+        return OLMO3  # llama.cpp's converter writes OLMo 3 as olmo2 with a window
     return ARCHITECTURES[name]
 
 

@@ -51,6 +51,7 @@ SPECS = {
     "gpt2": "pos=learned",
     "gptneox": "block=parallel(norms=2)",
     "smollm3": "pos=rope(theta=2000000.0),pos[3]=nope",
+    "olmo3": "block=reordered,tie_embeddings=false,norm=rmsnorm(eps=1e-05),ffn=swiglu,pos=rope(theta=5000.0),attn=sdpa,qk_norm=rmsnorm(eps=1e-05),qk_norm_scope=full,window[0:3]=4",
     "lfm2": "d_ff=112,block=prenorm,tie_embeddings=true,norm=rmsnorm(eps=1e-05),ffn=swiglu,pos=rope(theta=1000000.0),mixer[0::2]=short_conv(conv_size=3,bias=false)",
 }
 # the architecture a model is written as when nothing names one: the first that holds it
@@ -178,6 +179,12 @@ UNWRITABLE = {
     "lfm2-conv-bias": (("lfm2", {"layer_types": ["conv", "full_attention"], "conv_bias": True}),
                        ("as lfm2", "short_conv(conv_size=3,bias=true): a GGUF lfm2 has",
                         "short_conv(conv_size=3,bias=false)")),
+    # llama.cpp rotates OLMo 3's sliding layers with the full layers' base
+    "olmo3-bases": (("olmo3", {"num_hidden_layers": 4, "sliding_window": 8, "pad_token_id": 0,
+                               "rope_parameters": {
+                                   "sliding_attention": {"rope_type": "default", "rope_theta": 500.0},
+                                   "full_attention": {"rope_type": "default", "rope_theta": 10000.0}}}),
+                    ("as olmo2 (olmo3)", "pos[0:3]=rope(theta=500.0)", "a GGUF olmo2 has")),
     "smollm3-window": (("smollm3", {"num_hidden_layers": 4, "use_sliding_window": True, "pad_token_id": 0,
                                     "sliding_window": 8}),
                        ("as smollm3", "window[3]=8", "a GGUF smollm3 has")),
@@ -232,6 +239,12 @@ HOSTILE = {
                         ("missing (1): model.layers.3.mlp.up_proj.weight",)),
     "smollm3-type": ("smollm3", {"attention.head_count_kv": "2"}, (), {},
                      ("smollm3.attention.head_count_kv",)),
+    "olmo3-yarn": ("olmo3", {"rope.scaling.type": "yarn", "rope.scaling.factor": 8.0}, (), {},
+                   ("olmo2.rope.scaling.type='yarn'", "lmcore converts 'none' only")),
+    "olmo3-type": ("olmo3", {"attention.sliding_window_pattern": "TTTF"}, (), {},
+                   ("olmo2.attention.sliding_window_pattern",)),
+    "olmo3-shape": ("olmo3", {}, (), {"blk.2.attn_k_norm.weight": lambda x: x[:16]},
+                    ("tensor blk.2.attn_k_norm.weight has shape (16,)", "(32,)")),
     "lfm2-shape": ("lfm2", {}, (), {"blk.1.attn_k.weight": lambda x: x[:16]},
                    ("tensor blk.1.attn_k.weight has shape (16, 64)", "(32, 64)",
                     "lfm2.attention.head_count_kv 2")),

@@ -423,6 +423,11 @@ GGUF_CASES: dict[str, tuple[str, dict[str, Any]]] = {
     # four layers: the fourth rotates nothing (llama.cpp's fixed step of 4)
     "smollm3": ("smollm3", dict(_TINY_SIZES, num_hidden_layers=4, pad_token_id=0,
                                 bos_token_id=1, eos_token_id=2)),
+    # OLMo 3 as llama.cpp writes it (olmo2 with a window): layers 0-2 slide, 3 is full; one base
+    "olmo3": ("olmo3", dict(_TINY_SIZES, num_hidden_layers=4, sliding_window=4, pad_token_id=0,
+                            eos_token_id=2, rope_parameters={
+                                t: {"rope_type": "default", "rope_theta": 5000.0}
+                                for t in ("sliding_attention", "full_attention")})),
     # convolution layers 0 and 2 (head_count_kv 0), the width adjusted as transformers does
     "lfm2": ("lfm2", dict(_TINY_SIZES, num_hidden_layers=3, intermediate_size=120,
                           block_multiple_of=16, block_ffn_dim_multiplier=1.3,
@@ -447,7 +452,8 @@ def hf_case(case: str) -> Any:
 
 
 def arch_of(case: str) -> str:
-    return {"mixtral": "llama", "phi3-partial": "phi3", "gemma3-scaled": "gemma3"}.get(case, case)
+    return {"mixtral": "llama", "phi3-partial": "phi3", "gemma3-scaled": "gemma3",
+            "olmo3": "olmo2"}.get(case, case)  # fmt: skip
 
 
 def _metadata(case: str, c: Any) -> dict[str, Any]:
@@ -499,6 +505,10 @@ def _metadata(case: str, c: Any) -> dict[str, Any]:
                      "attention.sliding_window": c.sliding_window}  # fmt: skip
         return meta
     meta["rope.freq_base"] = theta
+    if case == "olmo3":  # Olmo2Model.set_gguf_parameters
+        meta |= {"attention.sliding_window": c.sliding_window,
+                 "attention.sliding_window_pattern": [t == "sliding_attention"
+                                                      for t in c.layer_types]}  # fmt: skip
     if arch == "phi3":
         pct = c.rope_parameters.get("partial_rotary_factor", 1.0)
         return {**meta, "rope.dimension_count": int(pct * c.hidden_size) // c.num_attention_heads,
