@@ -61,6 +61,7 @@ from lmcore.gguf.rows import (
 )
 from lmcore.gguf.lfm2 import LFM2
 from lmcore.gguf.olmo3 import OLMO3
+from lmcore.gguf.qwen3next import QWEN3NEXT
 from lmcore.gguf.smollm3 import SMOLLM3
 from lmcore.hf.family import Family, differences, read_config
 from lmcore.hf.family import family as hf_family
@@ -419,7 +420,7 @@ GPTNEOX: Final = Architecture(
 )
 
 # The architectures in modules of their own (lmcore/gguf/<name>.py, built on lmcore.gguf.rows).
-OWN_MODULES: Final = (SMOLLM3, LFM2)
+OWN_MODULES: Final = (SMOLLM3, LFM2, QWEN3NEXT)
 ARCHITECTURES: Final[Mapping[str, Architecture]] = {
     a.name: a
     for a in (LLAMA, QWEN2, QWEN3, QWEN3MOE, GEMMA, GEMMA2, GEMMA3, PHI3, OLMO2, GPT2, GPTNEOX,

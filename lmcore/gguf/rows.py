@@ -53,6 +53,10 @@ class Architecture:
     # Hugging Face suffixes of depthwise convolutions, (channels, 1, taps), stored without the
     # middle axis (llama.cpp's ssm_conv takes a 2-D filter)
     squeezed: tuple[str, ...] = ()
+    # what the renaming cannot say, done to the Hugging Face tensors after reading's renaming
+    # (`joined`) and before writing's (`split`): Qwen3-Next's fused projection, for one
+    joined: Callable[[dict[str, Any], Mapping[str, Any]], dict[str, Any]] | None = None
+    split: Callable[[dict[str, Any], Mapping[str, Any]], dict[str, Any]] | None = None
     per_head: Mapping[str, str] = field(default_factory=dict)  # suffix -> heads field (NeoX)
     shapes: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # overrides of _SHAPES
     # config fields the file holds but llama.cpp's graph ignores -> why: a model using one is

@@ -229,7 +229,7 @@ def from_gguf_tensors(
                 out[hf.replace("{e}", str(e))] = _from_gguf(arch, config, hf, one)
             continue
         out[hf] = _from_gguf(arch, config, hf, t)
-    return out
+    return arch.joined(out, config) if arch.joined else out
 
 
 def to_gguf_tensors(
@@ -237,6 +237,8 @@ def to_gguf_tensors(
 ) -> dict[str, Tensor]:
     """Hugging Face tensors under GGUF's names, changed as llama.cpp's converter changes them
     (each layer's experts stacked into one tensor per matrix)."""
+    if arch.split:
+        tensors = arch.split(dict(tensors), config)
     rules = _rules(arch, reverse=True)
     out: dict[str, Tensor] = {}
     stacks: dict[str, dict[int, Tensor]] = {}

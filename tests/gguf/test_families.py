@@ -51,6 +51,7 @@ SPECS = {
     "gpt2": "pos=learned",
     "gptneox": "block=parallel(norms=2)",
     "smollm3": "pos=rope(theta=2000000.0),pos[3]=nope",
+    "qwen3next": "shared=swiglu(d_ff=20),shared_gate=sigmoid,aux_loss_coef=0.0),pos=rope(theta=10000.0,fraction=0.25),mixer[0::2]=gated_deltanet(num_k_heads=2,num_v_heads=4,head_k_dim=8,head_v_dim=12,conv_size=4,chunk_size=64,eps=1e-06),attn=sdpa,qk_norm=rmsnorm(eps=1e-06,zero_centered=true),attn_gate=true",
     "olmo3": "block=reordered,tie_embeddings=false,norm=rmsnorm(eps=1e-05),ffn=swiglu,pos=rope(theta=5000.0),attn=sdpa,qk_norm=rmsnorm(eps=1e-05),qk_norm_scope=full,window[0:3]=4",
     "lfm2": "d_ff=112,block=prenorm,tie_embeddings=true,norm=rmsnorm(eps=1e-05),ffn=swiglu,pos=rope(theta=1000000.0),mixer[0::2]=short_conv(conv_size=3,bias=false)",
 }
@@ -85,7 +86,8 @@ def test_a_llama_cpp_file_gives_hugging_faces_logits(tmp_path: Path, case: str) 
 # otherwise: Qwen3-MoE's dense width, unused with every layer's FFN the experts
 _EXTRA = ("vocab_size", "rope.dimension_count", "attention.key_length",
           "attention.value_length", "rope.freq_base")  # fmt: skip
-_LOST = {"phi3.rope.scaling.original_context_length", "qwen3moe.feed_forward_length"}
+_LOST = {"phi3.rope.scaling.original_context_length", "qwen3moe.feed_forward_length",
+         "qwen3next.feed_forward_length"}
 
 
 @pytest.mark.parametrize("case", GGUF_CASES)
@@ -185,6 +187,14 @@ UNWRITABLE = {
                                    "sliding_attention": {"rope_type": "default", "rope_theta": 500.0},
                                    "full_attention": {"rope_type": "default", "rope_theta": 10000.0}}}),
                     ("as olmo2 (olmo3)", "pos[0:3]=rope(theta=500.0)", "a GGUF olmo2 has")),
+    # llama.cpp's qwen3next has experts on every layer
+    "qwen3next-dense": (("qwen3_next", {"full_attention_interval": 2, "head_dim": 16,
+                                        "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+                                        "linear_key_head_dim": 8, "linear_value_head_dim": 12,
+                                        "num_experts": 4, "num_experts_per_tok": 2,
+                                        "moe_intermediate_size": 24, "mlp_only_layers": [1],
+                                        "shared_expert_intermediate_size": 20}),
+                        ("as qwen3next (qwen3_next)", "d_ff[1]=48", "a GGUF qwen3next has")),
     "smollm3-window": (("smollm3", {"num_hidden_layers": 4, "use_sliding_window": True, "pad_token_id": 0,
                                     "sliding_window": 8}),
                        ("as smollm3", "window[3]=8", "a GGUF smollm3 has")),
@@ -245,6 +255,12 @@ HOSTILE = {
                    ("olmo2.attention.sliding_window_pattern",)),
     "olmo3-shape": ("olmo3", {}, (), {"blk.2.attn_k_norm.weight": lambda x: x[:16]},
                     ("tensor blk.2.attn_k_norm.weight has shape (16,)", "(32,)")),
+    "qwen3next-shape": ("qwen3next", {}, (), {"blk.1.attn_k.weight": lambda x: x[:32]},
+                        ("tensor blk.1.attn_k.weight has shape (32, 64)", "(64, 64)",
+                         "qwen3next.attention.head_count_kv 2 x head width 32")),
+    "qwen3next-missing": ("qwen3next", {}, ("blk.2.ssm_conv1d.weight",), {},
+                          ("missing (1): model.layers.2.linear_attn.conv1d.weight",)),
+    "qwen3next-type": ("qwen3next", {"ssm.inner_size": "48"}, (), {}, ("qwen3next.ssm.inner_size",)),
     "lfm2-shape": ("lfm2", {}, (), {"blk.1.attn_k.weight": lambda x: x[:16]},
                    ("tensor blk.1.attn_k.weight has shape (16, 64)", "(32, 64)",
                     "lfm2.attention.head_count_kv 2")),

@@ -423,6 +423,13 @@ GGUF_CASES: dict[str, tuple[str, dict[str, Any]]] = {
     # four layers: the fourth rotates nothing (llama.cpp's fixed step of 4)
     "smollm3": ("smollm3", dict(_TINY_SIZES, num_hidden_layers=4, pad_token_id=0,
                                 bos_token_id=1, eos_token_id=2)),
+    # DeltaNet layers 0 and 2 (two key heads, four value heads), gated attention on 1 and 3
+    "qwen3next": ("qwen3_next", dict(_TINY_SIZES, num_hidden_layers=4, full_attention_interval=2,
+                                     head_dim=32, linear_num_key_heads=2, linear_num_value_heads=4,
+                                     linear_key_head_dim=8, linear_value_head_dim=12,
+                                     num_experts=4, num_experts_per_tok=2,
+                                     moe_intermediate_size=24, shared_expert_intermediate_size=20,
+                                     norm_topk_prob=True, pad_token_id=0)),
     # OLMo 3 as llama.cpp writes it (olmo2 with a window): layers 0-2 slide, 3 is full; one base
     "olmo3": ("olmo3", dict(_TINY_SIZES, num_hidden_layers=4, sliding_window=4, pad_token_id=0,
                             eos_token_id=2, rope_parameters={
@@ -518,10 +525,21 @@ def _metadata(case: str, c: Any) -> dict[str, Any]:
         meta |= {"vocab_size": c.vocab_size, "rope.dimension_count": head_dim}
     if arch in ("qwen3", "qwen3moe"):
         meta |= {"attention.key_length": head_dim, "attention.value_length": head_dim}
+    if arch == "qwen3next":  # Qwen3NextModel.set_gguf_parameters
+        meta |= {"attention.key_length": head_dim, "attention.value_length": head_dim,
+                 "expert_shared_feed_forward_length": c.shared_expert_intermediate_size,
+                 "ssm.conv_kernel": c.linear_conv_kernel_dim,
+                 "ssm.state_size": c.linear_key_head_dim,
+                 "ssm.group_count": c.linear_num_key_heads,
+                 "ssm.time_step_rank": c.linear_num_value_heads,
+                 "ssm.inner_size": c.linear_value_head_dim * c.linear_num_value_heads,
+                 "full_attention_interval": c.layer_types.index("full_attention") + 1,
+                 "rope.dimension_count": int(head_dim * c.rope_parameters.get(
+                     "partial_rotary_factor", 0.25))}  # fmt: skip
     experts = getattr(c, "num_local_experts", None) or getattr(c, "num_experts", None)
     if experts:
         meta |= {"expert_count": experts, "expert_used_count": c.num_experts_per_tok}
-    if arch == "qwen3moe":
+    if arch in ("qwen3moe", "qwen3next"):
         meta["expert_feed_forward_length"] = c.moe_intermediate_size
     return meta
 
@@ -551,6 +569,24 @@ def _converted(case: str, model: Any) -> dict[str, Any]:
             continue
         if arch in ("gemma", "gemma2", "gemma3") and name.endswith("norm.weight"):
             x = x + 1
+        if arch == "qwen3next":  # Qwen3NextModel.modify_tensors
+            if name.endswith(".A_log"):
+                x = -torch.exp(x)
+            elif name.endswith(".dt_bias"):
+                name = name.rpartition(".dt_bias")[0] + ".dt_proj.bias"
+            elif "conv1d" in name:
+                x = x.squeeze()
+            elif name.endswith("norm.weight") and not name.endswith("linear_attn.norm.weight"):
+                x = x + 1
+            if "in_proj_qkvz" in name:
+                nk, hk = c.linear_num_key_heads, c.linear_key_head_dim
+                hv = c.linear_num_value_heads // nk * c.linear_value_head_dim
+                q, k, v, z = x.T.reshape(c.hidden_size, nk, -1).split([hk, hk, hv, hv], dim=-1)
+                flat = [t.reshape(c.hidden_size, -1) for t in (q, k, v, z)]
+                at = name.split(".linear_attn.")[0].replace("model.layers.", "blk.")
+                out[f"{at}.attn_qkv.weight"] = torch.cat(flat[:3], dim=-1).T.numpy()
+                out[f"{at}.attn_gate.weight"] = flat[3].T.numpy()
+                continue
         if arch == "lfm2" and name.endswith("conv.conv.weight"):  # a 2-D filter for ssm_conv
             x = x.squeeze(1)
         if arch == "gpt2" and name.endswith((".c_attn.weight", ".c_proj.weight", ".c_fc.weight")):
