@@ -80,7 +80,8 @@ MIXER_PARTS: Final = ("attention",)
 # without it the conformance kit's cache check holds the component to the contract).
 FEATURES: Final[Mapping[str, frozenset[str]]] = {
     "norm": frozenset({"compile", "nocache"}),
-    "ffn": frozenset({"compile", "nocache"}),
+    # empty (ffn): no feed-forward sub-layer at all (`ffn=none`): blocks wire none, nor its norms.
+    "ffn": frozenset({"compile", "nocache", "empty"}),
     # rotary: rotates q and k; absolute: adds to the token embeddings; bias: adds an attention
     # bias; relative: q.k after the encoding depends only on the offset between positions.
     "pos": frozenset({"rotary", "absolute", "bias", "relative", "compile", "nocache"}),
@@ -138,6 +139,8 @@ class Arg:
     ``written="changed"`` leaves the argument out of the canonical form while it has its
     default: declare every argument added to an already released component so, and the
     canonical strings (run names, hashes) of specs that do not use it stay what they were.
+    ``applies_with``: the other arguments a boolean takes effect with (rope's ``truncate`` with
+    ``scaling=yarn``); the conformance kit's variant that flips it sets them too.
     """
 
     name: str
@@ -148,6 +151,7 @@ class Arg:
     ge: float | None = None
     choices: tuple[str, ...] | None = None
     written: str = "always"
+    applies_with: tuple[tuple[str, Any], ...] = ()
 
     @property
     def required(self) -> bool:

@@ -116,6 +116,7 @@ class ModelSpec:
     head_dim: int = 0  # 0: d_model / num_heads
     embed_scale: float = 1.0
     logit_softcap: float = 0.0
+    logit_scale: float = 1.0
     qkv_bias: bool = False
     out_bias: bool = False
     qk_norm: ComponentSpec | None = None
@@ -194,6 +195,8 @@ MODEL_KEYS: Final[tuple[Arg, ...]] = (
         gt=0.0, written="changed"),
     Arg("logit_softcap", float, 0.0, "caps the logits: cap·tanh(logits / cap); 0: none",
         ge=0.0, written="changed"),
+    Arg("logit_scale", float, 1.0, "the logits are multiplied by it, before any cap (Falcon-H1's "
+        "lm_head_multiplier)", gt=0.0, written="changed"),
     Arg("qkv_bias", bool, False, "biases on the q, k and v projections", written="changed"),
     Arg("out_bias", bool, False, "a bias on the attention output projection", written="changed"),
     Arg("qk_norm", "norm", None, "a norm on queries and keys before the rotation; none: no norm",
@@ -225,6 +228,7 @@ KEY_ARGS: Final[Mapping[str, Arg]] = {a.name: a for a in MODEL_KEYS}
 ORDER: Final = (
     "vocab_size", "context_length", "d_model", "num_layers", "num_heads", "num_kv_heads",
     "head_dim", "d_ff", "block", "tie_embeddings", "embed_scale", "logit_softcap",
+    "logit_scale",
     "norm", "ffn", "pos", "mixer", "attn",
     "qkv_bias", "out_bias", "qk_norm", "qk_norm_scope", "query_scale", "window", "attn_softcap",
     "attn_gate", "attn_sinks",

@@ -14,6 +14,18 @@ sub-layer's input (post-norm: its sum with the stream), `ln1_out` / `ln2_out` it
 
 None holds parameters of its own, computes matmuls or keeps tensors for backward besides its
 sub-layers', so each declares zero of all three; lmcore accounts the norms it names.
+
+`ffn=none` (registered here, with the blocks that wire it): a layer with no feed-forward sub-layer
+(Mamba-2's layers: a norm and the mixer). Every block is then built with `feed_forward=False`
+(`lmcore.blueprint.Blueprint.kwargs`): it neither calls the ffn nor builds the ffn's norms (`ln2`,
+`ln2_out`), so the layer holds, computes and counts nothing for it. It still holds the empty ffn
+module as `ffn` (no parameters, no state-dict keys), as every block holds its ffn.
+
+    prenorm    y = x + attn(ln1(x))
+    postnorm   y = ln1(x + attn(x))
+    sandwich   y = x + ln1_out(attn(ln1(x)))
+    reordered  y = x + ln1_out(attn(x))
+    parallel   y = attn(ln1(x)) + x
 """
 
 from __future__ import annotations
@@ -31,15 +43,36 @@ from lmcore.interfaces import LayerContext
 Norm = Callable[[], nn.Module]
 
 
+class NoFeedForward(nn.Module):
+    """`ffn=none`: no feed-forward sub-layer. Holds nothing; the built-in blocks never call it
+    (`feed_forward=False`), and a block that does gets zeros, so its sum with the stream is the
+    stream."""
+
+    def __init__(self, d_model: int, d_ff: int, device: torch.device | str | None = None,
+                 dtype: torch.dtype | None = None):  # fmt: skip
+        super().__init__()
+
+    def forward(self, x: Float[Tensor, "... d_model"]) -> Float[Tensor, "... d_model"]:
+        return torch.zeros_like(x)
+
+
+def _ffn_norm(norm: Norm, feed_forward: bool) -> nn.Module | None:
+    """A norm of the feed-forward sub-layer, when the layer has one."""
+    return norm() if feed_forward else None
+
+
 class PreNorm(nn.Module):
     """`y = x + attn(ln1(x)); z = y + ffn(ln2(y))`."""
 
-    def __init__(self, *, attn: nn.Module, ffn: nn.Module, norm: Norm):
+    def __init__(self, *, attn: nn.Module, ffn: nn.Module, norm: Norm, feed_forward: bool = True):
         super().__init__()
-        self.ln1, self.attn, self.ln2, self.ffn = norm(), attn, norm(), ffn
+        self.ln1, self.attn = norm(), attn
+        self.ln2, self.ffn = _ffn_norm(norm, feed_forward), ffn
 
     def forward(self, x: Float[Tensor, "B T d"], context: LayerContext) -> Float[Tensor, "B T d"]:
-        y = x + self.attn(self.ln1(x), context)
+        y: Tensor = x + self.attn(self.ln1(x), context)
+        if self.ln2 is None:  # ffn=none
+            return y
         z: Tensor = y + self.ffn(self.ln2(y))
         return z
 
@@ -47,12 +80,15 @@ class PreNorm(nn.Module):
 class PostNorm(nn.Module):
     """`y = ln1(x + attn(x)); z = ln2(y + ffn(y))`."""
 
-    def __init__(self, *, attn: nn.Module, ffn: nn.Module, norm: Norm):
+    def __init__(self, *, attn: nn.Module, ffn: nn.Module, norm: Norm, feed_forward: bool = True):
         super().__init__()
-        self.ln1, self.attn, self.ln2, self.ffn = norm(), attn, norm(), ffn
+        self.ln1, self.attn = norm(), attn
+        self.ln2, self.ffn = _ffn_norm(norm, feed_forward), ffn
 
     def forward(self, x: Float[Tensor, "B T d"], context: LayerContext) -> Float[Tensor, "B T d"]:
-        y = self.ln1(x + self.attn(x, context))
+        y: Tensor = self.ln1(x + self.attn(x, context))
+        if self.ln2 is None:  # ffn=none
+            return y
         z: Tensor = self.ln2(y + self.ffn(y))
         return z
 
@@ -60,13 +96,16 @@ class PostNorm(nn.Module):
 class Sandwich(nn.Module):
     """`y = x + ln1_out(attn(ln1(x))); z = y + ln2_out(ffn(ln2(y)))`."""
 
-    def __init__(self, *, attn: nn.Module, ffn: nn.Module, norm: Norm):
+    def __init__(self, *, attn: nn.Module, ffn: nn.Module, norm: Norm, feed_forward: bool = True):
         super().__init__()
         self.ln1, self.attn, self.ln1_out = norm(), attn, norm()
-        self.ln2, self.ffn, self.ln2_out = norm(), ffn, norm()
+        self.ln2, self.ffn = _ffn_norm(norm, feed_forward), ffn
+        self.ln2_out = _ffn_norm(norm, feed_forward)
 
     def forward(self, x: Float[Tensor, "B T d"], context: LayerContext) -> Float[Tensor, "B T d"]:
-        y = x + self.ln1_out(self.attn(self.ln1(x), context))
+        y: Tensor = x + self.ln1_out(self.attn(self.ln1(x), context))
+        if self.ln2 is None or self.ln2_out is None:  # ffn=none
+            return y
         z: Tensor = y + self.ln2_out(self.ffn(self.ln2(y)))
         return z
 
@@ -74,12 +113,15 @@ class Sandwich(nn.Module):
 class Reordered(nn.Module):
     """`y = x + ln1_out(attn(x)); z = y + ln2_out(ffn(y))`."""
 
-    def __init__(self, *, attn: nn.Module, ffn: nn.Module, norm: Norm):
+    def __init__(self, *, attn: nn.Module, ffn: nn.Module, norm: Norm, feed_forward: bool = True):
         super().__init__()
-        self.attn, self.ln1_out, self.ffn, self.ln2_out = attn, norm(), ffn, norm()
+        self.attn, self.ln1_out = attn, norm()
+        self.ffn, self.ln2_out = ffn, _ffn_norm(norm, feed_forward)
 
     def forward(self, x: Float[Tensor, "B T d"], context: LayerContext) -> Float[Tensor, "B T d"]:
-        y = x + self.ln1_out(self.attn(x, context))
+        y: Tensor = x + self.ln1_out(self.attn(x, context))
+        if self.ln2_out is None:  # ffn=none
+            return y
         z: Tensor = y + self.ln2_out(self.ffn(y))
         return z
 
@@ -88,14 +130,21 @@ class Parallel(nn.Module):
     """`z = ffn(ln2(x)) + attn(ln1(x)) + x`: both sub-layers read the same stream; with one
     norm (GPT-J) both read `ln1(x)`, with two (GPT-NeoX) each its own."""
 
-    def __init__(self, *, attn: nn.Module, ffn: nn.Module, norm: Norm, norms: int = 1):
+    def __init__(
+        self, *, attn: nn.Module, ffn: nn.Module, norm: Norm, norms: int = 1,
+        feed_forward: bool = True,
+    ):  # fmt: skip
         super().__init__()
         self.ln1, self.attn = norm(), attn
-        self.ln2 = norm() if norms == 2 else None
+        self.ln2 = norm() if norms == 2 and feed_forward else None
         self.ffn = ffn
+        self.feed_forward = feed_forward
 
     def forward(self, x: Float[Tensor, "B T d"], context: LayerContext) -> Float[Tensor, "B T d"]:
         h = self.ln1(x)
+        if not self.feed_forward:  # ffn=none
+            y: Tensor = self.attn(h, context) + x
+            return y
         # Each norm keeps its own input for backward, so that each keeps what it declares: a
         # second norm reads a copy when there is a backward to keep it for.
         copy = x.clone() if torch.is_grad_enabled() and self.ln2 is not None else x
@@ -129,33 +178,70 @@ class Row:
     args: tuple[Arg, ...] = ()
 
 
+def _norms(*names: str) -> Callable[..., tuple[str, ...]]:
+    """A row's norms declaration: `names`, less the feed-forward sub-layer's (`ln2*`) when the
+    layer has none (`ffn=none`)."""
+
+    def declared(feed_forward: bool = True) -> tuple[str, ...]:
+        return tuple(n for n in names if feed_forward or not n.startswith("ln2"))
+
+    return declared
+
+
+def _shared(norms: int, feed_forward: bool = True) -> bool:
+    """One norm feeds both sub-layers: its output is kept once, as the ffn's input (with no
+    ffn, the attention's projections keep it)."""
+    return norms == 1 and feed_forward
+
+
+def _parallel_names(norms: int, feed_forward: bool = True) -> tuple[str, ...]:
+    return ("ln1",) if norms == 1 or not feed_forward else ("ln1", "ln2")
+
+
 TABLE: tuple[Row, ...] = (
-    Row("prenorm", PreNorm, lambda: ("ln1", "ln2"),
+    Row("prenorm", PreNorm, _norms("ln1", "ln2"),
         "pre-norm: y = x + attn(ln1(x)), z = y + ffn(ln2(y))", True),
-    Row("postnorm", PostNorm, lambda: ("ln1", "ln2"),
+    Row("postnorm", PostNorm, _norms("ln1", "ln2"),
         "post-norm: y = ln1(x + attn(x)), z = ln2(y + ffn(y))", False),
-    Row("sandwich", Sandwich, lambda: ("ln1", "ln1_out", "ln2", "ln2_out"),
+    Row("sandwich", Sandwich, _norms("ln1", "ln1_out", "ln2", "ln2_out"),
         "norms before and after each sub-layer (Gemma 2)", False),
-    Row("reordered", Reordered, lambda: ("ln1_out", "ln2_out"),
+    Row("reordered", Reordered, _norms("ln1_out", "ln2_out"),
         "a norm on each sub-layer's output before the add (OLMo 2)", False),
-    Row("parallel", Parallel, lambda norms: ("ln1",) if norms == 1 else ("ln1", "ln2"),
+    Row("parallel", Parallel, _parallel_names,
         "attention and ffn from the same input, one norm or two (GPT-J, GPT-NeoX)", True,
         (Arg("norms", int, 1, "1: one norm shared by both sub-layers (GPT-J); 2: one each "
              "(GPT-NeoX)", ge=1),)),
 )  # fmt: skip
 
 
-class Plugin:
-    """The plugin object one entry point names: the hook that declares its row's block."""
+# ffn=none: the layer has no feed-forward sub-layer (the blocks above then wire none).
+NO_FFN = Component(
+    kind="ffn",
+    name="none",
+    build=NoFeedForward,
+    help="no feed-forward sub-layer: the block wires only the mixer and its norms (Mamba-2)",
+    params=lambda: 0,
+    flops=lambda: 0,
+    activations=lambda: 0,
+    default_d_ff=lambda: 1,  # d_ff means nothing here; 1 when not given
+    features=frozenset({"compile", "empty"}),
+)
 
-    def __init__(self, row: Row):
+
+class Plugin:
+    """The plugin object one entry point names: the hook that declares its row's block (and
+    `extra` components: prenorm's entry point also declares `ffn=none`)."""
+
+    def __init__(self, row: Row, extra: tuple[Component, ...] = ()):
         self.row = row
+        self.extra = extra
 
     @hookimpl
     def lmcore_components(self) -> list[Component]:
         row = self.row
         features = {"compile", "residual"} if row.residual else {"compile"}
         return [
+            *self.extra,
             Component(
                 kind="block",
                 name=row.name,
@@ -165,7 +251,7 @@ class Plugin:
                 norms=row.norms,
                 activations=lambda: 0,  # the adds keep nothing; the sub-layers count their own
                 validate=_parallel_norms if row.name == "parallel" else None,
-                shared_input=(lambda norms: norms == 1) if row.name == "parallel" else None,
+                shared_input=_shared if row.name == "parallel" else None,
                 buffers=lambda: 0,
                 features=frozenset(features),
             )
@@ -174,4 +260,6 @@ class Plugin:
 
 ROWS = {row.name: row for row in TABLE}
 # The objects the entry points name (`prenorm = "lmcore_blocks:prenorm"`), one per row.
-prenorm, postnorm, sandwich, reordered, parallel = (Plugin(row) for row in TABLE)
+prenorm, postnorm, sandwich, reordered, parallel = (
+    Plugin(row, (NO_FFN,) if row.name == "prenorm" else ()) for row in TABLE
+)

@@ -4,7 +4,8 @@ Every row is a `lmcore.model.nn.FeedForward` with CS336's keys: ungated `w2(act(
 (the GLU family, Shazeer 2020) `w2(act(w1 x) * w3 x)`, with `w1, w3: (d_ff, d_model)` and
 `w2: (d_model, d_ff)`. The rows differ only in the activation, the gating and how many tensors
 the activation keeps for backward. Every row takes `bias` (a bias on each of w1, w3 and w2, as in
-GPT-2's and GPT-NeoX's MLPs); the GELU rows take `approximate=tanh`, the tanh approximation
+GPT-2's and GPT-NeoX's MLPs) and `w1_scale`, `w2_scale` (constants multiplying w1 x and the
+output: Falcon-H1's `mlp_multipliers`); the GELU rows take `approximate=tanh`, the tanh approximation
 (GPT-2's `gelu_new`, Gemma's `gelu_pytorch_tanh`).
 
 `clamped_swiglu(alpha=1.702, limit=7.0, bias=false)` (gpt-oss's experts, its own module below):
@@ -91,6 +92,8 @@ def build(
     *,
     bias: bool = False,
     approximate: str = "none",
+    w1_scale: float = 1.0,
+    w2_scale: float = 1.0,
 ) -> FeedForward:
     activation, derivative = (row.activation, row.derivative)
     if approximate == "tanh":
@@ -104,6 +107,8 @@ def build(
         bias=bias,
         device=device,
         dtype=dtype,
+        w1_scale=w1_scale,
+        w2_scale=w2_scale,
     )
 
 
@@ -121,6 +126,11 @@ def args(row: Row) -> tuple[Arg, ...]:
                 written="changed",
             )
         )
+    # Falcon-H1's mlp_multipliers (a product with a constant keeps nothing for backward).
+    found += [
+        Arg("w1_scale", float, 1.0, "multiplies w1 x, the activation's input", written="changed"),
+        Arg("w2_scale", float, 1.0, "multiplies the output, w2's", written="changed"),
+    ]
     return tuple(found)
 
 

@@ -12,6 +12,11 @@ state does not grow with the context: per sequence, a `(heads, head_dim, d_state
 inputs. A left pad feeds the convolution a zero and gets dt = 0 (no decay, nothing written),
 so padded prompts give what they give alone.
 
+Falcon-H1's Mamba-2 (`FalconH1Mixer`) adds arguments Mamba-2's specs leave out: `d_inner` (I
+itself), `out_bias` (out_proj's bias apart from in_proj's), `gate_norm` (the norm after the gate,
+`norm_first`, or no norm, `none`) and `z_multiplier` … `dt_multiplier` (in_proj's five outputs
+each times a constant, its `ssm_multipliers`).
+
 The parameters are those of transformers' `Mamba2Mixer` under the same names and shapes, so a
 checkpoint's `backbone.layers.{i}.mixer.*` load as `layers.{i}.attn.*`: `in_proj` (z, then x,
 B, C, then dt), `conv1d.weight` `(I + 2·G·N, 1, conv_size)` and `conv1d.bias`, `dt_bias`,
@@ -35,9 +40,15 @@ from lmcore.model.nn import Linear, at_least_float32, silu, softplus
 from lmcore.model.ssd import chunk_ssd, recurrent_ssd
 
 
+# Where the output gate silu(z) applies: before the norm (Mamba-2's `MambaRMSNormGated`), after
+# it (Falcon-H1's `mamba_norm_before_gate`), or with no norm at all (`mamba_rms_norm: false`).
+GATE_NORMS = ("gate_first", "norm_first", "none")
+
+
 class GatedRMSNorm(nn.Module):
     """`rmsnorm(x · silu(z)) · weight` per group of `dim / groups` channels, in float32 at least
-    (Mamba-2's `MambaRMSNormGated`, the gate before the norm; `weight` starts at ones)."""
+    (Mamba-2's `MambaRMSNormGated`, the gate before the norm; `weight` starts at ones); with
+    `order="norm_first"`, `rmsnorm(x) · weight · silu(z)` (Falcon-H1's norm before the gate)."""
 
     def __init__(
         self,
@@ -46,19 +57,32 @@ class GatedRMSNorm(nn.Module):
         eps: float,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
+        order: str = "gate_first",
     ):
         super().__init__()
-        self.groups, self.eps = groups, eps
+        self.groups, self.eps, self.order = groups, eps, order
         self.weight = nn.Parameter(torch.ones(dim, device=device, dtype=dtype))
 
     def forward(
         self, x: Float[Tensor, "... dim"], z: Float[Tensor, "... dim"]
     ) -> Float[Tensor, "... dim"]:
         wide = at_least_float32(x.dtype)
-        gated = x.to(wide) * silu(z.to(wide))
+        first = self.order == "gate_first"
+        gated = x.to(wide) * silu(z.to(wide)) if first else x.to(wide)
         grouped = gated.unflatten(-1, (self.groups, -1))
         normed = grouped * torch.rsqrt(grouped.square().mean(dim=-1, keepdim=True) + self.eps)
-        return normed.flatten(-2) * self.weight.to(wide)
+        out = normed.flatten(-2) * self.weight.to(wide)
+        return out if first else out * silu(z.to(wide))
+
+
+class Gate(nn.Module):
+    """`x · silu(z)` in float32 at least, no norm (Falcon-H1's `mamba_rms_norm: false`)."""
+
+    def forward(
+        self, x: Float[Tensor, "... dim"], z: Float[Tensor, "... dim"]
+    ) -> Float[Tensor, "... dim"]:
+        wide = at_least_float32(x.dtype)
+        return x.to(wide) * silu(z.to(wide))
 
 
 class Mamba2(nn.Module):
@@ -81,15 +105,21 @@ class Mamba2(nn.Module):
         eps: float = 1e-5,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
+        d_inner: int = 0,
+        out_bias: str = "same",
+        gate_norm: str = "gate_first",
+        multipliers: tuple[float, float, float, float, float] = (1.0, 1.0, 1.0, 1.0, 1.0),
     ):
         super().__init__()
-        check(d_model, expand, head_dim, n_groups)
+        check(d_model, expand, head_dim, n_groups, d_inner)
         self.d_model, self.d_state = d_model, d_state
         self.head_dim, self.n_groups = head_dim, n_groups
         self.conv_size, self.chunk_size = conv_size, chunk_size
-        self.inner = expand * d_model
+        self.inner = inner_width(d_model, expand, d_inner)
         self.num_heads = self.inner // head_dim
         self.conv_dim = self.inner + 2 * n_groups * d_state
+        # Falcon-H1's ssm_multipliers: z, x, B, C and dt as in_proj gives them, each scaled.
+        self.multipliers = tuple(float(m) for m in multipliers)
         H = self.num_heads
         factory: dict[str, Any] = {"device": device, "dtype": dtype}
         self.in_proj = Linear(d_model, self.inner + self.conv_dim + H, bias=bias, **factory)
@@ -101,8 +131,11 @@ class Mamba2(nn.Module):
         self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))
         self.A_log = nn.Parameter(torch.arange(1, H + 1, **factory).log())
         self.D = nn.Parameter(torch.ones(H, **factory))
-        self.norm = GatedRMSNorm(self.inner, n_groups, eps, **factory)
-        self.out_proj = Linear(self.inner, d_model, bias=bias, **factory)
+        self.norm = (
+            Gate() if gate_norm == "none"
+            else GatedRMSNorm(self.inner, n_groups, eps, order=gate_norm, **factory)
+        )  # fmt: skip
+        self.out_proj = Linear(self.inner, d_model, bias=has_out_bias(bias, out_bias), **factory)
 
     def forward(
         self, x: Float[Tensor, "B T d_model"], context: LayerContext
@@ -110,6 +143,8 @@ class Mamba2(nn.Module):
         B, T, _ = x.shape
         H, P, G, N = self.num_heads, self.head_dim, self.n_groups, self.d_state
         z, xbc, dt = self.in_proj(x).split([self.inner, self.conv_dim, H], dim=-1)
+        if self.multipliers != (1.0, 1.0, 1.0, 1.0, 1.0):
+            z, xbc, dt = self.scaled(z, xbc, dt)
 
         cache = context.cache
         valid = None if cache is None or cache.valid is None else cache.valid
@@ -141,6 +176,15 @@ class Mamba2(nn.Module):
         out: Tensor = self.out_proj(y.to(x.dtype))
         return out
 
+    def scaled(
+        self, z: Tensor, xbc: Tensor, dt: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """in_proj's z, x, B, C and dt each times its multiplier (Falcon-H1's mup vector)."""
+        mz, mx, mb, mc, mdt = self.multipliers
+        G, N = self.n_groups, self.d_state
+        xs, b, c = xbc.split([self.inner, G * N, G * N], dim=-1)
+        return z * mz, torch.cat((xs * mx, b * mb, c * mc), dim=-1), dt * mdt
+
     def decoding_state(
         self,
         *,
@@ -162,21 +206,31 @@ class Mamba2(nn.Module):
         )
 
 
-def check(d_model: int, expand: int, head_dim: int, n_groups: int) -> None:
+def inner_width(d_model: int, expand: int, d_inner: int = 0) -> int:
+    """I: `d_inner`, or `expand · d_model` when it is 0."""
+    return d_inner or expand * d_model
+
+
+def has_out_bias(bias: bool, out_bias: str) -> bool:
+    """Whether out_proj has a bias: in_proj's (`same`, Mamba-2's use_bias), or `on` / `off`."""
+    return bias if out_bias == "same" else out_bias == "on"
+
+
+def check(d_model: int, expand: int, head_dim: int, n_groups: int, d_inner: int = 0) -> None:
     """ValueError naming the values when the heads or groups cannot split the inner width."""
-    inner = expand * d_model
+    inner = inner_width(d_model, expand, d_inner)
+    width = f"d_inner = {inner}" if d_inner else f"expand · d_model = {expand} · {d_model} = {inner}"
     if head_dim < 1 or inner % head_dim:
         raise ValueError(
-            f"ssm_head_dim={head_dim} does not divide expand · d_model = {expand} · {d_model} = "
-            f"{inner}: the SSM heads split the inner width evenly; use a divisor of {inner} "
-            "(Mamba-2: 64)"
+            f"ssm_head_dim={head_dim} does not divide {width}: the SSM heads split the inner "
+            f"width evenly; use a divisor of {inner} (Mamba-2: 64)"
         )
     heads = inner // head_dim
     if n_groups < 1 or heads % n_groups:
         raise ValueError(
-            f"n_groups={n_groups} does not divide the {heads} SSM heads (expand · d_model / "
-            f"ssm_head_dim = {inner} / {head_dim}): each group of B and C serves as many heads; "
-            f"use a divisor of {heads} (Mamba-2: 1)"
+            f"n_groups={n_groups} does not divide the {heads} SSM heads ({width.split(' = ')[0]}"
+            f" / ssm_head_dim = {inner} / {head_dim}): each group of B and C serves as many "
+            f"heads; use a divisor of {heads} (Mamba-2: 1)"
         )
 
 
@@ -197,6 +251,14 @@ def build(
     conv_bias: bool = True,
     bias: bool = False,
     eps: float = 1e-5,
+    d_inner: int = 0,
+    out_bias: str = "same",
+    gate_norm: str = "gate_first",
+    z_multiplier: float = 1.0,
+    x_multiplier: float = 1.0,
+    b_multiplier: float = 1.0,
+    c_multiplier: float = 1.0,
+    dt_multiplier: float = 1.0,
     device: torch.device | str | None = None,
     dtype: torch.dtype | None = None,
 ) -> Mamba2:
@@ -204,30 +266,35 @@ def build(
     return Mamba2(
         d_model=d_model, d_state=d_state, expand=expand, head_dim=_head(head_dim, ssm_head_dim),
         n_groups=n_groups, conv_size=conv_size, chunk_size=chunk_size, conv_bias=conv_bias,
-        bias=bias, eps=eps, device=device, dtype=dtype,
+        bias=bias, eps=eps, device=device, dtype=dtype, d_inner=d_inner, out_bias=out_bias,
+        gate_norm=gate_norm,
+        multipliers=(z_multiplier, x_multiplier, b_multiplier, c_multiplier, dt_multiplier),
     )  # fmt: skip
 
 
 def params(
     d_model: int, head_dim: int, d_state: int, expand: int, ssm_head_dim: int, n_groups: int,
-    conv_size: int, conv_bias: bool, bias: bool,
+    conv_size: int, conv_bias: bool, bias: bool, d_inner: int = 0, out_bias: str = "same",
+    gate_norm: str = "gate_first",
 ) -> int:  # fmt: skip
-    inner, P = expand * d_model, _head(head_dim, ssm_head_dim)
+    inner, P = inner_width(d_model, expand, d_inner), _head(head_dim, ssm_head_dim)
     H, conv_dim = inner // P, inner + 2 * n_groups * d_state
     in_proj = (d_model + int(bias)) * (inner + conv_dim + H)
-    out_proj = (inner + int(bias)) * d_model
+    out_proj = (inner + int(has_out_bias(bias, out_bias))) * d_model
     conv = conv_dim * (conv_size + int(conv_bias))
-    return in_proj + conv + 3 * H + inner + out_proj  # + dt_bias, A_log, D, norm.weight
+    norm = 0 if gate_norm == "none" else inner  # norm.weight
+    return in_proj + conv + 3 * H + norm + out_proj  # + dt_bias, A_log, D
 
 
 def flops(
     d_model: int, head_dim: int, d_state: int, expand: int, ssm_head_dim: int, n_groups: int,
-    chunk_size: int, seq_len: int,
+    chunk_size: int, seq_len: int, d_inner: int = 0,
 ) -> int:  # fmt: skip
     """The projections, and per head and chunk of C tokens the chunked form's matmuls: C·Bᵀ
     (C² N), its product with dt·X (C² P), what the chunk writes to the state and what the
     state entering it gives (C P N each)."""
-    inner, P, N, T = expand * d_model, _head(head_dim, ssm_head_dim), d_state, seq_len
+    inner, P = inner_width(d_model, expand, d_inner), _head(head_dim, ssm_head_dim)
+    N, T = d_state, seq_len
     H, conv_dim = inner // P, inner + 2 * n_groups * d_state
     projections = 2 * T * d_model * (inner + conv_dim + H + inner)
     C = max(1, min(chunk_size, T))
@@ -238,12 +305,13 @@ def flops(
 def activations(
     batch: int, seq_len: int, d_model: int, head_dim: int, d_state: int, expand: int,
     ssm_head_dim: int, n_groups: int, conv_size: int, chunk_size: int, dtype: torch.dtype,
+    d_inner: int = 0, gate_norm: str = "gate_first", z_multiplier: float = 1.0,
 ) -> int:  # fmt: skip
     """The distinct tensors the forward keeps for backward, in the model's dtype (s bytes) or
     the scan's (w bytes: float32 at least); per sequence of T tokens in M chunks of C (L = M·C
     padded tokens), with Cc = I + 2·G·N convolution channels."""
-    inner, P, N, T, K, G = expand * d_model, _head(head_dim, ssm_head_dim), d_state, seq_len, \
-        conv_size, n_groups  # fmt: skip
+    inner, P, N, T, K, G = inner_width(d_model, expand, d_inner), _head(head_dim, ssm_head_dim), \
+        d_state, seq_len, conv_size, n_groups  # fmt: skip
     H, channels = inner // P, inner + 2 * n_groups * d_state
     s, w = dtype.itemsize, at_least_float32(dtype).itemsize
     C = max(1, min(chunk_size, T))
@@ -254,10 +322,14 @@ def activations(
     per_seq = T * d_model * s + (K - 1 + T) * channels * s + 3 * T * channels * w
     per_seq += 3 * T * H * w
     # z as silu(z) reads it: a view of in_proj's output, or its own copy when widened to w.
-    per_seq += T * (inner + channels + H) * s if w == s else T * inner * w
-    # The gated norm: silu(z)'s sigmoid and output, the scan's output, the gated product,
-    # 1/rms per group, the normalised; out_proj's input.
-    per_seq += 5 * T * inner * w + T * G * w + T * inner * s
+    # Scaled (z_multiplier), z is a tensor of its own.
+    whole = T * (inner + channels + H) * s if z_multiplier == 1.0 else T * inner * s
+    per_seq += whole if w == s else T * inner * w
+    if gate_norm == "none":  # silu(z)'s sigmoid and output, the scan's output
+        per_seq += 3 * T * inner * w + T * inner * s
+    else:  # silu(z)'s sigmoid and output, the scan's output, the gated product (or the normed
+        # times its gain), 1/rms per group, the normalised; out_proj's input.
+        per_seq += 5 * T * inner * w + T * G * w + T * inner * s
     # The chunked scan, per head: dt·x (padded); L, C·Bᵀ and the scores (C² each per chunk);
     # the decays from the chunk's start and to its end, the chunks'; B and C per head, B and C
     # decayed; the states entering the chunks (each but the first, and them stacked). With one
@@ -265,22 +337,25 @@ def activations(
     more = int(M >= 2)
     scan = L * P + 3 * M * C * C + (1 + more) * L + more * M + (2 + 2 * more) * L * N
     scan += (2 * M - 1) * P * N
-    shared = C * C + 2 * H * w + (0 if w == s else (H + inner) * w)  # mask, A; widened D, norm
+    gain = 0 if gate_norm == "none" else inner
+    shared = C * C + 2 * H * w + (0 if w == s else (H + gain) * w)  # mask, A; widened D, norm
     return batch * (per_seq + H * scan * w) + shared
 
 
 def state(
     d_model: int, head_dim: int, d_state: int, expand: int, ssm_head_dim: int, n_groups: int,
-    conv_size: int, dtype: torch.dtype,
+    conv_size: int, dtype: torch.dtype, d_inner: int = 0,
 ) -> tuple[int, int]:  # fmt: skip
-    inner = expand * d_model
+    inner = inner_width(d_model, expand, d_inner)
     ssm = inner * d_state * at_least_float32(dtype).itemsize  # heads · head_dim = inner
     tail = (inner + 2 * n_groups * d_state) * (conv_size - 1) * dtype.itemsize
     return 0, ssm + tail
 
 
-def validate(d_model: int, head_dim: int, expand: int, ssm_head_dim: int, n_groups: int) -> None:
-    check(d_model, expand, _head(head_dim, ssm_head_dim), n_groups)
+def validate(
+    d_model: int, head_dim: int, expand: int, ssm_head_dim: int, n_groups: int, d_inner: int = 0
+) -> None:
+    check(d_model, expand, _head(head_dim, ssm_head_dim), n_groups, d_inner)
 
 
 ARGS = (
@@ -296,6 +371,17 @@ ARGS = (
     Arg("conv_bias", bool, True, "the convolution's bias (transformers' use_conv_bias)"),
     Arg("bias", bool, False, "in_proj's and out_proj's biases (transformers' use_bias)"),
     Arg("eps", float, 1e-5, "added to mean(y²) in the gated output norm", gt=0.0),
+    # Falcon-H1's Mamba-2 (written only when not the default, so Mamba-2's specs stay as they were).
+    Arg("d_inner", int, 0, "I, the inner width (Falcon-H1's mamba_d_ssm); 0: expand · d_model",
+        ge=0, written="changed"),
+    Arg("out_bias", str, "same", "out_proj's bias: same as in_proj's (bias), on or off "
+        "(Falcon-H1's projectors_bias)", choices=("same", "on", "off"), written="changed"),
+    Arg("gate_norm", str, "gate_first", "the output gate silu(z): gate_first (rmsnorm(y · "
+        "silu(z)), Mamba-2), norm_first (rmsnorm(y) · silu(z)) or none (y · silu(z), no norm)",
+        choices=GATE_NORMS, written="changed"),
+    *(Arg(f"{part}_multiplier", float, 1.0, f"multiplies in_proj's {part} (Falcon-H1's "
+          f"ssm_multipliers[{i}])", written="changed")
+      for i, part in enumerate(("z", "x", "b", "c", "dt"))),
 )  # fmt: skip
 
 

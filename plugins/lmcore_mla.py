@@ -13,17 +13,30 @@ even number, at least 2), `kv_lora_rank = 4·D`; `q_lora_rank` 0 projects q dire
 does not apply. The mixer rotates its `qk_rope_head_dim` dimensions itself, with its own tables
 (`rope_theta`): the model's `pos=` rotation is built for `head_dim`-wide heads and is not used;
 an additive bias (`pos=alibi`) is.
+
+`scaling=yarn` stretches that rotation as DeepSeek-V3's long-context weights were trained
+(YaRN, Peng et al. 2023; Hugging Face's `rope_type: yarn`; the rope plugin's frequencies and
+attention factor, `lmcore.model.rotary`): the frequencies blend between
+`f` and `f / factor` over the band `beta_fast` … `beta_slow` rotations within
+`original_context_length`; cos and sin are multiplied by the attention factor (given, or
+`mscale(factor, mscale) / mscale(factor, mscale_all_dim)` when both are given, else
+`mscale(factor, 1)`, with `mscale(s, m) = 0.1 · m · ln s + 1`), and with `mscale_all_dim` the
+softmax scale `1 / sqrt(n + p)` is multiplied by `mscale(factor, mscale_all_dim)²`, as
+DeepseekV3Attention's is. `bias=true` gives q_a_proj, kv_a_proj_with_mqa and o_proj biases
+(`attention_bias`).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
 import torch
+from torch import Tensor
 
 from lmcore import Arg, Component, hookimpl
 from lmcore.model.attention import Plan, accumulator, kept_elements
 from lmcore.model.mla import MultiHeadLatentAttention
+from lmcore.model.rotary import inverse_frequencies, yarn_attention_factor, yarn_mscale
 
 
 def widths(
@@ -57,26 +70,54 @@ def build(
     rope_theta: float,
     rope_interleave: bool,
     eps: float,
+    bias: bool = False,
+    scaling: str = "none",
+    factor: float = 1.0,
+    original_context_length: int = 8192,
+    beta_fast: float = 32.0,
+    beta_slow: float = 1.0,
+    mscale: float = 0.0,
+    mscale_all_dim: float = 0.0,
+    attention_factor: float = 0.0,
     device: torch.device | str | None = None,
     dtype: torch.dtype | None = None,
 ) -> MultiHeadLatentAttention:
     r, n, p, v = widths(head_dim, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim)
+    inv_freq: Tensor | None = None
+    cos_sin_factor, softmax_scale = 1.0, (n + p) ** -0.5
+    if scaling == "yarn":
+        inv_freq = inverse_frequencies(
+            rope_theta, p, scaling="yarn", factor=factor,
+            original_context_length=original_context_length, beta_fast=beta_fast,
+            beta_slow=beta_slow,
+        )  # fmt: skip
+        cos_sin_factor = yarn_attention_factor(factor, attention_factor, mscale, mscale_all_dim)
+        if mscale_all_dim:  # DeepSeek's: the scale times mscale² (Hugging Face's order)
+            m = yarn_mscale(factor, mscale_all_dim)
+            softmax_scale = softmax_scale * m * m
     return MultiHeadLatentAttention(
         d_model=d_model, num_heads=num_heads, context_length=context_length, kv_lora_rank=r,
         q_lora_rank=q_lora_rank, qk_nope_head_dim=n, qk_rope_head_dim=p, v_head_dim=v,
-        rope_theta=rope_theta, rope_interleave=rope_interleave, eps=eps, device=device,
-        dtype=dtype,
+        rope_theta=rope_theta, rope_interleave=rope_interleave, eps=eps, bias=bias,
+        inv_freq=inv_freq, attention_factor=cos_sin_factor, softmax_scale=softmax_scale,
+        device=device, dtype=dtype,
     )  # fmt: skip
 
 
-def params(d_model: int, num_heads: int, head_dim: int, q_lora_rank: int, **args: Any) -> int:
+def params(
+    d_model: int, num_heads: int, head_dim: int, q_lora_rank: int, bias: bool = False,
+    **args: Any,
+) -> int:  # fmt: skip
+    """The projections and the two norms' gains; with `bias`, q_a_proj's (with a q
+    bottleneck), kv_a_proj_with_mqa's and o_proj's biases."""
     r, n, p, v = widths(head_dim, **_dims(args))
     q = (
         q_lora_rank * (d_model + 1 + num_heads * (n + p))
         if q_lora_rank
         else d_model * num_heads * (n + p)
     )
-    return q + d_model * (r + p) + r + r * num_heads * (n + v) + num_heads * v * d_model
+    biases = (q_lora_rank + r + p + d_model) if bias else 0
+    return q + d_model * (r + p) + r + r * num_heads * (n + v) + num_heads * v * d_model + biases
 
 
 def flops(
@@ -146,12 +187,53 @@ def _dims(args: dict[str, Any]) -> dict[str, int]:
     return {k: args[k] for k in names}
 
 
-def _validate(head_dim: int, qk_rope_head_dim: int) -> None:
+SCALINGS: Final = ("none", "yarn")
+# The YaRN arguments and their defaults: each has an effect only with scaling=yarn.
+_YARN: Final = {
+    "factor": 1.0,
+    "original_context_length": 8192,
+    "beta_fast": 32.0,
+    "beta_slow": 1.0,
+    "mscale": 0.0,
+    "mscale_all_dim": 0.0,
+    "attention_factor": 0.0,
+}
+
+
+def _validate(
+    head_dim: int,
+    qk_rope_head_dim: int,
+    scaling: str = "none",
+    factor: float = 1.0,
+    original_context_length: int = 8192,
+    beta_fast: float = 32.0,
+    beta_slow: float = 1.0,
+    mscale: float = 0.0,
+    mscale_all_dim: float = 0.0,
+    attention_factor: float = 0.0,
+) -> None:
     p = widths(head_dim, qk_rope_head_dim=qk_rope_head_dim)[2]
     if p % 2:
         raise ValueError(
             f"qk_rope_head_dim={p}: the rotation turns pairs of dimensions; give an even "
             "qk_rope_head_dim (DeepSeek-V3: 64), or 0 for its default from head_dim"
+        )
+    given = {
+        "factor": factor, "original_context_length": original_context_length,
+        "beta_fast": beta_fast, "beta_slow": beta_slow, "mscale": mscale,
+        "mscale_all_dim": mscale_all_dim, "attention_factor": attention_factor,
+    }  # fmt: skip
+    if scaling != "yarn":
+        for name, value in given.items():
+            if value != _YARN[name]:
+                raise ValueError(
+                    f"{name}={value} has no effect with scaling={scaling}; it applies with "
+                    f"scaling=yarn (or drop {name})"
+                )
+    elif not beta_fast > beta_slow:
+        raise ValueError(
+            f"scaling=yarn blends between beta_slow and beta_fast rotations, so "
+            f"beta_fast={beta_fast} must exceed beta_slow={beta_slow}"
         )
 
 
@@ -169,6 +251,23 @@ ARGS = (
     Arg("rope_interleave", bool, True, "rotate pairs (x[2k], x[2k+1]) as DeepSeek's weights "
         "expect (Hugging Face's rope_interleave); false: (x[k], x[k + p/2])"),
     Arg("eps", float, 1e-6, "of q_a_layernorm and kv_a_layernorm (RMSNorm)", gt=0.0),
+    Arg("bias", bool, False, "biases on q_a_proj, kv_a_proj_with_mqa and o_proj (Hugging "
+        "Face's attention_bias)", written="changed"),
+    Arg("scaling", str, "none", "the rotation's frequency scaling: none, or yarn "
+        "(DeepSeek-V3's long context)", choices=SCALINGS, written="changed"),
+    Arg("factor", float, 1.0, "yarn: how much longer the context gets", gt=0.0,
+        written="changed"),
+    Arg("original_context_length", int, 8192, "yarn: the context length the model was "
+        "trained at", ge=1, written="changed"),
+    Arg("beta_fast", float, 32.0, "yarn: rotations above which frequencies are kept",
+        gt=0.0, written="changed"),
+    Arg("beta_slow", float, 1.0, "yarn: rotations below which frequencies are divided by "
+        "factor", gt=0.0, written="changed"),
+    Arg("mscale", float, 0.0, "yarn: DeepSeek's mscale (0: none)", ge=0.0, written="changed"),
+    Arg("mscale_all_dim", float, 0.0, "yarn: DeepSeek's mscale_all_dim, which also scales "
+        "the softmax by mscale(factor, mscale_all_dim)² (0: none)", ge=0.0, written="changed"),
+    Arg("attention_factor", float, 0.0, "yarn: what cos and sin are multiplied by (0: from "
+        "factor, mscale and mscale_all_dim)", ge=0.0, written="changed"),
 )  # fmt: skip
 
 

@@ -129,7 +129,7 @@ def _params(
     router_bias: bool,
 ) -> int:
     total = d_model * num_experts + used * _count(expert, "params", d_model=d_model, d_ff=d_ff)
-    total += num_experts * (score_bias + router_bias)
+    total += num_experts * router_bias  # score_bias is a buffer, as transformers' is
     if shared is not None:
         total += _count(shared, "params", d_model=d_model, d_ff=d_ff)
         total += d_model * _gate(shared, shared_gate)

@@ -56,7 +56,8 @@ class Blueprint:
         A kernel without the "gqa" feature gets `num_kv_heads = num_heads`: the model repeats
         k and v for it, so it is built for, and counts, that many heads. A `qk_norm` is built
         for one head's width (`qk_norm_scope=head`) or for q's full width
-        (`num_heads · head_dim`; the key norm for `num_kv_heads · head_dim`).
+        (`num_heads · head_dim`; the key norm for `num_kv_heads · head_dim`). A block gets
+        `feed_forward`: False when the layer's ffn declares 'empty' (`ffn=none`, `lmcore_blocks`).
         """
         part = self.parts[kind]
         if kind == "qk_norm":
@@ -69,6 +70,8 @@ class Blueprint:
         kwargs: dict[str, Any] = {**dims, **part.kwargs()}
         if kind == "attn" and not self.kernel_gqa:
             kwargs["num_kv_heads"] = self.spec.num_heads
+        if kind == "block":  # ffn=none ('empty'): the block wires no feed-forward sub-layer
+            kwargs["feed_forward"] = "empty" not in self.parts["ffn"].component.features
         return kwargs
 
     def create(self, kind: str, *, device: Any = None, dtype: Any = None, **extra: Any) -> Any:
@@ -98,7 +101,7 @@ class Blueprint:
 
     def norm_names(self) -> tuple[str, ...]:
         """The attribute names of the norms the block builds, from its `norms` declaration."""
-        names = self.parts["block"].entry.invoke("norms", self.parts["block"].kwargs())
+        names = self.parts["block"].entry.invoke("norms", self.kwargs("block"))
         return tuple(names or ())
 
     @cached_property

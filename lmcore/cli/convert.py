@@ -16,11 +16,11 @@ def add_parser(sub: Any) -> None:
         help="convert a Hugging Face model directory or a GGUF file to an lmcore checkpoint, "
         "or back",
         description="Convert between Hugging Face model directories (config.json and "
-        "safetensors weights, sharded or not) of the families lmcore reads (llama, mistral, "
-        "qwen2, qwen3, gemma, gemma2, olmo2, phi3, gpt2, gpt_neox, mixtral, qwen3_moe) and "
-        "lmcore checkpoints, and GGUF files (llama.cpp, Ollama, LM Studio): llama, qwen2 and "
-        "qwen3 in, llama out. Anything the target cannot express is refused, naming the field or "
-        "component.",
+        "safetensors weights, sharded or not) of the families lmcore reads (lmcore.hf.FAMILIES: "
+        "Llama to DeepSeek-V3, gpt-oss, Qwen3-Next, Mamba-2, Falcon-H1; docs/huggingface.md) "
+        "and lmcore checkpoints, and GGUF files (llama.cpp, Ollama, LM Studio) of the "
+        "architectures in docs/gguf.md, both ways. Anything the target cannot express is "
+        "refused, naming the field or component.",
     )
     way = p.add_mutually_exclusive_group(required=True)
     way.add_argument(
@@ -53,6 +53,12 @@ def add_parser(sub: Any) -> None:
         "--type",
         choices=("f32", "f16", "bf16", "q8_0"),
         help="--to-gguf: how the matrices are stored (default: f32)",
+    )
+    p.add_argument(
+        "--architecture",
+        metavar="NAME",
+        help="--to-gguf: the GGUF architecture to write (default: the one converted from, else "
+        "the first that holds the model)",
     )
     p.add_argument(
         "--dtype",
@@ -96,8 +102,8 @@ def run(args: argparse.Namespace) -> int:
     with checkpoint_warnings(args.command):
         if args.from_gguf is not None or args.to_gguf is not None:
             return _gguf(args)
-        if args.type is not None:
-            raise UsageError("--type applies to --to-gguf only")
+        if args.type is not None or args.architecture is not None:
+            raise UsageError("--type and --architecture apply to --to-gguf only")
         if args.from_hf is not None:
             if args.force or args.model_type is not None:
                 raise UsageError(
@@ -160,6 +166,7 @@ def _gguf(args: argparse.Namespace) -> int:
     from lmcore.checkpoint import read_info
     from lmcore.gguf import convert_from_gguf, convert_to_gguf
     from lmcore.gguf.convert import NO_CHECKSUM
+    from lmcore.gguf.reading import read_gguf
     from lmcore.hf.convert import refuse_same
 
     if args.force or args.print_spec or args.model_type is not None:
@@ -169,8 +176,10 @@ def _gguf(args: argparse.Namespace) -> int:
         )
     start = time.perf_counter()
     if args.from_gguf is not None:
-        if args.type is not None:
-            raise UsageError("--type applies to --to-gguf only (--dtype for --from-gguf)")
+        if args.type is not None or args.architecture is not None:
+            raise UsageError(
+                "--type and --architecture apply to --to-gguf only (--dtype for --from-gguf)"
+            )
         source, out = args.from_gguf
         refuse_same(source, out, "the GGUF file")
         dtype = None if args.dtype is None else getattr(torch, args.dtype)
@@ -191,10 +200,13 @@ def _gguf(args: argparse.Namespace) -> int:
         raise UsageError("--dtype and --ignore-field apply to --from-hf and --from-gguf only")
     checkpoint, out = args.to_gguf
     refuse_same(checkpoint, out, "the lmcore checkpoint")
-    written = convert_to_gguf(checkpoint, out, type=args.type or "f32")
+    written = convert_to_gguf(
+        checkpoint, out, type=args.type or "f32", architecture=args.architecture
+    )
     print(f"spec: {read_info(checkpoint).spec}")
     print(
-        f"wrote: {written} ({show_bytes(written.stat().st_size)}, GGUF llama, "
-        f"{args.type or 'f32'}) in {time.perf_counter() - start:.1f} s"
+        f"wrote: {written} ({show_bytes(written.stat().st_size)}, GGUF "
+        f"{read_gguf(written).architecture}, {args.type or 'f32'}) in "
+        f"{time.perf_counter() - start:.1f} s"
     )
     return 0

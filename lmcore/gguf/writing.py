@@ -15,7 +15,6 @@ as `tokenizer.ggml.*` (`lmcore.gguf.tokenizer`).
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
@@ -119,9 +118,7 @@ def choose(
         candidates = [a for a in WRITE_ORDER if a.name == architecture]
         if not candidates:
             names = one_of(a.name for a in WRITE_ORDER)
-            raise ConversionError(
-                f"GGUF architecture {architecture!r}: lmcore writes {names}"
-            )
+            raise ConversionError(f"GGUF architecture {architecture!r}: lmcore writes {names}")
     else:
         first = BY_MODEL_TYPE.get(prefer or "") or ARCHITECTURES.get(prefer or "")
         candidates = [*([first] if first else []), *(a for a in WRITE_ORDER if a is not first)]
@@ -133,7 +130,7 @@ def choose(
             config = spec_to_config(bp, dtype, family=family(arch))
         except ConversionError as e:
             said = str(e).partition("without losing something: ")[2] or str(e)
-            lost = [re.sub(r" \(spec: [^()]*\)$", "", said)]
+            lost = [said.removesuffix(f" (spec: {bp.spec})")]  # said once, at the end
         else:
             metadata, lost = writable(bp, config, arch)
             chosen = architecture is not None or (rank == 0 and first is arch)

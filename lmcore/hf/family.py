@@ -74,6 +74,9 @@ FAMILIES: Final = (
     "olmo3",
     "lfm2",
     "gpt_oss",
+    "deepseek_v3",
+    "mamba2",
+    "falcon_h1",
 )
 
 # Model types of multimodal models whose language model is a family lmcore converts: refused

@@ -394,7 +394,7 @@ def account(
     def layer(lbp: Blueprint, prefix: str, layers: tuple[int, ...] | None) -> list[Row]:
         count = n_layers if layers is None else len(layers)
         block = lbp.parts["block"]
-        shared = bool(block.entry.invoke("shared_input", block.kwargs()))
+        shared = bool(block.entry.invoke("shared_input", lbp.kwargs("block")))
         attn: list[Row] = []
         for path in lbp.attention_paths():
             attn += attention(lbp, f"{prefix}.attn" + (f".{path}" if path else ""), count,

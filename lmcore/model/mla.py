@@ -70,17 +70,29 @@ class LatentNorm(nn.Module):
 
 
 def rotary_tables(
-    theta: float, dim: int, length: int, device: torch.device | str | None = None
+    theta: float,
+    dim: int,
+    length: int,
+    device: torch.device | str | None = None,
+    *,
+    inv_freq: Float[Tensor, " half"] | None = None,
+    attention_factor: float = 1.0,
 ) -> tuple[Float[Tensor, "length half"], Float[Tensor, "length half"]]:
-    """cos and sin of `pos / theta^(2k/dim)`, k = 0 … dim/2-1, for positions 0 … length-1, in
-    float32 (computed on the CPU and moved: the same numbers on every device); on meta only
-    their shapes."""
+    """cos and sin of `pos · f_k`, k = 0 … dim/2-1, for positions 0 … length-1, each times
+    `attention_factor` (YaRN's), in float32 (computed on the CPU and moved: the same numbers on
+    every device); on meta only their shapes. `f_k` is `inv_freq` when given (a scaled rope's
+    frequencies), else `1 / theta^(2k/dim)`."""
     shape = (length, dim // 2)
     if device is not None and torch.device(device).type == "meta":
         return torch.empty(shape, device="meta"), torch.empty(shape, device="meta")
-    inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+    if inv_freq is None:
+        inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+    inv_freq = inv_freq.to("cpu", torch.float32)
     angles = torch.arange(length, dtype=torch.float32)[:, None] * inv_freq[None, :]
-    return torch.cos(angles).to(device), torch.sin(angles).to(device)
+    cos, sin = torch.cos(angles), torch.sin(angles)
+    if attention_factor != 1.0:  # as Hugging Face scales its cos and sin (YaRN's mscale)
+        cos, sin = cos * attention_factor, sin * attention_factor
+    return cos.to(device), sin.to(device)
 
 
 def rotate(
@@ -109,10 +121,14 @@ class MultiHeadLatentAttention(nn.Module):
         q_proj (q_lora_rank 0) or q_a_proj, q_a_layernorm, q_b_proj
         kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj, o_proj
 
-    each a `.weight` (no biases: DeepSeek's `attention_bias=False`). `kv_b_proj` holds, per
-    head, `qk_nope_head_dim` key rows then `v_head_dim` value rows; `q_proj`/`q_b_proj` per
-    head `qk_nope_head_dim` rows then `qk_rope_head_dim`. The rotation's cos and sin are
-    non-persistent buffers (`context_length, qk_rope_head_dim / 2`), float32.
+    each a `.weight`; with `bias` (Hugging Face's `attention_bias`), q_a_proj,
+    kv_a_proj_with_mqa and o_proj also have a `.bias`, as DeepseekV3Attention's do.
+    `kv_b_proj` holds, per head, `qk_nope_head_dim` key rows then `v_head_dim` value rows;
+    `q_proj`/`q_b_proj` per head `qk_nope_head_dim` rows then `qk_rope_head_dim`. The
+    rotation's cos and sin are non-persistent buffers (`context_length, qk_rope_head_dim / 2`),
+    float32, from `inv_freq` when given (a scaled rotation's frequencies, e.g. YaRN's) and
+    multiplied by `attention_factor`; `softmax_scale` replaces `1 / sqrt(n + p)` when given
+    (DeepSeek's YaRN multiplies it by `mscale²`).
     """
 
     cos: Tensor
@@ -132,6 +148,10 @@ class MultiHeadLatentAttention(nn.Module):
         rope_theta: float = 10000.0,
         rope_interleave: bool = True,
         eps: float = 1e-6,
+        bias: bool = False,
+        inv_freq: Float[Tensor, " half"] | None = None,
+        attention_factor: float = 1.0,
+        softmax_scale: float | None = None,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ):
@@ -139,23 +159,29 @@ class MultiHeadLatentAttention(nn.Module):
         self.num_heads, self.kv_lora_rank, self.q_lora_rank = num_heads, kv_lora_rank, q_lora_rank
         self.nope, self.rope, self.v_dim = qk_nope_head_dim, qk_rope_head_dim, v_head_dim
         self.rope_interleave = rope_interleave
-        self.scale = (qk_nope_head_dim + qk_rope_head_dim) ** -0.5
+        default_scale = (qk_nope_head_dim + qk_rope_head_dim) ** -0.5
+        self.scale = default_scale if softmax_scale is None else softmax_scale
         qk_width = num_heads * (qk_nope_head_dim + qk_rope_head_dim)
         if q_lora_rank:
-            self.q_a_proj = Linear(d_model, q_lora_rank, device=device, dtype=dtype)
+            self.q_a_proj = Linear(d_model, q_lora_rank, device=device, dtype=dtype, bias=bias)
             self.q_a_layernorm = LatentNorm(q_lora_rank, eps, device=device, dtype=dtype)
             self.q_b_proj = Linear(q_lora_rank, qk_width, device=device, dtype=dtype)
         else:
             self.q_proj = Linear(d_model, qk_width, device=device, dtype=dtype)
         self.kv_a_proj_with_mqa = Linear(
-            d_model, kv_lora_rank + qk_rope_head_dim, device=device, dtype=dtype
+            d_model, kv_lora_rank + qk_rope_head_dim, device=device, dtype=dtype, bias=bias
         )
         self.kv_a_layernorm = LatentNorm(kv_lora_rank, eps, device=device, dtype=dtype)
         self.kv_b_proj = Linear(
             kv_lora_rank, num_heads * (qk_nope_head_dim + v_head_dim), device=device, dtype=dtype
         )
-        self.o_proj = Linear(num_heads * v_head_dim, d_model, device=device, dtype=dtype)
-        cos, sin = rotary_tables(rope_theta, qk_rope_head_dim, context_length, device)
+        self.o_proj = Linear(
+            num_heads * v_head_dim, d_model, device=device, dtype=dtype, bias=bias
+        )
+        cos, sin = rotary_tables(
+            rope_theta, qk_rope_head_dim, context_length, device,
+            inv_freq=inv_freq, attention_factor=attention_factor,
+        )  # fmt: skip
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
 

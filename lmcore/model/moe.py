@@ -20,10 +20,11 @@ bias `router.bias` (gpt-oss).
 
 Dispatch: the `T · k` (token, expert) assignments are sorted by expert, the tokens gathered once
 (`index_select`), each expert runs once on its contiguous slice (one batched product per
-expert, never a loop over tokens), and the weighted outputs are summed back per token with one
-`index_add`. The expert sizes are read from the device once per forward (one synchronisation);
-an expert that received no token still runs on an empty slice, so every parameter takes part in
-every backward (DistributedDataParallel needs no `find_unused_parameters`).
+expert, never a loop over tokens), and each expert's weighted outputs are added back to their
+tokens with one `index_add` (never concatenated first). The expert sizes are read from the
+device once per forward (one synchronisation); an expert that received no token still runs on
+an empty slice, so every parameter takes part in every backward (DistributedDataParallel needs
+no `find_unused_parameters`).
 
 Shared experts (DeepSeek-MoE, Qwen2-MoE): one more feed-forward module every token passes
 through, its output added, optionally scaled by `sigmoid(shared_gate(x))` (Qwen2-MoE).
@@ -83,25 +84,40 @@ class _Softmax(torch.autograd.Function):
 
 
 class _Combine(torch.autograd.Function):
-    """`out[t] = Σ_{a: token[a] = t} w[a] · y[a]`, keeping y, w and the index for backward.
+    """`out[t] = Σ_{a: token[a] = t} w[a] · y[a]` over the experts' outputs `ys` (one tensor
+    per expert, in the sorted assignments' order), keeping them, w and the index for backward.
 
-    As `zeros.index_add(0, token, y * w[:, None])` it would also keep the scaled copy of y
+    The outputs are never concatenated (one more (T·k, d_model) copy each way, ~8% of a
+    forward): each expert's is scaled and added back on its own slice of the index. As
+    `zeros.index_add(0, token, y * w[:, None])` it would also keep the scaled copy of y
     (index_add keeps its source): one more (T·k, d_model) tensor per layer.
     """
 
     @staticmethod
-    def forward(ctx: Any, y: Tensor, w: Tensor, token: Tensor, tokens: int) -> Tensor:
-        ctx.save_for_backward(y, w, token)
-        out = y.new_zeros(tokens, y.shape[-1])
-        return out.index_add_(0, token, y * w[:, None])
+    def forward(ctx: Any, w: Tensor, token: Tensor, tokens: int, *ys: Tensor) -> Tensor:
+        ctx.save_for_backward(w, token, *ys)
+        out = ys[0].new_zeros(tokens, ys[0].shape[-1])
+        start = 0
+        for y in ys:
+            end = start + y.shape[0]
+            if end > start:
+                out.index_add_(0, token[start:end], y * w[start:end, None])
+            start = end
+        return out
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
-        y, w, token = ctx.saved_tensors
+        w, token, *ys = ctx.saved_tensors
         rows = grad.index_select(0, token)  # (T·k, d_model): each assignment's token's grad
-        dw = torch.linalg.vecdot(rows, y) if ctx.needs_input_grad[1] else None  # one pass
-        dy = rows.mul_(w[:, None]) if ctx.needs_input_grad[0] else None  # rows is ours
-        return dy, dw, None, None
+        sizes = [y.shape[0] for y in ys]
+        parts = rows.split(sizes)
+        dw = (
+            torch.cat([torch.linalg.vecdot(r, y) for r, y in zip(parts, ys, strict=True)])
+            if ctx.needs_input_grad[0] else None
+        )  # fmt: skip
+        # rows is ours: each expert's slice becomes its gradient in place
+        dys = [r.mul_(v[:, None]) for r, v in zip(parts, w.split(sizes), strict=True)]
+        return (dw, None, None, *dys)
 
 
 class _Float32Linear(torch.autograd.Function):
@@ -158,7 +174,7 @@ class MixtureOfExperts(nn.Module):
     """`Σ_{e in top_k(x)} w_e(x) · expert_e(x)` (+ a shared expert) for each token.
 
     State-dict keys: `router.weight (E, d_model)` (and `router.bias (E,)` with
-    `router_bias`), `score_bias (E,)` (with `score_bias`; a parameter without gradient),
+    `router_bias`), `score_bias (E,)` (with `score_bias`; a persistent buffer),
     `experts.{e}.<the expert's keys>` (e.g. `experts.0.w1.weight` for a SwiGLU expert,
     Mixtral's own names), and, with a shared expert, `shared.<its keys>` and
     `shared_gate.weight (1, d_model)`.
@@ -201,14 +217,16 @@ class MixtureOfExperts(nn.Module):
         # 0 (all groups) or every group: no limit, and none of its work
         self.topk_group = n_group if topk_group in (0, n_group) else topk_group
         self.router = Linear(d_model, len(experts), device=device, dtype=dtype, bias=router_bias)
-        # In the model's dtype, as every parameter (transformers keeps DeepSeek-V3's in float32,
-        # as its router weight): added to the float32 scores, so only its own value rounds.
-        # No gradient reaches it (it only chooses): it is set, or adjusted by a balancing rule.
-        self.score_bias = (
-            nn.Parameter(torch.zeros(len(experts), device=device, dtype=dtype),
-                         requires_grad=False)
-            if score_bias else None
-        )  # fmt: skip
+        # A persistent buffer, as transformers' e_score_correction_bias: saved and loaded, not
+        # a parameter (DeepSeek-V3's 671,026,404,352 parameters do not count it); no gradient
+        # could reach it (it only chooses), a balancing rule adjusts it. In the model's dtype
+        # (transformers keeps it in float32): added to the float32 scores, only it rounds.
+        self.score_bias: Tensor | None
+        if score_bias:
+            bias = torch.zeros(len(experts), device=device, dtype=dtype)
+            self.register_buffer("score_bias", bias, persistent=True)
+        else:
+            self.score_bias = None
         self.experts = nn.ModuleList(experts)
         self.shared = shared
         self.shared_gate = (
@@ -289,9 +307,9 @@ class MixtureOfExperts(nn.Module):
         token = order // self.top_k  # (T·k,) the token of each sorted assignment
         gathered = flat.index_select(0, token)  # (T·k, d_model)
         parts = torch.split(gathered, self.sizes(counts, len(order)))
-        outs = torch.cat([expert(part) for expert, part in zip(self.experts, parts, strict=True)])
+        outs = [expert(part) for expert, part in zip(self.experts, parts, strict=True)]
         chosen = weights.reshape(-1).index_select(0, order)  # (T·k,) in the experts' order
-        combined: Tensor = _Combine.apply(outs, chosen, token, flat.shape[0])  # type: ignore[no-untyped-call]
+        combined: Tensor = _Combine.apply(chosen, token, flat.shape[0], *outs)  # type: ignore[no-untyped-call]
         return combined
 
     def sizes(self, counts: Int[Tensor, " E"], total: int) -> list[int]:

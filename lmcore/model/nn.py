@@ -101,6 +101,8 @@ class FeedForward(nn.Module):
         bias: bool = False,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
+        w1_scale: float = 1.0,
+        w2_scale: float = 1.0,
     ):
         super().__init__()
         self.activation, self.derivative = activation, derivative
@@ -108,24 +110,29 @@ class FeedForward(nn.Module):
         self.w1 = Linear(d_model, d_ff, **factory)
         self.w2 = Linear(d_ff, d_model, **factory)
         self.w3 = Linear(d_model, d_ff, **factory) if gated else None
+        # Falcon-H1's mlp_multipliers: w1 x (the activation's input) and the output, scaled.
+        self.w1_scale, self.w2_scale = w1_scale, w2_scale
 
     def forward(self, x: Float[Tensor, "... d_model"]) -> Float[Tensor, "... d_model"]:
+        a = self.w1(x) if self.w1_scale == 1.0 else self.w1(x) * self.w1_scale
         if self.w3 is None:
             if self.derivative is not None:
-                hidden = activate(self.w1(x), self.activation, self.derivative)
+                hidden = activate(a, self.activation, self.derivative)
             else:
-                hidden = self.activation(self.w1(x))  # (..., d_ff)
+                hidden = self.activation(a)  # (..., d_ff)
         elif self.derivative is not None:
-            hidden = gate(self.w1(x), self.w3(x), self.activation, self.derivative)
+            hidden = gate(a, self.w3(x), self.activation, self.derivative)
         else:
-            hidden = self.activation(self.w1(x)) * self.w3(x)
+            hidden = self.activation(a) * self.w3(x)
         y: Tensor = self.w2(hidden)
-        return y
+        return y if self.w2_scale == 1.0 else y * self.w2_scale
 
     def extra_repr(self) -> str:
         name = getattr(self.activation, "__name__", repr(self.activation))
         bias = ", bias=True" if self.w1.bias is not None else ""
-        return f"activation={name}, gated={self.w3 is not None}{bias}"
+        scales = "".join(f", {n}={v}" for n, v in (("w1_scale", self.w1_scale),
+                                                  ("w2_scale", self.w2_scale)) if v != 1.0)  # fmt: skip
+        return f"activation={name}, gated={self.w3 is not None}{bias}{scales}"
 
 
 class _Activate(torch.autograd.Function):

@@ -502,6 +502,8 @@ class TransformerLM(nn.Module):
         if cache is not None:
             cache.advance(ids.shape[1])
         logits: Tensor = self.lm_head(self.ln_final(x))  # (B, T, vocab_size)
+        if spec.logit_scale != 1.0:  # Falcon-H1's lm_head_multiplier, a constant
+            logits = logits * spec.logit_scale
         if self.logit_cap is not None:
             logits = self.logit_cap(logits)
         return logits

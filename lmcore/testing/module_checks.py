@@ -113,7 +113,12 @@ def _pos_forward(target: Target, module: nn.Module, dtype: torch.dtype) -> None:
         _finite(bias, what)
 
 
-@check("gradients", KINDS)
+def _not_empty(target: Target) -> str | None:
+    empty = target.kind == "ffn" and "empty" in target.features
+    return "it declares 'empty': no sub-layer, its output depends on nothing" if empty else None
+
+
+@check("gradients", KINDS, needs=_not_empty)
 def gradients(target: Target, variant: str, settings: Settings) -> None:
     """Gradients reach every parameter and every input the outputs depend on."""
     module = target.build()

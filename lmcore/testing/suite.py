@@ -141,7 +141,8 @@ def _no_match(
 
 
 def targets(entries: Iterable[Entry], registry: Registry | None = None) -> list[Target]:
-    """Each entry with its default arguments, plus one variant per flipped boolean argument."""
+    """Each entry with its default arguments, plus one variant per flipped boolean argument
+    (with the arguments it takes effect with, `Arg.applies_with`)."""
     out: list[Target] = []
     for e in entries:
         # A name two plugins provide is labelled with its provider, as a spec must write it.
@@ -149,7 +150,7 @@ def targets(entries: Iterable[Entry], registry: Registry | None = None) -> list[
         out.append(Target(e, qualified=qualified, registry=registry))
         for arg in e.component.args:
             if arg.type is bool and not arg.required:
-                flipped = ((arg.name, not arg.default),)
+                flipped = ((arg.name, not arg.default), *arg.applies_with)
                 out.append(Target(e, flipped, qualified=qualified, registry=registry))
     return out
 

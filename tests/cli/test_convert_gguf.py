@@ -100,6 +100,35 @@ def test_to_gguf_loads_in_transformers_with_lmcore_s_logits(
     assert roundtrip is not None and roundtrip.chat_template == CHATML
 
 
+def test_to_gguf_writes_the_architecture_asked_for_or_names_why_not(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = "vocab_size=64,context_length=16,d_model=32,num_layers=2,num_heads=2,d_ff=64"
+    model = lmcore.build_model(spec)
+    model.tokenizer = SavedTokenizer.from_tokenizer(byte_level_bpe())
+    ckpt = model.save(tmp_path / "m.safetensors")
+    out = tmp_path / "m.gguf"
+    assert main(["convert", "--to-gguf", str(ckpt), str(out), "--architecture", "qwen2"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.count("(spec: ") == 1
+    assert "qkv_bias=false: a Qwen2ForCausalLM has qkv_bias=true" in err
+    assert not out.exists()
+    assert main(["convert", "--to-gguf", str(ckpt), str(out), "--architecture", "llama"]) == 0
+    assert "GGUF llama, f32" in capsys.readouterr().out
+    biased = lmcore.build_model(f"{spec},qkv_bias=true")
+    biased.tokenizer = model.tokenizer
+    biased.save(tmp_path / "b.safetensors")
+    assert main(["convert", "--to-gguf", str(tmp_path / "b.safetensors"), str(out)]) == 0
+    assert "GGUF qwen2, f32" in capsys.readouterr().out  # the first architecture that holds it
+    assert gguf.GGUFReader(str(out)).fields["general.architecture"].contents() == "qwen2"
+    assert main(["convert", "--to-gguf", str(ckpt), str(out), "--architecture", "lama"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "'lama'" in err and "llama" in err, err
+    assert main(["convert", "--from-gguf", str(out), str(tmp_path / "o.safetensors"),
+                 "--architecture", "llama"]) == 2  # fmt: skip
+    assert "--type and --architecture apply to --to-gguf only" in capsys.readouterr().err
+
+
 def test_convert_s_gguf_options_are_checked(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -119,7 +148,7 @@ def test_convert_s_gguf_options_are_checked(
         )
         == 2
     )
-    assert "--type applies to --to-gguf only" in capsys.readouterr().err
+    assert "--type and --architecture apply to --to-gguf only" in capsys.readouterr().err
     assert (
         main(["convert", "--to-gguf", str(ckpt), str(tmp_path / "m.gguf"), "--dtype", "float16"])
         == 2

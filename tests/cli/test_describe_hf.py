@@ -90,3 +90,32 @@ def test_describe_reads_gpt_oss_default_config_with_its_active_parameters(
     out = " ".join(capsys.readouterr().out.split())
     assert "total 116,829,156,672" in out  # Hugging Face's count
     assert "active parameters: 5,711,982,912 of 116,829,156,672" in out
+
+
+def test_describe_counts_deepseek_v3_and_its_active_parameters_on_meta(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """DeepSeek-V3's default config (61 layers, 256 experts in 58 of them): Hugging Face's own
+    count, 671,026,404,352, and the 37,552,282,624 a token uses (8 of the 256 routed experts,
+    the shared one and the rest), counted from declarations, no module built."""
+    transformers.AutoConfig.for_model("deepseek_v3").save_pretrained(tmp_path)
+    assert main(["describe", str(tmp_path)]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "total 671,026,404,352" in out
+    assert "active parameters: 37,552,282,624 of 671,026,404,352" in out
+
+
+@pytest.mark.parametrize("name", ["mamba2", "falcon_h1"])
+def test_describe_counts_a_default_config_as_hugging_face(
+    name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The families of state space layers (issue 34): the default, real-sized config's count."""
+    import torch
+
+    config = transformers.AutoConfig.for_model(name)
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    count = sum(p.numel() for p in model.parameters())
+    config.save_pretrained(tmp_path)
+    assert main(["describe", str(tmp_path)]) == 0
+    assert f"total {count:,}" in " ".join(capsys.readouterr().out.split())

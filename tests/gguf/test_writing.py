@@ -1,5 +1,5 @@
 """Writing an lmcore model as GGUF (`lmcore.gguf.writing`): what a llama.cpp Llama cannot hold
-is refused before a byte is written (every architecture written: tests/gguf/test_families.py; read
+is refused before a byte is written (every architecture written: tests/gguf/test_architectures_families.py; read
 back by gguf and by transformers' own GGUF loader)."""
 
 from __future__ import annotations

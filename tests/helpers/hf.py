@@ -75,6 +75,11 @@ _SIZES: dict[str, Any] = dict(
 )  # fmt: skip
 _LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
            "original_max_position_embeddings": 16}  # fmt: skip
+# DeepSeek's YaRN: mscale / mscale_all_dim scale cos and sin by their ratio, the softmax by
+# mscale(factor, mscale_all_dim)²; with qk_rope_head_dim 4 one frequency is kept, one divided.
+_YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "beta_fast": 32.0,
+         "beta_slow": 1.0, "mscale": 0.8, "mscale_all_dim": 1.0,
+         "original_max_position_embeddings": 16}  # fmt: skip
 FAMILY_CONFIGS: dict[str, dict[str, Any]] = {
     "llama": dict(_SIZES, rope_scaling=_LLAMA3, rope_theta=500.0),
     "mistral": dict(_SIZES, sliding_window=6),
@@ -123,17 +128,38 @@ FAMILY_CONFIGS: dict[str, dict[str, Any]] = {
                     rope_parameters={"rope_type": "yarn", "rope_theta": 500.0, "factor": 4.0,
                                      "original_max_position_embeddings": 16, "beta_fast": 32.0,
                                      "beta_slow": 1.0, "truncate": False}),
+    "deepseek_v3": dict(_SIZES, num_hidden_layers=3, num_key_value_heads=4, first_k_dense_replace=1,
+                        n_routed_experts=8, n_group=4, topk_group=2, num_experts_per_tok=2,
+                        n_shared_experts=1, moe_intermediate_size=16, routed_scaling_factor=2.5,
+                        q_lora_rank=12, kv_lora_rank=10, qk_nope_head_dim=6, qk_rope_head_dim=4,
+                        v_head_dim=8, rope_parameters=_YARN),
+    # Two groups of B and C over eight heads, chunks of 8 (the 24-token prompt is three), biases.
+    "mamba2": dict(vocab_size=HF_VOCAB, hidden_size=32, num_hidden_layers=2, num_heads=8,
+                   head_dim=8, state_size=8, n_groups=2, chunk_size=8, use_bias=True),
+    # Every multiplier away from 1, Mamba-2 of its own width with its norm after the gate.
+    "falcon_h1": dict(_SIZES, mamba_d_ssm=48, mamba_n_heads=6, mamba_d_head="auto",
+                      mamba_n_groups=2, mamba_d_state=8, mamba_chunk_size=8, mamba_rms_norm=True,
+                      mamba_norm_before_gate=True, mamba_proj_bias=True, projectors_bias=False,
+                      key_multiplier=0.7, embedding_multiplier=1.5, lm_head_multiplier=0.8,
+                      mlp_multipliers=[0.9, 0.6], attention_in_multiplier=1.2,
+                      attention_out_multiplier=0.8, ssm_in_multiplier=0.9, ssm_out_multiplier=1.1,
+                      ssm_multipliers=[0.5, 1.5, 0.8, 1.25, 0.7], rope_theta=500.0),
 }  # fmt: skip
 
 
 def random_family_model(name: str, directory: Path) -> Any:
     """A tiny random model of family `name` (`FAMILY_CONFIGS`), eager attention, every weight
-    perturbed (norm gains and biases too, so they matter), saved to `directory`."""
+    perturbed (norm gains and biases too, and DeepSeek-V3's score-correction bias, so they
+    matter), saved to `directory`."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     torch.manual_seed(0)
     config = AutoConfig.for_model(name, **FAMILY_CONFIGS[name])
     model = AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
     perturb(model)
+    with torch.no_grad():  # DeepSeek-V3's score correction, a saved buffer: it changes choices
+        for name, buffer in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                buffer.add_(0.1 * torch.randn_like(buffer))
     model.save_pretrained(directory)
     return model

@@ -108,14 +108,15 @@ def test_every_family_reads_a_trillion_layers_in_bounded_time_and_memory(
     monkeypatch.setattr(family_module, "parse_spec", lambda text: text)
     tracemalloc.start()
     start = time.perf_counter()
-    # Hybrids: windows (Gemma 2: every other layer; Gemma 3: all but every pattern-th) or
-    # attention (Qwen3-Next) on more layers than a spec can list.
+    # Hybrids: windows (Gemma 2: every other layer; Gemma 3: all but every pattern-th),
+    # attention (Qwen3-Next) or experts (DeepSeek-V3) on more layers than a spec can list.
     hybrid = {
         "gemma2": "sliding_window=6",
         "gemma3_text": "sliding_window_pattern=2",
         "qwen3_next": "full attention (full_attention_interval=2)",
         "olmo3": "sliding_window=6",
         "gpt_oss": "sliding_window=6",
+        "deepseek_v3": "experts (first_k_dense_replace=1)",  # dense first layers
     }
     if name in hybrid:
         with raises_naming(ConversionError, hybrid[name], "1,000,000,000,000 layers"):

@@ -128,7 +128,7 @@ def reference(model: lmcore.TransformerLM, ids: Tensor) -> Tensor:
         else:  # parallel: GPT-NeoX's mlp_output + attn_output + hidden_states
             second = "ln2" if block.kwargs["norms"] == 2 else "ln1"
             x = f(n(x, second)) + a(n(x, "ln1")) + x
-    logits = F.linear(norm(x, "ln_final"), w["lm_head.weight"])
+    logits = F.linear(norm(x, "ln_final"), w["lm_head.weight"]) * spec.logit_scale
     if spec.logit_softcap:
         logits = torch.tanh(logits / spec.logit_softcap) * spec.logit_softcap
     return logits
@@ -154,6 +154,8 @@ OPTIONS = [
     "window[0::2]=2",
     "pos[1]=nope",
     "logit_softcap=1.5",
+    "logit_scale=0.25",  # Falcon-H1's lm_head_multiplier
+    "logit_scale=0.25, logit_softcap=1.5",
     "embed_scale=5.656854249492381",
     # Gemma 2, tiny: sandwich norms, capped scores and logits, a query scale, sliding windows
     # on alternate layers, the embedding scale.
@@ -187,6 +189,7 @@ def test_every_default_written_out_is_the_same_model() -> None:
     defaults = (
         "head_dim=8, qkv_bias=false, out_bias=false, qk_norm=none, qk_norm_scope=head, "
         "query_scale=0.35355339059327373, window=0, attn_softcap=0.0, logit_softcap=0.0, "
+        "logit_scale=1.0, "
         "embed_scale=1.0, block=prenorm, window[0]=0, attn_gate=false, attn_sinks=false, "
         "attn_sinks[1]=false"
     )

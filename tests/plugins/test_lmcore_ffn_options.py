@@ -148,4 +148,27 @@ def test_tanh_variants_pass_the_conformance_kit(
 def test_only_the_gelu_rows_take_approximate() -> None:
     takes = {e.name for e in get_registry().entries("ffn") if e.component.arg("approximate")}
     assert takes == {"gelu", "geglu"}
-    assert all(e.component.arg("bias") for e in get_registry().entries("ffn") if e.name != "moe")
+    others = [e for e in get_registry().entries("ffn") if e.name not in ("moe", "none")]
+    assert all(e.component.arg("bias") for e in others)
+
+
+@pytest.mark.parametrize("name", ["swiglu", "gelu"])
+def test_w1_scale_and_w2_scale_multiply_the_activations_input_and_the_output(name: str) -> None:
+    """Falcon-H1's mlp_multipliers: `w2(act(w1_scale · w1 x) [· w3 x]) · w2_scale`; the
+    parameters and the activations the kit measures are those of the row without them."""
+    torch.manual_seed(0)
+    model = build_model(f"{SMALL}, ffn={name}(w1_scale=0.5, w2_scale=1.5)")
+    ffn = model.layers[0].ffn
+    x = torch.randn(3, 32)
+    act = F.silu if name == "swiglu" else F.gelu
+    hidden = act(ffn.w1(x) * 0.5)
+    if ffn.w3 is not None:
+        hidden = hidden * ffn.w3(x)
+    with torch.no_grad():
+        torch.testing.assert_close(ffn(x), ffn.w2(hidden) * 1.5)
+    assert "w1_scale=0.5,w2_scale=1.5" in str(model.spec)
+    target = Target(get_registry().get("ffn", name), (("w1_scale", 0.5), ("w2_scale", 1.5)))
+    for check in CHECKS:
+        if check.name in ("params", "activations") and check.applies_to(target):
+            for variant in check.variants:
+                Case(check, target, variant).run(Settings(compile_backend="aot_eager"))

@@ -189,3 +189,73 @@ def test_the_module_builds_from_flat_arguments() -> None:
     assert m(torch.randn(1, 7, 32), LayerContext()).shape == (1, 7, 32)
     with pytest.raises(ValueError, match="ssm_head_dim=48 does not divide"):
         lmcore_mamba2.Mamba2(d_model=32, head_dim=48)
+
+
+# Falcon-H1's Mamba-2: its own inner width, the norm after the gate or none, out_proj's bias
+# apart from in_proj's, and the mup multipliers of in_proj's z, x, B, C and dt.
+FALCON = ("d_state=8, ssm_head_dim=8, n_groups=2, chunk_size=16, d_inner=48, bias=true, "
+          "out_bias=off, z_multiplier=0.5, x_multiplier=1.5, b_multiplier=0.8, "
+          "c_multiplier=1.25, dt_multiplier=0.7")  # fmt: skip
+
+
+@pytest.mark.parametrize("gate_norm", ["norm_first", "gate_first", "none"])
+@pytest.mark.parametrize("cached", [False, True])
+def test_falcon_h1s_options_match_transformers_falcon_h1_mixer(gate_norm: str, cached: bool) -> None:
+    modeling = pytest.importorskip(
+        "transformers.models.falcon_h1.modeling_falcon_h1", reason="transformers"
+    )
+    from transformers import FalconH1Config
+
+    config = FalconH1Config(
+        hidden_size=32, num_attention_heads=4, num_key_value_heads=4, num_hidden_layers=1,
+        vocab_size=50, mamba_d_ssm=48, mamba_n_heads=6, mamba_d_head="auto", mamba_n_groups=2,
+        mamba_d_state=8, mamba_d_conv=4, mamba_chunk_size=16, mamba_conv_bias=True,
+        mamba_proj_bias=True, projectors_bias=False, mamba_rms_norm=gate_norm != "none",
+        mamba_norm_before_gate=gate_norm == "norm_first",
+        ssm_multipliers=[0.5, 1.5, 0.8, 1.25, 0.7], rms_norm_eps=1e-5,
+    )  # fmt: skip
+    torch.manual_seed(1)
+    ref = modeling.FalconH1Mixer(config, layer_idx=0).eval()
+    ref.register_buffer("mup_vector", modeling.compute_mup_vector(config), persistent=False)
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    m = mixer(f"{FALCON}, gate_norm={gate_norm}")
+    assert set(m.state_dict()) == set(ref.state_dict())
+    m.load_state_dict(ref.state_dict(), strict=True)
+    x = torch.randn(2, 21, 32)
+    with torch.no_grad():
+        if not cached:
+            torch.testing.assert_close(m(x, LayerContext()), ref(x), rtol=1e-5, atol=1e-5)
+            return
+        from transformers.cache_utils import DynamicCache
+
+        cache = DynamicCache(config=config)
+        state = m.decoding_state(batch=2, context_length=80)
+        got, want = [], []
+        for start, stop in ((0, 18), (18, 19), (19, 20), (20, 21)):
+            got.append(m(x[:, start:stop], LayerContext(cache=LayerCache(state, start))))
+            want.append(ref(x[:, start:stop], cache=cache))
+        torch.testing.assert_close(torch.cat(got, 1), torch.cat(want, 1), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("check", ["params", "flops", "activations", "state"])
+@pytest.mark.parametrize("gate_norm", ["norm_first", "none"])
+def test_falcon_h1s_options_pass_the_kits_accounting(check: str, gate_norm: str) -> None:
+    from lmcore.testing import Case
+
+    [entry] = [e for e in get_registry().entries("mixer") if e.name == "mamba2"]
+    target = Target(entry, (("d_state", 6), ("ssm_head_dim", 8), ("n_groups", 2),
+                            ("chunk_size", 3), ("d_inner", 48), ("bias", True),
+                            ("out_bias", "off"), ("gate_norm", gate_norm),
+                            ("z_multiplier", 0.5), ("dt_multiplier", 0.7)))  # fmt: skip
+    [found] = [c for c in CHECKS if c.name == check]
+    for variant in found.variants:  # type: ignore[attr-defined]
+        with torch.random.fork_rng():
+            torch.manual_seed(0)
+            Case(found, target, variant).run(Settings(compile_backend="eager"))  # type: ignore[arg-type]
+
+
+def test_an_inner_width_the_heads_cannot_split_is_refused() -> None:
+    with pytest.raises(SpecError, match=r"ssm_head_dim=16 does not divide d_inner = 40"):
+        mixer("ssm_head_dim=16, d_inner=40")

@@ -98,19 +98,41 @@ def test_it_computes_its_formula_token_by_token(args: str) -> None:
     torch.testing.assert_close(got, per_token(m, x), rtol=1e-12, atol=1e-12)
 
 
+# DeepSeek's YaRN (the softmax scaled by mscale(4, 1.0)², cos and sin by mscale(4, 0.8) /
+# mscale(4, 1.0)), an attention factor given outright, and the biases of attention_bias.
+_YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "mscale": 0.8,
+         "mscale_all_dim": 1.0, "original_max_position_embeddings": 8}  # fmt: skip
+EXTRAS = [
+    ("", {}),
+    ("bias=true", {"attention_bias": True}),
+    ("scaling=yarn, factor=4.0, original_context_length=8, mscale=0.8, mscale_all_dim=1.0",
+     {"rope_parameters": _YARN}),
+    ("scaling=yarn, factor=4.0, original_context_length=8, beta_fast=16.0, beta_slow=2.0, "
+     "attention_factor=1.5", {"rope_parameters": {**_YARN, "mscale": None, "mscale_all_dim": None,
+                                                   "attention_factor": 1.5, "beta_fast": 16.0,
+                                                   "beta_slow": 2.0}}),
+]  # fmt: skip
+
+
 @pytest.mark.parametrize("q_lora_rank", [0, 12])
 @pytest.mark.parametrize("interleave", [True, False])
-def test_it_matches_transformers_deepseek_v3_attention(q_lora_rank: int, interleave: bool) -> None:
+@pytest.mark.parametrize("extra", EXTRAS, ids=["plain", "bias", "yarn", "yarn-factor"])
+def test_it_matches_transformers_deepseek_v3_attention(
+    q_lora_rank: int, interleave: bool, extra: tuple[str, dict]
+) -> None:
     """The state dict is Hugging Face's, key for key: the weights load as they are."""
     ds = pytest.importorskip("transformers.models.deepseek_v3.modeling_deepseek_v3")
     from transformers import DeepseekV3Config
 
     flag = "true" if interleave else "false"
-    m = mixer(f"q_lora_rank={q_lora_rank}, rope_interleave={flag}", dtype=torch.float32)
+    args, changes = extra
+    m = mixer(f"q_lora_rank={q_lora_rank}, rope_interleave={flag}" + (f", {args}" if args else ""),
+              dtype=torch.float32)  # fmt: skip
     config = DeepseekV3Config(
         hidden_size=32, num_attention_heads=4, num_key_value_heads=4,
         q_lora_rank=q_lora_rank or None, kv_lora_rank=32, qk_nope_head_dim=8, qk_rope_head_dim=4,
         v_head_dim=8, rope_interleave=interleave, max_position_embeddings=24, num_hidden_layers=1,
+        **changes,
     )  # fmt: skip
     config._attn_implementation = "eager"
     ref = ds.DeepseekV3Attention(config, layer_idx=0).eval()
@@ -297,7 +319,10 @@ def test_the_kit_passes_at_other_widths(check, overrides) -> None:  # type: igno
 @pytest.mark.parametrize(
     ("args", "message"),
     [("qk_rope_head_dim=3", r"qk_rope_head_dim=3: the rotation turns pairs of dimensions"),
-     ("kv_lora_rank=-1", r"kv_lora_rank.*must be >= 0")],
+     ("kv_lora_rank=-1", r"kv_lora_rank.*must be >= 0"),
+     ("factor=4.0", r"factor=4.0 has no effect with scaling=none; it applies with scaling=yarn"),
+     ("scaling=yarn, beta_fast=1.0, beta_slow=2.0",
+      r"beta_fast=1.0 must exceed beta_slow=2.0")],
 )  # fmt: skip
 def test_widths_that_cannot_work_are_refused(args: str, message: str) -> None:
     with pytest.raises(SpecError, match=message):

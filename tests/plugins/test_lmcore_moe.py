@@ -78,17 +78,20 @@ def test_spec_errors_name_the_problem(ffn: str, message: str) -> None:
 
 
 def test_the_frontier_routing_is_accounted_exactly() -> None:
-    """The score bias and the router's bias are parameters (active for every token); the
-    spec of a model that does not use the new arguments is written as before."""
+    """The router's bias is a parameter (active for every token), the score bias a persistent
+    buffer (saved, not a parameter, as transformers' e_score_correction_bias); the spec of a
+    model that does not use the new arguments is written as before."""
     ffn = ("moe(num_experts=8, top_k=2, score=sigmoid, n_group=4, topk_group=2, "
            "score_bias=true, router_bias=true, renormalize=true, scale=2.5, shared=swiglu)")  # fmt: skip
     acc = account(f"{SMALL}, ffn={ffn}", seq_len=8)
     model = build_model(f"{SMALL}, ffn={ffn}")
     d, f = 32, 48
     row = acc.row("layers.*.ffn")
-    assert row.params_each == 8 * d + 8 + 8 + 9 * 3 * d * f
-    assert row.active_params == 2 * (8 * d + 8 + 8 + 3 * 3 * d * f)
+    assert row.params_each == 8 * d + 8 + 9 * 3 * d * f
+    assert row.active_params == 2 * (8 * d + 8 + 3 * 3 * d * f)
     assert acc.params == sum(p.numel() for p in model.parameters())
+    assert "layers.0.ffn.score_bias" in model.state_dict()
+    assert "layers.0.ffn.score_bias" not in dict(model.named_parameters())
     assert row.flops_each == 8 * (2 * d * 8 + 3 * 2 * 3 * d * f)
     assert "score" not in str(lmcore.parse_spec(f"{SMALL}, ffn=moe(num_experts=4)"))
     assert "score=sigmoid" in str(model.spec) and "scale=2.5" in str(model.spec)

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import pytest
@@ -14,52 +13,9 @@ from lmcore import build_model, get_registry
 from lmcore.errors import SpecError
 from lmcore.model.generate import GREEDY
 from lmcore.testing import CHECKS, Case, Settings, Target
-from lmcore_rope import RotaryPositionalEmbedding, inverse_frequencies
+from lmcore_rope import RotaryPositionalEmbedding
 
 LLAMA31 = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}
-
-
-def llama3_reference(theta: float, dim: int, factor: float, low: float, high: float,
-                     original: int) -> list[float]:  # fmt: skip
-    """Llama 3.1's frequency scaling, one frequency at a time in float64 (Meta's reference
-    `apply_scaling`, which `modeling_rope_utils._compute_llama3_parameters` vectorises)."""
-    out = []
-    for k in range(0, dim, 2):
-        freq = 1.0 / theta ** (k / dim)
-        wavelen = 2 * math.pi / freq
-        if wavelen < original / high:
-            out.append(freq)
-        elif wavelen > original / low:
-            out.append(freq / factor)
-        else:
-            smooth = (original / wavelen - low) / (high - low)
-            out.append((1 - smooth) * freq / factor + smooth * freq)
-    return out
-
-
-@pytest.mark.parametrize(("theta", "dim", "original"), [(500000.0, 64, 8192), (10000.0, 32, 64)])
-def test_llama3_scaling_is_the_reference_formula(theta: float, dim: int, original: int) -> None:
-    got = inverse_frequencies(
-        theta, dim, scaling="llama3", original_context_length=original, **LLAMA31
-    )
-    want = torch.tensor(llama3_reference(theta, dim, 8.0, 1.0, 4.0, original), dtype=torch.float64)
-    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=0)
-    # the three regimes all occur in the second case: kept, divided, blended
-    ratio = want / torch.tensor([1.0 / theta ** (k / dim) for k in range(0, dim, 2)])
-    if original == 64:
-        assert (
-            ratio[0] == 1
-            and ratio[-1] == pytest.approx(1 / 8)
-            and ((ratio < 1) & (ratio > 1 / 8)).any()
-        )
-
-
-def test_linear_scaling_divides_every_frequency() -> None:
-    plain = inverse_frequencies(10000.0, 16)
-    torch.testing.assert_close(inverse_frequencies(10000.0, 16, scaling="linear", factor=4.0),
-                               plain / 4.0, rtol=0, atol=0)  # fmt: skip
-    want = torch.tensor([10000.0 ** (-k / 16) for k in range(0, 16, 2)], dtype=torch.float64)
-    torch.testing.assert_close(plain.double(), want, rtol=1e-6, atol=0)
 
 
 @pytest.mark.parametrize(
