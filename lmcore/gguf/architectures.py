@@ -38,6 +38,10 @@ from typing import Any, Final
 
 from lmcore.blueprint import Blueprint, parse_spec
 from lmcore.errors import ConversionError, one_of
+from lmcore.gguf.lfm2 import LFM2
+from lmcore.gguf.mamba2 import MAMBA2
+from lmcore.gguf.olmo3 import OLMO3
+from lmcore.gguf.qwen3next import QWEN3NEXT
 from lmcore.gguf.rows import (
     _ATTENTION,
     _ENDS,
@@ -59,9 +63,6 @@ from lmcore.gguf.rows import (
     _layer,
     positive,
 )
-from lmcore.gguf.lfm2 import LFM2
-from lmcore.gguf.olmo3 import OLMO3
-from lmcore.gguf.qwen3next import QWEN3NEXT
 from lmcore.gguf.smollm3 import SMOLLM3
 from lmcore.hf.family import Family, differences, read_config
 from lmcore.hf.family import family as hf_family
@@ -420,7 +421,7 @@ GPTNEOX: Final = Architecture(
 )
 
 # The architectures in modules of their own (lmcore/gguf/<name>.py, built on lmcore.gguf.rows).
-OWN_MODULES: Final = (SMOLLM3, LFM2, QWEN3NEXT)
+OWN_MODULES: Final = (SMOLLM3, LFM2, QWEN3NEXT, MAMBA2)
 ARCHITECTURES: Final[Mapping[str, Architecture]] = {
     a.name: a
     for a in (LLAMA, QWEN2, QWEN3, QWEN3MOE, GEMMA, GEMMA2, GEMMA3, PHI3, OLMO2, GPT2, GPTNEOX,
@@ -561,11 +562,9 @@ def config_to_metadata(config: Mapping[str, Any], arch: Architecture) -> dict[st
     """The architecture's metadata keys for a Hugging Face config (`--to-gguf`)."""
     meta: dict[str, Any] = {k: config[hf] for k, hf in arch.fields if config.get(hf) is not None}
     fields = dict(arch.fields)
-    d = config[fields["embedding_length"]]
-    heads = config[fields["attention.head_count"]]
-    head_dim = config.get("head_dim") or d // heads
-    for key in arch.head_keys:
-        meta[key] = head_dim
+    for key in arch.head_keys:  # (an architecture without attention has none)
+        d, heads = config[fields["embedding_length"]], config[fields["attention.head_count"]]
+        meta[key] = config.get("head_dim") or d // heads
     for derived in arch.derived:
         derived.write(config, meta)
     return {f"{arch.name}.{k}": v for k, v in meta.items()}

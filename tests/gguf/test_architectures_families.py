@@ -51,6 +51,7 @@ SPECS = {
     "gpt2": "pos=learned",
     "gptneox": "block=parallel(norms=2)",
     "smollm3": "pos=rope(theta=2000000.0),pos[3]=nope",
+    "mamba2": "context_length=1048576,d_model=64,num_layers=2,num_heads=16,num_kv_heads=16,head_dim=8,d_ff=1,block=prenorm,tie_embeddings=false,norm=rmsnorm(eps=1e-05),ffn=none,pos=nope,mixer=mamba2(d_state=8,expand=2,ssm_head_dim=0,n_groups=2,conv_size=4,chunk_size=256,conv_bias=true,bias=false",
     "qwen3next": "shared=swiglu(d_ff=20),shared_gate=sigmoid,aux_loss_coef=0.0),pos=rope(theta=10000.0,fraction=0.25),mixer[0::2]=gated_deltanet(num_k_heads=2,num_v_heads=4,head_k_dim=8,head_v_dim=12,conv_size=4,chunk_size=64,eps=1e-06),attn=sdpa,qk_norm=rmsnorm(eps=1e-06,zero_centered=true),attn_gate=true",
     "olmo3": "block=reordered,tie_embeddings=false,norm=rmsnorm(eps=1e-05),ffn=swiglu,pos=rope(theta=5000.0),attn=sdpa,qk_norm=rmsnorm(eps=1e-05),qk_norm_scope=full,window[0:3]=4",
     "lfm2": "d_ff=112,block=prenorm,tie_embeddings=true,norm=rmsnorm(eps=1e-05),ffn=swiglu,pos=rope(theta=1000000.0),mixer[0::2]=short_conv(conv_size=3,bias=false)",
@@ -143,6 +144,8 @@ def _hf_model(model_type: str, **config: Any) -> Any:
                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32)  # fmt: skip
     if model_type == "gpt2":
         sizes = dict(vocab_size=64, n_embd=32, n_layer=2, n_head=4, n_positions=32)
+    if model_type == "mamba2":
+        sizes = dict(vocab_size=64, hidden_size=32, num_hidden_layers=2)
     c = transformers.AutoConfig.for_model(model_type, **{**sizes, **config})
     return transformers.AutoModelForCausalLM.from_config(c)
 
@@ -195,6 +198,10 @@ UNWRITABLE = {
                                         "moe_intermediate_size": 24, "mlp_only_layers": [1],
                                         "shared_expert_intermediate_size": 20}),
                         ("as qwen3next (qwen3_next)", "d_ff[1]=48", "a GGUF qwen3next has")),
+    # llama.cpp's mamba2 has no projection biases
+    "mamba2-bias": (("mamba2", {"num_heads": 8, "head_dim": 8, "state_size": 8, "n_groups": 2,
+                                "use_bias": True}),
+                    ("as mamba2", "bias=true", "a GGUF mamba2 has")),
     "smollm3-window": (("smollm3", {"num_hidden_layers": 4, "use_sliding_window": True, "pad_token_id": 0,
                                     "sliding_window": 8}),
                        ("as smollm3", "window[3]=8", "a GGUF smollm3 has")),
@@ -261,6 +268,12 @@ HOSTILE = {
     "qwen3next-missing": ("qwen3next", {}, ("blk.2.ssm_conv1d.weight",), {},
                           ("missing (1): model.layers.2.linear_attn.conv1d.weight",)),
     "qwen3next-type": ("qwen3next", {"ssm.inner_size": "48"}, (), {}, ("qwen3next.ssm.inner_size",)),
+    "mamba2-norm": ("mamba2", {}, (), {"blk.1.attn_norm.weight": lambda x: x[:60]},
+                    ("tensor blk.1.attn_norm.weight has shape (60,)", "64: mamba2.embedding_length")),
+    "mamba2-missing": ("mamba2", {}, ("blk.0.ssm_d",), {}, ("missing (1): backbone.layers.0.mixer.D",)),
+    "mamba2-type": ("mamba2", {"ssm.state_size": "8"}, (), {}, ("mamba2.ssm.state_size",)),
+    "mamba2-heads": ("mamba2", {"attention.head_count": 4}, (), {},
+                     ("mamba2.attention.head_count=4", "lmcore converts 0 only")),
     "lfm2-shape": ("lfm2", {}, (), {"blk.1.attn_k.weight": lambda x: x[:16]},
                    ("tensor blk.1.attn_k.weight has shape (16, 64)", "(32, 64)",
                     "lfm2.attention.head_count_kv 2")),
@@ -309,5 +322,5 @@ def test_an_unknown_architecture_is_refused_naming_those_that_convert(tmp_path: 
     w.write_tensors_to_file()
     w.close()
     with raises_naming(ConversionError, "general.architecture is 'bert'", "gemma, gemma2, gemma3",
-                       "lfm2, llama, olmo2, phi3, qwen2, qwen3, qwen3moe", "smollm3"):  # fmt: skip
+                       "lfm2, llama, mamba2, olmo2, phi3, qwen2, qwen3, qwen3moe", "smollm3"):  # fmt: skip
         load_gguf(tmp_path / "m.gguf")

@@ -430,6 +430,9 @@ GGUF_CASES: dict[str, tuple[str, dict[str, Any]]] = {
                                      num_experts=4, num_experts_per_tok=2,
                                      moe_intermediate_size=24, shared_expert_intermediate_size=20,
                                      norm_topk_prob=True, pad_token_id=0)),
+    # Mamba-2 alone: 16 SSM heads of 8 over two groups (expand 2, as the converter requires)
+    "mamba2": ("mamba2", dict(vocab_size=128, hidden_size=64, num_hidden_layers=2, num_heads=16,
+                              head_dim=8, state_size=8, n_groups=2, chunk_size=8)),
     # OLMo 3 as llama.cpp writes it (olmo2 with a window): layers 0-2 slide, 3 is full; one base
     "olmo3": ("olmo3", dict(_TINY_SIZES, num_hidden_layers=4, sliding_window=4, pad_token_id=0,
                             eos_token_id=2, rope_parameters={
@@ -471,6 +474,22 @@ def _metadata(case: str, c: Any) -> dict[str, Any]:
                 "embedding_length": c.n_embd, "feed_forward_length": 4 * c.n_embd,
                 "attention.head_count": c.n_head,
                 "attention.layer_norm_epsilon": c.layer_norm_epsilon}  # fmt: skip
+    if arch == "mamba2":  # Mamba2Model.set_gguf_parameters
+        inner = c.expand * c.hidden_size
+        return {"context_length": 2**20, "embedding_length": c.hidden_size,
+                "feed_forward_length": 0, "attention.head_count": 0,
+                "block_count": c.num_hidden_layers, "ssm.conv_kernel": c.conv_kernel,
+                "ssm.inner_size": inner, "ssm.state_size": c.state_size,
+                "ssm.time_step_rank": inner // c.head_dim, "ssm.group_count": c.n_groups,
+                "attention.layer_norm_rms_epsilon": c.layer_norm_epsilon}  # fmt: skip
+    if arch == "mamba2":  # Mamba2Model.set_gguf_parameters
+        inner = c.expand * c.hidden_size
+        return {"context_length": 2**20, "embedding_length": c.hidden_size,
+                "feed_forward_length": 0, "attention.head_count": 0,
+                "block_count": c.num_hidden_layers, "ssm.conv_kernel": c.conv_kernel,
+                "ssm.inner_size": inner, "ssm.state_size": c.state_size,
+                "ssm.time_step_rank": inner // c.head_dim, "ssm.group_count": c.n_groups,
+                "attention.layer_norm_rms_epsilon": c.layer_norm_epsilon}  # fmt: skip
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     meta: dict[str, Any] = {
         "block_count": c.num_hidden_layers,
@@ -587,6 +606,16 @@ def _converted(case: str, model: Any) -> dict[str, Any]:
                 out[f"{at}.attn_qkv.weight"] = torch.cat(flat[:3], dim=-1).T.numpy()
                 out[f"{at}.attn_gate.weight"] = flat[3].T.numpy()
                 continue
+        if arch == "mamba2":  # Mamba2Model.filter_tensors, modify_tensors
+            name = name.replace(".dt_bias", ".dt_proj.bias")
+            if "conv1d.weight" in name:
+                x = x.squeeze()
+            elif name.endswith((".A_log", ".D")):
+                x = x.reshape(*x.shape, 1)
+            elif name.endswith("mixer.norm.weight"):
+                x = x.reshape(c.n_groups, -1)
+            if name.endswith(".A_log"):
+                x = -torch.exp(x)
         if arch == "lfm2" and name.endswith("conv.conv.weight"):  # a 2-D filter for ssm_conv
             x = x.squeeze(1)
         if arch == "gpt2" and name.endswith((".c_attn.weight", ".c_proj.weight", ".c_fc.weight")):
