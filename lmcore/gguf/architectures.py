@@ -38,6 +38,8 @@ from typing import Any, Final
 
 from lmcore.blueprint import Blueprint, parse_spec
 from lmcore.errors import ConversionError, one_of
+from lmcore.gguf.deepseek2 import DEEPSEEK2
+from lmcore.gguf.gpt_oss import GPT_OSS
 from lmcore.gguf.lfm2 import LFM2
 from lmcore.gguf.mamba2 import MAMBA2
 from lmcore.gguf.olmo3 import OLMO3
@@ -57,12 +59,12 @@ from lmcore.gguf.rows import (
     Architecture,
     Derived,
     Meta,
-    _both,
     _experts,
     _head_dim,
-    _layer,
     positive,
 )
+from lmcore.gguf.rows import both as _both
+from lmcore.gguf.rows import layer as _layer
 from lmcore.gguf.smollm3 import SMOLLM3
 from lmcore.hf.family import Family, differences, read_config
 from lmcore.hf.family import family as hf_family
@@ -72,6 +74,7 @@ __all__ = [
     "WRITE_ORDER",
     "Architecture",
     "Derived",
+    "Meta",
     "architecture",
     "config_to_metadata",
     "family",
@@ -81,7 +84,6 @@ __all__ = [
     "spec_of",
     "writable",
 ]
-
 
 def _rotated(fraction_field: str) -> Derived:
     """`rope.dimension_count` (the rotated width of each head) <-> a partial-rotary fraction."""
@@ -154,8 +156,6 @@ def _gpt2_ff_write(config: Mapping[str, Any], meta: dict[str, Any]) -> None:
 
 def _nothing(config: Mapping[str, Any], meta: dict[str, Any]) -> None:
     """Written by no key: the read-back check refuses a model whose value differs."""
-
-
 
 
 LLAMA: Final = Architecture(
@@ -421,12 +421,11 @@ GPTNEOX: Final = Architecture(
 )
 
 # The architectures in modules of their own (lmcore/gguf/<name>.py, built on lmcore.gguf.rows).
-OWN_MODULES: Final = (SMOLLM3, LFM2, QWEN3NEXT, MAMBA2)
+OWN_MODULES: Final = (GPT_OSS, DEEPSEEK2, SMOLLM3, LFM2, QWEN3NEXT, MAMBA2)
 ARCHITECTURES: Final[Mapping[str, Architecture]] = {
     a.name: a
-    for a in (LLAMA, QWEN2, QWEN3, QWEN3MOE, GEMMA, GEMMA2, GEMMA3, PHI3, OLMO2, GPT2, GPTNEOX,
-              *OWN_MODULES)  # fmt: skip
-}
+    for a in (LLAMA, QWEN2, QWEN3, QWEN3MOE, GEMMA, GEMMA2, GEMMA3, PHI3, OLMO2, GPT2, GPTNEOX)
+} | {a.name: a for a in OWN_MODULES}
 # What `--to-gguf` tries, in order, when nothing names the architecture: the first whose
 # family expresses the model and whose metadata reads back as the same model.
 WRITE_ORDER: Final = (

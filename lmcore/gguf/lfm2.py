@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final
 
-from lmcore.gguf.rows import _ATTENTION, _ROPE, Architecture, Derived, Meta, _layer
+from lmcore.gguf.rows import _ATTENTION, _ROPE, Architecture, Derived, Meta, layer
 from lmcore.hf.lfm2 import CONV, WIDTH, ff_width
 from lmcore.hf.rules import FULL
 
@@ -83,18 +83,18 @@ LFM2: Final = Architecture(
         ("token_embd.weight", "model.embed_tokens.weight"),
         ("token_embd_norm.weight", "model.embedding_norm.weight"),
         ("output.weight", "lm_head.weight"),
-        _layer("attn_norm.weight", "operator_norm.weight"),
-        _layer("ffn_norm.weight", "ffn_norm.weight"),
+        layer("attn_norm.weight", "operator_norm.weight"),
+        layer("ffn_norm.weight", "ffn_norm.weight"),
         *(_ATTENTION[:3]),
-        _layer("attn_output.weight", "self_attn.out_proj.weight"),
-        _layer("attn_q_norm.weight", "self_attn.q_layernorm.weight"),
-        _layer("attn_k_norm.weight", "self_attn.k_layernorm.weight"),
-        _layer("shortconv.conv.weight", "conv.conv.weight"),
-        _layer("shortconv.in_proj.weight", "conv.in_proj.weight"),
-        _layer("shortconv.out_proj.weight", "conv.out_proj.weight"),
-        _layer("ffn_gate.weight", "feed_forward.w1.weight"),
-        _layer("ffn_up.weight", "feed_forward.w3.weight"),
-        _layer("ffn_down.weight", "feed_forward.w2.weight"),
+        layer("attn_output.weight", "self_attn.out_proj.weight"),
+        layer("attn_q_norm.weight", "self_attn.q_layernorm.weight"),
+        layer("attn_k_norm.weight", "self_attn.k_layernorm.weight"),
+        layer("shortconv.conv.weight", "conv.conv.weight"),
+        layer("shortconv.in_proj.weight", "conv.in_proj.weight"),
+        layer("shortconv.out_proj.weight", "conv.out_proj.weight"),
+        layer("ffn_gate.weight", "feed_forward.w1.weight"),
+        layer("ffn_up.weight", "feed_forward.w3.weight"),
+        layer("ffn_down.weight", "feed_forward.w2.weight"),
     ),
     defaults=_ROPE,
     fixed={"block_auto_adjust_ff_dim": False, "conv_bias": False},

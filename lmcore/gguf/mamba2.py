@@ -111,6 +111,6 @@ MAMBA2: Final = Architecture(
         ),
     ),
     squeezed=("mixer.conv1d.weight",),
-    joined=_joined,
-    split=_split,
+    undone=_joined,
+    redone=_split,
 )

@@ -30,7 +30,7 @@ from lmcore.gguf.rows import (
     Architecture,
     Derived,
     Meta,
-    _layer,
+    layer,
 )
 from lmcore.hf.rules import FULL, SLIDING
 
@@ -77,8 +77,8 @@ OLMO3: Final = Architecture(
         *_ATTENTION,
         *_MLP,
         *_QK_NORMS,
-        _layer("post_attention_norm.weight", "post_attention_layernorm.weight"),
-        _layer("post_ffw_norm.weight", "post_feedforward_layernorm.weight"),
+        layer("post_attention_norm.weight", "post_attention_layernorm.weight"),
+        layer("post_ffw_norm.weight", "post_feedforward_layernorm.weight"),
     ),
     derived=(
         Derived((_PATTERN,), _pattern_read, _pattern_write, (("layer_types", _PATTERN),)),

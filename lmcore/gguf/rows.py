@@ -1,7 +1,6 @@
-"""What every GGUF architecture's row (`lmcore.gguf.architectures.Architecture`) is made of:
-the row itself, the metadata-to-config step a row may add (`Derived`), and the pieces of the
-Llama row that the others reuse (its metadata keys and tensor names), so that an architecture
-can have a module of its own (`lmcore/gguf/smollm3.py`, ...) that `architectures.py` registers.
+"""The row each GGUF architecture is (`Architecture`: metadata keys as a Hugging Face config's
+fields, tensor names as Hugging Face's, how llama.cpp's converter changed the tensors) and the
+helpers its tables are written with; `lmcore.gguf.architectures` holds the rows and reads them.
 """
 
 from __future__ import annotations
@@ -9,6 +8,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
+
+from torch import Tensor
+
+__all__ = ["Architecture", "Derived", "Meta", "both", "layer", "positive"]
 
 Meta = Mapping[str, Any]  # metadata keys relative to "{arch}." -> values
 
@@ -50,18 +53,25 @@ class Architecture:
     derived: tuple[Derived, ...] = ()
     norm_offset: bool = False  # Gemma: `*norm.weight` stored as 1 + w
     transposed: tuple[str, ...] = ()  # Hugging Face suffixes stored transposed (Conv1D)
-    # Hugging Face suffixes of depthwise convolutions, (channels, 1, taps), stored without the
-    # middle axis (llama.cpp's ssm_conv takes a 2-D filter)
-    squeezed: tuple[str, ...] = ()
-    # what the renaming cannot say, done to the Hugging Face tensors after reading's renaming
-    # (`joined`) and before writing's (`split`): Qwen3-Next's fused projection, for one
-    joined: Callable[[dict[str, Any], Mapping[str, Any]], dict[str, Any]] | None = None
-    split: Callable[[dict[str, Any], Mapping[str, Any]], dict[str, Any]] | None = None
     per_head: Mapping[str, str] = field(default_factory=dict)  # suffix -> heads field (NeoX)
     shapes: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # overrides of _SHAPES
     # config fields the file holds but llama.cpp's graph ignores -> why: a model using one is
     # written as this architecture only when asked for, or when it came from it
     unused: Mapping[str, str] = field(default_factory=dict)
+    # llama.cpp's tensors that are not one renaming of Hugging Face's (gpt-oss's de-interleaved
+    # experts, DeepSeek-V2's attn_k_b and attn_v_b): `join(gguf tensors, config)` gives those as
+    # Hugging Face's tensors (the rest as they were), `split(hf tensors, config)` the tensors
+    # left for the renaming and the GGUF tensors made of the others
+    join: Callable[[dict[str, Tensor], Mapping[str, Any]], dict[str, Tensor]] | None = None
+    split: Callable[[dict[str, Tensor], Mapping[str, Any]],
+                    tuple[dict[str, Tensor], dict[str, Tensor]]] | None = None  # fmt: skip
+    # Hugging Face suffixes of depthwise convolutions, (channels, 1, taps), stored without the
+    # middle axis (llama.cpp's ssm_conv takes a 2-D filter)
+    squeezed: tuple[str, ...] = ()
+    # changes to the Hugging Face tensors after reading's renaming (`undone`) and before
+    # writing's (`redone`): Qwen3-Next's fused projection, Mamba-2's A as -exp(A_log)
+    undone: Callable[[dict[str, Tensor], Mapping[str, Any]], dict[str, Tensor]] | None = None
+    redone: Callable[[dict[str, Tensor], Mapping[str, Any]], dict[str, Tensor]] | None = None
 
     @property
     def keys(self) -> frozenset[str]:
@@ -74,11 +84,11 @@ class Architecture:
         return any(g == "output.weight" for g, _ in self.tensors)
 
 
-def _layer(gguf: str, hf: str) -> tuple[str, str]:
+def layer(gguf: str, hf: str) -> tuple[str, str]:
     return (f"blk.{{i}}.{gguf}", f"model.layers.{{i}}.{hf}")
 
 
-def _both(gguf: str, hf: str) -> tuple[tuple[str, str], ...]:
+def both(gguf: str, hf: str) -> tuple[tuple[str, str], ...]:
     return tuple((f"{gguf}.{p}", f"{hf}.{p}") for p in ("weight", "bias"))
 
 
@@ -96,6 +106,7 @@ def _head_dim(meta: Meta) -> int | None:
     return width
 
 
+# The pieces of the Llama row the others reuse.
 _LLAMA_FIELDS: Final = (
     ("vocab_size", "vocab_size"),
     ("context_length", "max_position_embeddings"),
@@ -117,23 +128,23 @@ _ENDS: Final = (
     ("output.weight", "lm_head.weight"),
 )
 _ATTENTION: Final = (
-    _layer("attn_q.weight", "self_attn.q_proj.weight"),
-    _layer("attn_k.weight", "self_attn.k_proj.weight"),
-    _layer("attn_v.weight", "self_attn.v_proj.weight"),
-    _layer("attn_output.weight", "self_attn.o_proj.weight"),
+    layer("attn_q.weight", "self_attn.q_proj.weight"),
+    layer("attn_k.weight", "self_attn.k_proj.weight"),
+    layer("attn_v.weight", "self_attn.v_proj.weight"),
+    layer("attn_output.weight", "self_attn.o_proj.weight"),
 )
 _MLP: Final = (
-    _layer("ffn_gate.weight", "mlp.gate_proj.weight"),
-    _layer("ffn_up.weight", "mlp.up_proj.weight"),
-    _layer("ffn_down.weight", "mlp.down_proj.weight"),
+    layer("ffn_gate.weight", "mlp.gate_proj.weight"),
+    layer("ffn_up.weight", "mlp.up_proj.weight"),
+    layer("ffn_down.weight", "mlp.down_proj.weight"),
 )
 _PRENORMS: Final = (
-    _layer("attn_norm.weight", "input_layernorm.weight"),
-    _layer("ffn_norm.weight", "post_attention_layernorm.weight"),
+    layer("attn_norm.weight", "input_layernorm.weight"),
+    layer("ffn_norm.weight", "post_attention_layernorm.weight"),
 )
 _QK_NORMS: Final = (
-    _layer("attn_q_norm.weight", "self_attn.q_norm.weight"),
-    _layer("attn_k_norm.weight", "self_attn.k_norm.weight"),
+    layer("attn_q_norm.weight", "self_attn.q_norm.weight"),
+    layer("attn_k_norm.weight", "self_attn.k_norm.weight"),
 )
 _LLAMA_PERMUTED: Final = {
     "self_attn.q_proj.weight": "num_attention_heads",
@@ -145,8 +156,8 @@ def _experts(at: str, names: tuple[str, str, str]) -> tuple[tuple[str, str], ...
     """The stacked experts (gate, up, down) and the router, Hugging Face's per-expert names."""
     gate, up, down = names
     return (
-        _layer("ffn_gate_inp.weight", f"{at}.gate.weight"),
-        _layer("ffn_gate_exps.weight", f"{at}.experts.{{e}}.{gate}.weight"),
-        _layer("ffn_up_exps.weight", f"{at}.experts.{{e}}.{up}.weight"),
-        _layer("ffn_down_exps.weight", f"{at}.experts.{{e}}.{down}.weight"),
+        layer("ffn_gate_inp.weight", f"{at}.gate.weight"),
+        layer("ffn_gate_exps.weight", f"{at}.experts.{{e}}.{gate}.weight"),
+        layer("ffn_up_exps.weight", f"{at}.experts.{{e}}.{up}.weight"),
+        layer("ffn_down_exps.weight", f"{at}.experts.{{e}}.{down}.weight"),
     )

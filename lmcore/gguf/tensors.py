@@ -218,6 +218,8 @@ def from_gguf_tensors(
     check to list)."""
     rules = _rules(arch, reverse=False)
     out: dict[str, Tensor] = {}
+    if arch.join is not None:
+        tensors = arch.join(dict(tensors), config)
     for name, t in tensors.items():
         renamed = _rename(name, rules)
         if renamed is None:
@@ -229,7 +231,7 @@ def from_gguf_tensors(
                 out[hf.replace("{e}", str(e))] = _from_gguf(arch, config, hf, one)
             continue
         out[hf] = _from_gguf(arch, config, hf, t)
-    return arch.joined(out, config) if arch.joined else out
+    return arch.undone(out, config) if arch.undone else out
 
 
 def to_gguf_tensors(
@@ -237,10 +239,12 @@ def to_gguf_tensors(
 ) -> dict[str, Tensor]:
     """Hugging Face tensors under GGUF's names, changed as llama.cpp's converter changes them
     (each layer's experts stacked into one tensor per matrix)."""
-    if arch.split:
-        tensors = arch.split(dict(tensors), config)
+    if arch.redone:
+        tensors = arch.redone(dict(tensors), config)
     rules = _rules(arch, reverse=True)
     out: dict[str, Tensor] = {}
+    if arch.split is not None:
+        tensors, out = arch.split(dict(tensors), config)
     stacks: dict[str, dict[int, Tensor]] = {}
     for name, t in tensors.items():
         renamed = _rename(name, rules)
