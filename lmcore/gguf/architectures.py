@@ -40,9 +40,32 @@ from lmcore.blueprint import Blueprint, parse_spec
 from lmcore.errors import ConversionError, one_of
 from lmcore.gguf.deepseek2 import DEEPSEEK2
 from lmcore.gguf.gpt_oss import GPT_OSS
-from lmcore.gguf.rows import Architecture, Derived, Meta, positive
+from lmcore.gguf.lfm2 import LFM2
+from lmcore.gguf.mamba2 import MAMBA2
+from lmcore.gguf.olmo3 import OLMO3
+from lmcore.gguf.qwen3next import QWEN3NEXT
+from lmcore.gguf.rows import (
+    _ATTENTION,
+    _ENDS,
+    _HEAD_KEYS,
+    _LLAMA_FIELDS,
+    _LLAMA_PERMUTED,
+    _MLP,
+    _NO_EXPERTS,
+    _NO_SCALING,
+    _PRENORMS,
+    _QK_NORMS,
+    _ROPE,
+    Architecture,
+    Derived,
+    Meta,
+    _experts,
+    _head_dim,
+    positive,
+)
 from lmcore.gguf.rows import both as _both
 from lmcore.gguf.rows import layer as _layer
+from lmcore.gguf.smollm3 import SMOLLM3
 from lmcore.hf.family import Family, differences, read_config
 from lmcore.hf.family import family as hf_family
 
@@ -61,15 +84,6 @@ __all__ = [
     "spec_of",
     "writable",
 ]
-
-def _head_dim(meta: Meta) -> int | None:
-    """The head width llama.cpp takes: `attention.key_length`, else embedding / heads."""
-    width = positive(meta.get("attention.key_length"))
-    d, heads = positive(meta.get("embedding_length")), positive(meta.get("attention.head_count"))
-    if width is None and d is not None and heads is not None and d % heads == 0:
-        width = d // heads
-    return width
-
 
 def _rotated(fraction_field: str) -> Derived:
     """`rope.dimension_count` (the rotated width of each head) <-> a partial-rotary fraction."""
@@ -142,62 +156,6 @@ def _gpt2_ff_write(config: Mapping[str, Any], meta: dict[str, Any]) -> None:
 
 def _nothing(config: Mapping[str, Any], meta: dict[str, Any]) -> None:
     """Written by no key: the read-back check refuses a model whose value differs."""
-
-
-_LLAMA_FIELDS: Final = (
-    ("vocab_size", "vocab_size"),
-    ("context_length", "max_position_embeddings"),
-    ("embedding_length", "hidden_size"),
-    ("block_count", "num_hidden_layers"),
-    ("feed_forward_length", "intermediate_size"),
-    ("attention.head_count", "num_attention_heads"),
-    ("attention.head_count_kv", "num_key_value_heads"),
-    ("attention.layer_norm_rms_epsilon", "rms_norm_eps"),
-    ("rope.freq_base", "rope_theta"),
-)
-_HEAD_KEYS: Final = ("rope.dimension_count", "attention.key_length", "attention.value_length")
-_NO_SCALING: Final = {"rope.scaling.type": ("none",), "rope.scaling.factor": (1, 1.0)}
-_NO_EXPERTS: Final = {"expert_count": (0,), "expert_used_count": (0,)}
-_ROPE: Final = {"rope_theta": 10000.0}  # llama.cpp's base when rope.freq_base is absent
-_ENDS: Final = (
-    ("token_embd.weight", "model.embed_tokens.weight"),
-    ("output_norm.weight", "model.norm.weight"),
-    ("output.weight", "lm_head.weight"),
-)
-_ATTENTION: Final = (
-    _layer("attn_q.weight", "self_attn.q_proj.weight"),
-    _layer("attn_k.weight", "self_attn.k_proj.weight"),
-    _layer("attn_v.weight", "self_attn.v_proj.weight"),
-    _layer("attn_output.weight", "self_attn.o_proj.weight"),
-)
-_MLP: Final = (
-    _layer("ffn_gate.weight", "mlp.gate_proj.weight"),
-    _layer("ffn_up.weight", "mlp.up_proj.weight"),
-    _layer("ffn_down.weight", "mlp.down_proj.weight"),
-)
-_PRENORMS: Final = (
-    _layer("attn_norm.weight", "input_layernorm.weight"),
-    _layer("ffn_norm.weight", "post_attention_layernorm.weight"),
-)
-_QK_NORMS: Final = (
-    _layer("attn_q_norm.weight", "self_attn.q_norm.weight"),
-    _layer("attn_k_norm.weight", "self_attn.k_norm.weight"),
-)
-_LLAMA_PERMUTED: Final = {
-    "self_attn.q_proj.weight": "num_attention_heads",
-    "self_attn.k_proj.weight": "num_key_value_heads",
-}
-
-
-def _experts(at: str, names: tuple[str, str, str]) -> tuple[tuple[str, str], ...]:
-    """The stacked experts (gate, up, down) and the router, Hugging Face's per-expert names."""
-    gate, up, down = names
-    return (
-        _layer("ffn_gate_inp.weight", f"{at}.gate.weight"),
-        _layer("ffn_gate_exps.weight", f"{at}.experts.{{e}}.{gate}.weight"),
-        _layer("ffn_up_exps.weight", f"{at}.experts.{{e}}.{up}.weight"),
-        _layer("ffn_down_exps.weight", f"{at}.experts.{{e}}.{down}.weight"),
-    )
 
 
 LLAMA: Final = Architecture(
@@ -462,15 +420,17 @@ GPTNEOX: Final = Architecture(
               "query_key_value.bias": "num_attention_heads"},  # fmt: skip
 )
 
+# The architectures in modules of their own (lmcore/gguf/<name>.py, built on lmcore.gguf.rows).
+OWN_MODULES: Final = (GPT_OSS, DEEPSEEK2, SMOLLM3, LFM2, QWEN3NEXT, MAMBA2)
 ARCHITECTURES: Final[Mapping[str, Architecture]] = {
     a.name: a
     for a in (LLAMA, QWEN2, QWEN3, QWEN3MOE, GEMMA, GEMMA2, GEMMA3, PHI3, OLMO2, GPT2, GPTNEOX)
-} | {a.name: a for a in (GPT_OSS, DEEPSEEK2)}  # architectures with a module of their own
+} | {a.name: a for a in OWN_MODULES}
 # What `--to-gguf` tries, in order, when nothing names the architecture: the first whose
 # family expresses the model and whose metadata reads back as the same model.
 WRITE_ORDER: Final = (
     LLAMA, QWEN2, QWEN3, GEMMA, GEMMA2, GEMMA3, OLMO2, PHI3, GPT2, GPTNEOX, LLAMA_MOE, QWEN3MOE,
-    GPT_OSS, DEEPSEEK2,
+    *OWN_MODULES, OLMO3,
 )  # fmt: skip
 # Hugging Face model_type -> the architecture a model converted from it is written as first.
 BY_MODEL_TYPE: Final[Mapping[str, Architecture]] = {
@@ -497,6 +457,8 @@ def architecture(name: str, where: object, metadata: Meta | None = None) -> Arch
     experts = (metadata or {}).get("llama.expert_count")
     if name == "llama" and positive(experts):
         return LLAMA_MOE
+    if name == "olmo2" and "olmo2.attention.sliding_window" in (metadata or {}):
+        return OLMO3  # llama.cpp's converter writes OLMo 3 as olmo2 with a window
     return ARCHITECTURES[name]
 
 
@@ -599,11 +561,9 @@ def config_to_metadata(config: Mapping[str, Any], arch: Architecture) -> dict[st
     """The architecture's metadata keys for a Hugging Face config (`--to-gguf`)."""
     meta: dict[str, Any] = {k: config[hf] for k, hf in arch.fields if config.get(hf) is not None}
     fields = dict(arch.fields)
-    d = config[fields["embedding_length"]]
-    heads = config[fields["attention.head_count"]]
-    head_dim = config.get("head_dim") or d // heads
-    for key in arch.head_keys:
-        meta[key] = head_dim
+    for key in arch.head_keys:  # (an architecture without attention has none)
+        d, heads = config[fields["embedding_length"]], config[fields["attention.head_count"]]
+        meta[key] = config.get("head_dim") or d // heads
     for derived in arch.derived:
         derived.write(config, meta)
     return {f"{arch.name}.{k}": v for k, v in meta.items()}

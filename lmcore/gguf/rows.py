@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from torch import Tensor
 
@@ -65,6 +65,13 @@ class Architecture:
     join: Callable[[dict[str, Tensor], Mapping[str, Any]], dict[str, Tensor]] | None = None
     split: Callable[[dict[str, Tensor], Mapping[str, Any]],
                     tuple[dict[str, Tensor], dict[str, Tensor]]] | None = None  # fmt: skip
+    # Hugging Face suffixes of depthwise convolutions, (channels, 1, taps), stored without the
+    # middle axis (llama.cpp's ssm_conv takes a 2-D filter)
+    squeezed: tuple[str, ...] = ()
+    # changes to the Hugging Face tensors after reading's renaming (`undone`) and before
+    # writing's (`redone`): Qwen3-Next's fused projection, Mamba-2's A as -exp(A_log)
+    undone: Callable[[dict[str, Tensor], Mapping[str, Any]], dict[str, Tensor]] | None = None
+    redone: Callable[[dict[str, Tensor], Mapping[str, Any]], dict[str, Tensor]] | None = None
 
     @property
     def keys(self) -> frozenset[str]:
@@ -88,3 +95,69 @@ def both(gguf: str, hf: str) -> tuple[tuple[str, str], ...]:
 def positive(value: Any) -> int | None:
     """`value` if it is a positive integer (not a bool), else None."""
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def _head_dim(meta: Meta) -> int | None:
+    """The head width llama.cpp takes: `attention.key_length`, else embedding / heads."""
+    width = positive(meta.get("attention.key_length"))
+    d, heads = positive(meta.get("embedding_length")), positive(meta.get("attention.head_count"))
+    if width is None and d is not None and heads is not None and d % heads == 0:
+        width = d // heads
+    return width
+
+
+# The pieces of the Llama row the others reuse.
+_LLAMA_FIELDS: Final = (
+    ("vocab_size", "vocab_size"),
+    ("context_length", "max_position_embeddings"),
+    ("embedding_length", "hidden_size"),
+    ("block_count", "num_hidden_layers"),
+    ("feed_forward_length", "intermediate_size"),
+    ("attention.head_count", "num_attention_heads"),
+    ("attention.head_count_kv", "num_key_value_heads"),
+    ("attention.layer_norm_rms_epsilon", "rms_norm_eps"),
+    ("rope.freq_base", "rope_theta"),
+)
+_HEAD_KEYS: Final = ("rope.dimension_count", "attention.key_length", "attention.value_length")
+_NO_SCALING: Final = {"rope.scaling.type": ("none",), "rope.scaling.factor": (1, 1.0)}
+_NO_EXPERTS: Final = {"expert_count": (0,), "expert_used_count": (0,)}
+_ROPE: Final = {"rope_theta": 10000.0}  # llama.cpp's base when rope.freq_base is absent
+_ENDS: Final = (
+    ("token_embd.weight", "model.embed_tokens.weight"),
+    ("output_norm.weight", "model.norm.weight"),
+    ("output.weight", "lm_head.weight"),
+)
+_ATTENTION: Final = (
+    layer("attn_q.weight", "self_attn.q_proj.weight"),
+    layer("attn_k.weight", "self_attn.k_proj.weight"),
+    layer("attn_v.weight", "self_attn.v_proj.weight"),
+    layer("attn_output.weight", "self_attn.o_proj.weight"),
+)
+_MLP: Final = (
+    layer("ffn_gate.weight", "mlp.gate_proj.weight"),
+    layer("ffn_up.weight", "mlp.up_proj.weight"),
+    layer("ffn_down.weight", "mlp.down_proj.weight"),
+)
+_PRENORMS: Final = (
+    layer("attn_norm.weight", "input_layernorm.weight"),
+    layer("ffn_norm.weight", "post_attention_layernorm.weight"),
+)
+_QK_NORMS: Final = (
+    layer("attn_q_norm.weight", "self_attn.q_norm.weight"),
+    layer("attn_k_norm.weight", "self_attn.k_norm.weight"),
+)
+_LLAMA_PERMUTED: Final = {
+    "self_attn.q_proj.weight": "num_attention_heads",
+    "self_attn.k_proj.weight": "num_key_value_heads",
+}
+
+
+def _experts(at: str, names: tuple[str, str, str]) -> tuple[tuple[str, str], ...]:
+    """The stacked experts (gate, up, down) and the router, Hugging Face's per-expert names."""
+    gate, up, down = names
+    return (
+        layer("ffn_gate_inp.weight", f"{at}.gate.weight"),
+        layer("ffn_gate_exps.weight", f"{at}.experts.{{e}}.{gate}.weight"),
+        layer("ffn_up_exps.weight", f"{at}.experts.{{e}}.{up}.weight"),
+        layer("ffn_down_exps.weight", f"{at}.experts.{{e}}.{down}.weight"),
+    )

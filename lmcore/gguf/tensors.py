@@ -16,7 +16,8 @@ import torch
 from torch import Tensor
 
 from lmcore.errors import ConversionError
-from lmcore.gguf.architectures import Architecture, Meta, positive, relative
+from lmcore.gguf.architectures import relative
+from lmcore.gguf.rows import Architecture, Meta, positive
 from lmcore.hf.weights import permute_from_hf, permute_to_hf
 
 __all__ = ["check_shapes", "from_gguf_tensors", "to_gguf_tensors"]
@@ -79,7 +80,7 @@ def _dimensions(
     if "ff" in out:
         out["ff2"] = (2 * out["ff"][0], f"2 x {out['ff'][1]} (gate and up)")
     d, heads = out.get("d", (None,))[0], positive(meta.get("attention.head_count"))
-    kv_heads = positive(meta.get("attention.head_count_kv")) or heads
+    kv_heads = positive(_most(meta.get("attention.head_count_kv"))) or heads
     width, said = positive(meta.get("attention.key_length")), f"{p}attention.key_length"
     if width is None and d is not None and heads is not None and d % heads == 0:
         width, said = d // heads, f"{p}embedding_length / {p}attention.head_count"
@@ -96,6 +97,13 @@ def _dimensions(
     if "q" in out and "kv" in out:
         out["qkv"] = (out["q"][0] + 2 * out["kv"][0], f"q {out['q'][1]} + 2 x kv {out['kv'][1]}")
     return out
+
+
+def _most(value: Any) -> Any:
+    """A per-layer key's largest entry (LFM2's `head_count_kv`: 0 on its convolution layers)."""
+    if isinstance(value, list) and value and all(type(v) is int for v in value):
+        return max(value)
+    return value
 
 
 def _short(name: str) -> str:
@@ -177,6 +185,8 @@ def _from_gguf(arch: Architecture, config: Mapping[str, Any], hf: str, t: Tensor
         t = t - 1
     if hf.endswith(arch.transposed) and t.dim() == 2:
         t = t.T.contiguous()
+    if hf.endswith(arch.squeezed) and t.dim() == 2:
+        t = t.unsqueeze(1)
     heads = _heads(arch, config, arch.per_head, hf)
     if heads:
         t = _regroup(t, heads, per_head=True)
@@ -193,6 +203,8 @@ def _to_gguf(arch: Architecture, config: Mapping[str, Any], hf: str, t: Tensor) 
         t = _regroup(t, heads, per_head=False)
     if hf.endswith(arch.transposed) and t.dim() == 2:
         t = t.T
+    if hf.endswith(arch.squeezed) and t.dim() == 3:
+        t = t.squeeze(1)
     if arch.norm_offset and hf.endswith("norm.weight"):
         t = t + 1
     return t.contiguous()
@@ -219,7 +231,7 @@ def from_gguf_tensors(
                 out[hf.replace("{e}", str(e))] = _from_gguf(arch, config, hf, one)
             continue
         out[hf] = _from_gguf(arch, config, hf, t)
-    return out
+    return arch.undone(out, config) if arch.undone else out
 
 
 def to_gguf_tensors(
@@ -227,6 +239,8 @@ def to_gguf_tensors(
 ) -> dict[str, Tensor]:
     """Hugging Face tensors under GGUF's names, changed as llama.cpp's converter changes them
     (each layer's experts stacked into one tensor per matrix)."""
+    if arch.redone:
+        tensors = arch.redone(dict(tensors), config)
     rules = _rules(arch, reverse=True)
     out: dict[str, Tensor] = {}
     if arch.split is not None:

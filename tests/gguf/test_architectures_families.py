@@ -50,6 +50,11 @@ SPECS = {
     "olmo2": "qk_norm_scope=full",
     "gpt2": "pos=learned",
     "gptneox": "block=parallel(norms=2)",
+    "smollm3": "pos=rope(theta=2000000.0),pos[3]=nope",
+    "mamba2": "context_length=1048576,d_model=64,num_layers=2,num_heads=16,num_kv_heads=16,head_dim=8,d_ff=1,block=prenorm,tie_embeddings=false,norm=rmsnorm(eps=1e-05),ffn=none,pos=nope,mixer=mamba2(d_state=8,expand=2,ssm_head_dim=0,n_groups=2,conv_size=4,chunk_size=256,conv_bias=true,bias=false",
+    "qwen3next": "shared=swiglu(d_ff=20),shared_gate=sigmoid,aux_loss_coef=0.0),pos=rope(theta=10000.0,fraction=0.25),mixer[0::2]=gated_deltanet(num_k_heads=2,num_v_heads=4,head_k_dim=8,head_v_dim=12,conv_size=4,chunk_size=64,eps=1e-06),attn=sdpa,qk_norm=rmsnorm(eps=1e-06,zero_centered=true),attn_gate=true",
+    "olmo3": "block=reordered,tie_embeddings=false,norm=rmsnorm(eps=1e-05),ffn=swiglu,pos=rope(theta=5000.0),attn=sdpa,qk_norm=rmsnorm(eps=1e-05),qk_norm_scope=full,window[0:3]=4",
+    "lfm2": "d_ff=112,block=prenorm,tie_embeddings=true,norm=rmsnorm(eps=1e-05),ffn=swiglu,pos=rope(theta=1000000.0),mixer[0::2]=short_conv(conv_size=3,bias=false)",
 }
 # the architecture a model is written as when nothing names one: the first that holds it
 # (a Phi-3 rotating all of each head is a Llama; one with a window is written as `phi3` only
@@ -82,7 +87,8 @@ def test_a_llama_cpp_file_gives_hugging_faces_logits(tmp_path: Path, case: str) 
 # otherwise: Qwen3-MoE's dense width, unused with every layer's FFN the experts
 _EXTRA = ("vocab_size", "rope.dimension_count", "attention.key_length",
           "attention.value_length", "rope.freq_base")  # fmt: skip
-_LOST = {"phi3.rope.scaling.original_context_length", "qwen3moe.feed_forward_length"}
+_LOST = {"phi3.rope.scaling.original_context_length", "qwen3moe.feed_forward_length",
+         "qwen3next.feed_forward_length"}
 
 
 @pytest.mark.parametrize("case", GGUF_CASES)
@@ -113,8 +119,8 @@ def test_lmcore_writes_the_file_llama_cpp_writes(tmp_path: Path, case: str) -> N
     assert extra <= set(_EXTRA), extra
     expected = _logits(hf)
     torch.testing.assert_close(_logits(load_gguf(written)), expected, atol=1e-4, rtol=0)
-    # transformers sizes GPT-2's vocabulary and Phi-3's padding id by the tokenizer alone
-    if case in TRANSFORMERS_READS and case not in ("gpt2", "phi3"):
+    # transformers sizes GPT-2's and LFM2's vocabulary and Phi-3's padding id by the tokenizer alone
+    if case in TRANSFORMERS_READS and case not in ("gpt2", "phi3", "lfm2"):
         again = transformers.AutoModelForCausalLM.from_pretrained(
             tmp_path, gguf_file="m.gguf", dtype=torch.float32
         )
@@ -138,6 +144,8 @@ def _hf_model(model_type: str, **config: Any) -> Any:
                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32)  # fmt: skip
     if model_type == "gpt2":
         sizes = dict(vocab_size=64, n_embd=32, n_layer=2, n_head=4, n_positions=32)
+    if model_type == "mamba2":
+        sizes = dict(vocab_size=64, hidden_size=32, num_hidden_layers=2)
     c = transformers.AutoConfig.for_model(model_type, **{**sizes, **config})
     return transformers.AutoModelForCausalLM.from_config(c)
 
@@ -168,6 +176,35 @@ UNWRITABLE = {
                                              "moe_intermediate_size": 16,
                                              "norm_topk_prob": False}),
                               ("as qwen3moe (qwen3_moe)", "renormalize=false", "GGUF qwen3moe")),
+    # llama.cpp's smollm3 rotates nothing on every fourth layer, and slides on none
+    "smollm3-nope-step": (("smollm3", {"num_hidden_layers": 4, "no_rope_layer_interval": 2,
+                                       "pad_token_id": 0}),
+                          ("as smollm3", "pos[1::2]=nope: a GGUF smollm3 has", "pos[3]=nope")),
+    # llama.cpp's lfm2 has no convolution biases
+    "lfm2-conv-bias": (("lfm2", {"layer_types": ["conv", "full_attention"], "conv_bias": True}),
+                       ("as lfm2", "short_conv(conv_size=3,bias=true): a GGUF lfm2 has",
+                        "short_conv(conv_size=3,bias=false)")),
+    # llama.cpp rotates OLMo 3's sliding layers with the full layers' base
+    "olmo3-bases": (("olmo3", {"num_hidden_layers": 4, "sliding_window": 8, "pad_token_id": 0,
+                               "rope_parameters": {
+                                   "sliding_attention": {"rope_type": "default", "rope_theta": 500.0},
+                                   "full_attention": {"rope_type": "default", "rope_theta": 10000.0}}}),
+                    ("as olmo2 (olmo3)", "pos[0:3]=rope(theta=500.0)", "a GGUF olmo2 has")),
+    # llama.cpp's qwen3next has experts on every layer
+    "qwen3next-dense": (("qwen3_next", {"full_attention_interval": 2, "head_dim": 16,
+                                        "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+                                        "linear_key_head_dim": 8, "linear_value_head_dim": 12,
+                                        "num_experts": 4, "num_experts_per_tok": 2,
+                                        "moe_intermediate_size": 24, "mlp_only_layers": [1],
+                                        "shared_expert_intermediate_size": 20}),
+                        ("as qwen3next (qwen3_next)", "d_ff[1]=48", "a GGUF qwen3next has")),
+    # llama.cpp's mamba2 has no projection biases
+    "mamba2-bias": (("mamba2", {"num_heads": 8, "head_dim": 8, "state_size": 8, "n_groups": 2,
+                                "use_bias": True}),
+                    ("as mamba2", "bias=true", "a GGUF mamba2 has")),
+    "smollm3-window": (("smollm3", {"num_hidden_layers": 4, "use_sliding_window": True, "pad_token_id": 0,
+                                    "sliding_window": 8}),
+                       ("as smollm3", "window[3]=8", "a GGUF smollm3 has")),
 }  # fmt: skip
 
 
@@ -212,6 +249,39 @@ HOSTILE = {
     "type-window": ("phi3-partial", {"attention.sliding_window": 2.5}, (), {},
                     ("phi3.attention.sliding_window",)),
     "longrope": ("phi3", {}, (), {}, ()),  # filled in below: rope_factors_long
+    "smollm3-shape": ("smollm3", {}, (), {"blk.3.attn_k.weight": lambda x: x[:16]},
+                      ("tensor blk.3.attn_k.weight has shape (16, 64)", "(32, 64)",
+                       "smollm3.attention.head_count_kv 2")),
+    "smollm3-missing": ("smollm3", {}, ("blk.3.ffn_up.weight",), {},
+                        ("missing (1): model.layers.3.mlp.up_proj.weight",)),
+    "smollm3-type": ("smollm3", {"attention.head_count_kv": "2"}, (), {},
+                     ("smollm3.attention.head_count_kv",)),
+    "olmo3-yarn": ("olmo3", {"rope.scaling.type": "yarn", "rope.scaling.factor": 8.0}, (), {},
+                   ("olmo2.rope.scaling.type='yarn'", "lmcore converts 'none' only")),
+    "olmo3-type": ("olmo3", {"attention.sliding_window_pattern": "TTTF"}, (), {},
+                   ("olmo2.attention.sliding_window_pattern",)),
+    "olmo3-shape": ("olmo3", {}, (), {"blk.2.attn_k_norm.weight": lambda x: x[:16]},
+                    ("tensor blk.2.attn_k_norm.weight has shape (16,)", "(32,)")),
+    "qwen3next-shape": ("qwen3next", {}, (), {"blk.1.attn_k.weight": lambda x: x[:32]},
+                        ("tensor blk.1.attn_k.weight has shape (32, 64)", "(64, 64)",
+                         "qwen3next.attention.head_count_kv 2 x head width 32")),
+    "qwen3next-missing": ("qwen3next", {}, ("blk.2.ssm_conv1d.weight",), {},
+                          ("missing (1): model.layers.2.linear_attn.conv1d.weight",)),
+    "qwen3next-type": ("qwen3next", {"ssm.inner_size": "48"}, (), {}, ("qwen3next.ssm.inner_size",)),
+    "mamba2-norm": ("mamba2", {}, (), {"blk.1.attn_norm.weight": lambda x: x[:60]},
+                    ("tensor blk.1.attn_norm.weight has shape (60,)", "64: mamba2.embedding_length")),
+    "mamba2-missing": ("mamba2", {}, ("blk.0.ssm_d",), {}, ("missing (1): backbone.layers.0.mixer.D",)),
+    "mamba2-type": ("mamba2", {"ssm.state_size": "8"}, (), {}, ("mamba2.ssm.state_size",)),
+    "mamba2-heads": ("mamba2", {"attention.head_count": 4}, (), {},
+                     ("mamba2.attention.head_count=4", "lmcore converts 0 only")),
+    "lfm2-shape": ("lfm2", {}, (), {"blk.1.attn_k.weight": lambda x: x[:16]},
+                   ("tensor blk.1.attn_k.weight has shape (16, 64)", "(32, 64)",
+                    "lfm2.attention.head_count_kv 2")),
+    "lfm2-missing": ("lfm2", {}, ("blk.2.shortconv.conv.weight",), {},
+                     ("missing (1): model.layers.2.conv.conv.weight",)),
+    "lfm2-type": ("lfm2", {"attention.head_count_kv": "2"}, (), {},
+                  ("lfm2.attention.head_count_kv",)),
+    "lfm2-type-cache": ("lfm2", {"shortconv.l_cache": 2.5}, (), {}, ("lfm2.shortconv.l_cache",)),
 }  # fmt: skip
 
 
@@ -252,5 +322,5 @@ def test_an_unknown_architecture_is_refused_naming_those_that_convert(tmp_path: 
     w.write_tensors_to_file()
     w.close()
     with raises_naming(ConversionError, "general.architecture is 'bert'", "gemma, gemma2, gemma3",
-                       "gpt2, gptneox, llama, olmo2, phi3, qwen2, qwen3, qwen3moe"):  # fmt: skip
+                       "lfm2, llama, mamba2, olmo2, phi3, qwen2, qwen3, qwen3moe", "smollm3"):  # fmt: skip
         load_gguf(tmp_path / "m.gguf")

@@ -420,10 +420,34 @@ GGUF_CASES: dict[str, tuple[str, dict[str, Any]]] = {
     "gptneox": ("gpt_neox", dict(vocab_size=128, hidden_size=64, intermediate_size=128,
                                  num_hidden_layers=2, num_attention_heads=4,
                                  max_position_embeddings=64, rotary_pct=0.5)),
+    # four layers: the fourth rotates nothing (llama.cpp's fixed step of 4)
+    "smollm3": ("smollm3", dict(_TINY_SIZES, num_hidden_layers=4, pad_token_id=0,
+                                bos_token_id=1, eos_token_id=2)),
+    # DeltaNet layers 0 and 2 (two key heads, four value heads), gated attention on 1 and 3
+    "qwen3next": ("qwen3_next", dict(_TINY_SIZES, num_hidden_layers=4, full_attention_interval=2,
+                                     head_dim=32, linear_num_key_heads=2, linear_num_value_heads=4,
+                                     linear_key_head_dim=8, linear_value_head_dim=12,
+                                     num_experts=4, num_experts_per_tok=2,
+                                     moe_intermediate_size=24, shared_expert_intermediate_size=20,
+                                     norm_topk_prob=True, pad_token_id=0)),
+    # Mamba-2 alone: 16 SSM heads of 8 over two groups (expand 2, as the converter requires)
+    "mamba2": ("mamba2", dict(vocab_size=128, hidden_size=64, num_hidden_layers=2, num_heads=16,
+                              head_dim=8, state_size=8, n_groups=2, chunk_size=8)),
+    # OLMo 3 as llama.cpp writes it (olmo2 with a window): layers 0-2 slide, 3 is full; one base
+    "olmo3": ("olmo3", dict(_TINY_SIZES, num_hidden_layers=4, sliding_window=4, pad_token_id=0,
+                            eos_token_id=2, rope_parameters={
+                                t: {"rope_type": "default", "rope_theta": 5000.0}
+                                for t in ("sliding_attention", "full_attention")})),
+    # convolution layers 0 and 2 (head_count_kv 0), the width adjusted as transformers does
+    "lfm2": ("lfm2", dict(_TINY_SIZES, num_hidden_layers=3, intermediate_size=120,
+                          block_multiple_of=16, block_ffn_dim_multiplier=1.3,
+                          layer_types=["conv", "full_attention", "conv"], pad_token_id=0,
+                          bos_token_id=1, eos_token_id=2)),
 }  # fmt: skip
 # The cases transformers' GGUF loader reads (integrations/ggml.py: GGUF_CONFIG_MAPPING); it
 # reads neither gemma, olmo2, gptneox nor a llama with experts, nor a partial rotation of Phi-3.
-TRANSFORMERS_READS = ("llama", "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3", "gpt2")
+TRANSFORMERS_READS = ("llama", "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3", "gpt2",
+                      "lfm2")
 
 
 def hf_case(case: str) -> Any:
@@ -438,7 +462,8 @@ def hf_case(case: str) -> Any:
 
 
 def arch_of(case: str) -> str:
-    return {"mixtral": "llama", "phi3-partial": "phi3", "gemma3-scaled": "gemma3"}.get(case, case)
+    return {"mixtral": "llama", "phi3-partial": "phi3", "gemma3-scaled": "gemma3",
+            "olmo3": "olmo2"}.get(case, case)  # fmt: skip
 
 
 def _metadata(case: str, c: Any) -> dict[str, Any]:
@@ -449,6 +474,22 @@ def _metadata(case: str, c: Any) -> dict[str, Any]:
                 "embedding_length": c.n_embd, "feed_forward_length": 4 * c.n_embd,
                 "attention.head_count": c.n_head,
                 "attention.layer_norm_epsilon": c.layer_norm_epsilon}  # fmt: skip
+    if arch == "mamba2":  # Mamba2Model.set_gguf_parameters
+        inner = c.expand * c.hidden_size
+        return {"context_length": 2**20, "embedding_length": c.hidden_size,
+                "feed_forward_length": 0, "attention.head_count": 0,
+                "block_count": c.num_hidden_layers, "ssm.conv_kernel": c.conv_kernel,
+                "ssm.inner_size": inner, "ssm.state_size": c.state_size,
+                "ssm.time_step_rank": inner // c.head_dim, "ssm.group_count": c.n_groups,
+                "attention.layer_norm_rms_epsilon": c.layer_norm_epsilon}  # fmt: skip
+    if arch == "mamba2":  # Mamba2Model.set_gguf_parameters
+        inner = c.expand * c.hidden_size
+        return {"context_length": 2**20, "embedding_length": c.hidden_size,
+                "feed_forward_length": 0, "attention.head_count": 0,
+                "block_count": c.num_hidden_layers, "ssm.conv_kernel": c.conv_kernel,
+                "ssm.inner_size": inner, "ssm.state_size": c.state_size,
+                "ssm.time_step_rank": inner // c.head_dim, "ssm.group_count": c.n_groups,
+                "attention.layer_norm_rms_epsilon": c.layer_norm_epsilon}  # fmt: skip
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     meta: dict[str, Any] = {
         "block_count": c.num_hidden_layers,
@@ -464,6 +505,16 @@ def _metadata(case: str, c: Any) -> dict[str, Any]:
         return {**meta, "rope.dimension_count": int(pct * head_dim),
                 "use_parallel_residual": c.use_parallel_residual,
                 "attention.layer_norm_epsilon": c.layer_norm_eps}  # fmt: skip
+    if arch == "lfm2":  # LFM2Model.set_gguf_parameters
+        ff = int(2 * c.intermediate_size / 3) if c.block_auto_adjust_ff_dim else c.intermediate_size
+        if c.block_auto_adjust_ff_dim and c.block_ffn_dim_multiplier is not None:
+            ff = int(c.block_ffn_dim_multiplier * ff)
+            ff = c.block_multiple_of * ((ff + c.block_multiple_of - 1) // c.block_multiple_of)
+        return {**meta, "feed_forward_length": ff, "rope.freq_base": theta,
+                "attention.head_count_kv": [0 if t == "conv" else c.num_key_value_heads
+                                            for t in c.layer_types],
+                "attention.layer_norm_rms_epsilon": c.norm_eps, "vocab_size": c.vocab_size,
+                "shortconv.l_cache": c.conv_L_cache}  # fmt: skip
     meta["attention.head_count_kv"] = c.num_key_value_heads
     meta["attention.layer_norm_rms_epsilon"] = c.rms_norm_eps
     if arch == "gemma3":  # Gemma3Model.set_gguf_parameters
@@ -480,19 +531,34 @@ def _metadata(case: str, c: Any) -> dict[str, Any]:
                      "attention.sliding_window": c.sliding_window}  # fmt: skip
         return meta
     meta["rope.freq_base"] = theta
+    if case == "olmo3":  # Olmo2Model.set_gguf_parameters
+        meta |= {"attention.sliding_window": c.sliding_window,
+                 "attention.sliding_window_pattern": [t == "sliding_attention"
+                                                      for t in c.layer_types]}  # fmt: skip
     if arch == "phi3":
         pct = c.rope_parameters.get("partial_rotary_factor", 1.0)
         return {**meta, "rope.dimension_count": int(pct * c.hidden_size) // c.num_attention_heads,
                 "rope.scaling.original_context_length": c.original_max_position_embeddings,
                 "attention.sliding_window": c.sliding_window or 0}  # fmt: skip
-    if arch in ("llama", "mixtral"):
+    if arch in ("llama", "mixtral", "smollm3"):  # LlamaModel.set_gguf_parameters
         meta |= {"vocab_size": c.vocab_size, "rope.dimension_count": head_dim}
     if arch in ("qwen3", "qwen3moe"):
         meta |= {"attention.key_length": head_dim, "attention.value_length": head_dim}
+    if arch == "qwen3next":  # Qwen3NextModel.set_gguf_parameters
+        meta |= {"attention.key_length": head_dim, "attention.value_length": head_dim,
+                 "expert_shared_feed_forward_length": c.shared_expert_intermediate_size,
+                 "ssm.conv_kernel": c.linear_conv_kernel_dim,
+                 "ssm.state_size": c.linear_key_head_dim,
+                 "ssm.group_count": c.linear_num_key_heads,
+                 "ssm.time_step_rank": c.linear_num_value_heads,
+                 "ssm.inner_size": c.linear_value_head_dim * c.linear_num_value_heads,
+                 "full_attention_interval": c.layer_types.index("full_attention") + 1,
+                 "rope.dimension_count": int(head_dim * c.rope_parameters.get(
+                     "partial_rotary_factor", 0.25))}  # fmt: skip
     experts = getattr(c, "num_local_experts", None) or getattr(c, "num_experts", None)
     if experts:
         meta |= {"expert_count": experts, "expert_used_count": c.num_experts_per_tok}
-    if arch == "qwen3moe":
+    if arch in ("qwen3moe", "qwen3next"):
         meta["expert_feed_forward_length"] = c.moe_intermediate_size
     return meta
 
@@ -522,12 +588,42 @@ def _converted(case: str, model: Any) -> dict[str, Any]:
             continue
         if arch in ("gemma", "gemma2", "gemma3") and name.endswith("norm.weight"):
             x = x + 1
+        if arch == "qwen3next":  # Qwen3NextModel.modify_tensors
+            if name.endswith(".A_log"):
+                x = -torch.exp(x)
+            elif name.endswith(".dt_bias"):
+                name = name.rpartition(".dt_bias")[0] + ".dt_proj.bias"
+            elif "conv1d" in name:
+                x = x.squeeze()
+            elif name.endswith("norm.weight") and not name.endswith("linear_attn.norm.weight"):
+                x = x + 1
+            if "in_proj_qkvz" in name:
+                nk, hk = c.linear_num_key_heads, c.linear_key_head_dim
+                hv = c.linear_num_value_heads // nk * c.linear_value_head_dim
+                q, k, v, z = x.T.reshape(c.hidden_size, nk, -1).split([hk, hk, hv, hv], dim=-1)
+                flat = [t.reshape(c.hidden_size, -1) for t in (q, k, v, z)]
+                at = name.split(".linear_attn.")[0].replace("model.layers.", "blk.")
+                out[f"{at}.attn_qkv.weight"] = torch.cat(flat[:3], dim=-1).T.numpy()
+                out[f"{at}.attn_gate.weight"] = flat[3].T.numpy()
+                continue
+        if arch == "mamba2":  # Mamba2Model.filter_tensors, modify_tensors
+            name = name.replace(".dt_bias", ".dt_proj.bias")
+            if "conv1d.weight" in name:
+                x = x.squeeze()
+            elif name.endswith((".A_log", ".D")):
+                x = x.reshape(*x.shape, 1)
+            elif name.endswith("mixer.norm.weight"):
+                x = x.reshape(c.n_groups, -1)
+            if name.endswith(".A_log"):
+                x = -torch.exp(x)
+        if arch == "lfm2" and name.endswith("conv.conv.weight"):  # a 2-D filter for ssm_conv
+            x = x.squeeze(1)
         if arch == "gpt2" and name.endswith((".c_attn.weight", ".c_proj.weight", ".c_fc.weight")):
             x = x.T
         if arch == "gptneox" and "query_key_value" in name:
             heads = c.num_attention_heads
             x = x.reshape(heads, 3, -1, *x.shape[1:]).transpose(0, 1).reshape(x.shape)
-        if arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
+        if arch in ("llama", "smollm3") and name.endswith(("q_proj.weight", "k_proj.weight")):
             heads = c.num_attention_heads if "q_proj" in name else c.num_key_value_heads
             x = torch.from_numpy(_permute(x.numpy(), heads))
         target = names.get_name(name, try_suffixes=(".weight", ".bias"))
@@ -553,6 +649,9 @@ def write_as_llama_cpp(path: Path, case: str, model: Any, meta: dict[str, Any] |
     fields = {**_metadata(case, model.config), **(meta or {})}
     for key, value in fields.items():
         if key in drop:
+            continue
+        if isinstance(value, list):  # per-layer values (LFM2's head_count_kv)
+            w.add_array(f"{arch}.{key}", value)
             continue
         kind = (
             T.BOOL if isinstance(value, bool)
