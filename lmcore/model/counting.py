@@ -643,10 +643,8 @@ def _check_objects(bp: Blueprint, found: Footprint) -> None:
 
 def _dims_of(bp: Blueprint, row: Row) -> str:
     if row.entry is not None:
-        return ", ".join(  # sizes with thousands separators; the other arguments as given
-            f"{k}={v:,}" if type(v) is int else f"{k}={v}"
-            for k, v in bp.kwargs(row.entry.kind).items()
-        )
+        args = bp.kwargs(row.entry.kind).items()  # sizes with separators, words as given
+        return ", ".join(f"{k}={v:,}" if type(v) is int else f"{k}={v}" for k, v in args)
     s = bp.spec
     return f"vocab_size={s.vocab_size:,}, d_model={s.d_model:,}"
 
