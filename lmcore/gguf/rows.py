@@ -72,6 +72,9 @@ class Architecture:
     # writing's (`redone`): Qwen3-Next's fused projection, Mamba-2's A as -exp(A_log)
     undone: Callable[[dict[str, Tensor], Mapping[str, Any]], dict[str, Tensor]] | None = None
     redone: Callable[[dict[str, Tensor], Mapping[str, Any]], dict[str, Tensor]] | None = None
+    # the config of the model `redone`'s tensors make, where it folds config fields into the
+    # weights (Falcon-H1's multipliers): writing compares the read-back with it, not the model
+    folded: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None = None
 
     @property
     def keys(self) -> frozenset[str]:

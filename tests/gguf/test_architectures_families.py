@@ -54,6 +54,7 @@ SPECS = {
     "mamba2": "context_length=1048576,d_model=64,num_layers=2,num_heads=16,num_kv_heads=16,head_dim=8,d_ff=1,block=prenorm,tie_embeddings=false,norm=rmsnorm(eps=1e-05),ffn=none,pos=nope,mixer=mamba2(d_state=8,expand=2,ssm_head_dim=0,n_groups=2,conv_size=4,chunk_size=256,conv_bias=true,bias=false",
     "qwen3next": "shared=swiglu(d_ff=20),shared_gate=sigmoid,aux_loss_coef=0.0),pos=rope(theta=10000.0,fraction=0.25),mixer[0::2]=gated_deltanet(num_k_heads=2,num_v_heads=4,head_k_dim=8,head_v_dim=12,conv_size=4,chunk_size=64,eps=1e-06),attn=sdpa,qk_norm=rmsnorm(eps=1e-06,zero_centered=true),attn_gate=true",
     "olmo3": "block=reordered,tie_embeddings=false,norm=rmsnorm(eps=1e-05),ffn=swiglu,pos=rope(theta=5000.0),attn=sdpa,qk_norm=rmsnorm(eps=1e-05),qk_norm_scope=full,window[0:3]=4",
+    "falcon-h1": "pos=rope(theta=500.0),mixer=attention_mamba2(d_state=8,expand=2,ssm_head_dim=8,n_groups=2,conv_size=4,chunk_size=256,conv_bias=true,bias=false,eps=1e-05,d_inner=48,attention_in=1.0,attention_out=1.0,ssm_in=1.0,ssm_out=1.0)",
     "lfm2": "d_ff=112,block=prenorm,tie_embeddings=true,norm=rmsnorm(eps=1e-05),ffn=swiglu,pos=rope(theta=1000000.0),mixer[0::2]=short_conv(conv_size=3,bias=false)",
 }
 # the architecture a model is written as when nothing names one: the first that holds it

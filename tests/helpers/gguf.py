@@ -443,6 +443,18 @@ GGUF_CASES: dict[str, tuple[str, dict[str, Any]]] = {
                           block_multiple_of=16, block_ffn_dim_multiplier=1.3,
                           layer_types=["conv", "full_attention", "conv"], pad_token_id=0,
                           bos_token_id=1, eos_token_id=2)),
+    # Falcon-H1: every multiplier away from 1 (the converter folds them into the weights), the
+    # gate before the grouped norm and no biases but the convolution's (llama.cpp's graph)
+    "falcon-h1": ("falcon_h1", dict(_TINY_SIZES, head_dim=16, mamba_d_ssm=48, mamba_n_heads=6,
+                                    mamba_d_head=8, mamba_n_groups=2, mamba_d_state=8,
+                                    mamba_chunk_size=8, mamba_rms_norm=True,
+                                    mamba_norm_before_gate=False, mamba_proj_bias=False,
+                                    projectors_bias=False, key_multiplier=0.7,
+                                    embedding_multiplier=1.5, lm_head_multiplier=0.8,
+                                    mlp_multipliers=[0.9, 0.6], attention_in_multiplier=1.2,
+                                    attention_out_multiplier=0.8, ssm_in_multiplier=0.9,
+                                    ssm_out_multiplier=1.1,
+                                    ssm_multipliers=[0.5, 1.5, 0.8, 1.25, 0.7], rope_theta=500.0)),
 }  # fmt: skip
 # The cases transformers' GGUF loader reads (integrations/ggml.py: GGUF_CONFIG_MAPPING); it
 # reads neither gemma, olmo2, gptneox nor a llama with experts, nor a partial rotation of Phi-3.
@@ -482,14 +494,18 @@ def _metadata(case: str, c: Any) -> dict[str, Any]:
                 "ssm.inner_size": inner, "ssm.state_size": c.state_size,
                 "ssm.time_step_rank": inner // c.head_dim, "ssm.group_count": c.n_groups,
                 "attention.layer_norm_rms_epsilon": c.layer_norm_epsilon}  # fmt: skip
-    if arch == "mamba2":  # Mamba2Model.set_gguf_parameters
-        inner = c.expand * c.hidden_size
-        return {"context_length": 2**20, "embedding_length": c.hidden_size,
-                "feed_forward_length": 0, "attention.head_count": 0,
-                "block_count": c.num_hidden_layers, "ssm.conv_kernel": c.conv_kernel,
-                "ssm.inner_size": inner, "ssm.state_size": c.state_size,
-                "ssm.time_step_rank": inner // c.head_dim, "ssm.group_count": c.n_groups,
-                "attention.layer_norm_rms_epsilon": c.layer_norm_epsilon}  # fmt: skip
+    if arch == "falcon-h1":  # FalconH1Model.set_gguf_parameters over Mamba2Model's
+        return {"context_length": c.max_position_embeddings, "embedding_length": c.hidden_size,
+                "feed_forward_length": c.intermediate_size,
+                "attention.head_count": c.num_attention_heads, "block_count": c.num_hidden_layers,
+                "ssm.conv_kernel": c.mamba_d_conv, "ssm.inner_size": c.mamba_d_ssm,
+                "ssm.state_size": c.mamba_d_state,
+                "ssm.time_step_rank": c.mamba_d_ssm // c.mamba_d_head,
+                "ssm.group_count": c.mamba_n_groups,
+                "attention.layer_norm_rms_epsilon": c.rms_norm_eps, "vocab_size": c.vocab_size,
+                "attention.head_count_kv": c.num_key_value_heads,
+                "attention.key_length": c.head_dim, "attention.value_length": c.head_dim,
+                "rope.freq_base": float(c.rope_parameters["rope_theta"])}  # fmt: skip
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     meta: dict[str, Any] = {
         "block_count": c.num_hidden_layers,
@@ -570,7 +586,7 @@ def _converted(case: str, model: Any) -> dict[str, Any]:
     import numpy as np
 
     arch, c = arch_of(case), model.config
-    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH[arch.upper()], 64)
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH[arch.upper().replace("-", "_")], 64)
     out: dict[str, Any] = {}
     for name, p in model.state_dict().items():
         x = p.detach().float()
@@ -616,6 +632,41 @@ def _converted(case: str, model: Any) -> dict[str, Any]:
                 x = x.reshape(c.n_groups, -1)
             if name.endswith(".A_log"):
                 x = -torch.exp(x)
+        if arch == "falcon-h1":  # FalconH1Model.modify_tensors, after Mamba2Model's
+            name = name.replace(".dt_bias", ".dt_proj.bias")
+            if "conv1d.weight" in name:
+                x = x.squeeze()
+            elif name.endswith((".A_log", ".D")):
+                x = x.reshape(*x.shape, 1)
+            if name.endswith(".A_log"):
+                x = -torch.exp(x)
+            inner, gs = c.mamba_d_ssm, c.mamba_n_groups * c.mamba_d_state
+            if "down_proj" in name:
+                x = x * c.mlp_multipliers[1]
+            elif "gate_proj" in name:
+                x = x * c.mlp_multipliers[0]
+            elif "k_proj" in name:
+                x = x * c.key_multiplier * c.attention_in_multiplier
+            elif "q_proj" in name or "v_proj" in name:
+                x = x * c.attention_in_multiplier
+            elif "o_proj" in name:
+                x = x * c.attention_out_multiplier
+            elif "out_proj" in name:
+                x = x * c.ssm_out_multiplier
+            elif "in_proj" in name:
+                x = x * c.ssm_in_multiplier
+                m = c.ssm_multipliers
+                x[:inner] *= m[0]
+                x[inner:2 * inner] *= m[1]
+                x[2 * inner:2 * inner + gs] *= m[2]
+                x[2 * inner + gs:2 * inner + 2 * gs] *= m[3]
+                x[2 * inner + 2 * gs:] *= m[4]
+            elif "lm_head" in name:
+                x = x * c.lm_head_multiplier
+            elif "embed_tokens" in name:
+                x = x * c.embedding_multiplier
+            elif "mamba.norm" in name:
+                x = x.reshape(c.mamba_n_groups, inner // c.mamba_n_groups)
         if arch == "lfm2" and name.endswith("conv.conv.weight"):  # a 2-D filter for ssm_conv
             x = x.squeeze(1)
         if arch == "gpt2" and name.endswith((".c_attn.weight", ".c_proj.weight", ".c_fc.weight")):
