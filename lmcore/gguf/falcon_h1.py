@@ -55,6 +55,7 @@ def _folded(config: Mapping[str, Any]) -> dict[str, Any]:
     out = {**config, **{m: 1.0 for m in _MULTIPLIERS}}
     out["mlp_multipliers"], out["ssm_multipliers"] = [1.0] * 2, [1.0] * 5
     out["mamba_d_ssm"] = _inner(config)
+    out["mamba_chunk_size"] = 256  # how the scan is split, not the function (no key holds it)
     if config.get("tie_word_embeddings"):
         out["lm_head_multiplier"] = _one(config, "lm_head_multiplier") / _one(
             config, "embedding_multiplier"

@@ -151,6 +151,8 @@ def _hf_model(model_type: str, **config: Any) -> Any:
     return transformers.AutoModelForCausalLM.from_config(c)
 
 
+_FALCON_H1 = dict(head_dim=8, mamba_d_ssm=48, mamba_n_heads=6, mamba_d_head=8, mamba_n_groups=2,
+                  mamba_d_state=8, mamba_rms_norm=True, mamba_norm_before_gate=False)
 # what no GGUF architecture holds, refused by name before a byte is written
 UNWRITABLE = {
     # llama.cpp's llama has no window, and its phi3 ignores the one the file holds
@@ -275,6 +277,16 @@ HOSTILE = {
     "mamba2-type": ("mamba2", {"ssm.state_size": "8"}, (), {}, ("mamba2.ssm.state_size",)),
     "mamba2-heads": ("mamba2", {"attention.head_count": 4}, (), {},
                      ("mamba2.attention.head_count=4", "lmcore converts 0 only")),
+    "falcon-h1-shape": ("falcon-h1", {}, (), {"blk.1.attn_k.weight": lambda x: x[:16]},
+                        ("tensor blk.1.attn_k.weight has shape (16, 64)", "(32, 64)",
+                         "falcon-h1.attention.head_count_kv 2 x head width 16")),
+    "falcon-h1-missing": ("falcon-h1", {}, ("blk.0.ssm_norm.weight",), {},
+                          ("missing (1): model.layers.0.mamba.norm.weight",)),
+    "falcon-h1-norm": ("falcon-h1", {}, (), {"blk.1.ffn_norm": lambda x: x[:60]},
+                       ("tensor blk.1.ffn_norm has shape (60,)", "64: falcon-h1.embedding_length")),
+    "falcon-h1-type": ("falcon-h1", {"ssm.inner_size": "48"}, (), {}, ("falcon-h1.ssm.inner_size",)),
+    "falcon-h1-type-heads": ("falcon-h1", {"ssm.time_step_rank": "6"}, (), {},
+                             ("falcon-h1.ssm.time_step_rank",)),
     "lfm2-shape": ("lfm2", {}, (), {"blk.1.attn_k.weight": lambda x: x[:16]},
                    ("tensor blk.1.attn_k.weight has shape (16, 64)", "(32, 64)",
                     "lfm2.attention.head_count_kv 2")),
@@ -325,3 +337,54 @@ def test_an_unknown_architecture_is_refused_naming_those_that_convert(tmp_path: 
     with raises_naming(ConversionError, "general.architecture is 'bert'", "gemma, gemma2, gemma3",
                        "lfm2, llama, mamba2, olmo2, phi3, qwen2, qwen3, qwen3moe", "smollm3"):  # fmt: skip
         load_gguf(tmp_path / "m.gguf")
+
+
+def test_a_falcon_h1_with_multipliers_is_written_folded_as_the_converter_folds_them(
+    tmp_path: Path,
+) -> None:
+    hf = hf_case("falcon-h1")
+    reference = write_as_llama_cpp(tmp_path / "ref.gguf", "falcon-h1", hf)
+    hf.save_pretrained(tmp_path / "hf")
+    model = load_hf(tmp_path / "hf")  # its multipliers spec arguments, none folded
+    assert "embed_scale=1.5" in str(model.spec)
+    written = save_gguf(model, tmp_path / "m.gguf")
+    assert read_gguf(written).architecture == "falcon-h1"
+    ours, theirs = gguf.GGUFReader(str(written)), gguf.GGUFReader(str(reference))
+    mine = {t.name: np.asarray(t.data) for t in ours.tensors}
+    held = {t.name: np.asarray(t.data) for t in theirs.tensors}
+    assert mine.keys() == held.keys()
+    for name, data in held.items():  # the same fold, up to float32 rounding
+        np.testing.assert_allclose(mine[name], data, atol=1e-6, rtol=1e-6, err_msg=name)
+    torch.testing.assert_close(_logits(load_gguf(written)), _logits(hf), atol=1e-4, rtol=0)
+
+
+# what no falcon-h1 file holds: llama.cpp's graph has no attention biases, nor a norm before the
+# gate; a tied model's lm_head multiplier over its embedding one folds into no weight
+FALCON_H1_UNWRITABLE = {
+    "bias": ({"attention_bias": True}, ("qkv_bias=true", "a GGUF falcon-h1 has")),
+    "norm-first": ({"mamba_norm_before_gate": True},
+                   ("gate_norm=norm_first", "a GGUF falcon-h1 has")),
+    "tied": ({"tie_word_embeddings": True, "embedding_multiplier": 2.0, "lm_head_multiplier": 0.5},
+             ("logit_scale=0.25", "a GGUF falcon-h1 has")),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("broken", FALCON_H1_UNWRITABLE, ids=FALCON_H1_UNWRITABLE.keys())
+def test_what_a_falcon_h1_file_cannot_fold_is_refused_by_name(tmp_path: Path, broken: str) -> None:
+    config, facts = FALCON_H1_UNWRITABLE[broken]
+    _hf_model("falcon_h1", **{**_FALCON_H1, **config}).save_pretrained(tmp_path / "hf")
+    model = load_hf(tmp_path / "hf")
+    with raises_naming(ConversionError, "as falcon-h1 (falcon_h1)", *facts) as caught:
+        save_gguf(model, tmp_path / "m.gguf", architecture="falcon-h1")
+    assert "\n" not in str(caught.value)
+    assert not (tmp_path / "m.gguf").exists()
+
+
+def test_a_tied_falcon_h1_whose_multipliers_agree_folds_into_the_embedding(tmp_path: Path) -> None:
+    hf = _hf_model("falcon_h1", **_FALCON_H1, tie_word_embeddings=True, embedding_multiplier=1.5,
+                   lm_head_multiplier=1.5, key_multiplier=0.7, ssm_multipliers=[0.5, 1.5, 0.8,
+                   1.25, 0.7], mlp_multipliers=[0.9, 0.6], vocab_size=128)  # fmt: skip
+    hf.save_pretrained(tmp_path / "hf")
+    written = save_gguf(load_hf(tmp_path / "hf"), tmp_path / "m.gguf")
+    assert "output.weight" not in read_gguf(written).tensors
+    torch.testing.assert_close(_logits(load_gguf(written)), _logits(hf.eval()), atol=1e-4, rtol=0)
