@@ -172,12 +172,19 @@ FALCON_H1: Final = Architecture(
     ),
     defaults=_ROPE,
     # llama.cpp's graph: no biases but the convolution's, the gate before the grouped norm
-    fixed={"attention_bias": False, "mlp_bias": False, "mamba_proj_bias": False,
-           "projectors_bias": False, "mamba_conv_bias": True, "mamba_rms_norm": True,
-           "mamba_norm_before_gate": False},  # fmt: skip
+    fixed={
+        "attention_bias": False,
+        "mlp_bias": False,
+        "mamba_proj_bias": False,
+        "projectors_bias": False,
+        "mamba_conv_bias": True,
+        "mamba_rms_norm": True,
+        "mamba_norm_before_gate": False,
+    },
     derived=(
-        Derived(("ssm.inner_size",), _inner_read, _inner_write,
-                (("mamba_d_ssm", "ssm.inner_size"),)),  # fmt: skip
+        Derived(
+            ("ssm.inner_size",), _inner_read, _inner_write, (("mamba_d_ssm", "ssm.inner_size"),)
+        ),
     ),
     shapes={"ffn_norm": ("d",)},
     squeezed=("mamba.conv1d.weight",),
