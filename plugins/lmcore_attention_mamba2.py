@@ -16,11 +16,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import lmcore_mamba2 as mamba2
 import torch
 from jaxtyping import Float
 from torch import Tensor, nn
 
+import lmcore_mamba2 as mamba2
 from lmcore import Arg, Component, hookimpl
 from lmcore.components import call_with
 from lmcore.interfaces import LayerContext

@@ -39,7 +39,6 @@ from lmcore.model.conv import DepthwiseConv
 from lmcore.model.nn import Linear, at_least_float32, silu, softplus
 from lmcore.model.ssd import chunk_ssd, recurrent_ssd
 
-
 # Where the output gate silu(z) applies: before the norm (Mamba-2's `MambaRMSNormGated`), after
 # it (Falcon-H1's `mamba_norm_before_gate`), or with no norm at all (`mamba_rms_norm: false`).
 GATE_NORMS = ("gate_first", "norm_first", "none")

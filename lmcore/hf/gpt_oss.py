@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from lmcore.hf.common import attention, core, ends, norms
-from lmcore.hf.family import Family
 from lmcore.hf.draft import Draft, SpecView
+from lmcore.hf.family import Family
 from lmcore.hf.rules import Dropout, Field, Moe, Rope, Window
 from lmcore.hf.values import checked
 from lmcore.hf.weights import Experts, weight

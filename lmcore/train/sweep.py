@@ -366,8 +366,8 @@ def sweep(
     """
     from lmcore.data.tokens import TokenData
     from lmcore.train.launch import LauncherOptions, RunTask, make_launcher
-    from lmcore.train.trackers import check_trackers
     from lmcore.train.sweepfile import SweepDefinition, write_definition
+    from lmcore.train.trackers import check_trackers
     from lmcore.train.trainer import TrainConfig
 
     say = echo or (lambda _line: None)

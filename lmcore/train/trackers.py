@@ -46,8 +46,8 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from lmcore.components import KINDS
 from lmcore.errors import TrainError
-from lmcore.train.config import TRACKERS, TrainConfig
 from lmcore.train import endpoints
+from lmcore.train.config import TRACKERS, TrainConfig
 from lmcore.train.endpoints import connect, host_port, probe_http
 from lmcore.train.runs import write_json
 
