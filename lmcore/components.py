@@ -57,6 +57,10 @@ from lmcore.errors import (
 Scalar = int | float | bool | str
 
 KINDS: Final = ("norm", "ffn", "pos", "attn", "block", "mixer")
+# The kinds of the training recipe: found, declared and resolved like the model's, but built
+# by the runner, not into the model (`lmcore.train.recipe`).
+RECIPE_KINDS: Final = ("optimizer", "schedule")
+ALL_KINDS: Final = (*KINDS, *RECIPE_KINDS)
 
 # The model dimensions each kind may ask for, in the order the docs list them.
 DIMS: Final[Mapping[str, tuple[str, ...]]] = {
@@ -66,6 +70,9 @@ DIMS: Final[Mapping[str, tuple[str, ...]]] = {
     "attn": ("num_heads", "num_kv_heads", "head_dim", "window", "attn_sinks"),
     "block": ("d_model",),
     "mixer": ("d_model", "num_heads", "num_kv_heads", "head_dim", "context_length"),
+    # What the runner offers the recipe kinds (see `lmcore.train.recipe`).
+    "optimizer": ("groups", "lr", "weight_decay", "betas", "eps"),
+    "schedule": ("lr", "min_lr", "warmup", "decay_steps", "steps"),
 }
 # What a block's factory receives besides its dimensions and arguments: the attention sub-layer,
 # the feed-forward network, and `norm()`, which builds one more norm of the model's kind per call.
@@ -99,6 +106,8 @@ FEATURES: Final[Mapping[str, frozenset[str]]] = {
     # mask: takes left-padded batches (a pad token changes no state and no real token's
     # output: attention masks pad keys, a recurrent mixer leaves its state as it was).
     "mixer": frozenset({"mask", "compile", "nocache"}),
+    "optimizer": frozenset(),
+    "schedule": frozenset(),
 }
 
 NAME_RE: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]*\Z")
@@ -486,10 +495,10 @@ def validate_component(item: object) -> Component:
             f"lmcore_components() must return lmcore.Component objects, got {type(item).__name__}"
         )
     c = item
-    if c.kind not in KINDS:
+    if c.kind not in ALL_KINDS:
         raise InvalidComponentError(
-            f"component {c.name!r} has kind {c.kind!r}; kinds are {one_of(KINDS)}"
-            + did_you_mean(str(c.kind), KINDS)
+            f"component {c.name!r} has kind {c.kind!r}; kinds are {one_of(ALL_KINDS)}"
+            + did_you_mean(str(c.kind), ALL_KINDS)
         )
     what = f"{c.kind} {c.name!r}"
     if not isinstance(c.name, str) or not NAME_RE.match(c.name):
@@ -546,10 +555,11 @@ def validate_component(item: object) -> Component:
                 f"{one_of(WRITTEN)}" + did_you_mean(str(a.written), WRITTEN)
             )
         if a.kind is not None:
-            if a.kind not in KINDS:
+            if a.kind not in ALL_KINDS:
                 raise InvalidComponentError(
                     f"{what}: argument {a.name!r} has type {a.kind!r}; a component-valued "
-                    f"argument names a kind: {one_of(KINDS)}" + did_you_mean(a.kind, KINDS)
+                    f"argument names a kind: {one_of(ALL_KINDS)}"
+                    + did_you_mean(a.kind, ALL_KINDS)
                 )
             if not (a.required or a.default is None or isinstance(a.default, str)):
                 raise InvalidComponentError(
@@ -562,7 +572,7 @@ def validate_component(item: object) -> Component:
         if a.type not in _ARG_TYPES:
             raise InvalidComponentError(
                 f"{what}: argument {a.name!r} has type {a.type!r}; use int, float, bool, str "
-                f"or a component kind ({one_of(KINDS)})"
+                f"or a component kind ({one_of(ALL_KINDS)})"
             )
         if not a.required:
             try:

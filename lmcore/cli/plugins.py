@@ -7,12 +7,12 @@ import json
 import sys
 from typing import Any
 
-from lmcore.components import KINDS
+from lmcore.components import ALL_KINDS
 
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("plugins", help="list components and presets with provenance and status")
-    p.add_argument("--kind", choices=[*KINDS, "preset"])
+    p.add_argument("--kind", choices=[*ALL_KINDS, "preset"])
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=run)
 
@@ -76,7 +76,7 @@ def plugin_rows(kind: str | None = None) -> list[dict[str, Any]]:
         elif not r.components and not r.presets:  # loaded, yet nothing to show for it
             note = "loaded, but declares no components or presets"
             rows.append(_row("-", r.name, r.provenance, "empty", note) | {"args": []})
-    order = {kind: n for n, kind in enumerate((*KINDS, "preset", "-"))}
+    order = {kind: n for n, kind in enumerate((*ALL_KINDS, "preset", "-"))}
     rows.sort(key=lambda r: (order[r["kind"]], r["name"], r["dist"] or ""))
     return rows
 
@@ -96,13 +96,13 @@ def _row(kind: str, name: str, prov: Any, status: str, note: str) -> dict[str, A
 
 def _default(a: dict[str, Any]) -> str:
     """An argument's default as a spec writes it: a component-valued one as its spec text."""
-    from lmcore.components import KINDS, format_scalar
+    from lmcore.components import ALL_KINDS, format_scalar
 
     if a["required"]:
         return "required"
     if a["default"] is None:
         return "none"
-    return str(a["default"]) if a["type"] in KINDS else format_scalar(a["default"])
+    return str(a["default"]) if a["type"] in ALL_KINDS else format_scalar(a["default"])
 
 
 def _arg_json(a: Any) -> dict[str, Any]:

@@ -13,6 +13,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor, nn
 
+from lmcore.model.roles import BIAS, EMBEDDING, MATRIX, Role
 
 class Linear(nn.Module):
     """`y = x @ W.T` (CS336: no bias), or `x @ W.T + b` with `bias=True`; `W` is
@@ -29,9 +30,11 @@ class Linear(nn.Module):
         dtype: torch.dtype | None = None,
         *,
         bias: bool = False,
+        role: Role = MATRIX,
     ):
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
+        self.role = role  # a hidden matrix unless the owner says otherwise (packed, router)
         self.weight = nn.Parameter(
             torch.empty(out_features, in_features, device=device, dtype=dtype)
         )
@@ -45,6 +48,9 @@ class Linear(nn.Module):
         # Plain matmul: einsum("...i,oi->...o") is the same maths but slower on CPU (benchmarks/).
         y = x @ self.weight.T
         return y if self.bias is None else y + self.bias
+
+    def parameter_roles(self) -> dict[str, Role]:
+        return {"weight": self.role, "bias": BIAS}
 
     def extra_repr(self) -> str:
         bias = ", bias=True" if self.bias is not None else ""
@@ -70,6 +76,9 @@ class Embedding(nn.Module):
 
     def forward(self, token_ids: Int[Tensor, "..."]) -> Float[Tensor, "... d"]:
         return self.weight[token_ids]
+
+    def parameter_roles(self) -> dict[str, Role]:
+        return {"weight": EMBEDDING}
 
     def extra_repr(self) -> str:
         return f"num_embeddings={self.num_embeddings}, embedding_dim={self.embedding_dim}"

@@ -37,6 +37,7 @@ from lmcore.model.cache import DecodingCache, KVState
 from lmcore.model.counting import check_size
 from lmcore.model.inputs import check_device, check_dtype, check_ids, check_positions
 from lmcore.model.nn import Embedding, Linear
+from lmcore.model.roles import EMBEDDING, HEAD, Role
 from lmcore.registry import Registry
 from lmcore.spec import ModelSpec, default_query_scale
 from lmcore.tokenizer import SavedTokenizer
@@ -507,6 +508,12 @@ class TransformerLM(nn.Module):
         if self.logit_cap is not None:
             logits = self.logit_cap(logits)
         return logits
+
+    def parameter_roles(self) -> dict[str, Role]:
+        """The output head's role; a tied matrix is the embedding (never a hidden matrix)."""
+        if self.spec.tie_embeddings:
+            return {"token_embeddings.weight": EMBEDDING}
+        return {"lm_head.weight": HEAD}
 
     def aux_loss(self) -> Tensor | None:
         """The sum of the auxiliary losses the last forward left on its modules (an `aux_loss`
