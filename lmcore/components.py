@@ -62,6 +62,13 @@ KINDS: Final = ("norm", "ffn", "pos", "attn", "block", "mixer")
 RECIPE_KINDS: Final = ("optimizer", "schedule")
 ALL_KINDS: Final = (*KINDS, *RECIPE_KINDS)
 
+# The roles a component declares for the parameters it creates (`lmcore.model.roles`): a
+# hidden matrix, several packed in one tensor, the embedding, the output head, a norm's gain,
+# a bias, a mixture's router, per-head or per-channel scalars, a convolution's filter.
+ROLES: Final = (
+    "matrix", "packed", "embedding", "head", "gain", "bias", "router", "scalar", "conv",
+)  # fmt: skip
+
 # The model dimensions each kind may ask for, in the order the docs list them.
 DIMS: Final[Mapping[str, tuple[str, ...]]] = {
     "norm": ("d_model",),

@@ -25,6 +25,7 @@ from typing import Final
 
 from torch import nn
 
+from lmcore.components import ROLES
 from lmcore.errors import PluginError, did_you_mean, one_of
 
 __all__ = [
@@ -52,9 +53,6 @@ __all__ = [
 # multiplicative weight; bias: an additive one; router: a mixture's gate over experts;
 # scalar: per-head or per-channel numbers that are neither (A_log, dt_bias, sinks, a
 # learned residual scale); conv: a depthwise convolution's filter.
-ROLES: Final = (
-    "matrix", "packed", "embedding", "head", "gain", "bias", "router", "scalar", "conv",
-)  # fmt: skip
 # The roles whose tensors are matrices an optimizer may treat as such (fan-in, fan-out).
 MATRIX_ROLES: Final = ("matrix", "packed", "head", "router", "embedding")
 

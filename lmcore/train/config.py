@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from argparse import ArgumentTypeError
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from lmcore.errors import TrainError
+from lmcore.components import ROLES
+from lmcore.errors import TrainError, did_you_mean
 from lmcore.train import options
 from lmcore.train.options import Check, Flag, among, count, option, positive, seed_value
 
@@ -36,6 +38,65 @@ TRACKERS: Final = ("tensorboard", "mlflow", "wandb")  # lmcore.train.trackers
 
 
 # ------------------------------------------------------------------------------ options
+
+
+def roles_list(text: str) -> str:
+    """`--decay`'s value, comma-separated parameter roles or `none`, written canonically (an
+    `ArgumentTypeError` names a role that is not one)."""
+    names = tuple(r.strip() for r in text.split(",") if r.strip())
+    if names in ((), ("none",)):
+        return "none"
+    for name in names:
+        if name not in ROLES:
+            raise ArgumentTypeError(
+                f"{name!r} is not a parameter role; roles are {', '.join(ROLES)}"
+                + did_you_mean(name, ROLES)
+            )
+    return ",".join(dict.fromkeys(names))
+
+
+def decay_roles(text: str) -> tuple[str, ...]:
+    """The roles `--decay` names (none for `none`)."""
+    return () if text == "none" else tuple(text.split(","))
+
+
+def _roles_ok(text: object) -> bool:
+    try:
+        return isinstance(text, str) and roles_list(text) == text
+    except ArgumentTypeError:
+        return False
+
+
+def role_multiplier(text: str) -> str:
+    """`--role-lr`'s value, `ROLE=MULT`, checked and written back canonically."""
+    role, sep, mult = text.partition("=")
+    role = role.strip()
+    if not sep or role not in ROLES:
+        raise ArgumentTypeError(
+            f"{text!r} is not ROLE=MULT with a role among {', '.join(ROLES)}"
+            + (did_you_mean(role, ROLES) if sep else "")
+        )
+    try:
+        value = float(mult)
+    except ValueError:
+        raise ArgumentTypeError(
+            f"{text!r}: the multiplier {mult.strip()!r} is not a number"
+        ) from None
+    if not math.isfinite(value) or value <= 0:
+        raise ArgumentTypeError(f"{text!r}: the multiplier must be a number > 0")
+    return f"{role}={value!r}"
+
+
+def _multiplier_ok(text: object) -> bool:
+    try:
+        return isinstance(text, str) and role_multiplier(text) == text
+    except ArgumentTypeError:
+        return False
+
+
+def role_multipliers(values: tuple[str, ...]) -> dict[str, float]:
+    """`--role-lr`'s values as a table; a role given twice: the last one."""
+    return {r: float(m) for r, _, m in (v.partition("=") for v in values)}
 
 
 @dataclass(frozen=True)
@@ -93,7 +154,7 @@ class TrainConfig:
     )
     weight_decay: float = option(
         0.1,
-        "AdamW's, on matrices only (default: {default:g})",  # decoupled
+        "decoupled weight decay, on the roles --decay names (default: {default:g})",
         Flag(type=float, metavar="WD"),
         checks=(Check(lambda v, _: v >= 0, "a number ≥ 0"),),
     )
@@ -111,6 +172,36 @@ class TrainConfig:
         "AdamW's epsilon (default: {default:g})",
         checks=(Check(lambda v, _: v > 0, "a number > 0"),),
     )
+    optimizer: str = option(
+        "adamw",
+        "the optimizer, a registered one as a spec writes a component: adamw, "
+        "'muon(fallback=adamw)', 'sgd(momentum=0.9)' (default: {default})",
+        Flag(metavar="OPTIMIZER"),
+        checks=(Check(lambda v, _: isinstance(v, str) and v.strip() != "", "a component, e.g. adamw"),),
+    )
+    schedule: str = option(
+        "cosine",
+        "the learning-rate schedule, e.g. cosine, 'wsd(decay=0.2)', constant "
+        "(default: {default})",
+        Flag(metavar="SCHEDULE"),
+        checks=(Check(lambda v, _: isinstance(v, str) and v.strip() != "", "a component, e.g. cosine"),),
+    )
+    decay: str = option(
+        "matrix,packed,head,router,conv",
+        "the parameter roles weight decay applies to, comma-separated "
+        "(default: matrix,packed,head,router,conv; none: no decay)",
+        Flag(type=roles_list, metavar="ROLES", example="matrix,gain"),
+        checks=(Check(lambda v, _: _roles_ok(v), f"roles among {', '.join(ROLES)}, or none"),),
+    )
+    role_lr: tuple[str, ...] = option(
+        (),
+        "a learning-rate multiplier for one parameter role, ROLE=MULT (repeatable), e.g. "
+        "embedding=2",
+        Flag("--role-lr", action="append", type=role_multiplier, metavar="ROLE=MULT",
+             example="embedding=2.0"),
+        checks=(Check(lambda v, _: _multiplier_ok(v),
+                      f"ROLE=MULT with ROLE among {', '.join(ROLES)} and MULT > 0"),),
+    )  # fmt: skip
     grad_clip: float | None = option(
         1.0,
         "global gradient norm; 0: off (default: {default:g})",  # L2, over all parameters

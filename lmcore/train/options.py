@@ -113,7 +113,8 @@ class Flag:
     stands for None (`--grad-clip 0`). `exclusive`: flags sharing this name exclude each other
     (`--steps | --tokens`), and of those a config sets the last one wins (tokens give the
     steps). `after`: the option whose flag this one's follows in `--help` (otherwise: the
-    declaration order)."""
+    declaration order). `example`: a value as typed, other than the default (for an option
+    whose values have a grammar of their own)."""
 
     name: str | None = None
     type: Callable[[str], Any] | None = None
@@ -125,6 +126,7 @@ class Flag:
     off: Any = None
     exclusive: str | None = None
     after: str | None = None
+    example: str | None = None  # a value other than the default, for tests and docs
 
 
 @dataclass(frozen=True)

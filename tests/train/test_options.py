@@ -43,6 +43,9 @@ def sample(opt: Option, flag: Flag) -> Any:
     if flag.action == "store_const":
         return flag.const
     parse = flag.type or str
+    if flag.example is not None:
+        value = parse(flag.example)
+        return (value,) if flag.action == "append" else value
     if flag.action == "append":
         return (flag.choices[0] if flag.choices else parse("3"),)
     if flag.choices:
@@ -103,7 +106,8 @@ def test_grad_clip_zero_is_no_clipping_on_the_command_line_and_in_a_sweep_file(
 
 def test_the_derived_tables_are_those_the_command_line_and_resume_knew() -> None:
     assert CLI_OPTIONS == (
-        "steps", "tokens", "batch_size", "lr", "min_lr", "warmup", "weight_decay", "grad_clip",
+        "steps", "tokens", "batch_size", "lr", "min_lr", "warmup", "weight_decay", "optimizer",
+        "schedule", "decay", "role_lr", "grad_clip",
         "eval_every", "eval_batches", "log_every", "save_every", "keep", "seed", "device", "betas",
         "dtype", "autocast", "compile", "eval_bpb", "loggers", "log_group",
     )  # fmt: skip
