@@ -13,6 +13,7 @@ from jaxtyping import Float
 from torch import Tensor, nn
 
 from lmcore import Arg, Component, hookimpl
+from lmcore.model.roles import GAIN, Role
 
 
 def _rms_norm(x: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
@@ -81,6 +82,9 @@ class RMSNorm(nn.Module):
             return _rms_norm(x, gain, self.eps)[0]
         y: Tensor = _RMSNorm.apply(x, gain, self.eps)
         return y
+
+    def parameter_roles(self) -> dict[str, Role]:
+        return {"weight": GAIN}
 
     def extra_repr(self) -> str:
         centred = ", zero_centered=True" if self.zero_centered else ""

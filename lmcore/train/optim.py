@@ -1,5 +1,6 @@
-"""The optimizer of `lmcore train`: AdamW's parameter groups (weight decay on matrices only),
-`torch.optim.AdamW` fused where torch has the kernel, and global-norm gradient clipping.
+"""The optimizer of `lmcore train`: the registered optimizer the run names (`--optimizer`,
+default `adamw`) over parameter groups by role (`lmcore.model.roles`: weight decay on the roles
+`--decay` names, learning-rate multipliers by `--role-lr`), and global-norm gradient clipping.
 """
 
 from __future__ import annotations
@@ -10,40 +11,75 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor, nn
 
+from lmcore.errors import PluginError
+from lmcore.model.roles import roles_of
+from lmcore.parts import Part
+from lmcore.train.recipe import build_optimizer, check_offer, param_groups, resolve_recipe
+
 if TYPE_CHECKING:
     from lmcore.train.config import TrainConfig
 
-__all__ = ["clip_gradients", "make_optimizer", "param_groups"]
+__all__ = ["clip_gradients", "make_optimizer", "role_groups"]
 
 
-def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    """AdamW's groups: matrices (ndim ≥ 2: projections, embeddings, lm_head) decay; vectors and
-    scalars (norm gains, biases) do not. Each group's `names` lists its parameters; empty
-    groups are left out. A tied parameter appears once."""
-    decay: dict[str, list[Any]] = {"params": [], "names": []}
-    keep: dict[str, list[Any]] = {"params": [], "names": []}
-    for name, p in model.named_parameters():
-        if p.requires_grad:
-            group = decay if p.ndim >= 2 else keep
-            group["params"].append(p)
-            group["names"].append(name)
-    groups = [{**decay, "weight_decay": weight_decay}, {**keep, "weight_decay": 0.0}]
-    return [g for g in groups if g["params"]]
+def role_groups(
+    model: nn.Module, config: TrainConfig
+) -> tuple[list[dict[str, Any]], list[list[str]]]:
+    """The run's parameter groups by role, and each group's parameter names."""
+    from lmcore.train.config import decay_roles, role_multipliers
+
+    return param_groups(
+        model,
+        roles_of(model),
+        decay=decay_roles(config.decay),
+        weight_decay=config.weight_decay,
+        lr=config.lr,
+        multipliers=role_multipliers(config.role_lr),
+    )
 
 
 def make_optimizer(
-    model: nn.Module, config: TrainConfig, device: torch.device
-) -> tuple[torch.optim.AdamW, list[list[str]], str]:
-    """`torch.optim.AdamW` over `param_groups`: fused where torch has the kernel for `device`
-    and the parameters' dtype, else foreach. Returns it, each group's parameter names, and
-    which implementation it is."""
-    groups = param_groups(model, config.weight_decay)
-    names = [g.pop("names") for g in groups]
-    common: dict[str, Any] = {"lr": config.lr, "betas": config.betas, "eps": config.eps}
-    try:
-        return torch.optim.AdamW(groups, fused=True, **common), names, "fused"
-    except (RuntimeError, ValueError):  # no fused kernel for this device or dtype
-        return torch.optim.AdamW(groups, foreach=True, **common), names, "foreach"
+    model: nn.Module, config: TrainConfig, part: Part | None = None
+) -> tuple[torch.optim.Optimizer, list[list[str]], Part]:
+    """The optimizer `config.optimizer` names (or `part`, resolved already) over the model's
+    role groups; returns it, the parameter names of each of its `param_groups` (in its own
+    order) and its part. Every trainable parameter must be in exactly one of its groups."""
+    from lmcore.train.config import TrainConfig
+
+    part = part or resolve_recipe("optimizer", config.optimizer)
+    default = TrainConfig()
+    check_offer(part, "betas", config.betas, default.betas)
+    check_offer(part, "eps", config.eps, default.eps)
+    groups, _ = role_groups(model, config)
+    optimizer = build_optimizer(part, groups, lr=config.lr, weight_decay=config.weight_decay,
+                                betas=config.betas, eps=config.eps)  # fmt: skip
+    return optimizer, group_names(model, optimizer, part), part
+
+
+def group_names(
+    model: nn.Module, optimizer: torch.optim.Optimizer, part: Part
+) -> list[list[str]]:
+    """The names of each group's parameters; a `PluginError` when the optimizer leaves a
+    trainable parameter without an update rule, holds one twice, or holds one not the model's."""
+    name_of = {id(p): n for n, p in model.named_parameters() if p.requires_grad}
+    names: list[list[str]] = []
+    seen: set[int] = set()
+    for g in optimizer.param_groups:
+        row = []
+        for p in g["params"]:
+            if id(p) not in name_of or id(p) in seen:
+                what = "twice" if id(p) in seen else "a tensor that is not a trainable parameter"
+                raise PluginError(f"optimizer {part.name!r} from {part.provenance} holds {what}")
+            seen.add(id(p))
+            row.append(name_of[id(p)])
+        names.append(row)
+    left = [n for i, n in name_of.items() if i not in seen]
+    if left:
+        raise PluginError(
+            f"optimizer {part.name!r} from {part.provenance} leaves {len(left)} parameter(s) "
+            f"without an update rule, e.g. {left[0]!r}"
+        )
+    return names
 
 
 def clip_gradients(parameters: Iterable[Tensor], max_norm: float | None) -> Tensor:

@@ -35,7 +35,7 @@ import contextlib
 import inspect
 import os
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
@@ -225,18 +225,29 @@ class Distributed(Parallel):
         return device
 
     def wrap(
-        self, model: nn.Module, optimizer: Opt, names: Sequence[Sequence[str]]
+        self,
+        model: nn.Module,
+        optimizer: Opt,
+        names: Sequence[Sequence[str]],
+        rebuild: Callable[[list[dict[str, Any]]], Opt] | None = None,
     ) -> tuple[nn.Module, Opt]:
         """DDP(model), or `model` sharded in place with an optimizer over its shards that holds
-        `optimizer`'s state (e.g. a checkpoint's), sharded likewise."""
+        `optimizer`'s state (e.g. a checkpoint's), sharded likewise; `rebuild(groups)` makes
+        that optimizer (default: `optimizer`'s class with its defaults)."""
         if self.mode == "ddp":
             from torch.nn.parallel import DistributedDataParallel
 
             ids = [self.device] if self.device.type == "cuda" else None
             return DistributedDataParallel(model, device_ids=ids), optimizer
-        return model, self._shard(model, optimizer, names)
+        return model, self._shard(model, optimizer, names, rebuild)
 
-    def _shard(self, model: nn.Module, optimizer: Opt, names: Sequence[Sequence[str]]) -> Opt:
+    def _shard(
+        self,
+        model: nn.Module,
+        optimizer: Opt,
+        names: Sequence[Sequence[str]],
+        rebuild: Callable[[list[dict[str, Any]]], Opt] | None = None,
+    ) -> Opt:
         from torch.distributed.checkpoint.state_dict import (
             StateDictOptions,
             set_optimizer_state_dict,
@@ -272,10 +283,12 @@ class Distributed(Parallel):
             {**{k: v for k, v in g.items() if k != "params"}, "params": [params[n] for n in ns]}
             for g, ns in zip(optimizer.param_groups, names, strict=True)
         ]
-        # The same optimizer class and options (AdamW, fused or foreach) over the shards.
-        accepted = inspect.signature(type(optimizer)).parameters
-        options_ = {k: v for k, v in optimizer.defaults.items() if k in accepted}
-        sharded = type(optimizer)(groups, **options_)
+        if rebuild is not None:  # the run's optimizer, built again from its recipe
+            sharded = rebuild(groups)
+        else:  # the same optimizer class and options over the shards
+            accepted = inspect.signature(type(optimizer)).parameters
+            options_ = {k: v for k, v in optimizer.defaults.items() if k in accepted}
+            sharded = type(optimizer)(groups, **options_)
         if saved["state"]:
             options = StateDictOptions(full_state_dict=True)
             set_optimizer_state_dict(model, sharded, by_name(saved, names), options=options)

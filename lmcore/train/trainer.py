@@ -30,6 +30,7 @@ writes metrics, plots and checkpoints.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime
 import math
 import os
@@ -61,8 +62,9 @@ from lmcore.model.transformer import TransformerLM
 from lmcore.registry import Registry
 from lmcore.sources import Source, source_of
 from lmcore.spec import ModelSpec
-from lmcore.train.config import RESUMABLE, ResolvedConfig, TrainConfig, cosine_lr
+from lmcore.train.config import RESUMABLE, ResolvedConfig, TrainConfig, cosine_lr, decay_roles
 from lmcore.train.optim import clip_gradients, make_optimizer
+from lmcore.train.recipe import Recipe, build_optimizer, build_schedule, role_table
 from lmcore.train.options import replaced
 from lmcore.train.runs import (
     METRICS_FILE,
@@ -130,7 +132,11 @@ class Parallel:
         return device
 
     def wrap(
-        self, model: nn.Module, optimizer: Opt, names: list[list[str]]
+        self,
+        model: nn.Module,
+        optimizer: Opt,
+        names: list[list[str]],
+        rebuild: Callable[[list[dict[str, Any]]], Opt] | None = None,
     ) -> tuple[nn.Module, Opt]:
         return model, optimizer
 
@@ -251,6 +257,10 @@ def train(
     bp, init = src.blueprint, init if src.info is None else src.info
     cfg = config.resolved(bp.spec.context_length, init.dtype if init is not None else "float32")
     check_trackers(cfg.loggers)
+    recipe = Recipe.of(cfg.optimizer, cfg.schedule, registry)  # canonical in run.json
+    cfg = dataclasses.replace(
+        cfg, optimizer=str(recipe.optimizer.spec), schedule=str(recipe.schedule.spec)
+    )
     tokens = data if isinstance(data, TokenData) else TokenData.open(data)
     tokens.check(context_length=bp.spec.context_length, vocab_size=bp.spec.vocab_size)
     run = Path(out)
@@ -264,6 +274,7 @@ def train(
         "init": None if init is None else str(Path(init.path).resolve()),
         "data": _data_json(tokens),
         "config": cfg.to_json(),
+        "recipe": recipe.record(),
         "tokenizer": TOKENIZER_FILE,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "versions": versions("torch"),
@@ -275,7 +286,7 @@ def train(
                 shutil.copyfile(tokens.path / tokens.meta.tokenizer_file, tmp)
             write_json(run / RUN_FILE, info)
         par.barrier()
-        loop = _Loop(run, info, bp, tokens, par, echo, progress, init, None, stop_after)
+        loop = _Loop(run, info, bp, recipe, tokens, par, echo, progress, init, None, stop_after)
         return _run(loop)
     except BaseException:
         if par.is_writer and info["status"] == {"state": "starting", "step": 0}:
@@ -344,6 +355,7 @@ def _resume(
     bp = resolve(info["spec"], registry)
     cfg = config.resolved(bp.spec.context_length)
     check_trackers(cfg.loggers)
+    recipe = Recipe.of(cfg.optimizer, cfg.schedule, registry)  # its plugins must be installed
     status = info.get("status", {})
     if status.get("state") == "diverged":
         raise TrainError(
@@ -368,12 +380,12 @@ def _resume(
     init = None
     if last is None and info.get("init") is not None:
         init = read_info(info["init"])  # restarting from step 0: the weights it began with
-    info = {**info, "config": cfg.to_json(), "data": _data_json(tokens)}
+    info = {**info, "config": cfg.to_json(), "recipe": recipe.record(), "data": _data_json(tokens)}
     if par.is_writer:
         remove_stale(root)
         write_json(root / RUN_FILE, info)
     par.barrier()
-    loop = _Loop(root, info, bp, tokens, par, echo, progress, init, last, stop_after)
+    loop = _Loop(root, info, bp, recipe, tokens, par, echo, progress, init, last, stop_after)
     return _run(loop)
 
 
@@ -470,6 +482,7 @@ class _Loop:
         run: Path,
         info: dict[str, Any],
         bp: Blueprint,
+        recipe: Recipe,
         data: TokenData,
         parallel: Parallel,
         echo: Echo | None,
@@ -480,6 +493,10 @@ class _Loop:
     ):
         self.run_dir, self.info, self.bp, self.data, self.par = run, info, bp, data, parallel
         self.cfg = cfg = ResolvedConfig.from_json(info["config"])
+        self.recipe = recipe
+        self.lr_at = build_schedule(recipe.schedule, lr=cfg.lr, min_lr=cfg.min_lr,
+                                    warmup=cfg.warmup, decay_steps=cfg.decay_steps,
+                                    steps=cfg.steps)  # fmt: skip
         self.echo = echo if parallel.is_writer else None
         self.show_bar = parallel.is_writer and (
             sys.stderr.isatty() if progress is None else progress
@@ -545,7 +562,8 @@ class _Loop:
         self.model = TransformerLM(self.bp, device=self.device, dtype=self.dtype)
         if self.init is not None and self.start is None:
             load_weights(self.model, self.init)
-        self.optimizer, self.names, self.impl = make_optimizer(self.model, cfg, self.device)
+        self.optimizer, self.names, _ = make_optimizer(self.model, cfg, self.recipe.optimizer)
+        self.info["roles"] = role_table(self.optimizer.param_groups)
         step = 0
         if self.start is not None:
             state = load_checkpoint(self.start, self.model, self.optimizer, self.names)
@@ -557,7 +575,9 @@ class _Loop:
             self.last_train = state.get("train_loss")
         # One place for what runs the steps: the distributed wrapper, then the compiler.
         # DDP, or FSDP shards with an optimizer over them (holding its state)
-        self.forward, self.optimizer = self.par.wrap(self.model, self.optimizer, self.names)
+        self.forward, self.optimizer = self.par.wrap(
+            self.model, self.optimizer, self.names, rebuild=self.rebuild_optimizer
+        )
         if cfg.compile:
             self.forward = torch.compile(self.forward)  # type: ignore[assignment]
         rank, world, T = self.par.rank, self.par.world_size, self.spec.context_length
@@ -573,6 +593,13 @@ class _Loop:
             local = bytes_per_token(self.val, self.data.tokenizer())
             self.val_bpt = float(self.par.mean(torch.tensor(local, device=self.device)))
         return step
+
+    def rebuild_optimizer(self, groups: list[dict[str, Any]]) -> torch.optim.Optimizer:
+        """The run's optimizer over other tensors of the same groups (FSDP's shards)."""
+        cfg = self.cfg
+        return build_optimizer(self.recipe.optimizer, groups, lr=cfg.lr,
+                               weight_decay=cfg.weight_decay, betas=cfg.betas,
+                               eps=cfg.eps)  # fmt: skip
 
     def header(self, step: int) -> None:
         cfg, spec, data = self.cfg, self.spec, self.data
@@ -601,10 +628,15 @@ class _Loop:
             f"budget: {cfg.steps:,} steps × batch {cfg.batch_size} × {spec.context_length} "
             f"tokens = {tokens:,} tokens ({tokens / max(train_t, 1):.2f} epochs), seed {cfg.seed}"
         )
+        decayed = ", ".join(decay_roles(cfg.decay)) or "no role"
         self.say(
-            f"optimizer: AdamW ({self.impl}), lr {cfg.lr:g} → {cfg.min_lr:g} (warmup "
-            f"{cfg.warmup}, cosine to step {cfg.decay_steps}), betas {cfg.betas[0]:g} "
-            f"{cfg.betas[1]:g}, weight decay {cfg.weight_decay:g} on matrices, {clip}"
+            f"optimizer: {self.recipe.optimizer.spec}, betas {cfg.betas[0]:g} {cfg.betas[1]:g}, "
+            f"weight decay {cfg.weight_decay:g} on {decayed}, {clip}"
+            + (f", lr × {', '.join(cfg.role_lr)}" if cfg.role_lr else "")
+        )
+        self.say(
+            f"schedule: {self.recipe.schedule.spec}, lr {cfg.lr:g} → {cfg.min_lr:g}, warmup "
+            f"{cfg.warmup}, decay_steps {cfg.decay_steps}"
         )
         if step:
             self.say(f"resumed: from {self.start.path if self.start else '?'} at step {step:,}")
@@ -707,11 +739,9 @@ class _Loop:
         """Update number `step + 1`, on batch `step`; the loss and the gradients' norm (on the
         device, unsynchronised)."""
         cfg = self.cfg
-        lr = cosine_lr(
-            step + 1, lr=cfg.lr, min_lr=cfg.min_lr, warmup=cfg.warmup, decay_steps=cfg.decay_steps
-        )
+        lr = self.lr_at(step + 1)
         for group in self.optimizer.param_groups:
-            group["lr"] = lr
+            group["lr"] = lr * group["lr_scale"]
         x, y = self.sampler.batch(step)
         with _autocast(self.device, cfg.autocast):
             loss = cross_entropy(self.forward(x), y)
@@ -749,8 +779,7 @@ class _Loop:
         mean = sum(values[0]) / len(values[0])
         tps = len(steps) * self.tokens_per_step / window_time if window_time > 0 else 0.0
         self.last_train = mean
-        lr = cosine_lr(step, lr=cfg.lr, min_lr=cfg.min_lr, warmup=cfg.warmup,
-                       decay_steps=cfg.decay_steps)  # fmt: skip
+        lr = self.lr_at(step)
         self.record(kind="train", step=step, tokens=step * self.tokens_per_step, loss=mean,
                     **extra, lr=lr, grad_norm=values[1][-1], tokens_per_s=tps,
                     elapsed_s=self.elapsed())  # fmt: skip
@@ -797,6 +826,7 @@ class _Loop:
             "first_val_loss": self.first_val,
             "val_loss": self.last_val,
             "train_loss": self.last_train,
+            "recipe": self.recipe.record(),
         }
 
     def save(self, step: int) -> None:

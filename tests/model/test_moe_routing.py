@@ -352,9 +352,10 @@ def test_the_score_bias_is_in_the_state_dict_and_gets_no_gradient() -> None:
     model(torch.randint(0, 97, (2, 8))).sum().backward()
     assert ffn.score_bias.grad is None
     assert ffn.router.bias is not None and ffn.router.bias.grad is not None
-    from lmcore.train.optim import param_groups
+    from lmcore.train.config import TrainConfig
+    from lmcore.train.optim import role_groups
 
-    names = {n for g in param_groups(model, 0.1) for n in g["names"]}
+    names = {n for ns in role_groups(model, TrainConfig())[1] for n in ns}
     assert "layers.0.ffn.score_bias" not in names and "layers.0.ffn.router.bias" in names
 
 

@@ -303,7 +303,7 @@ def test_modes_need_torchrun_and_torchrun_needs_a_mode() -> None:
 
 def test_optimizer_state_by_name_and_back(tiny_data: Path) -> None:
     model = TransformerLM(TIED)
-    opt, names, _ = make_optimizer(model, CONFIG, torch.device("cpu"))
+    opt, names, _ = make_optimizer(model, CONFIG)
     F.cross_entropy(model(probe()).flatten(0, 1), probe().flatten()).backward()
     opt.step()
     sd = opt.state_dict()
