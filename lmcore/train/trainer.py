@@ -10,10 +10,10 @@
 One step `t` (1, 2, ..., steps) draws batch `t - 1` of the train split (a pure function of the
 seed and the step, `lmcore.data.BatchSampler`), runs forward and next-token cross-entropy
 (under bf16 autocast if asked), backward, clips the gradients to a global norm, and applies
-AdamW (`torch.optim.AdamW`, fused where torch has a fused kernel for the device, else foreach)
-at `cosine_lr(t)`: CS336's schedule, linear warmup to `lr`, cosine decay to `min_lr` at
-`decay_steps`, `min_lr` after. Weight decay applies to matrices only (projections,
-embeddings, lm_head), not to norm gains or other vectors and scalars.
+the run's optimizer (`--optimizer`, a registry kind: default `adamw`) at the run's schedule's
+learning rate for step t (`--schedule`: default `cosine`, CS336's), each parameter group's
+scaled by its role's multiplier. The recipe is resolved once (`lmcore.train.recipe.Recipe`),
+before the run directory exists, and its plugins are recorded in run.json and every checkpoint.
 
 Every `eval_every` steps (and before the first, and after the last) the mean loss over a fixed
 set of `eval_batches` validation batches is recorded with its perplexity. Every `log_every`
