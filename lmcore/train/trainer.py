@@ -326,6 +326,22 @@ def resume(
             lock.release()
 
 
+def _check_recipe_plugins(
+    root: Path, saved: dict[str, Any] | None, now: dict[str, Any]
+) -> None:
+    """A resumed run continues with the optimizer and schedule plugins it started with: another
+    distribution or version of one could step differently, so it is refused, naming both."""
+    for kind, row in (saved or {}).items():
+        have = now.get(kind, {})
+        was = (row.get("dist"), row.get("version"))
+        if was != (have.get("dist"), have.get("version")):
+            raise TrainError(
+                f"{root} trained with {kind} {row.get('name')!r} from {was[0]} {was[1]}, but "
+                f"{have.get('dist')} {have.get('version')} provides it now: resuming would not "
+                f"continue the same run; install {was[0]}=={was[1]}, or start a new run"
+            )
+
+
 def _resume(
     root: Path,
     par: Parallel,
@@ -356,6 +372,7 @@ def _resume(
     cfg = config.resolved(bp.spec.context_length)
     check_trackers(cfg.loggers)
     recipe = Recipe.of(cfg.optimizer, cfg.schedule, registry)  # its plugins must be installed
+    _check_recipe_plugins(root, info.get("recipe"), recipe.record())
     status = info.get("status", {})
     if status.get("state") == "diverged":
         raise TrainError(

@@ -234,6 +234,13 @@ def test_resume_refuses_changes_that_alter_the_run(tiny_data: Path, tmp_path: Pa
     (run / RUN_FILE).write_text(json.dumps(info))
     with raises_naming(TrainError, "was trained on", "train_tokens 3253 then, 3252 now"):
         resume(run, echo=None)
+    info["data"]["train_tokens"] -= 1
+    info["recipe"]["schedule"]["version"] = "0.0.1"  # as if another version had trained it
+    (run / RUN_FILE).write_text(json.dumps(info))
+    with raises_naming(TrainError, "trained with schedule 'cosine' from lmcore-registry 0.0.1",
+                       f"but lmcore-registry {lmcore.__version__} provides it now",
+                       "install lmcore-registry==0.0.1, or start a new run"):  # fmt: skip
+        resume(run, echo=None)
 
 
 def test_a_finished_run_trains_on_at_the_floor(tiny_data: Path, tmp_path: Path) -> None:
