@@ -39,6 +39,7 @@ from lmcore.errors import PluginError, SpecError, TrainError, one_of
 from lmcore.model.roles import Role
 from lmcore.parts import Part
 from lmcore.registry import Registry, get_registry
+from lmcore.train.losses import Objective
 from lmcore.syntax import Item, parse_value
 
 __all__ = [
@@ -200,24 +201,34 @@ def _args(part: Part) -> tuple[Arg, ...]:
 
 @dataclass(frozen=True)
 class Recipe:
-    """A run's optimizer and schedule, resolved once (by `lmcore train`, before any run
-    directory exists) and passed on."""
+    """A run's optimizer, schedule and loss terms, resolved once (by `lmcore train`, before
+    any run directory exists) and passed on."""
 
     optimizer: Part
     schedule: Part
+    loss: Objective = Objective()
 
     @classmethod
-    def of(cls, optimizer: str, schedule: str, registry: Registry | None = None) -> Recipe:
-        """Both resolved; a `TrainError` names the option (`--optimizer: ...`) and keeps the
-        spec error's caret."""
+    def of(
+        cls, optimizer: str, schedule: str, registry: Registry | None = None, *,
+        z_loss: float = 0.0,
+    ) -> Recipe:  # fmt: skip
+        """Both resolved, and the loss with the z-loss at `z_loss` (`lmcore.train.losses`); a
+        `TrainError` names the option (`--optimizer: ...`) and keeps the spec error's caret."""
         parts = []
         for kind, text in (("optimizer", optimizer), ("schedule", schedule)):
             try:
                 parts.append(resolve_recipe(kind, text, registry))
             except SpecError as e:
                 raise TrainError(f"--{kind} {text}: {e}") from None
-        return cls(*parts)
+        try:
+            loss = Objective(z_loss=z_loss)
+        except ValueError:
+            raise TrainError(f"--z-loss {z_loss!r}: must be a number ≥ 0 (0: off), e.g. 1e-4") from None
+        return cls(*parts, loss)
 
     def record(self) -> dict[str, Any]:
-        """What run.json and each checkpoint keep of it (`provenance`)."""
-        return {"optimizer": provenance(self.optimizer), "schedule": provenance(self.schedule)}
+        """What run.json and each checkpoint keep of it: the parts' `provenance`, and each loss
+        term's coefficient (`Objective.record`)."""
+        return {"optimizer": provenance(self.optimizer), "schedule": provenance(self.schedule),
+                "loss": self.loss.record()}  # fmt: skip
