@@ -9,7 +9,8 @@
 
 One step `t` (1, 2, ..., steps) draws batch `t - 1` of the train split (a pure function of the
 seed and the step, `lmcore.data.BatchSampler`), runs forward and next-token cross-entropy
-(under bf16 autocast if asked), backward, clips the gradients to a global norm, and applies
+plus the recipe's loss terms (`lmcore.train.losses`: `--z-loss`, the model's auxiliary loss;
+under bf16 autocast if asked), backward, clips the gradients to a global norm, and applies
 the run's optimizer (`--optimizer`, a registry kind: default `adamw`) at the run's schedule's
 learning rate for step t (`--schedule`: default `cosine`, CS336's), each parameter group's
 scaled by its role's multiplier. The recipe is resolved once (`lmcore.train.recipe.Recipe`),
