@@ -148,6 +148,9 @@ def test_a_run_with_the_z_loss_logs_it_each_step(tiny_data: Path, tmp_path: Path
     assert info["config"]["z_loss"] == 0.01 and info["recipe"]["loss"]["z_loss"] == 0.01
     assert read_run(plain.run)["config"]["z_loss"] == 0.0
     assert "loss: cross-entropy + z-loss × 0.01" in lines
+    from lmcore.train.trackers import series  # what TensorBoard, MLflow and W&B are given
+
+    assert {"train/loss", "train/z_loss", "train/loss_total"} <= set(series(records[0]))
 
 
 def test_a_run_with_the_z_loss_resumes_bit_for_bit(tiny_data: Path, tmp_path: Path) -> None:
