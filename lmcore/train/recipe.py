@@ -26,7 +26,7 @@ says so: ``{"params", "lr", "lr_scale", "weight_decay", "role", "fan_in", "fan_o
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -39,8 +39,8 @@ from lmcore.errors import PluginError, SpecError, TrainError, one_of
 from lmcore.model.roles import Role
 from lmcore.parts import Part
 from lmcore.registry import Registry, get_registry
-from lmcore.train.losses import Objective
 from lmcore.syntax import Item, parse_value
+from lmcore.train.losses import Objective
 
 __all__ = [
     "Recipe",
@@ -206,7 +206,7 @@ class Recipe:
 
     optimizer: Part
     schedule: Part
-    loss: Objective = Objective()
+    loss: Objective = field(default_factory=Objective)  # no terms but the model's
 
     @classmethod
     def of(
@@ -224,8 +224,10 @@ class Recipe:
         try:
             loss = Objective(z_loss=z_loss)
         except ValueError:
-            raise TrainError(f"--z-loss {z_loss!r}: must be a number ≥ 0 (0: off), e.g. 1e-4") from None
-        return cls(*parts, loss)
+            raise TrainError(
+                f"--z-loss {z_loss!r}: must be a number ≥ 0 (0: off), e.g. 1e-4"
+            ) from None
+        return cls(parts[0], parts[1], loss)
 
     def record(self) -> dict[str, Any]:
         """What run.json and each checkpoint keep of it: the parts' `provenance`, and each loss

@@ -44,7 +44,8 @@ def test_the_z_loss_is_palms_formula_and_its_gradient_autograds() -> None:
     assert ours.grad is not None and ref_logits.grad is not None
     torch.testing.assert_close(ours.grad.double(), ref_logits.grad, rtol=1e-5, atol=1e-12)
     # the gradient in closed form: 2 · coef / N · log Z · softmax(logits)
-    closed = 2e-4 / 15 * torch.logsumexp(logits.double(), -1, keepdim=True) * logits.double().softmax(-1)
+    log_z = torch.logsumexp(logits.double(), -1, keepdim=True)
+    closed = 2e-4 / 15 * log_z * logits.double().softmax(-1)
     torch.testing.assert_close(ours.grad.double(), closed, rtol=1e-5, atol=1e-12)
 
 
@@ -95,7 +96,10 @@ def test_the_recipe_records_the_loss_terms() -> None:
 
 
 def test_a_windows_means_and_the_logged_fields() -> None:
-    rows = [{"z_loss": torch.tensor(1.0)}, {"z_loss": torch.tensor(2.0), "aux_loss": torch.tensor(4.0)}]
+    rows = [
+        {"z_loss": torch.tensor(1.0)},
+        {"z_loss": torch.tensor(2.0), "aux_loss": torch.tensor(4.0)},
+    ]
     means = window_means(rows, lambda t: t)
     assert means == {"z_loss": 1.5, "aux_loss": 4.0}
     assert logged(3.0, means) == {"z_loss": 1.5, "aux_loss": 4.0, "loss_total": 8.5}
