@@ -153,6 +153,12 @@ def test_a_signal_saves_a_checkpoint_and_resume_goes_on(
          "argument --seed: expected an integer in 0 .. 2**64-1, got '18446744073709551616'"),
         (["train", "cs336-tiny", "--data", "DATA", "--out", "r", "--warmup", "-3"],
          "--warmup -3: must be an integer ≥ 0"),
+        (["train", "cs336-tiny", "--data", "DATA", "--out", "r", "--z-loss", "-0.5"],
+         "--z-loss -0.5: must be a number ≥ 0 (0: off), e.g. 1e-4"),
+        (["train", "cs336-tiny", "--data", "DATA", "--out", "r", "--z-loss", "nan"],
+         "--z-loss nan: must be a number ≥ 0 (0: off), e.g. 1e-4"),
+        (["train", "cs336-tiny", "--data", "DATA", "--out", "r", "--z-loss", "much"],
+         "argument --z-loss: invalid float value: 'much'"),
         (["train", "cs336-tiny, vocab_size=256", "--data", "DATA", "--out", "r"], "the model's "
          "vocab_size=256 is smaller than the data's 277 tokens"),
         (["train", "--resume", "r", "--out", "x"], "--resume r continues that run in its own "
