@@ -256,8 +256,9 @@ def lr(target: Target, variant: str, settings: Settings) -> None:
                 fail(
                     f"{who(target)}: the runner set param_groups[{i}]['lr'] (role "
                     f"{g['role']!r}) to {g['lr']:g}, yet none of its parameters moved while "
-                    "other groups' lr was 0: read each group's own group['lr'] in step(), not "
-                    "the defaults, another group's or a value kept from construction"
+                    "other groups' lr was 0: step every group at its own group['lr'], read in "
+                    "step() (not the defaults, another group's or a value kept from "
+                    "construction)"
                 )
 
 
@@ -304,7 +305,7 @@ def resume(target: Target, variant: str, settings: Settings) -> None:
     resumed = dict(fresh.named_parameters())
     for n, p in model.named_parameters():
         if not torch.equal(resumed[n], p):
-            diff = float((resumed[n].float() - p.float()).abs().max())
+            diff = float((resumed[n].detach().float() - p.detach().float()).abs().max())
             fail(
                 f"{who(target)}: {STEPS_AFTER} steps after resuming from its state_dict() are "
                 f"not those of the run that never stopped: {n!r} differs by up to {diff:.3g}; "
@@ -315,7 +316,9 @@ def resume(target: Target, variant: str, settings: Settings) -> None:
 
 def state_difference(saved: dict[str, Any], loaded: dict[str, Any]) -> str | None:
     """Where `loaded` (a fresh optimizer's state dict after loading `saved`) differs from it."""
-    a, b = saved["state"], loaded["state"]
+    # A parameter with empty state (none yet, or none kept) is the same as one without.
+    a = {i: s for i, s in saved["state"].items() if s}
+    b = {i: s for i, s in loaded["state"].items() if s}
     if sorted(a) != sorted(b):
         return f"state for parameters {sorted(a)} came back for {sorted(b)}"
     for index in a:
