@@ -108,8 +108,9 @@ class Adafactor(torch.optim.Optimizer):
             u = g / v.sqrt()
         else:
             row, col = axes
-            r = state["exp_avg_sq_row"].mul_(beta2).add_(sq.mean(dim=col, keepdim=True), alpha=1 - beta2)
-            c = state["exp_avg_sq_col"].mul_(beta2).add_(sq.mean(dim=row, keepdim=True), alpha=1 - beta2)
+            r, c = state["exp_avg_sq_row"], state["exp_avg_sq_col"]
+            r.mul_(beta2).add_(sq.mean(dim=col, keepdim=True), alpha=1 - beta2)
+            c.mul_(beta2).add_(sq.mean(dim=row, keepdim=True), alpha=1 - beta2)
             u = g * (r / r.mean(dim=row, keepdim=True)).rsqrt() * c.rsqrt()
         u = u / (rms(u) / group["clip"]).clamp(min=1.0)
         if group["beta1"] > 0:
@@ -164,11 +165,15 @@ def lmcore_components() -> list[Component]:
                 Arg("clip", float, 1.0, "update clipping threshold d: RMS(update) <= d", gt=0.0),
                 Arg("eps1", float, 1e-30, "added to the squared gradient", gt=0.0),
                 Arg("eps2", float, 1e-3, "the smallest parameter scale", ge=0.0),
-                Arg("relative_step", bool, False,
-                    "step min(1e-2, 1/sqrt(t)) at the schedule's peak, scaled by it"),
+                Arg(
+                    "relative_step",
+                    bool,
+                    False,
+                    "step min(1e-2, 1/sqrt(t)) at the schedule's peak, scaled by it",
+                ),
                 Arg("scale_parameter", bool, True, "step relative to the parameter's RMS"),
                 Arg("factored", bool, True, "factored second moments for matrix roles"),
-            ),  # fmt: skip
+            ),
             help="Adafactor (Shazeer & Stern, 2018): factored second moments for matrices",
             validate=_check,
         )

@@ -164,7 +164,7 @@ def train(
     """One step per batch of `tokens` at the rates `lrs`, on the language-model loss."""
     from lmcore.model.nn import cross_entropy
 
-    for i, (batch, lr) in enumerate(zip(tokens, lrs)):
+    for i, (batch, lr) in enumerate(zip(tokens, lrs, strict=True)):
         set_lr(opt, lr)
         opt.zero_grad(set_to_none=True)
         cross_entropy(model(batch[:, :-1]), batch[:, 1:]).backward()
@@ -184,7 +184,9 @@ def snapshot(model: nn.Module) -> dict[str, Tensor]:
 
 
 def role_of(names: list[list[str]], opt: torch.optim.Optimizer) -> dict[str, str]:
-    return {n: str(g.get("role")) for g, row in zip(opt.param_groups, names) for n in row}
+    return {
+        n: str(g.get("role")) for g, row in zip(opt.param_groups, names, strict=True) for n in row
+    }
 
 
 def shown(names: Sequence[str], limit: int = 4) -> str:
@@ -244,7 +246,7 @@ def lr(target: Target, variant: str, settings: Settings) -> None:
                 g["lr"] = 0.0
         step(target, opt, "with some groups' lr set to 0")
         now = dict(model.named_parameters())
-        for i, (g, row) in enumerate(zip(opt.param_groups, names)):
+        for i, (g, row) in enumerate(zip(opt.param_groups, names, strict=True)):
             moved = [n for n in row if not torch.equal(now[n], before[n])]
             if i % 2 == parity and moved:
                 fail(
@@ -378,7 +380,7 @@ def bfloat16(target: Target, variant: str, settings: Settings) -> None:
     """Steps on a bfloat16 model leave every parameter bfloat16 and finite, and every floating
     tensor of its state finite."""
     model = probe(target, torch.bfloat16)
-    opt, _, names = make(target, model)
+    opt, _, _ = make(target, model)
     for i, batch in enumerate(batches(BF16_STEPS)):
         train(target, model, opt, [batch], [LR], "on bfloat16 parameters ")
         for n, p in model.named_parameters():

@@ -93,7 +93,9 @@ class FirstGroupsLr(Momentum):
 class ForgetsMomentum(Momentum):
     def state_dict(self) -> dict[str, Any]:
         sd = super().state_dict()
-        sd["state"] = {i: {k: v for k, v in s.items() if k != "momentum"} for i, s in sd["state"].items()}
+        sd["state"] = {
+            i: {k: v for k, v in s.items() if k != "momentum"} for i, s in sd["state"].items()
+        }
         return sd
 
 
@@ -171,7 +173,9 @@ def impure(lr: float, warmup: int) -> Any:
 
 
 def negative(lr: float, warmup: int, steps: int) -> Any:
-    return lambda t: t / warmup * lr if t < warmup else lr * math.cos(math.pi * (t - warmup) / (steps - warmup))
+    return lambda t: (
+        t / warmup * lr if t < warmup else lr * math.cos(math.pi * (t - warmup) / (steps - warmup))
+    )
 
 
 def above_peak(lr: float, warmup: int) -> Any:

@@ -16,7 +16,8 @@ from lmcore.registry import scoped_registry
 from lmcore.testing import Settings, cases
 from lmcore.train.recipe import Recipe
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "lmcore-adafactor" / "lmcore_adafactor.py"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+EXAMPLE = EXAMPLES / "lmcore-adafactor" / "lmcore_adafactor.py"
 # Where the distribution is installed too (tox's py311-adafactor), its entry point steps aside.
 INSTALLED = [ep.name for ep in entry_points(group="lmcore") if ep.name == "adafactor"]
 CHECKS = ("groups", "lr", "resume", "quadratic", "bfloat16")

@@ -29,9 +29,20 @@ def paper(x0, grads, *, lr, factored=True, decay_rate=0.8, clip=1.0, eps1=1e-30,
         beta2 = 1 - t ** (-decay_rate)
         sq = g * g + eps1
         if factored:
-            ones_m, ones_n = torch.ones(x.shape[1], 1, dtype=x.dtype), torch.ones(1, x.shape[0], dtype=x.dtype)
-            r = (1 - beta2) * (sq @ ones_m) if r is None else beta2 * r + (1 - beta2) * (sq @ ones_m)
-            c = (1 - beta2) * (ones_n @ sq) if c is None else beta2 * c + (1 - beta2) * (ones_n @ sq)
+            ones_m, ones_n = (
+                torch.ones(x.shape[1], 1, dtype=x.dtype),
+                torch.ones(1, x.shape[0], dtype=x.dtype),
+            )
+            r = (
+                (1 - beta2) * (sq @ ones_m)
+                if r is None
+                else beta2 * r + (1 - beta2) * (sq @ ones_m)
+            )
+            c = (
+                (1 - beta2) * (ones_n @ sq)
+                if c is None
+                else beta2 * c + (1 - beta2) * (ones_n @ sq)
+            )
             vhat = (r @ c) / (ones_n @ r)
         else:
             v = (1 - beta2) * sq if v is None else beta2 * v + (1 - beta2) * sq
@@ -81,7 +92,9 @@ def test_a_matrix_is_factored_as_algorithm_4(data, options) -> None:
 def test_a_gain_and_an_unfactored_matrix_keep_a_full_second_moment_as_algorithm_5(data) -> None:
     x0, grads = data
     got, opt = run(x0, grads, GAIN, lr=3e-2)
-    torch.testing.assert_close(got.double(), paper(x0, grads, lr=3e-2, factored=False), atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(
+        got.double(), paper(x0, grads, lr=3e-2, factored=False), atol=1e-6, rtol=1e-5
+    )
     unfactored, _ = run(x0, grads, MATRIX, lr=3e-2, factored=False)
     torch.testing.assert_close(unfactored, got, atol=0, rtol=0)
     assert opt.state[opt.param_groups[0]["params"][0]]["exp_avg_sq"].shape == (6, 5)
@@ -94,10 +107,10 @@ def test_the_factored_axes_are_the_roles_not_the_last_two(data) -> None:
     embedding = {**MATRIX, "role": "embedding", "fan_in": 0, "fan_out": 1}
     got, _ = run(x0.T.contiguous(), [g.T.contiguous() for g in grads], embedding, lr=3e-2)
     torch.testing.assert_close(got.T.double(), paper(x0, grads, lr=3e-2), atol=1e-6, rtol=1e-5)
-    experts, _ = run(torch.stack([x0, 2 * x0]), [torch.stack([g, -g]) for g in grads], MATRIX, lr=3e-2,
-                     scale_parameter=False)  # fmt: skip
-    torch.testing.assert_close(experts[1].double(), paper(2 * x0, [-g for g in grads], lr=3e-2, scale=False),
-                               atol=1e-6, rtol=1e-5)  # fmt: skip
+    stacked = [torch.stack([g, -g]) for g in grads]
+    experts, _ = run(torch.stack([x0, 2 * x0]), stacked, MATRIX, lr=3e-2, scale_parameter=False)
+    second = paper(2 * x0, [-g for g in grads], lr=3e-2, scale=False)
+    torch.testing.assert_close(experts[1].double(), second, atol=1e-6, rtol=1e-5)
 
 
 def test_relative_step_follows_the_runners_schedule_from_its_peak(data) -> None:
@@ -115,7 +128,9 @@ def test_bfloat16_parameters_stay_bfloat16_with_float32_state(data) -> None:
     x0, grads = data
     got, opt = run(x0.bfloat16(), [g.bfloat16() for g in grads], MATRIX, lr=3e-2)
     assert got.dtype == torch.bfloat16
-    torch.testing.assert_close(got.double(), paper(x0.bfloat16(), grads, lr=3e-2), atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(
+        got.double(), paper(x0.bfloat16(), grads, lr=3e-2), atol=2e-2, rtol=2e-2
+    )
     assert opt.state[opt.param_groups[0]["params"][0]]["exp_avg_sq_row"].dtype == torch.float32
 
 
@@ -163,5 +178,7 @@ def test_lmcore_builds_it_over_a_models_role_groups_and_it_trains() -> None:
 
 
 def test_a_bad_argument_is_rejected_naming_it() -> None:
-    with pytest.raises(lmcore.SpecError, match=r"beta1 is a running mean's decay, below 1; got 1.0"):
+    with pytest.raises(
+        lmcore.SpecError, match=r"beta1 is a running mean's decay, below 1; got 1.0"
+    ):
         resolve_recipe("optimizer", "adafactor(beta1=1.0)")
