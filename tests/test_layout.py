@@ -52,8 +52,8 @@ FLOORS: dict[str, int] = {
     "lmcore.hf": 7,
     "lmcore.sources": 8,  # what a command's model argument names (it reads Hugging Face configs)
     "lmcore.gguf": 9,
-    "lmcore.testing": 10,
-    "lmcore.train": 11,
+    "lmcore.train": 10,
+    "lmcore.testing": 11,  # above train: the kit builds optimizers and schedules as it does
     "lmcore.eval": 12,
     "lmcore.cli": 13,
     "lmcore.__main__": 14,

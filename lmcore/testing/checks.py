@@ -11,7 +11,10 @@
 - `attention_checks`: the attention kernels' (a float64 reference, causality, masks, biases,
   grouped-query heads, scale, soft-capping, window);
 - `mixer_checks`: the token mixers' (causality; decoding token by token and after a prefill
-  against the parallel forward, with the state it leaves; the declared state bytes).
+  against the parallel forward, with the state it leaves; the declared state bytes);
+- `recipe_checks`: the training recipe's kinds, built as `lmcore train` builds them: an
+  optimizer's groups, learning rates, resume, a quadratic and bfloat16; a schedule's values,
+  edges, warmup and purity.
 
 Each check builds the component at the kit's small test shapes, runs it on seeded random inputs
 and raises `ConformanceError` with a sentence naming what broke and how to fix it.
@@ -28,5 +31,6 @@ from lmcore.testing import (  # noqa: F401  (imported for the checks they regist
     kind_checks,
     attention_checks,
     mixer_checks,
+    recipe_checks,
 )
 # isort: on

@@ -50,7 +50,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         action="append",
         default=[],
         metavar="KIND",
-        help="only components of this kind: norm, ffn, pos, attn or block (repeatable)",
+        help="only components of this kind: norm, ffn, pos, attn, block, mixer, optimizer or "
+        "schedule (repeatable)",
     )
     group.addoption(
         "--lmcore-component",

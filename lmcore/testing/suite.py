@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 import lmcore.testing.checks  # noqa: F401  (registers every check)
-from lmcore.components import KINDS
+from lmcore.components import ALL_KINDS
 from lmcore.errors import LmcoreError, did_you_mean, one_of
 from lmcore.registry import Entry, Registry, normalize_dist
 from lmcore.testing.core import CHECKS, Check, Settings, Target, model_buildable
@@ -97,10 +97,10 @@ def select(
     """The registered components of `kinds` (all when empty) named by `components` (all when
     empty); each selector is ``name`` or ``dist:name``. Raise SelectionError on a miss."""
     for kind in kinds:
-        if kind not in KINDS:
+        if kind not in ALL_KINDS:
             raise SelectionError(
-                f"--lmcore-kind {kind!r} is not a component kind{did_you_mean(kind, KINDS)}; "
-                f"kinds are {one_of(KINDS)}"
+                f"--lmcore-kind {kind!r} is not a component kind{did_you_mean(kind, ALL_KINDS)}; "
+                f"kinds are {one_of(ALL_KINDS)}"
             )
     pool = [e for e in registry.entries() if not kinds or e.kind in kinds]
     if not components:
