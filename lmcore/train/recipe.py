@@ -8,7 +8,8 @@ What the runner offers each kind's factory (it takes the names its signature has
 optimizer  ``groups`` (below), ``lr`` (peak), ``weight_decay``, ``betas``, ``eps``;
            returns a `torch.optim.Optimizer`
 schedule   ``lr`` (peak), ``min_lr``, ``warmup``, ``decay_steps``, ``steps``; returns a
-           function of the step t (0 … steps - 1) giving the learning rate, with no state
+           function of the step t (1 … steps: the t-th update's) giving the learning rate,
+           with no state
 =========  =====================================================================
 
 `groups` are parameter groups by role (`lmcore.model.roles`): every parameter of one group has
