@@ -64,7 +64,7 @@ from lmcore.sources import Source, source_of
 from lmcore.spec import ModelSpec
 from lmcore.train.config import RESUMABLE, ResolvedConfig, TrainConfig, cosine_lr, decay_roles
 from lmcore.train.optim import clip_gradients, make_optimizer
-from lmcore.train.recipe import Recipe, build_optimizer, build_schedule, role_table
+from lmcore.train.recipe import Recipe, build_optimizer, build_schedule, role_table, takes
 from lmcore.train.options import replaced
 from lmcore.train.runs import (
     METRICS_FILE,
@@ -629,8 +629,10 @@ class _Loop:
             f"tokens = {tokens:,} tokens ({tokens / max(train_t, 1):.2f} epochs), seed {cfg.seed}"
         )
         decayed = ", ".join(decay_roles(cfg.decay)) or "no role"
+        part = self.recipe.optimizer  # the run's betas only where it takes them (not SGD's)
+        betas = f", betas {cfg.betas[0]:g} {cfg.betas[1]:g}" if takes(part, "betas") else ""
         self.say(
-            f"optimizer: {self.recipe.optimizer.spec}, betas {cfg.betas[0]:g} {cfg.betas[1]:g}, "
+            f"optimizer: {part.spec}{betas}, "
             f"weight decay {cfg.weight_decay:g} on {decayed}, {clip}"
             + (f", lr × {', '.join(cfg.role_lr)}" if cfg.role_lr else "")
         )
