@@ -55,6 +55,25 @@ def test_updates_equal_torchs(name: str) -> None:
     assert moved > 0.01  # it took steps
 
 
+def test_bit_for_bit_torchs_foreach_path_with_a_gradient_missing_at_a_step() -> None:
+    """The same ops in the same order as torch.optim.AdamW(foreach=True), with per-tensor step
+    counts once a parameter has missed a step's gradient."""
+    ours = lmcore.build_model("cs336-tiny")
+    ref = _twin(ours)
+    opt = build_optimizer(resolve_recipe("optimizer", "adamw"), _groups(ours), **OFFER)
+    torch_opt = torch.optim.AdamW(_groups(ref), betas=(0.9, 0.95), eps=1e-8, foreach=True)
+    for step in range(4):
+        _grads(ours, step)
+        _grads(ref, step)
+        if step == 1:
+            list(ours.parameters())[0].grad = list(ref.parameters())[0].grad = None
+        opt.step()
+        torch_opt.step()
+    for (n, a), b in zip(ours.named_parameters(), ref.parameters(), strict=True):
+        assert torch.equal(a, b), n
+    assert [int(opt.state[p]["step"]) for p in list(ours.parameters())[:2]] == [3, 4]
+
+
 def test_a_reloaded_state_continues_bit_for_bit() -> None:
     a = lmcore.build_model("cs336-tiny")
     b = _twin(a)
