@@ -79,7 +79,8 @@ class AdamW(torch.optim.Optimizer):
         vs: list[Tensor],
         steps: list[Tensor],
     ) -> None:
-        lr, (beta1, beta2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
+        lr, (beta1, beta2), eps = group["lr"], group["betas"], group["eps"]
+        wd = group["weight_decay"]
         torch._foreach_add_(steps, 1)
         if wd != 0:
             torch._foreach_mul_(params, 1 - lr * wd)

@@ -94,8 +94,7 @@ def lmcore_components() -> list[Component]:
             name="lion",
             build=build,
             args=(
-                Arg("beta1", float, 0.9, "the update's interpolation of momentum and gradient",
-                    ge=0.0),  # fmt: skip
+                Arg("beta1", float, 0.9, "the update's mix of momentum and gradient", ge=0.0),
                 Arg("beta2", float, 0.99, "the momentum's decay", ge=0.0),
             ),
             validate=_check,

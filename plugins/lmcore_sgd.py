@@ -76,10 +76,7 @@ class SGD(torch.optim.Optimizer):
             if old_bufs:
                 torch._foreach_mul_(old_bufs, mu)
                 torch._foreach_add_(old_bufs, old_grads, alpha=1 - damp)
-            if group["nesterov"]:
-                grads = torch._foreach_add(grads, bufs, alpha=mu)
-            else:
-                grads = bufs
+            grads = torch._foreach_add(grads, bufs, alpha=mu) if group["nesterov"] else bufs
         torch._foreach_add_(params, grads, alpha=-lr)
 
 
@@ -116,8 +113,7 @@ def lmcore_components() -> list[Component]:
             build=build,
             args=(
                 Arg("momentum", float, 0.9, "the momentum μ (0: plain SGD)", ge=0.0),
-                Arg("dampening", float, 0.0, "the gradient's share (1 - δ) in the buffer",
-                    ge=0.0),  # fmt: skip
+                Arg("dampening", float, 0.0, "δ: the buffer takes (1 - δ) g", ge=0.0),
                 Arg("nesterov", bool, False, "Nesterov momentum (needs dampening 0)"),
             ),
             validate=_check,
