@@ -122,6 +122,7 @@ class Parallel:
 
     rank: int = 0
     world_size: int = 1
+    mode: str | None = None  # "ddp" or "fsdp" under torchrun
 
     @property
     def is_writer(self) -> bool:
@@ -258,6 +259,7 @@ def train(
     cfg = config.resolved(bp.spec.context_length, init.dtype if init is not None else "float32")
     check_trackers(cfg.loggers)
     recipe = Recipe.of(cfg.optimizer, cfg.schedule, registry)  # canonical in run.json
+    recipe.check_parallel(par.mode)
     cfg = dataclasses.replace(
         cfg, optimizer=str(recipe.optimizer.spec), schedule=str(recipe.schedule.spec)
     )
@@ -356,6 +358,7 @@ def _resume(
     cfg = config.resolved(bp.spec.context_length)
     check_trackers(cfg.loggers)
     recipe = Recipe.of(cfg.optimizer, cfg.schedule, registry)  # its plugins must be installed
+    recipe.check_parallel(par.mode)
     status = info.get("status", {})
     if status.get("state") == "diverged":
         raise TrainError(
