@@ -143,12 +143,16 @@ def main() -> None:
         f"{args.threads} threads, {args.rounds} rounds × {args.repeat} step(s), {args.clock} clock"
     )
     print()
-    print("| step | lmcore ms | torch.optim.Muon ms | × torch (quartiles) | max relative difference |")
+    print(
+        "| step | lmcore ms | torch.optim.Muon ms | × torch (quartiles) | max relative difference |"
+    )
     print("| --- | ---: | ---: | ---: | ---: |")
     ratios = [t / m for m, t in zip(times["lmcore"], times["torch"], strict=True)]
     q1, q2, q3 = quartiles(ratios)
     mine, theirs = (statistics.median(times[n]) * 1e3 for n in ("lmcore", "torch"))
-    print(f"| Muon | {mine:.1f} | {theirs:.1f} | {q2:.2f}× ({q1:.2f}–{q3:.2f}) | {difference:.1e} |")
+    print(
+        f"| Muon | {mine:.1f} | {theirs:.1f} | {q2:.2f}× ({q1:.2f}–{q3:.2f}) | {difference:.1e} |"
+    )
 
 
 if __name__ == "__main__":

@@ -116,7 +116,9 @@ class Muon(torch.optim.Optimizer):
                 raise ValueError(f"Muon updates the roles {', '.join(MUON_ROLES)}, not {role!r}")
             for p in g["params"]:
                 if p.ndim < 2:
-                    raise ValueError(f"Muon updates matrices, got a tensor of shape {tuple(p.shape)}")
+                    raise ValueError(
+                        f"Muon updates matrices, got a tensor of shape {tuple(p.shape)}"
+                    )
 
     @torch.no_grad()  # type: ignore[misc]
     def step(self, closure: Any = None) -> Any:
@@ -194,7 +196,9 @@ def check(momentum: float, ns_steps: int) -> None:
     if not 0 <= momentum < 1:
         raise ValueError(f"momentum must be in [0, 1), got {momentum!r}")
     if not 1 <= ns_steps < 100:
-        raise ValueError(f"ns_steps must be from 1 to 99 (Newton–Schulz iterations), got {ns_steps!r}")
+        raise ValueError(
+            f"ns_steps must be from 1 to 99 (Newton–Schulz iterations), got {ns_steps!r}"
+        )
 
 
 def build(
@@ -232,10 +236,21 @@ ARGS: Final = (
     Arg("momentum", float, 0.95, "the momentum μ, in [0, 1)", ge=0.0),
     Arg("nesterov", bool, True, "Nesterov momentum: orthogonalise (1 - μ) g + μ B, not B"),
     Arg("ns_steps", int, 5, "Newton–Schulz iterations", ge=1),
-    Arg("adjust_lr", str, "original", "the update's scale by shape: √max(1, out/in) (original) "
-        "or 0.2 √max(out, in) (match_rms_adamw)", choices=ADJUST_LR),  # fmt: skip
-    Arg("fallback", "optimizer", "adamw", "the optimizer of every parameter that is not a "
-        "hidden matrix (embedding, head, gains, biases, router, scalars)"),  # fmt: skip
+    Arg(
+        "adjust_lr",
+        str,
+        "original",
+        "the update's scale by shape: √max(1, out/in) (original) "
+        "or 0.2 √max(out, in) (match_rms_adamw)",
+        choices=ADJUST_LR,
+    ),
+    Arg(
+        "fallback",
+        "optimizer",
+        "adamw",
+        "the optimizer of every parameter that is not a "
+        "hidden matrix (embedding, head, gains, biases, router, scalars)",
+    ),
 )
 
 

@@ -61,7 +61,9 @@ class Combined(torch.optim.Optimizer):
         super().load_state_dict(state_dict)
         start = 0
         for opt, n in zip(self.parts.values(), self._sizes, strict=True):
-            opt.__setstate__({"state": self.state, "param_groups": self.param_groups[start:start + n]})
+            opt.__setstate__(
+                {"state": self.state, "param_groups": self.param_groups[start : start + n]}
+            )
             start += n
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:

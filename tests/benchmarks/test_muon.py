@@ -14,8 +14,9 @@ def test_it_steps_the_same_matrices_to_the_same_values() -> None:
     params = bench.matrices("cs336-tiny", "cpu")
     model = lmcore.build_model("cs336-tiny")
     assert [tuple(p.shape) for p in params] == [
-        tuple(p.shape) for n, p in model.named_parameters() if n.startswith("layers.")
-        and p.ndim == 2
+        tuple(p.shape)
+        for n, p in model.named_parameters()
+        if n.startswith("layers.") and p.ndim == 2
     ]  # q, k, v, out, w1, w2, w3 of each layer: no embedding, head or gain
     opts = bench.optimizers(params)
     assert [g["update"] for g in opts["lmcore"][0].param_groups] == ["muon"]

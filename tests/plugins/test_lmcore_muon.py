@@ -201,14 +201,23 @@ def test_canonical_form_and_provenance_name_the_fallback() -> None:
     ("spec", "message"),
     [
         ("muon(ns_steps=0)", r"argument 'ns_steps' of optimizer 'muon' must be >= 1, got 0"),
-        ("muon(ns_steps=100)", r"ns_steps must be from 1 to 99 \(Newton–Schulz iterations\), "
-                               r"got 100"),  # fmt: skip
+        (
+            "muon(ns_steps=100)",
+            r"ns_steps must be from 1 to 99 \(Newton–Schulz iterations\), "
+            r"got 100",
+        ),
         ("muon(momentum=1.0)", r"optimizer 'muon': momentum must be in \[0, 1\), got 1.0"),
         ("muon(momentum=-0.1)", r"argument 'momentum' of optimizer 'muon' must be >= 0.0"),
-        ("muon(adjust_lr=match_rms)", r"must be one of match_rms_adamw, original, got "
-                                      r"'match_rms' \(did you mean 'match_rms_adamw'\?\)"),  # fmt: skip
-        ("muon(fallback=adamm)", r"no installed plugin provides optimizer 'adamm' \(did you "
-                                 r"mean 'adamw'\?\)"),  # fmt: skip
+        (
+            "muon(adjust_lr=match_rms)",
+            r"must be one of match_rms_adamw, original, got "
+            r"'match_rms' \(did you mean 'match_rms_adamw'\?\)",
+        ),
+        (
+            "muon(fallback=adamm)",
+            r"no installed plugin provides optimizer 'adamm' \(did you "
+            r"mean 'adamw'\?\)",
+        ),
         ("muon(fallback=rmsnorm)", r"no installed plugin provides optimizer 'rmsnorm'"),
     ],
 )
@@ -246,8 +255,10 @@ def test_train_with_muon_and_wsd_resumes_bit_for_bit(tiny_data: Path, tmp_path: 
 
     info = read_run(whole)
     optimizer = info["recipe"]["optimizer"]
-    assert optimizer["spec"] == info["config"]["optimizer"] == (
-        "muon(momentum=0.95,nesterov=true,ns_steps=5,adjust_lr=original,fallback=adamw)"
+    assert (
+        optimizer["spec"]
+        == info["config"]["optimizer"]
+        == ("muon(momentum=0.95,nesterov=true,ns_steps=5,adjust_lr=original,fallback=adamw)")
     )
     assert (optimizer["name"], optimizer["plugin"], optimizer["module"]) == (
         "muon", "muon", "lmcore_muon",
