@@ -24,9 +24,10 @@ matrix spans (a transposed layout is handled as such); any other axes are a batc
 run's lr, betas, eps and weight decay. The two are one `lmcore.train.combined.Combined`: each
 group says which of them updates it under ``"update"``.
 
-The step batches the work: momentum with `_foreach` ops per group, then every matrix of the
-same shape (over all parameters and groups) orthogonalised in one batched matmul per
-iteration (`baddbmm`), then the weight update per learning rate with `_foreach` ops. The
+The step batches the work: momentum with `_foreach` ops per group, then, on an accelerator,
+every matrix of the same shape (over all parameters and groups) orthogonalised in one batched
+matmul per product (`baddbmm`; on the CPU one `addmm` per matrix, faster there), then the
+weight update per learning rate with `_foreach` ops. The
 state per parameter is torch's, `momentum_buffer`.
 
 Muon needs whole matrices; FSDP shards them, so it declares `nofsdp` and `lmcore train
@@ -179,7 +180,11 @@ class Muon(torch.optim.Optimizer):
     def _orthogonalised(
         ms: list[_Matrix], rows: int, cols: int, steps: int, eps: float
     ) -> list[Tensor]:
-        """NS₅ of every matrix in `ms` (all rows × cols, any batch axes), in one batch."""
+        """NS₅ of every matrix in `ms` (all rows × cols, any batch axes): in one batch on an
+        accelerator (a kernel per product for all of them), one at a time on the CPU, where
+        a bfloat16 `addmm` runs faster than the batched product (measured: 1.6× at 512²)."""
+        if not batched(ms[0].update.device):
+            return [_one_by_one(m.update, steps, eps) for m in ms]
         if len(ms) == 1 and ms[0].update.ndim == 2:
             return [newton_schulz(ms[0].update, steps, eps)]
         sizes = [math.prod(m.update.shape[:-2]) for m in ms]
@@ -189,6 +194,18 @@ class Muon(torch.optim.Optimizer):
         torch._foreach_copy_(slots, [m.update for m in ms])  # to bfloat16, one pass
         ortho = newton_schulz(stack, steps, eps)
         return [o.view(m.update.shape) for o, m in zip(ortho.split(sizes), ms, strict=True)]
+
+
+def batched(device: torch.device) -> bool:
+    """Whether to orthogonalise same-shape matrices in one batched product on `device`."""
+    return device.type != "cpu"
+
+
+def _one_by_one(u: Tensor, steps: int, eps: float) -> Tensor:
+    if u.ndim == 2:
+        return newton_schulz(u, steps, eps)
+    flat = u.reshape(-1, *u.shape[-2:])
+    return torch.stack([newton_schulz(x, steps, eps) for x in flat]).view(u.shape)
 
 
 def check(momentum: float, ns_steps: int) -> None:

@@ -80,6 +80,35 @@ def test_updates_equal_torchs(torch_options: dict[str, Any], spec: str) -> None:
     assert [g["update"] for g in opt.param_groups] == ["muon", "muon"]
 
 
+def test_the_batched_path_an_accelerator_takes_gives_the_same_updates(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On the CPU Muon orthogonalises one matrix at a time; on a GPU it stacks every matrix of
+    one shape (over parameters, splits and experts) into one batched product: the same
+    numbers."""
+    import lmcore_muon
+
+    monkeypatch.setattr(lmcore_muon, "batched", lambda device: True)
+    shapes = [(48, 32), (32, 48), (48, 32), (2, 48, 32), (96, 32)]
+    ours = _params(*shapes)
+    ref = _clones(ours)
+    groups = [_group(ours[:4]), _group(ours[4:], "packed", splits=[48, 48])]
+    opt = _muon(groups)
+    ref_groups = [_group(ref[:4]), _group(ref[4:], "packed", splits=[48, 48])]
+    monkeypatch.undo()
+    torch_like = _muon(ref_groups)  # one at a time, as checked against torch above
+    monkeypatch.setattr(lmcore_muon, "batched", lambda device: True)
+    for step in range(3):
+        _grads(ours, step)
+        _grads(ref, step)
+        opt.step()
+        monkeypatch.undo()
+        torch_like.step()
+        monkeypatch.setattr(lmcore_muon, "batched", lambda device: True)
+    for a, b in zip(ours, ref, strict=True):
+        assert torch.equal(a, b)
+
+
 def test_each_logical_matrix_of_a_packed_tensor_is_orthogonalised_alone() -> None:
     splits = [32, 48, 16]
     (packed,) = _params((96, 32))
