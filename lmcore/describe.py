@@ -34,6 +34,7 @@ from lmcore.model.counting import (
     account,
 )
 from lmcore.model.nn import cross_entropy
+from lmcore.model.roles import ROLES, roles_of
 from lmcore.model.transformer import TransformerLM, build_model
 from lmcore.registry import Registry
 from lmcore.spec import ModelSpec
@@ -298,6 +299,35 @@ class TrainingMemory:
 
 
 @dataclass(frozen=True)
+class RoleCount:
+    """The parameters of one role (`lmcore.model.roles`): tensors and elements, a tied
+    matrix once."""
+
+    role: str
+    tensors: int
+    params: int
+
+
+def role_counts(model: nn.Module, num_layers: int) -> tuple[RoleCount, ...]:
+    """The parameters of `model` by role, in `ROLES`' order, scaled to `num_layers` identical
+    layers when `model` was built with fewer (a probe of `describe`'s: its layer 0 counts for
+    every layer)."""
+    probe = len(getattr(model, "layers", ())) < num_layers
+    params = dict(model.named_parameters())
+    tensors: dict[str, int] = {}
+    elements: dict[str, int] = {}
+    for name, role in roles_of(model).items():
+        scale = 1
+        if probe and name.startswith("layers."):
+            if not name.startswith("layers.0."):
+                continue
+            scale = num_layers
+        tensors[role.name] = tensors.get(role.name, 0) + scale
+        elements[role.name] = elements.get(role.name, 0) + scale * params[name].numel()
+    return tuple(RoleCount(r, tensors[r], elements[r]) for r in ROLES if r in tensors)
+
+
+@dataclass(frozen=True)
 class Description:
     """Everything `lmcore describe` shows. `mismatches` lists rows whose declared activations
     differ from the measurement (only when `describe` measured and every row declares)."""
@@ -307,6 +337,8 @@ class Description:
     mismatches: tuple[str, ...] = ()
     # Why the declarations were not checked against a meta-device build ("": they were).
     unchecked: str = ""
+    # The parameters by role; none when the model was too large to build on meta.
+    roles: tuple[RoleCount, ...] = ()
 
 
 def describe(
@@ -402,4 +434,7 @@ def describe(
     )
     if unchecked and any(r.buffers is None for r in acc.rows):
         unchecked += "; the buffers of components that declare none are left out"
-    return Description(accounting=acc, memory=memory, mismatches=mismatches, unchecked=unchecked)
+    roles = role_counts(model, bp.spec.num_layers) if model is not None else ()
+    return Description(
+        accounting=acc, memory=memory, mismatches=mismatches, unchecked=unchecked, roles=roles
+    )

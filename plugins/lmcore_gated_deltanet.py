@@ -37,6 +37,7 @@ from lmcore.model.cache import RecurrentState
 from lmcore.model.conv import DepthwiseConv
 from lmcore.model.deltanet import chunk_gated_delta_rule, recurrent_gated_delta_rule
 from lmcore.model.nn import Linear, at_least_float32, silu, softplus
+from lmcore.model.roles import GAIN, SCALAR, Role, packed
 
 
 class GatedRMSNorm(nn.Module):
@@ -61,6 +62,9 @@ class GatedRMSNorm(nn.Module):
         x = x.to(wide)
         normed = x * torch.rsqrt(x.square().mean(dim=-1, keepdim=True) + self.eps)
         return (normed * self.weight.to(wide) * silu(z.to(wide))).to(z.dtype)
+
+    def parameter_roles(self) -> dict[str, Role]:
+        return {"weight": GAIN}
 
 
 class GatedDeltaNet(nn.Module):
@@ -91,8 +95,15 @@ class GatedDeltaNet(nn.Module):
         self.conv_size, self.chunk_size = conv_size, chunk_size
         self.key_dim, self.value_dim = hk * dk, hv * dv
         factory: dict[str, Any] = {"device": device, "dtype": dtype}
-        self.in_proj_qkvz = Linear(d_model, 2 * self.key_dim + 2 * self.value_dim, **factory)
-        self.in_proj_ba = Linear(d_model, 2 * hv, **factory)
+        # Packed by key head: its q, its k, then the v and z of the value heads it serves (and
+        # b, a likewise), each a logical matrix of its own (an optimizer that orthogonalises
+        # matrices takes each separately).
+        group = hv // hk
+        self.in_proj_qkvz = Linear(
+            d_model, 2 * self.key_dim + 2 * self.value_dim, **factory,
+            role=packed(*[dk, dk, group * dv, group * dv] * hk),
+        )  # fmt: skip
+        self.in_proj_ba = Linear(d_model, 2 * hv, **factory, role=packed(*[group, group] * hk))
         self.conv1d = DepthwiseConv(
             2 * self.key_dim + self.value_dim, conv_size, bias=False, **factory
         )
@@ -104,6 +115,9 @@ class GatedDeltaNet(nn.Module):
         self.A_log = nn.Parameter(torch.empty(hv, **factory).uniform_(0.01, 16).log())
         self.norm = GatedRMSNorm(dv, eps, **factory)
         self.out_proj = Linear(self.value_dim, d_model, **factory)
+
+    def parameter_roles(self) -> dict[str, Role]:
+        return {"dt_bias": SCALAR, "A_log": SCALAR}  # per value head
 
     def forward(
         self, x: Float[Tensor, "B T d_model"], context: LayerContext

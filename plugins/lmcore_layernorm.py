@@ -7,6 +7,7 @@ from jaxtyping import Float
 from torch import Tensor, nn
 
 from lmcore import Arg, Component, hookimpl
+from lmcore.model.roles import BIAS, GAIN, Role
 
 
 class LayerNorm(nn.Module):
@@ -38,6 +39,9 @@ class LayerNorm(nn.Module):
         if self.bias is not None:
             y = y + self.bias
         return y.to(in_dtype)
+
+    def parameter_roles(self) -> dict[str, Role]:
+        return {"weight": GAIN, "bias": BIAS}
 
     def extra_repr(self) -> str:
         return f"{self.weight.shape[0]}, bias={self.bias is not None}, eps={self.eps}"

@@ -13,6 +13,7 @@ from torch import Tensor, nn
 
 from lmcore import Component, hookimpl
 from lmcore.interfaces import PositionalEncodingBase
+from lmcore.model.roles import EMBEDDING, Role
 
 # 2**31 elements is 8 GiB in float32 per copy (and more for optimiser state): surely a typo.
 MAX_TABLE_ELEMENTS = 2**31
@@ -39,6 +40,9 @@ class LearnedPositionalEmbedding(PositionalEncodingBase):
         self, x: Float[Tensor, "B T d_model"], token_positions: Int[Tensor, "B T"]
     ) -> Float[Tensor, "B T d_model"]:
         return x + self.weight[token_positions].to(x.dtype)  # (B or 1, T, d_model) broadcasts
+
+    def parameter_roles(self) -> dict[str, Role]:
+        return {"weight": EMBEDDING}  # a row per position, looked up as a token's is
 
     def extra_repr(self) -> str:
         return f"context_length={self.weight.shape[0]}, d_model={self.weight.shape[1]}"

@@ -37,6 +37,7 @@ from lmcore.interfaces import LayerContext
 from lmcore.model.cache import RecurrentState
 from lmcore.model.conv import DepthwiseConv
 from lmcore.model.nn import Linear, at_least_float32, silu, softplus
+from lmcore.model.roles import GAIN, SCALAR, Role, packed
 from lmcore.model.ssd import chunk_ssd, recurrent_ssd
 
 # Where the output gate silu(z) applies: before the norm (Mamba-2's `MambaRMSNormGated`), after
@@ -72,6 +73,9 @@ class GatedRMSNorm(nn.Module):
         normed = grouped * torch.rsqrt(grouped.square().mean(dim=-1, keepdim=True) + self.eps)
         out = normed.flatten(-2) * self.weight.to(wide)
         return out if first else out * silu(z.to(wide))
+
+    def parameter_roles(self) -> dict[str, Role]:
+        return {"weight": GAIN}
 
 
 class Gate(nn.Module):
@@ -121,7 +125,12 @@ class Mamba2(nn.Module):
         self.multipliers = tuple(float(m) for m in multipliers)
         H = self.num_heads
         factory: dict[str, Any] = {"device": device, "dtype": dtype}
-        self.in_proj = Linear(d_model, self.inner + self.conv_dim + H, bias=bias, **factory)
+        # z, x, B, C and dt: five logical matrices in one.
+        BC = n_groups * d_state
+        self.in_proj = Linear(
+            d_model, self.inner + self.conv_dim + H, bias=bias, **factory,
+            role=packed(self.inner, self.inner, BC, BC, H),
+        )  # fmt: skip
         self.conv1d = DepthwiseConv(self.conv_dim, conv_size, conv_bias, **factory)
         # transformers' initialisation: dt log-uniform in [1e-3, 1e-1] (at least 1e-4), dt_bias
         # its inverse softplus; A = 1 … H; D = 1.
@@ -135,6 +144,9 @@ class Mamba2(nn.Module):
             else GatedRMSNorm(self.inner, n_groups, eps, order=gate_norm, **factory)
         )  # fmt: skip
         self.out_proj = Linear(self.inner, d_model, bias=has_out_bias(bias, out_bias), **factory)
+
+    def parameter_roles(self) -> dict[str, Role]:
+        return {"dt_bias": SCALAR, "A_log": SCALAR, "D": SCALAR}  # per head
 
     def forward(
         self, x: Float[Tensor, "B T d_model"], context: LayerContext

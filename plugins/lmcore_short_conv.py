@@ -22,6 +22,7 @@ from lmcore.interfaces import LayerContext
 from lmcore.model.cache import RecurrentState
 from lmcore.model.conv import causal_conv
 from lmcore.model.nn import Linear
+from lmcore.model.roles import BIAS, CONV, Role, packed
 
 
 class ShortConv(nn.Module):
@@ -41,7 +42,10 @@ class ShortConv(nn.Module):
     ):
         super().__init__()
         self.d_model, self.conv_size = d_model, conv_size
-        self.in_proj = Linear(d_model, 3 * d_model, device=device, dtype=dtype, bias=bias)
+        self.in_proj = Linear(
+            d_model, 3 * d_model, device=device, dtype=dtype, bias=bias,
+            role=packed(d_model, d_model, d_model),  # b, c and h
+        )  # fmt: skip
         # Uniform in ±1/sqrt(conv_size), as torch initialises a depthwise convolution's filter.
         bound = conv_size**-0.5
         self.conv_weight = nn.Parameter(
@@ -53,6 +57,9 @@ class ShortConv(nn.Module):
             else None
         )
         self.out_proj = Linear(d_model, d_model, device=device, dtype=dtype, bias=bias)
+
+    def parameter_roles(self) -> dict[str, Role]:
+        return {"conv_weight": CONV, "conv_bias": BIAS}
 
     def forward(
         self, x: Float[Tensor, "B T d_model"], context: LayerContext

@@ -24,9 +24,11 @@ ALLOWED_OPTIM = {"Optimizer"}
 # The training runner works around the model with the maintained library, as DESIGN.md asks:
 # torch.optim's AdamW and torch.nn.utils' gradient clipping; lmcore.train.parallel
 # torch.distributed's DistributedDataParallel (torch.nn.parallel); building on meta, torch's
-# parameter registration hook (no layer). Layers and fused ops stay banned.
+# parameter registration hook (no layer). Layers and fused ops stay banned. `torch_adamw` is
+# torch's own AdamW beside lmcore's from-scratch `adamw`: the fast alternative and the reference.
 AROUND_THE_MODEL = {
     "lmcore/train/optim.py": ("torch.optim.", "torch.nn.utils."),
+    "plugins/lmcore_adamw.py": ("torch.optim.AdamW",),
     "lmcore/train/parallel.py": ("torch.nn.parallel.DistributedDataParallel",),
     "lmcore/model/empty.py": (
         "torch.nn.modules.module.register_module_parameter_registration_hook",

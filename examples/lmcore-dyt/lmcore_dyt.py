@@ -18,6 +18,7 @@ from jaxtyping import Float
 from torch import Tensor, nn
 
 from lmcore import Arg, Component, hookimpl
+from lmcore.model.roles import BIAS, GAIN, SCALAR, Role
 
 
 class DyT(nn.Module):
@@ -45,6 +46,10 @@ class DyT(nn.Module):
         if self.bias is not None:
             y = y + self.bias.float()
         return y.to(x.dtype)
+
+    def parameter_roles(self) -> dict[str, Role]:
+        # alpha: one learned number (no weight decay by default), like a gain's
+        return {"alpha": SCALAR, "weight": GAIN, "bias": BIAS}
 
     def extra_repr(self) -> str:
         return f"{self.weight.shape[0]}, bias={self.bias is not None}"

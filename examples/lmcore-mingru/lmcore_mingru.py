@@ -26,6 +26,7 @@ from lmcore import Arg, Component, hookimpl
 from lmcore.interfaces import LayerContext
 from lmcore.model.cache import RecurrentState
 from lmcore.model.nn import Linear
+from lmcore.model.roles import packed
 
 
 def core_dtype(dtype: torch.dtype | None) -> torch.dtype:
@@ -74,7 +75,10 @@ class MinGRU(nn.Module):
     ):
         super().__init__()
         self.d_model, self.width = d_model, expand * d_model
-        self.in_proj = Linear(d_model, 2 * self.width, device=device, dtype=dtype)
+        self.in_proj = Linear(  # the gate's and the candidate's matrices in one
+            d_model, 2 * self.width, device=device, dtype=dtype,
+            role=packed(self.width, self.width),
+        )  # fmt: skip
         self.out_proj = Linear(self.width, d_model, device=device, dtype=dtype)
 
     def forward(

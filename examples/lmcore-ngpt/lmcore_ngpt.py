@@ -24,6 +24,7 @@ from torch import Tensor, nn
 
 from lmcore import Arg, Component, hookimpl
 from lmcore.interfaces import LayerContext
+from lmcore.model.roles import SCALAR, Role
 
 EPS = 1e-6  # the smallest norm divided by
 
@@ -61,6 +62,9 @@ class NormalizedBlock(nn.Module):
         h = unit(x + self.alpha_attn * (a - x))
         f = unit(self.ffn(h))
         return unit(h + self.alpha_ffn * (f - h))
+
+    def parameter_roles(self) -> dict[str, Role]:
+        return {"alpha_attn": SCALAR, "alpha_ffn": SCALAR}  # nGPT's eigen learning rates
 
 
 def ngpt_activations(batch: int, seq_len: int, d_model: int, dtype: torch.dtype) -> int:

@@ -31,6 +31,7 @@ from torch import Tensor, nn
 from torch.utils.flop_counter import flop_registry, register_flop_formula
 
 from lmcore import Arg, Component, hookimpl
+from lmcore.model.roles import GAIN, MATRIX, Role
 
 _FLASH_CPU = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 _FLASH_CPU_BACKWARD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
@@ -165,6 +166,9 @@ class TorchRMSNorm(nn.Module):
         y: Tensor = _FusedRMSNorm.apply(x, weight, self.eps)
         return y
 
+    def parameter_roles(self) -> dict[str, Role]:
+        return {"weight": GAIN}
+
     def extra_repr(self) -> str:
         return f"{self.weight.shape[0]}, eps={self.eps}"
 
@@ -197,6 +201,10 @@ class TorchSwiGLU(nn.Module):
     def forward(self, x: Float[Tensor, "... d_model"]) -> Float[Tensor, "... d_model"]:
         hidden: Tensor = _SiLUGate.apply(self.w1(x), self.w3(x))
         return self.w2(hidden)
+
+    def parameter_roles(self) -> dict[str, Role]:
+        # torch's nn.Linear declares no roles: its owner declares them by dotted path.
+        return {f"{w}.weight": MATRIX for w in ("w1", "w2", "w3")}
 
 
 class _SiLUGate(torch.autograd.Function):

@@ -41,18 +41,15 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--seq", type=positive, help="tokens per sequence (default: context_length)")
     p.add_argument("--batch", type=positive, default=1, help="sequences per batch (default: 1)")
     p.add_argument("--dtype", choices=DTYPES, help=DTYPE_HELP)
-    p.add_argument(
-        "--measure",
-        action="store_true",
-        help="measure activations with a forward on the meta device (about a second more) and "
-        "check each component's declaration against it; exit 1 on a difference",
-    )
+    p.add_argument("--measure", action="store_true",
+                   help="measure activations with a forward on the meta device (about a second "
+                   "more) and check each component's declaration against it; exit 1 on a "
+                   "difference")  # fmt: skip
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-
     from lmcore.describe import describe
 
     src = source(args)
@@ -125,14 +122,7 @@ def checkpoint_json(info: CheckpointInfo) -> dict[str, Any]:
         "lmcore_version": info.lmcore_version,
         "torch_version": info.torch_version,
         "components": {
-            kind: {
-                "kind": c.kind,
-                "name": c.name,
-                "dist": c.dist,
-                "version": c.version,
-                "plugin": c.plugin,
-                "module": c.module,
-            }
+            kind: {k: getattr(c, k) for k in ("kind", "name", "dist", "version", "plugin", "module")}
             for kind, c in info.components.items()
         },
         "tied": dict(info.tied),
@@ -174,6 +164,10 @@ def describe_json(found: Description) -> dict[str, Any]:
             "active_params": acc.active_params,
             "flops": acc.flops,
             "flops_per_token": acc.flops_per_token,
+        },
+        "roles": {
+            r.role: {"tensors": r.tensors, "params": r.params, "share": r.params / acc.params}
+            for r in found.roles
         },
         "flops_by_part": {
             part: {"flops": n, "share": n / acc.flops if acc.flops else 0.0}
@@ -252,6 +246,12 @@ def describe_lines(found: Description) -> list[str]:
             shown = ", ".join(f"{k}={v}" for k, v in values.items())
             where = names.get(layers, layers)
             lines.append(f"  layers {where} ({n} layer{'s' if n > 1 else ''}): {shown}")
+    if found.roles:  # what drives weight decay and an optimizer's routing (docs/recipe.md)
+        lines += ["", "parameters by role:"]
+        for r in found.roles:
+            tensors = f"{r.tensors:,} tensor{'s' if r.tensors > 1 else ''}"
+            lines.append(f"  {r.role:<9}  {r.params:>15,}  {_pct(r.params / acc.params):>6}  "
+                         f"{tensors}")  # fmt: skip
     by_part = acc.flops_by_part()
     lines += ["", f"forward FLOPs by part (total {_flops(acc.flops)}):"]
     width = max(len(part) for part in by_part)

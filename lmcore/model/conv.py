@@ -16,6 +16,8 @@ import torch
 from jaxtyping import Float
 from torch import Tensor, nn
 
+from lmcore.model.roles import BIAS, CONV, Role
+
 
 def causal_conv(
     x: Float[Tensor, "B T C"],
@@ -68,3 +70,6 @@ class DepthwiseConv(nn.Module):
         self, x: Float[Tensor, "B T C"], tail: Float[Tensor, "B C K1"] | None
     ) -> tuple[Float[Tensor, "B T C"], Float[Tensor, "B C K1"]]:
         return causal_conv(x, self.weight[:, 0], self.bias, tail)
+
+    def parameter_roles(self) -> dict[str, Role]:
+        return {"weight": CONV, "bias": BIAS}

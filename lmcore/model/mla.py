@@ -42,6 +42,7 @@ from lmcore.interfaces import LayerContext
 from lmcore.model.attention import tiled_attention
 from lmcore.model.cache import ContextState
 from lmcore.model.nn import Linear
+from lmcore.model.roles import GAIN, Role, packed
 
 
 class LatentNorm(nn.Module):
@@ -64,6 +65,9 @@ class LatentNorm(nn.Module):
         h = x.to(torch.promote_types(x.dtype, torch.float32))
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * h.to(x.dtype)
+
+    def parameter_roles(self) -> dict[str, Role]:
+        return {"weight": GAIN}
 
     def extra_repr(self) -> str:
         return f"{self.weight.shape[0]}, eps={self.eps}"
@@ -168,13 +172,17 @@ class MultiHeadLatentAttention(nn.Module):
             self.q_b_proj = Linear(q_lora_rank, qk_width, device=device, dtype=dtype)
         else:
             self.q_proj = Linear(d_model, qk_width, device=device, dtype=dtype)
+        # Two logical matrices in one: the latent (compressed k and v) and the shared rope key.
         self.kv_a_proj_with_mqa = Linear(
-            d_model, kv_lora_rank + qk_rope_head_dim, device=device, dtype=dtype, bias=bias
-        )
+            d_model, kv_lora_rank + qk_rope_head_dim, device=device, dtype=dtype, bias=bias,
+            role=packed(kv_lora_rank, qk_rope_head_dim),
+        )  # fmt: skip
         self.kv_a_layernorm = LatentNorm(kv_lora_rank, eps, device=device, dtype=dtype)
+        # Per head, its nope key then its value: 2 × num_heads logical matrices.
         self.kv_b_proj = Linear(
-            kv_lora_rank, num_heads * (qk_nope_head_dim + v_head_dim), device=device, dtype=dtype
-        )
+            kv_lora_rank, num_heads * (qk_nope_head_dim + v_head_dim), device=device, dtype=dtype,
+            role=packed(*[qk_nope_head_dim, v_head_dim] * num_heads),
+        )  # fmt: skip
         self.o_proj = Linear(
             num_heads * v_head_dim, d_model, device=device, dtype=dtype, bias=bias
         )

@@ -48,6 +48,7 @@ from torch import Tensor, nn
 
 from lmcore.errors import ConfigError
 from lmcore.model.nn import Linear
+from lmcore.model.roles import ROUTER
 
 SOFTMAX_ORDERS: Final = ("before", "after")
 SCORES: Final = ("softmax", "sigmoid")
@@ -216,7 +217,9 @@ class MixtureOfExperts(nn.Module):
         self.n_group, self.scale = n_group, scale
         # 0 (all groups) or every group: no limit, and none of its work
         self.topk_group = n_group if topk_group in (0, n_group) else topk_group
-        self.router = Linear(d_model, len(experts), device=device, dtype=dtype, bias=router_bias)
+        self.router = Linear(
+            d_model, len(experts), device=device, dtype=dtype, bias=router_bias, role=ROUTER
+        )
         # A persistent buffer, as transformers' e_score_correction_bias: saved and loaded, not
         # a parameter (DeepSeek-V3's 671,026,404,352 parameters do not count it); no gradient
         # could reach it (it only chooses), a balancing rule adjusts it. In the model's dtype
@@ -230,7 +233,8 @@ class MixtureOfExperts(nn.Module):
         self.experts = nn.ModuleList(experts)
         self.shared = shared
         self.shared_gate = (
-            Linear(d_model, 1, device=device, dtype=dtype) if shared is not None and shared_gate
+            Linear(d_model, 1, device=device, dtype=dtype, role=ROUTER)
+            if shared is not None and shared_gate
             else None
         )  # fmt: skip
         self.aux_loss = None

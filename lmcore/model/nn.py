@@ -365,7 +365,15 @@ def cross_entropy(
 
     `logsumexp` subtracts the max internally, so large logits do not overflow.
     """
+    return cross_entropy_and_log_z(logits, targets)[0]
+
+
+def cross_entropy_and_log_z(
+    logits: Float[Tensor, "... vocab"], targets: Int[Tensor, "..."]
+) -> tuple[Float[Tensor, ""], Float[Tensor, "..."]]:
+    """`cross_entropy`, and the log-partition function `log Σ_j exp(logits[..., j])` of every
+    position (float32) it is computed from, for a loss that uses it too (the z-loss)."""
     logits = logits.float()  # a bf16 log-partition function loses ~2 digits
     log_z = torch.logsumexp(logits, dim=-1)  # (...,)
     picked = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (...,)
-    return (log_z - picked).mean()
+    return (log_z - picked).mean(), log_z

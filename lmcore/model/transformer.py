@@ -37,7 +37,7 @@ from lmcore.model.cache import DecodingCache, KVState
 from lmcore.model.counting import check_size
 from lmcore.model.inputs import check_device, check_dtype, check_ids, check_positions
 from lmcore.model.nn import Embedding, Linear
-from lmcore.model.roles import EMBEDDING, HEAD, Role
+from lmcore.model.roles import EMBEDDING, HEAD, SCALAR, Role
 from lmcore.registry import Registry
 from lmcore.spec import ModelSpec, default_query_scale
 from lmcore.tokenizer import SavedTokenizer
@@ -101,6 +101,9 @@ class CausalSelfAttention(nn.Module):
         self.qk_norm_full = qk_norm_full
         self.kernel_options = dict(kernel_options or {})
         self.q_factor = q_factor
+
+    def parameter_roles(self) -> dict[str, Role]:
+        return {"sinks": SCALAR}  # a logit per head: neither a matrix nor a gain
 
     def decoding_state(
         self,

@@ -1,7 +1,7 @@
 """What every component is as a torch module: it builds at two shapes into a module of its kind's
 protocol (`build`), keeps its input's shape and dtype with finite outputs (`forward`), passes
-gradients to every parameter and input (`gradients`), round-trips its state dict (`state_dict`)
-and allocates nothing on meta (`meta`).
+gradients to every parameter and input (`gradients`), round-trips its state dict (`state_dict`),
+allocates nothing on meta (`meta`) and declares the role of every parameter (`roles`).
 
 Each check builds the component at the kit's small test shapes, runs it on seeded random inputs
 and raises `ConformanceError` with a sentence naming what broke and how to fix it.
@@ -16,7 +16,9 @@ import torch
 from torch import Tensor, nn
 
 from lmcore.components import KINDS
+from lmcore.errors import PluginError
 from lmcore.interfaces import PROTOCOLS, LayerContext
+from lmcore.model.roles import roles_of
 from lmcore.testing.core import (
     ATTN_LENGTHS,
     BATCH,
@@ -228,6 +230,18 @@ def meta(target: Target, variant: str, settings: Settings) -> None:
                 "every tensor __init__ creates (torch.empty(..., device=device)) so that "
                 "build_model(spec, device='meta') allocates nothing"
             )
+
+
+@check("roles", KINDS)
+def roles(target: Target, variant: str, settings: Settings) -> None:
+    """Every parameter has exactly one declared role (`parameter_roles()`, lmcore.model.roles)
+    that fits its shape, a packed tensor's splits adding up to its rows, at both shapes."""
+    for shape in range(len(SHAPES)):
+        module = target.build(shape, device="meta")
+        try:
+            roles_of(module)
+        except PluginError as e:
+            fail(f"{e}; the optimizer, weight decay and learning-rate multipliers go by roles")
 
 
 def _expect(out: object, shape: torch.Size, dtype: torch.dtype, what: str) -> None:

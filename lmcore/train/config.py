@@ -208,6 +208,14 @@ class TrainConfig:
         Flag(type=float, metavar="NORM", off=0),
         checks=(Check(lambda v, _: v > 0, "> 0 (or 0 for no clipping)"),),
     )
+    z_loss: float = option(
+        0.0,
+        "add PaLM's z-loss on the output logits, COEF · mean (log Z)², to the loss (PaLM: 1e-4; "
+        "default: 0, off)",
+        Flag(type=float, metavar="COEF", example="1e-4"),
+        checks=(Check(lambda v, _: isinstance(v, int | float) and math.isfinite(v) and v >= 0,
+                      "a number ≥ 0 (0: off), e.g. 1e-4"),),
+    )  # fmt: skip
     eval_every: int = option(
         100,
         "steps between evaluations; 0: only first and last (default: {default})",

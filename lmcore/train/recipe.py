@@ -26,7 +26,7 @@ says so: ``{"params", "lr", "lr_scale", "weight_decay", "role", "fan_in", "fan_o
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -40,6 +40,7 @@ from lmcore.model.roles import Role
 from lmcore.parts import Part
 from lmcore.registry import Registry, get_registry
 from lmcore.syntax import Item, parse_value
+from lmcore.train.losses import Objective
 
 __all__ = [
     "Recipe",
@@ -200,23 +201,33 @@ def _args(part: Part) -> tuple[Arg, ...]:
 
 @dataclass(frozen=True)
 class Recipe:
-    """A run's optimizer and schedule, resolved once (by `lmcore train`, before any run
-    directory exists) and passed on."""
+    """A run's optimizer, schedule and loss terms, resolved once (by `lmcore train`, before
+    any run directory exists) and passed on."""
 
     optimizer: Part
     schedule: Part
+    loss: Objective = field(default_factory=Objective)  # no terms but the model's
 
     @classmethod
-    def of(cls, optimizer: str, schedule: str, registry: Registry | None = None) -> Recipe:
-        """Both resolved; a `TrainError` names the option (`--optimizer: ...`) and keeps the
-        spec error's caret."""
+    def of(
+        cls, optimizer: str, schedule: str, registry: Registry | None = None, *,
+        z_loss: float = 0.0,
+    ) -> Recipe:  # fmt: skip
+        """Both resolved, and the loss with the z-loss at `z_loss` (`lmcore.train.losses`); a
+        `TrainError` names the option (`--optimizer: ...`) and keeps the spec error's caret."""
         parts = []
         for kind, text in (("optimizer", optimizer), ("schedule", schedule)):
             try:
                 parts.append(resolve_recipe(kind, text, registry))
             except SpecError as e:
                 raise TrainError(f"--{kind} {text}: {e}") from None
-        return cls(*parts)
+        try:
+            loss = Objective(z_loss=z_loss)
+        except ValueError:
+            raise TrainError(
+                f"--z-loss {z_loss!r}: must be a number ≥ 0 (0: off), e.g. 1e-4"
+            ) from None
+        return cls(parts[0], parts[1], loss)
 
     def check_parallel(self, mode: str | None) -> None:
         """`TrainError` for an optimizer that needs whole tensors (it declares `nofsdp`:
@@ -231,5 +242,7 @@ class Recipe:
                 )
 
     def record(self) -> dict[str, Any]:
-        """What run.json and each checkpoint keep of it (`provenance`)."""
-        return {"optimizer": provenance(self.optimizer), "schedule": provenance(self.schedule)}
+        """What run.json and each checkpoint keep of it: the parts' `provenance`, and each loss
+        term's coefficient (`Objective.record`)."""
+        return {"optimizer": provenance(self.optimizer), "schedule": provenance(self.schedule),
+                "loss": self.loss.record()}  # fmt: skip

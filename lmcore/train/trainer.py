@@ -9,7 +9,8 @@
 
 One step `t` (1, 2, ..., steps) draws batch `t - 1` of the train split (a pure function of the
 seed and the step, `lmcore.data.BatchSampler`), runs forward and next-token cross-entropy
-(under bf16 autocast if asked), backward, clips the gradients to a global norm, and applies
+plus the recipe's loss terms (`lmcore.train.losses`: `--z-loss`, the model's auxiliary loss;
+under bf16 autocast if asked), backward, clips the gradients to a global norm, and applies
 the run's optimizer (`--optimizer`, a registry kind: default `adamw`) at the run's schedule's
 learning rate for step t (`--schedule`: default `cosine`, CS336's), each parameter group's
 scaled by its role's multiplier. The recipe is resolved once (`lmcore.train.recipe.Recipe`),
@@ -63,8 +64,9 @@ from lmcore.registry import Registry
 from lmcore.sources import Source, source_of
 from lmcore.spec import ModelSpec
 from lmcore.train.config import RESUMABLE, ResolvedConfig, TrainConfig, cosine_lr, decay_roles
+from lmcore.train.losses import logged, window_means
 from lmcore.train.optim import clip_gradients, make_optimizer
-from lmcore.train.recipe import Recipe, build_optimizer, build_schedule, role_table
+from lmcore.train.recipe import Recipe, build_optimizer, build_schedule, role_table, takes
 from lmcore.train.options import replaced
 from lmcore.train.runs import (
     METRICS_FILE,
@@ -258,7 +260,7 @@ def train(
     bp, init = src.blueprint, init if src.info is None else src.info
     cfg = config.resolved(bp.spec.context_length, init.dtype if init is not None else "float32")
     check_trackers(cfg.loggers)
-    recipe = Recipe.of(cfg.optimizer, cfg.schedule, registry)  # canonical in run.json
+    recipe = Recipe.of(cfg.optimizer, cfg.schedule, registry, z_loss=cfg.z_loss)  # in run.json
     recipe.check_parallel(par.mode)
     cfg = dataclasses.replace(
         cfg, optimizer=str(recipe.optimizer.spec), schedule=str(recipe.schedule.spec)
@@ -328,6 +330,24 @@ def resume(
             lock.release()
 
 
+def _check_recipe_plugins(
+    root: Path, saved: dict[str, Any] | None, now: dict[str, Any]
+) -> None:
+    """A resumed run continues with the optimizer and schedule plugins it started with: another
+    distribution or version of one could step differently, so it is refused, naming both."""
+    for kind in ("optimizer", "schedule"):
+        row, have = (saved or {}).get(kind), now[kind]
+        if row is None:
+            continue
+        was = (row.get("dist"), row.get("version"))
+        if was != (have.get("dist"), have.get("version")):
+            raise TrainError(
+                f"{root} trained with {kind} {row.get('name')!r} from {was[0]} {was[1]}, but "
+                f"{have.get('dist')} {have.get('version')} provides it now: resuming would not "
+                f"continue the same run; install {was[0]}=={was[1]}, or start a new run"
+            )
+
+
 def _resume(
     root: Path,
     par: Parallel,
@@ -357,7 +377,8 @@ def _resume(
     bp = resolve(info["spec"], registry)
     cfg = config.resolved(bp.spec.context_length)
     check_trackers(cfg.loggers)
-    recipe = Recipe.of(cfg.optimizer, cfg.schedule, registry)  # its plugins must be installed
+    recipe = Recipe.of(cfg.optimizer, cfg.schedule, registry, z_loss=cfg.z_loss)  # installed
+    _check_recipe_plugins(root, info.get("recipe"), recipe.record())
     recipe.check_parallel(par.mode)
     status = info.get("status", {})
     if status.get("state") == "diverged":
@@ -520,7 +541,7 @@ class _Loop:
         self.session_start = time.perf_counter()
         self.train_time = 0.0
         self.window: list[tuple[int, Tensor, Tensor]] = []
-        self.aux_window: list[Tensor] = []  # the auxiliary losses of the window's steps
+        self.term_window: list[dict[str, Tensor]] = []  # the loss terms of the window's steps
         self.window_time = 0.0
         self.mark: float | None = None
         self.first_val: float | None = None
@@ -632,15 +653,18 @@ class _Loop:
             f"tokens = {tokens:,} tokens ({tokens / max(train_t, 1):.2f} epochs), seed {cfg.seed}"
         )
         decayed = ", ".join(decay_roles(cfg.decay)) or "no role"
+        part = self.recipe.optimizer
+        betas = f", betas {cfg.betas[0]:g} {cfg.betas[1]:g}" if takes(part, "betas") else ""
         self.say(
-            f"optimizer: {self.recipe.optimizer.spec}, betas {cfg.betas[0]:g} {cfg.betas[1]:g}, "
-            f"weight decay {cfg.weight_decay:g} on {decayed}, {clip}"
-            + (f", lr × {', '.join(cfg.role_lr)}" if cfg.role_lr else "")
+            f"optimizer: {part.spec}{betas}, weight decay {cfg.weight_decay:g} on {decayed}, "
+            f"{clip}" + (f", lr × {', '.join(cfg.role_lr)}" if cfg.role_lr else "")
         )
         self.say(
             f"schedule: {self.recipe.schedule.spec}, lr {cfg.lr:g} → {cfg.min_lr:g}, warmup "
             f"{cfg.warmup}, decay_steps {cfg.decay_steps}"
         )
+        if self.recipe.loss.z_loss:
+            self.say(f"loss: cross-entropy + z-loss × {self.recipe.loss.z_loss:g}")
         if step:
             self.say(f"resumed: from {self.start.path if self.start else '?'} at step {step:,}")
 
@@ -746,16 +770,14 @@ class _Loop:
         for group in self.optimizer.param_groups:
             group["lr"] = lr * group["lr_scale"]
         x, y = self.sampler.batch(step)
-        with _autocast(self.device, cfg.autocast):
-            loss = cross_entropy(self.forward(x), y)
-        aux = self.model.aux_loss()  # e.g. a mixture of experts' load balancing; else None
-        torch.autograd.backward(loss if aux is None else loss + aux)
-        if aux is not None:
-            self.aux_window.append(aux.detach())
+        with _autocast(self.device, cfg.autocast):  # cross-entropy + the recipe's terms
+            losses = self.recipe.loss(self.forward(x), y, self.model)
+        torch.autograd.backward(losses.total)
+        self.term_window.append(losses.detached())
         norm = clip_gradients(self.model.parameters(), cfg.grad_clip)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return loss.detach(), norm.detach()
+        return losses.cross_entropy.detach(), norm.detach()
 
     def flush(self, step: int) -> int | None:
         """Write the train record of the steps since the last one (one device sync); the step
@@ -768,9 +790,8 @@ class _Loop:
         values: list[list[float]] = torch.stack([losses, norms.to(losses.device)]).tolist()
         steps = [w[0] for w in self.window]
         self.window = []
-        aux, self.aux_window = self.aux_window, []
-        # Logged beside the cross-entropy `loss`, which stays comparable with val_loss.
-        extra = {"aux_loss": self.par.mean(torch.stack(aux).mean()).item()} if aux else {}
+        terms, self.term_window = self.term_window, []
+        term_means = window_means(terms, self.par.mean)  # each term's, across processes
         window_time, self.window_time = self.window_time, 0.0
         cfg = self.cfg
         for s, loss in zip(steps, values[0], strict=True):
@@ -782,6 +803,9 @@ class _Loop:
         mean = sum(values[0]) / len(values[0])
         tps = len(steps) * self.tokens_per_step / window_time if window_time > 0 else 0.0
         self.last_train = mean
+        # Beside the cross-entropy `loss`, which stays comparable with val_loss: each term's
+        # mean and loss_total, what the optimizer minimised (nothing when no term was on).
+        extra = logged(mean, term_means)
         lr = self.lr_at(step)
         self.record(kind="train", step=step, tokens=step * self.tokens_per_step, loss=mean,
                     **extra, lr=lr, grad_norm=values[1][-1], tokens_per_s=tps,

@@ -69,6 +69,28 @@ def test_text_output_for_the_cs336_test_model(capsys: pytest.CaptureFixture[str]
     assert "  AdamW moments   10.71 MiB  two float32 moments per parameter" in text
 
 
+def test_parameters_by_role_in_text_and_json(capsys: pytest.CaptureFixture[str]) -> None:
+    # cs336-tiny: 3 layers of 4·64² attention + 3·64·128 SwiGLU matrices; 10,000×64 embedding
+    # and head; 2 gains per layer and the final one.
+    assert main(["describe", "cs336-tiny"]) == 0
+    text = capsys.readouterr().out
+    block = text.split("parameters by role:\n")[1].split("\n\n")[0].splitlines()
+    assert block == [
+        "  matrix             122,880    8.8%  21 tensors",
+        "  embedding          640,000   45.6%  1 tensor",
+        "  head               640,000   45.6%  1 tensor",
+        "  gain                   448    0.0%  7 tensors",
+    ]
+    assert 3 * (4 * 64 * 64 + 3 * 64 * 128) == 122_880
+    found = describe_json(capsys, "cs336-tiny, mixer=mamba2, num_layers=5")
+    roles = found["roles"]
+    assert sum(r["params"] for r in roles.values()) == found["total"]["params"]
+    assert roles["packed"]["tensors"] == 5  # one in_proj per layer, from a two-layer probe
+    assert roles["scalar"]["tensors"] == 15  # dt_bias, A_log and D
+    assert list(roles) == ["matrix", "packed", "embedding", "head", "gain", "bias", "scalar",
+                           "conv"]  # fmt: skip
+
+
 def test_gpt2_xl_reports_cs336s_parameter_and_flop_counts(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -83,7 +105,7 @@ def test_gpt2_xl_reports_cs336s_parameter_and_flop_counts(
 def test_json_shape(capsys: pytest.CaptureFixture[str]) -> None:
     found = describe_json(capsys, "cs336-tiny", "--batch", "2", "--seq", "8", "--dtype", "bfloat16")
     assert set(found) == {
-        "spec", "batch", "seq_len", "dtype", "rows", "per_layer", "layers", "total", "flops_by_part",
+        "spec", "batch", "seq_len", "dtype", "rows", "per_layer", "layers", "total", "flops_by_part", "roles",
         "memory", "activations_by_part", "mismatches", "decoding_state",
     }  # fmt: skip
     # keys and values, 4 heads of 16 in bfloat16 per token, in each of 3 layers, at context 16

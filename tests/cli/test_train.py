@@ -48,22 +48,24 @@ def test_train_reports_the_run_and_the_falling_loss(
     )
     assert lines[4] == "budget: 40 steps × batch 8 × 16 tokens = 5,120 tokens (1.57 epochs), seed 0"
     assert lines[5] == (
-        "optimizer: AdamW (fused), lr 0.003 → 0.0003 (warmup 4, cosine to step 40), betas 0.9 "
-        "0.95, weight decay 0.1 on matrices, clip 1"
+        "optimizer: adamw, betas 0.9 0.95, weight decay 0.1 on matrix, packed, head, router, "
+        "conv, clip 1"
     )
+    assert lines[6] == "schedule: cosine, lr 0.003 → 0.0003, warmup 4, decay_steps 40"
+
     vals = [float(m[1]) for m in re.finditer(r"^step +\d+  val (\d+\.\d+)", captured.out, re.M)]
     assert len(vals) == 3 and vals[0] > vals[1] > vals[2]
     assert re.fullmatch(r"step 20  val \d\.\d{4}  ppl [\d,.]+  train \d\.\d{4}  [\d,]+ tok/s  "
-                        r"\d+\.\d s", lines[7])  # fmt: skip
+                        r"\d+\.\d s", lines[8])  # fmt: skip
     assert re.fullmatch(
         rf"done: 40 steps, 5,120 tokens in \d+\.\d s \([\d,]+ tokens/s while training\); val "
         rf"loss {vals[0]:.4f} → {vals[2]:.4f}",
-        lines[9],
+        lines[10],
     )
     ckpt = run / "checkpoints" / "step-000040"
-    assert lines[10] == f"checkpoint: {ckpt} (model: {ckpt / 'model.safetensors'})"
-    assert lines[11] == f"metrics: {run / 'metrics.jsonl'}, loss curve: {run / 'loss.png'}"
-    assert len(lines) == 12
+    assert lines[11] == f"checkpoint: {ckpt} (model: {ckpt / 'model.safetensors'})"
+    assert lines[12] == f"metrics: {run / 'metrics.jsonl'}, loss curve: {run / 'loss.png'}"
+    assert len(lines) == 13
     assert captured.err == ""  # no progress bar when stderr is not a terminal
     # the checkpoint works wherever a checkpoint is taken
     assert main(["describe", str(ckpt / "model.safetensors")]) == 0
@@ -151,6 +153,12 @@ def test_a_signal_saves_a_checkpoint_and_resume_goes_on(
          "argument --seed: expected an integer in 0 .. 2**64-1, got '18446744073709551616'"),
         (["train", "cs336-tiny", "--data", "DATA", "--out", "r", "--warmup", "-3"],
          "--warmup -3: must be an integer ≥ 0"),
+        (["train", "cs336-tiny", "--data", "DATA", "--out", "r", "--z-loss", "-0.5"],
+         "--z-loss -0.5: must be a number ≥ 0 (0: off), e.g. 1e-4"),
+        (["train", "cs336-tiny", "--data", "DATA", "--out", "r", "--z-loss", "nan"],
+         "--z-loss nan: must be a number ≥ 0 (0: off), e.g. 1e-4"),
+        (["train", "cs336-tiny", "--data", "DATA", "--out", "r", "--z-loss", "much"],
+         "argument --z-loss: invalid float value: 'much'"),
         (["train", "cs336-tiny, vocab_size=256", "--data", "DATA", "--out", "r"], "the model's "
          "vocab_size=256 is smaller than the data's 277 tokens"),
         (["train", "--resume", "r", "--out", "x"], "--resume r continues that run in its own "

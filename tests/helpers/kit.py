@@ -12,6 +12,7 @@ from torch import Tensor, nn
 from lmcore import Arg, Component, Registry
 from lmcore.interfaces import PositionalEncodingBase
 from lmcore.model.nn import scaled_dot_product_attention
+from lmcore.model.roles import GAIN, MATRIX, Role
 from tests.helpers.errors import raises_naming
 
 # ---------------------------------------------------------------------------------------------
@@ -34,6 +35,9 @@ class Norm(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return self.normalise(x).to(x.dtype)
+
+    def parameter_roles(self) -> dict[str, Role]:
+        return {"weight": GAIN}
 
 
 class Attention(nn.Module):
@@ -151,6 +155,16 @@ class CompileNorm(Norm):
         return y * 2 if torch.compiler.is_compiling() else y  # planted: compiled ≠ eager
 
 
+class RolelessNorm(Norm):
+    def parameter_roles(self) -> dict[str, Role]:
+        return {}  # planted: declares no role for its gain
+
+
+class MatrixGainNorm(Norm):
+    def parameter_roles(self) -> dict[str, Role]:
+        return {"weight": MATRIX}  # planted: a vector declared a matrix
+
+
 class ArgNorm(Norm):
     def __init__(self, d_model: int, unused: float, device: Any = None, dtype: Any = None):
         super().__init__(d_model, device, dtype)
@@ -237,6 +251,8 @@ PLANTED = [
     norm("coincidence", Norm, params=lambda d_model: 64),  # right at one shape only
     norm("flop-claim", Norm, flops=lambda d_model, seq_len: 2 * seq_len * d_model),
     norm("compile-changes", CompileNorm),
+    norm("roleless", RolelessNorm),
+    norm("matrix-gain", MatrixGainNorm),
     norm("needs-arg", ArgNorm, args=(Arg("unused", float, help="required, no default"),)),
     Component(kind="ffn", name="bool-arg", build=lambda d_model, gated=True: Norm(d_model),
               args=(Arg("gated", bool, True),), params=lambda d_model, gated: d_model + gated),
@@ -416,6 +432,12 @@ NODE = "lmcore-conformance::"
 
 # component: {failing test: a regex its message must match}. Every other check must pass.
 EXPECTED: dict[str, dict[str, str]] = {
+    "roleless": {
+        "test_roles[norm:roleless]": r"parameter 'weight' has no role: RolelessNorm should declare it in parameter_roles\(\) \(\{'weight': \.\.\.\}; roles are bias, conv, .*; the optimizer, weight decay and learning-rate multipliers go by roles",
+    },
+    "matrix-gain": {
+        "test_roles[norm:matrix-gain]": r"a matrix needs a tensor of at least 2 dimensions, got shape \(64,\)",
+    },
     "wrong-dtype": {
         "test_forward[norm:wrong-dtype-bfloat16]": r"the output is shape \(2, 3, 8, 64\) float32 for bfloat16 input; return the input's dtype",
     },

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import lmcore
+from lmcore.model.roles import GAIN, Role
 
 # ---------------------------------------------------------------------------------------------
 # Training: a tiny model and a tiny corpus
@@ -136,8 +137,11 @@ def edit(
 
 
 def components() -> list[tuple[str, str]]:
-    """Every registered component, so newly installed plugins are tested without editing this."""
-    return sorted({(e.kind, e.name) for e in lmcore.get_registry().entries()})
+    """Every registered model component (the recipe's kinds, optimizer and schedule, have a kit
+    of their own), so newly installed plugins are tested without editing this."""
+    return sorted(
+        {(e.kind, e.name) for e in lmcore.get_registry().entries() if e.kind in lmcore.KINDS}
+    )
 
 
 def spec_for(kind: str, name: str) -> str:
@@ -164,6 +168,9 @@ class PlainNorm(torch.nn.Module):
         return (x32 / torch.sqrt(x32.pow(2).mean(-1, keepdim=True) + 1e-5) * self.weight).to(
             x.dtype
         )
+
+    def parameter_roles(self) -> dict[str, Role]:
+        return {"weight": GAIN}
 
 
 def non_finite_checkpoint(directory: Path) -> Path:

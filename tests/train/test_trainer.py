@@ -162,17 +162,19 @@ def test_a_failed_save_leaves_the_previous_checkpoint(
 def test_divergence_is_recorded_and_ends_the_run(
     tiny_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from lmcore.train import trainer
+    from lmcore.train import losses
 
     calls = {"n": 0}
-    real = trainer.cross_entropy
+    real = losses.cross_entropy_and_log_z
 
-    def nan_at_step_7(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        calls["n"] += 1  # evaluation calls it too: 2 batches before the first step
-        loss = real(logits, targets)
-        return loss * math.nan if calls["n"] == 2 + 7 else loss
+    def nan_at_step_7(
+        logits: torch.Tensor, targets: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        calls["n"] += 1  # the training steps' loss (evaluation's is trainer.cross_entropy)
+        loss, log_z = real(logits, targets)
+        return (loss * math.nan if calls["n"] == 7 else loss), log_z
 
-    monkeypatch.setattr(trainer, "cross_entropy", nan_at_step_7)
+    monkeypatch.setattr(losses, "cross_entropy_and_log_z", nan_at_step_7)
     lines: list[str] = []
     run = tmp_path / "run"
     result = train(TINY_SPEC, tiny_data, run, config(steps=30, log_every=5, save_every=5),
@@ -233,6 +235,13 @@ def test_resume_refuses_changes_that_alter_the_run(tiny_data: Path, tmp_path: Pa
     info["data"]["train_tokens"] += 1
     (run / RUN_FILE).write_text(json.dumps(info))
     with raises_naming(TrainError, "was trained on", "train_tokens 3253 then, 3252 now"):
+        resume(run, echo=None)
+    info["data"]["train_tokens"] -= 1
+    info["recipe"]["schedule"]["version"] = "0.0.1"  # as if another version had trained it
+    (run / RUN_FILE).write_text(json.dumps(info))
+    with raises_naming(TrainError, "trained with schedule 'cosine' from lmcore-registry 0.0.1",
+                       f"but lmcore-registry {lmcore.__version__} provides it now",
+                       "install lmcore-registry==0.0.1, or start a new run"):  # fmt: skip
         resume(run, echo=None)
 
 

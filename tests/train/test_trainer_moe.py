@@ -20,7 +20,9 @@ def test_lmcore_train_adds_and_logs_the_aux_loss(tiny_data: Path, tmp_path: Path
     assert [r["step"] for r in train_records] == [2, 4]
     # two layers at the balanced value top_k = 2 or above, times the coefficient
     assert all(r["aux_loss"] >= 0.5 * 2 * 2 * 0.99 for r in train_records)
+    # the term beside the cross-entropy `loss`, and their sum, what the optimizer minimised
+    assert all(r["loss_total"] == r["loss"] + r["aux_loss"] for r in train_records)
     others = read_metrics(without.run)
-    assert not any("aux_loss" in r for r in others)
+    assert not any("aux_loss" in r or "loss_total" in r for r in others)
     # the same first batch and initial weights: only the added loss makes the runs differ
     assert train_records[0]["loss"] != next(r for r in others if r["kind"] == "train")["loss"]
