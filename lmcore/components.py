@@ -113,7 +113,9 @@ FEATURES: Final[Mapping[str, frozenset[str]]] = {
     # mask: takes left-padded batches (a pad token changes no state and no real token's
     # output: attention masks pad keys, a recurrent mixer leaves its state as it was).
     "mixer": frozenset({"mask", "compile", "nocache"}),
-    "optimizer": frozenset(),
+    # nofsdp (optimizer): needs whole tensors (Muon's matrices), not FSDP's shards of them:
+    # `lmcore train --parallel fsdp` refuses it before the run starts.
+    "optimizer": frozenset({"nofsdp"}),
     "schedule": frozenset(),
 }
 

@@ -230,6 +230,18 @@ class Recipe:
             ) from None
         return cls(parts[0], parts[1], loss)
 
+    def check_parallel(self, mode: str | None) -> None:
+        """`TrainError` for an optimizer that needs whole tensors (it declares `nofsdp`:
+        Muon's matrices) under FSDP, which shards them: before the run directory exists."""
+        if mode != "fsdp":
+            return
+        for part in self.optimizer.walk():
+            if "nofsdp" in part.component.features:
+                raise TrainError(
+                    f"--parallel fsdp: optimizer {part.name!r} needs whole matrices and FSDP "
+                    f"shards them; use --parallel ddp, or another --optimizer"
+                )
+
     def record(self) -> dict[str, Any]:
         """What run.json and each checkpoint keep of it: the parts' `provenance`, and each loss
         term's coefficient (`Objective.record`)."""

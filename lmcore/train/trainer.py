@@ -124,6 +124,7 @@ class Parallel:
 
     rank: int = 0
     world_size: int = 1
+    mode: str | None = None  # "ddp" or "fsdp" under torchrun
 
     @property
     def is_writer(self) -> bool:
@@ -260,6 +261,7 @@ def train(
     cfg = config.resolved(bp.spec.context_length, init.dtype if init is not None else "float32")
     check_trackers(cfg.loggers)
     recipe = Recipe.of(cfg.optimizer, cfg.schedule, registry, z_loss=cfg.z_loss)  # in run.json
+    recipe.check_parallel(par.mode)
     cfg = dataclasses.replace(
         cfg, optimizer=str(recipe.optimizer.spec), schedule=str(recipe.schedule.spec)
     )
@@ -377,6 +379,7 @@ def _resume(
     check_trackers(cfg.loggers)
     recipe = Recipe.of(cfg.optimizer, cfg.schedule, registry, z_loss=cfg.z_loss)  # installed
     _check_recipe_plugins(root, info.get("recipe"), recipe.record())
+    recipe.check_parallel(par.mode)
     status = info.get("status", {})
     if status.get("state") == "diverged":
         raise TrainError(
