@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import copy
 
-import numpy as np
 import pytest
 import torch
 
@@ -113,42 +112,27 @@ def get_adamw_cls() -> type[torch.optim.Optimizer]:
     return AdamW
 
 
-# The assignment's snapshot of its reference implementation's weights after `_optimize`
-# (stanford-cs336/assignment1-basics, tests/_snapshots/test_adamw.npz at 25a8a49, MIT).
-CS336_SNAPSHOT = np.array(
-    [[0.8642597794532776, 0.8822038173675537, 0.20757101476192474],
-     [0.05535115301609039, -0.5219154953956604, -0.3903890550136566]], dtype=np.float32
-)  # fmt: skip
-
-
-def _optimize(opt_class: type[torch.optim.Optimizer]) -> torch.Tensor:
-    """The assignment's tests/test_optimizer.py::_optimize, verbatim but for type hints."""
+def _fit_a_linear_map(opt_class: type[torch.optim.Optimizer]) -> torch.Tensor:
+    """The procedure of the assignment's AdamW test, in lmcore's words: from seed 42, a 3 → 2
+    linear map without bias (torch's layer, as the assignment's test builds it) learns
+    x ↦ (x0 + x1, −x2) on uniform inputs, a fresh x each of 1,000 steps, with lr 1e-3, weight
+    decay 0.01, betas (0.9, 0.999) and eps 1e-8; its weights after the last step."""
     torch.manual_seed(42)
-    model = torch.nn.Linear(3, 2, bias=False)
-    opt = opt_class(
-        model.parameters(),
-        lr=1e-3,
-        weight_decay=0.01,
-        betas=(0.9, 0.999),
-        eps=1e-8,
-    )
-    # Use 1000 optimization steps for testing
+    layer = torch.nn.Linear(3, 2, bias=False)
+    opt = opt_class(layer.parameters(), lr=1e-3, weight_decay=0.01, betas=(0.9, 0.999), eps=1e-8)
     for _ in range(1000):
         opt.zero_grad()
-        x = torch.rand(model.in_features)
-        y_hat = model(x)
-        y = torch.tensor([x[0] + x[1], -x[2]])
-        loss = ((y - y_hat) ** 2).sum()
-        loss.backward()
+        x = torch.rand(3)
+        target = torch.stack([x[0] + x[1], -x[2]])
+        ((target - layer(x)) ** 2).sum().backward()
         opt.step()
-    return model.weight.detach()
+    return layer.weight.detach()
 
 
 def test_cs336_adamw_test_passes_with_lmcores_adamw() -> None:
-    """The assignment's test_adamw passes when the weights match torch's AdamW to 1e-4 (and
-    returns early) or else its snapshot (the numpy_snapshot fixture's check, rtol 1e-4 and the
-    test's atol 1e-4). lmcore's AdamW is held to both."""
-    pytorch_weights = _optimize(torch.optim.AdamW)
-    actual_weights = _optimize(get_adamw_cls())
-    assert torch.allclose(actual_weights, pytorch_weights, atol=1e-4)
-    np.testing.assert_allclose(actual_weights.numpy(), CS336_SNAPSHOT, rtol=1e-4, atol=1e-4)
+    """The assignment's test passes when the weights after its procedure match torch's AdamW's
+    to 1e-4 (absolute); lmcore's, through the adapter, match them far closer."""
+    reference = _fit_a_linear_map(torch.optim.AdamW)
+    ours = _fit_a_linear_map(get_adamw_cls())
+    assert torch.allclose(ours, reference, atol=1e-4)
+    assert (ours - reference).abs().max() < 1e-6
