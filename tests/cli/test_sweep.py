@@ -12,6 +12,7 @@ from torch import nn
 
 from lmcore import Component, scoped_registry
 from lmcore.cli.main import main
+from lmcore.model.roles import GAIN, Role
 from tests.helpers.models import TINY_SPEC
 from tests.helpers.runs import one_line_error
 
@@ -36,6 +37,9 @@ class BoomNorm(nn.Module):
     def __init__(self, d_model: int, device: Any = None, dtype: Any = None):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(d_model, device=device, dtype=dtype))
+
+    def parameter_roles(self) -> dict[str, Role]:
+        return {"weight": GAIN}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         raise RuntimeError("boom in the norm")
