@@ -129,7 +129,7 @@ def plan(
         bp = resolve(variant_spec(base, change), registry)
         matched = None
         if match is not None:
-            if sets_d_ff(split.spec):
+            if split.spec and sets_d_ff(split.spec):
                 raise TrainError(
                     f"--vary {change!r} sets d_ff, the width --match {match} chooses; leave "
                     "d_ff out of the variant, or leave out --match"
