@@ -21,8 +21,9 @@ def add_parser(sub: Any) -> None:
         help="train a baseline and its variants under N seeds alike; compare them with intervals",
         description="Train BASE and, for each --vary, BASE with those key=value items "
         "replaced (a model key changes the spec, a recipe key such as optimizer or schedule "
-        "the training options of the variant's runs), under --seeds N seeds (seed k of every variant sees the same batches in the "
-        "same order), with the same options, into SWEEP/<name>-<hash>-seed<S>; write "
+        "the training options of the variant's runs), under --seeds N seeds (seed k of every "
+        "variant sees the same batches in the same order), with the same options, into "
+        "SWEEP/<name>-<hash>-seed<S>; write "
         "SWEEP/compare.md (mean final validation loss per variant, the 95% paired "
         "t-interval of its difference from the baseline), compare.json, val_loss.png and "
         "sweep.toml. BASE may be a sweep file (.toml) holding all of it. Runs go where "

@@ -111,8 +111,8 @@ def plan(
     run-directory names. With `match` (`params` or `flops`), each variant's `d_ff` matched to
     the baseline (`MatchError` when none can be). `TrainError` for a change that leaves the
     run as it was or repeats another variant."""
-    from lmcore.train.matching import MATCH_BY, match_width, sets_d_ff
     from lmcore.train.config import TrainConfig
+    from lmcore.train.matching import MATCH_BY, match_width, sets_d_ff
     from lmcore.train.variants import check_recipe, recipe_text, split_change
 
     if match is not None and match not in MATCH_BY:

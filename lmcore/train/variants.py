@@ -143,7 +143,7 @@ def _read(change: str, item: Item, key: str, text: str, opt: Option, flag: Flag)
         except ValueError:
             what = "a number" if parse is float else "an integer" if parse is int else "a value"
             raise _error(change, item, f"{key} takes {what}, as {flag.name or opt.dashed} "
-                         f"does; got {word!r}")  # fmt: skip
+                         f"does; got {word!r}") from None  # fmt: skip
     return values if many else values[0]
 
 

@@ -140,7 +140,7 @@ def test_a_sweep_varies_the_recipe_with_seeds_and_match(
             "--steps", "4", "--batch-size", "8", "--eval-batches", "1", "--device", "cpu"]  # fmt: skip
     assert main(argv) == 0
     printed = capsys.readouterr().out.splitlines()
-    table = printed[printed.index(next(x for x in printed if x.startswith("| variant |"))):]
+    table = printed[printed.index(next(x for x in printed if x.startswith("| variant |"))) :]
     assert table[0] == ("| variant | recipe | matched | non-embedding params | val loss | "
                         "Δ val [95% CI] | status |")  # fmt: skip
     assert table[2].startswith("| `baseline` | `adamw · cosine` | d_ff 64 (the target) | 20,640 |")

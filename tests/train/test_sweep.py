@@ -17,8 +17,8 @@ from torch import nn
 import lmcore
 from lmcore import Component, scoped_registry
 from lmcore.cli.main import main
-from lmcore.model.roles import GAIN, Role
 from lmcore.errors import SpecError, TrainError
+from lmcore.model.roles import GAIN, Role
 from lmcore.train.config import TrainConfig
 from lmcore.train.runs import read_metrics, read_run, spec_hash
 from lmcore.train.summary import summary_markdown

@@ -93,7 +93,10 @@ def test_recipe_variants_train_the_same_tokens_under_paired_seeds(
     assert adam_s.delta is not None and adam_s.delta.n == 2
     assert wsd_s.recipe == f"adamw · {WSD}"
     table = summary_markdown(result.summaries).splitlines()
-    assert table[0] == "| variant | recipe | non-embedding params | val loss | Δ val [95% CI] | status |"
+    assert (
+        table[0]
+        == "| variant | recipe | non-embedding params | val loss | Δ val [95% CI] | status |"
+    )
     assert table[3].startswith(f"| `schedule=wsd` | `adamw · {WSD}` | 20,640 | ")
     assert table[4].startswith("| `optimizer=torch_adamw` | `torch_adamw · cosine` | ")
     runs = table_markdown(result.rows).splitlines()
@@ -103,7 +106,9 @@ def test_recipe_variants_train_the_same_tokens_under_paired_seeds(
     assert [v["recipe"] for v in data["variants"]] == [r.recipe for r in plan(
         TINY_SPEC, changes, config=config)]  # fmt: skip
     assert data["runs"][2]["recipe"] == f"adamw · {WSD}"
-    assert 'variants = ["schedule=wsd", "optimizer=torch_adamw"]' in (out / "sweep.toml").read_text()
+    assert (
+        'variants = ["schedule=wsd", "optimizer=torch_adamw"]' in (out / "sweep.toml").read_text()
+    )
     # the same sweep again: every run is found under its name, none is trained twice
     again = sweep(TINY_SPEC, changes, tiny_data, out, config, seeds=2, echo=lines.append)
     assert [r.val_loss for r in again.rows] == [r.val_loss for r in result.rows]
