@@ -148,10 +148,7 @@ def plan(
                     f"{'; ' + recipe_text(recipe) if split.train else ''}); drop it or change "
                     "something else"
                 )
-        train = {k: getattr(resolved, k) for k in split.train}
-        train.update({k: v for k, v in (("optimizer", str(recipe.optimizer.spec)),
-                                        ("schedule", str(recipe.schedule.spec)))
-                      if k in split.train})  # fmt: skip
+        train = {k: own[k] for k in split.train}  # canonical: `schedule=wsd` as wsd(decay=0.2,…)
         ident = bp.spec if not train else f"{bp.spec}; {json.dumps(train, sort_keys=True)}"
         name = f"{slug(label)[:SLUG_MAX].rstrip('-')}-{spec_hash(ident)}"
         changed = {k: getattr(split.config(cfg), k) for k in split.train}
