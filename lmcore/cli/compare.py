@@ -11,7 +11,9 @@ def add_parser(sub: Any) -> None:
         "compare",
         help="compare runs: final losses, throughput, validation curves",
         description="Print a Markdown table of existing runs (parameters, final train and "
-        "validation loss, the difference to the first run, tokens/s, wall time, status); "
+        "validation loss, the difference to the first run, tokens/s, wall time, status; the "
+        "recipe, optimizer · schedule, in a column when the runs differ in it, else in a line "
+        "under the table); "
         "with --out also write compare.md, compare.json and val_loss.png there.",
     )
     p.add_argument("runs", nargs="+", metavar="RUN", help="run directories")

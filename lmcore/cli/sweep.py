@@ -14,12 +14,16 @@ from lmcore.cli.train import add_budget_options, given_options
 
 
 def add_parser(sub: Any) -> None:
+    from lmcore.train.variants import RECIPE_KEYS
+
     p = sub.add_parser(
         "sweep",
         help="train a baseline and its variants under N seeds alike; compare them with intervals",
         description="Train BASE and, for each --vary, BASE with those key=value items "
-        "replaced, under --seeds N seeds (seed k of every variant sees the same batches in the "
-        "same order), with the same options, into SWEEP/<name>-<hash>-seed<S>; write "
+        "replaced (a model key changes the spec, a recipe key such as optimizer or schedule "
+        "the training options of the variant's runs), under --seeds N seeds (seed k of every "
+        "variant sees the same batches in the same order), with the same options, into "
+        "SWEEP/<name>-<hash>-seed<S>; write "
         "SWEEP/compare.md (mean final validation loss per variant, the 95% paired "
         "t-interval of its difference from the baseline), compare.json, val_loss.png and "
         "sweep.toml. BASE may be a sweep file (.toml) holding all of it. Runs go where "
@@ -37,8 +41,9 @@ def add_parser(sub: Any) -> None:
         "--vary",
         action="append",
         metavar="ITEMS",
-        help='a variant: key=value items replacing the base\'s, e.g. "norm=none" or '
-        '"pos=nope, num_layers=6"; repeatable',
+        help='a variant: key=value items replacing the base spec\'s, e.g. "norm=none" or '
+        f'"pos=nope, num_layers=6", or the recipe of its runs ({", ".join(RECIPE_KEYS)}), '
+        'e.g. "schedule=wsd" or "optimizer=torch_adamw, lr=3e-3"; repeatable',
     )
     p.add_argument("--data", metavar="DIR", help="prepared data")
     p.add_argument("--out", metavar="SWEEP", help="the sweep's directory")

@@ -37,6 +37,7 @@ class Summary:
     val_bpb: float | None = None
     delta_bpb: Interval | None = None
     problems: tuple[str, ...] = ()  # "seed 1: diverged at step 5", ...
+    recipe: str | None = None  # `optimizer · schedule`, canonical (`lmcore.train.variants`)
 
     @property
     def status(self) -> str:
@@ -50,7 +51,7 @@ class Summary:
                 "delta_val": None if self.delta is None else self.delta.to_json(),
                 "val_bpb": self.val_bpb,
                 "delta_bpb": None if self.delta_bpb is None else self.delta_bpb.to_json(),
-                "status": self.status}  # fmt: skip
+                "recipe": self.recipe, "status": self.status}  # fmt: skip
 
 
 def _finite(x: float | None) -> bool:
@@ -73,9 +74,11 @@ def summarize(
     seeds: int,
     matched: Mapping[str, str] | None = None,
     non_embedding: Mapping[str, int] | None = None,
+    recipes: Mapping[str, str] | None = None,
 ) -> list[Summary]:
     """One `Summary` per `(variant, its rows)` of `groups`, the baseline first; a row needs
-    `seed`, `state`, `val_loss`, `val_bpb` and `status` (`lmcore.train.sweep.Row`)."""
+    `seed`, `state`, `val_loss`, `val_bpb` and `status` (`lmcore.train.sweep.Row`). `matched`,
+    `non_embedding` and `recipes` (`optimizer · schedule`) are by the variant's label."""
     out = []
     base_loss: dict[int, float] = {}
     base_bpb: dict[int, float] = {}
@@ -97,6 +100,7 @@ def summarize(
                 val_bpb=mean(list(bpb.values())) if bpb else None,
                 delta_bpb=None if n == 0 else _paired(bpb, base_bpb),
                 problems=problems,
+                recipe=(recipes or {}).get(variant.label),
             )
         )
     return out
@@ -117,14 +121,18 @@ def summary_markdown(summaries: Sequence[Summary]) -> str:
     """The summaries as a Markdown table, with a line saying what the interval is."""
     bpb = any(s.val_bpb is not None for s in summaries)
     matched = any(s.matched for s in summaries)
-    head = ["variant", *(["matched"] if matched else []), "non-embedding params", "val loss",
-            "Δ val [95% CI]", *(["val bpb", "Δ bpb [95% CI]"] if bpb else []),
-            "status"]  # fmt: skip
-    align = [" --- ", *([" --- "] if matched else []), " ---: ", " ---: ", " ---: ",
-             *([" ---: ", " ---: "] if bpb else []), " --- "]  # fmt: skip
+    recipes = list(dict.fromkeys(s.recipe for s in summaries))
+    column = len(recipes) > 1  # variants of different recipes; one recipe: a line under it
+    head = ["variant", *(["recipe"] if column else []), *(["matched"] if matched else []),
+            "non-embedding params", "val loss", "Δ val [95% CI]",
+            *(["val bpb", "Δ bpb [95% CI]"] if bpb else []), "status"]  # fmt: skip
+    align = [" --- ", *([" --- "] if column else []), *([" --- "] if matched else []),
+             " ---: ", " ---: ", " ---: ", *([" ---: ", " ---: "] if bpb else []),
+             " --- "]  # fmt: skip
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join(align) + "|"]
     for s in summaries:
-        cells = [f"`{s.label}`", *([s.matched or "–"] if matched else []),
+        cells = [f"`{s.label}`", *([f"`{s.recipe}`" if s.recipe else "–"] if column else []),
+                 *([s.matched or "–"] if matched else []),
                  "–" if s.non_embedding is None else f"{s.non_embedding:,}",
                  "–" if s.val_loss is None else f"{s.val_loss:.3f}", _delta(s.delta)]  # fmt: skip
         if bpb:
@@ -141,7 +149,17 @@ def summary_markdown(summaries: Sequence[Summary]) -> str:
         if pairs > 1
         else ("; one seed gives no interval (--seeds N).")
     )
-    return "\n".join(lines) + f"\n\n{note}\n"
+    shared = ""
+    if not column and recipes and recipes[0] is not None:
+        shared = f"\n\n{recipe_note(recipes[0], 'variant')}"
+    return "\n".join(lines) + f"{shared}\n\n{note}\n"
+
+
+def recipe_note(recipe: str, what: str) -> str:
+    """The line under a table whose rows (each a `what`) share one recipe, `optimizer ·
+    schedule`: `Every run: optimizer `adamw`, schedule `cosine`.`"""
+    optimizer, _, schedule = recipe.partition(" · ")
+    return f"Every {what}: optimizer `{optimizer}`, schedule `{schedule}`."
 
 
 SORT_KEYS = ("val_loss", "val_bpb")

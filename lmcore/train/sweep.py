@@ -23,23 +23,22 @@ their last checkpoint, missing ones are trained; nothing is trained twice.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from lmcore.blueprint import Blueprint, resolve
-from lmcore.errors import SpecError, TrainError
+from lmcore.errors import TrainError
 from lmcore.locks import LOCK_FILE, DirectoryLock, lock_file
 from lmcore.registry import Registry
 from lmcore.spec import parse_items
 from lmcore.train.matching import WHAT, measure
 from lmcore.train.runs import RUN_FILE, is_run, read_metrics, read_run, slug, spec_hash, write_json
-from lmcore.train.summary import summarize
+from lmcore.train.summary import recipe_note, summarize
 from lmcore.train.sweepfile import MAX_SEEDS
 
 if TYPE_CHECKING:
@@ -66,39 +65,37 @@ SLUG_MAX: Final = 200
 @dataclass(frozen=True)
 class Variant:
     """One run of a sweep: its label (`baseline` or the change), the change as written, the
-    resolved model and the run directory's name."""
+    resolved model, the run directory's name, and the training options it changes (the
+    recipe's: `lmcore.train.variants`) with the recipe it trains with."""
 
     label: str
     change: str
     blueprint: Blueprint
     name: str
     matched: Match | None = None  # what --match did to d_ff
+    train: Mapping[str, Any] = field(default_factory=dict)  # TrainConfig fields it changes
+    recipe: str = ""  # `optimizer · schedule`, canonical
 
     def run_name(self, seed: int) -> str:
         return f"{self.name}-seed{seed}"
 
+    def config(self, base: Any) -> Any:
+        """The `TrainConfig` of this variant's runs: `base` with its recipe options."""
+        return replace(base, **self.train)
+
 
 def variant_spec(base: str, change: str) -> str:
-    """`base` with the items of `change` (`key=value, ...`) put in place of its own items of the
-    same keys, or added: `variant_spec("tinystories, norm=layernorm", "norm=none")` is
+    """`base` with the model's items of `change` (`key=value, ...`) put in place of its own
+    items of the same keys, or added (the recipe's keys, `lmcore.train.variants`, are left
+    out): `variant_spec("tinystories, norm=layernorm", "norm=none")` is
     `"tinystories, norm=none"`."""
-    try:
-        items = parse_items(change)
-    except SpecError as e:
-        raise SpecError(f"--vary {change!r}: {e.message}", e.spec, e.start, e.end) from None
-    for item in items:
-        if item.key is None:
-            raise SpecError(
-                f"--vary {change!r}: {change[item.start : item.end]!r} is not a key=value item; "
-                "a variant changes keys of the base spec, e.g. --vary norm=none (a preset "
-                "belongs in the base spec)",
-                change,
-                item.start,
-                item.end,
-            )
+    from lmcore.train.variants import split_change
+
+    spec = split_change(change).spec
+    items = parse_items(spec) if spec else []
     keys = {item.key for item in items}
     kept = [base[i.start : i.value.end] for i in parse_items(base) if i.key not in keys]
-    return ", ".join([*kept, *(change[i.start : i.value.end] for i in items)])
+    return ", ".join([*kept, *(spec[i.start : i.value.end] for i in items)])
 
 
 def plan(
@@ -106,24 +103,33 @@ def plan(
     changes: Sequence[str],
     registry: Registry | None = None,
     match: str | None = None,
+    config: Any = None,
 ) -> list[Variant]:
-    """The baseline and every variant, resolved (so a typo fails before any training), with
-    their run-directory names; with `match` (`params` or `flops`), each variant's `d_ff`
-    matched to the baseline (`MatchError` when none can be). `TrainError` for a change that
-    leaves the model as it was or repeats another variant."""
+    """The baseline and every variant, resolved (so a typo fails before any training): its
+    model, and its runs' training config from `config` (`TrainConfig`) with the variant's
+    recipe options, both optimizer and schedule resolved through the registry; with their
+    run-directory names. With `match` (`params` or `flops`), each variant's `d_ff` matched to
+    the baseline (`MatchError` when none can be). `TrainError` for a change that leaves the
+    run as it was or repeats another variant."""
+    from lmcore.train.config import TrainConfig
     from lmcore.train.matching import MATCH_BY, match_width, sets_d_ff
+    from lmcore.train.variants import check_recipe, recipe_text, split_change
 
     if match is not None and match not in MATCH_BY:
         raise TrainError(f"--match {match!r}: must be one of {', '.join(MATCH_BY)}")
-    runs = [
-        Variant(BASELINE, "", bp := resolve(base, registry), f"{BASELINE}-{spec_hash(bp.spec)}")
-    ]
+    cfg = config or TrainConfig()
+    bp = resolve(base, registry)
+    resolved, recipe = check_recipe(None, cfg, bp.spec.context_length, registry)
+    runs = [Variant(BASELINE, "", bp, f"{BASELINE}-{spec_hash(bp.spec)}",
+                    recipe=recipe_text(recipe))]  # fmt: skip
+    seen = [_recipe_of(resolved, recipe)]
     for change in changes:
         label = ", ".join(t.strip() for t in change.split(","))
+        split = split_change(change)
         bp = resolve(variant_spec(base, change), registry)
         matched = None
         if match is not None:
-            if sets_d_ff(change):
+            if split.spec and sets_d_ff(split.spec):
                 raise TrainError(
                     f"--vary {change!r} sets d_ff, the width --match {match} chooses; leave "
                     "d_ff out of the variant, or leave out --match"
@@ -131,16 +137,32 @@ def plan(
             matched = match_width(runs[0].blueprint, bp, match, label=f"--vary {change!r}",
                                   registry=registry)  # fmt: skip
             bp = matched.blueprint
-        for other in runs:
-            if other.blueprint.spec == bp.spec:
+        resolved, recipe = check_recipe(split, cfg, bp.spec.context_length, registry)
+        own = _recipe_of(resolved, recipe)
+        for other, theirs in zip(runs, seen, strict=True):
+            if other.blueprint.spec == bp.spec and theirs == own:
                 same = "the baseline" if other.label == BASELINE else f"--vary {other.label!r}"
+                what = "model" if not split.train else "model with the same recipe"
                 raise TrainError(
-                    f"--vary {change!r} builds the same model as {same} ({bp.spec}); drop it or "
-                    "change something else"
+                    f"--vary {change!r} trains the same {what} as {same} ({bp.spec}"
+                    f"{'; ' + recipe_text(recipe) if split.train else ''}); drop it or change "
+                    "something else"
                 )
-        name = f"{slug(label)[:SLUG_MAX].rstrip('-')}-{spec_hash(bp.spec)}"
-        runs.append(Variant(label, change, bp, name, matched))
+        train = {k: own[k] for k in split.train}  # canonical: `schedule=wsd` as wsd(decay=0.2,…)
+        ident = bp.spec if not train else f"{bp.spec}; {json.dumps(train, sort_keys=True)}"
+        name = f"{slug(label)[:SLUG_MAX].rstrip('-')}-{spec_hash(ident)}"
+        changed = {k: getattr(split.config(cfg), k) for k in split.train}
+        runs.append(Variant(label, change, bp, name, matched, changed, recipe_text(recipe)))
+        seen.append(own)
     return runs
+
+
+def _recipe_of(resolved: Any, recipe: Any) -> dict[str, Any]:
+    """What of a run's config and recipe tells two variants of one model apart."""
+    from lmcore.train.variants import RECIPE_KEYS
+
+    own = {k: getattr(resolved, k) for k in RECIPE_KEYS}
+    return {**own, "optimizer": str(recipe.optimizer.spec), "schedule": str(recipe.schedule.spec)}
 
 
 # ------------------------------------------------------------------------------ comparing
@@ -169,6 +191,7 @@ class Row:
     error: str | None = None
     seed: int | None = None
     val_bpb: float | None = None  # bits per byte of the last evaluation, when measured
+    recipe: str | None = None  # `optimizer · schedule`, canonical (`lmcore.train.variants`)
 
     @property
     def status(self) -> str:
@@ -206,7 +229,21 @@ def run_row(path: str | os.PathLike[str], label: str | None = None) -> Row:
         diverged_at=status.get("diverged_at"),
         seed=info["config"].get("seed"),
         val_bpb=status.get("val_bpb", _last_bpb(path)),
+        recipe=run_recipe(info),
     )
+
+
+def run_recipe(info: Mapping[str, Any]) -> str | None:
+    """A run's `optimizer · schedule` from its run.json: the canonical specs its `recipe`
+    records (a run from before the recipe was recorded: its config's, when it has them)."""
+    recipe, config = info.get("recipe") or {}, info.get("config") or {}
+    parts = []
+    for kind in ("optimizer", "schedule"):
+        spec = (recipe.get(kind) or {}).get("spec") or config.get(kind)
+        if not isinstance(spec, str):
+            return None
+        parts.append(spec)
+    return " · ".join(parts)
 
 
 def _last_bpb(path: str | os.PathLike[str]) -> float | None:
@@ -258,16 +295,22 @@ def _num(x: float | None, fmt: str) -> str:
     return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, fmt)
 
 
-def table_markdown(rows: Sequence[Row]) -> str:
-    """The comparison as a Markdown table."""
+def table_markdown(rows: Sequence[Row], recipe_line: bool = True) -> str:
+    """The comparison as a Markdown table. Runs of different recipes get a `recipe` column
+    (`optimizer · schedule`); runs of one recipe, with `recipe_line`, a line naming it."""
     bpb = any(r.val_bpb is not None for r in rows)  # a column only when some run measured it
-    head = ("run", "parameters", "train loss", "val loss", *(("val bpb",) if bpb else ()),
-            "Δ val", "tokens/s", "wall time", "status")  # fmt: skip
-    lines = ["| " + " | ".join(head) + " |", "| --- |" + " ---: |" * (6 + bpb) + " --- |"]
+    recipes = list(dict.fromkeys(r.recipe for r in rows))
+    column = len(recipes) > 1
+    head = ("run", *(("recipe",) if column else ()), "parameters", "train loss", "val loss",
+            *(("val bpb",) if bpb else ()), "Δ val", "tokens/s", "wall time",
+            "status")  # fmt: skip
+    lines = ["| " + " | ".join(head) + " |",
+             "| --- |" + " --- |" * column + " ---: |" * (6 + bpb) + " --- |"]  # fmt: skip
     for r in rows:
         delta = "" if r.delta_val is None else f"{r.delta_val:+.3f}"
         cells = (
             f"`{r.label}`",
+            *((f"`{r.recipe}`" if r.recipe else "–",) if column else ()),
             _num(r.parameters, ","),
             _num(r.train_loss, ".3f"),
             _num(r.val_loss, ".3f"),
@@ -278,7 +321,10 @@ def table_markdown(rows: Sequence[Row]) -> str:
             r.status,
         )
         lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+    text = "\n".join(lines) + "\n"
+    if recipe_line and not column and recipes and recipes[0] is not None:
+        text += f"\n{recipe_note(recipes[0], 'run')}\n"
+    return text
 
 
 def write_comparison(
@@ -304,7 +350,7 @@ def write_comparison(
             f.write(f"{title}\n\n{table_markdown(rows)}")
         else:
             f.write(f"{title}\n\n{summary_markdown(summaries)}\nEvery run:\n\n"
-                    f"{table_markdown(rows)}")  # fmt: skip
+                    f"{table_markdown(rows, recipe_line=False)}")  # fmt: skip
     variants = None if summaries is None else [s.to_json() for s in summaries]
     write_json(js, {"title": title, **(extra or {}),
                     **({} if variants is None else {"variants": variants}),
@@ -381,14 +427,13 @@ def sweep(
             f"--seeds {seeds}: must be an integer from 1 to {MAX_SEEDS} (seeds per variant)"
         )
     check_trackers(cfg.loggers)  # an unreachable tracker fails here, not in every run
-    variants = plan(base, changes, registry, match)
+    variants = plan(base, changes, registry, match, cfg)  # every config and recipe checked
     tokens = TokenData.open(data)
     for v in variants:  # every model fits the data before the first step
         tokens.check(context_length=v.blueprint.spec.context_length,
                      vocab_size=v.blueprint.spec.vocab_size)  # fmt: skip
-        cfg.resolved(v.blueprint.spec.context_length)
-    if options.name != "local":
-        cfg.cli_args()  # each run is an `lmcore train` command: every option must be one
+        if options.name != "local":
+            v.config(cfg).cli_args()  # each run is an `lmcore train` command: every option one
     root = Path(out)
     runner = make_launcher(options, root, say, progress)
     runner.check()  # Ray's address answers, SLURM is here: before the directory is claimed
@@ -421,7 +466,7 @@ def sweep(
                         say(f"  {v.label}, seed {seed}: {state} before, kept ({run})")
                         continue
                     action = "resume"
-                spec, run_cfg = str(v.blueprint.spec), dataclasses.replace(cfg, seed=seed)
+                spec, run_cfg = str(v.blueprint.spec), replace(v.config(cfg), seed=seed)
                 tasks.append(RunTask(v.label, seed, run, spec, run_cfg, action))
         matched = {v.label: v.matched.note for v in variants if v.matched is not None}
         if match is not None:
@@ -431,6 +476,7 @@ def sweep(
             title += f", matched by {WHAT[match]}"
         title += ")"
         sizes = {v.label: int(measure(v.blueprint, "params")) for v in variants}
+        recipes = {v.label: v.recipe for v in variants}
         outcomes: dict[Path, Outcome] = {}
         latest: list[Any] = []
 
@@ -450,7 +496,7 @@ def sweep(
                 rows += own
             rows = _paired_deltas(rows, groups[0][1])
             groups = [(v, [r for r in rows if r.run in {o.run for o in own}]) for v, own in groups]
-            summaries = summarize(groups, seeds, matched, sizes)
+            summaries = summarize(groups, seeds, matched, sizes, recipes)
             bands = [(v.label, own) for v, own in groups]
             files = write_comparison(rows, root, title, {"sweep": described}, summaries, bands)
             latest[:] = [rows, summaries, files]
@@ -497,7 +543,8 @@ def _failed_row(
         row = run_row(run, label or v.label)
         return Row(**{**asdict(row), "state": "failed", "error": message})
     return Row(label or v.label, str(run), "", str(v.blueprint.spec), None, "failed", 0, 0, 0,
-               None, None, None, None, None, None, error=message, seed=seed)  # fmt: skip
+               None, None, None, None, None, None, error=message, seed=seed,
+               recipe=v.recipe or None)  # fmt: skip
 
 
 def _claim(root: Path, described: dict[str, Any]) -> DirectoryLock:

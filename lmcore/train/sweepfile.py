@@ -1,7 +1,7 @@
 """A sweep in one TOML file: `lmcore sweep sweep.toml`, and `SWEEP/sweep.toml` it writes.
 
     base = "vocab_size=2048, context_length=128, d_model=128, num_layers=4, num_heads=4"
-    variants = ["pos=nope", "pos=alibi"]
+    variants = ["pos=nope", "pos=alibi"]   # or the recipe's keys: "schedule=wsd", ...
     data = "data/stdlib-2k"
     out = "sweeps/pos"
     seeds = 3

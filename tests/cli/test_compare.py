@@ -3,6 +3,7 @@ refuses."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -38,6 +39,37 @@ def test_compare_existing_runs(
         f"table: {tmp_path / 'cmp' / 'compare.md'} (and compare.json), validation curves: " in out
     )
     assert (tmp_path / "cmp" / "val_loss.png").read_bytes()[:8] == PNG
+
+
+def test_compare_shows_the_recipe_of_each_run(
+    tiny_data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from dataclasses import replace
+
+    a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
+    config = replace(CONFIG, steps=3, eval_every=0)
+    train(TINY_SPEC, tiny_data, a, config, echo=None)
+    train(TINY_SPEC, tiny_data, b, replace(config, schedule="wsd(decay=0.5)"), echo=None)
+    train(TINY_SPEC, tiny_data, c, replace(config, optimizer="torch_adamw"), echo=None)
+    assert main(["compare", str(a), str(b), str(c), "--out", str(tmp_path / "cmp")]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert table[0] == ("| run | recipe | parameters | train loss | val loss | Δ val | tokens/s | "
+                        "wall time | status |")  # fmt: skip
+    assert table[1] == "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"
+    assert table[2].startswith("| `a` | `adamw · cosine` | 39,840 | ")
+    assert table[3].startswith("| `b` | `adamw · wsd(decay=0.5,shape=sqrt)` | 39,840 | ")
+    assert table[4].startswith("| `c` | `torch_adamw · cosine` | 39,840 | ")
+    rows = json.loads((tmp_path / "cmp" / "compare.json").read_text())["runs"]
+    assert [(r["spec"], r["recipe"]) for r in rows] == [
+        (rows[0]["spec"], "adamw · cosine"),
+        (rows[0]["spec"], "adamw · wsd(decay=0.5,shape=sqrt)"),
+        (rows[0]["spec"], "torch_adamw · cosine"),
+    ]
+    # runs of one recipe: a line under the table names it
+    assert main(["compare", str(a), str(a)]) == 0
+    printed = capsys.readouterr().out
+    assert printed.splitlines()[0].startswith("| run | parameters |")
+    assert printed.endswith("|\n\nEvery run: optimizer `adamw`, schedule `cosine`.\n")
 
 
 def test_compare_ranks_runs_by_bits_per_byte(

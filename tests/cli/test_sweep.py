@@ -3,6 +3,7 @@ others go on, a sweep file checked key by key, and what it refuses."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ from torch import nn
 
 from lmcore import Component, scoped_registry
 from lmcore.cli.main import main
+from lmcore.model.roles import GAIN, Role
 from tests.helpers.models import TINY_SPEC
 from tests.helpers.runs import one_line_error
 
@@ -36,6 +38,9 @@ class BoomNorm(nn.Module):
     def __init__(self, d_model: int, device: Any = None, dtype: Any = None):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(d_model, device=device, dtype=dtype))
+
+    def parameter_roles(self) -> dict[str, Role]:
+        return {"weight": GAIN}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         raise RuntimeError("boom in the norm")
@@ -124,3 +129,56 @@ def test_a_sweep_file_not_utf8_and_an_edited_sweep_json_are_one_line(
     assert_naming(one_line_error(capsys, ["sweep", "--resume", "sw"]),
                   f"sw/sweep.json: not JSON at line 1, column {len(valid) + 1}",
                   "undo the edit")  # fmt: skip
+
+
+def test_a_sweep_varies_the_recipe_with_seeds_and_match(
+    tiny_data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "s"
+    argv = ["sweep", TINY_SPEC, "--vary", "schedule=wsd", "--vary", "optimizer=torch_adamw",
+            "--seeds", "2", "--match", "params", "--data", str(tiny_data), "--out", str(out),
+            "--steps", "4", "--batch-size", "8", "--eval-batches", "1", "--device", "cpu"]  # fmt: skip
+    assert main(argv) == 0
+    printed = capsys.readouterr().out.splitlines()
+    table = printed[printed.index(next(x for x in printed if x.startswith("| variant |"))) :]
+    assert table[0] == ("| variant | recipe | matched | non-embedding params | val loss | "
+                        "Δ val [95% CI] | status |")  # fmt: skip
+    assert table[2].startswith("| `baseline` | `adamw · cosine` | d_ff 64 (the target) | 20,640 |")
+    assert table[3].startswith("| `schedule=wsd` | `adamw · wsd(decay=0.2,shape=sqrt)` | d_ff 64 "
+                               "(as is, +0.00%) | 20,640 | ")  # fmt: skip
+    assert table[4].startswith("| `optimizer=torch_adamw` | `torch_adamw · cosine` | ")
+    assert all(row.count("[") == 1 and row.endswith(" | 2/2 done |") for row in table[3:5])
+    assert sorted(p.name.rsplit("-", 2)[0] for p in out.glob("*-seed1")) == [
+        "baseline", "optimizer-torch_adamw", "schedule-wsd"]  # fmt: skip
+
+
+def test_a_sweep_file_varies_the_recipe_and_a_bad_recipe_fails_before_training(
+    tiny_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    monkeypatch.chdir(tmp_path)
+    Path("s.toml").write_text(
+        f'base = "{TINY_SPEC}"\nvariants = ["schedule=wsd(decay=0.5), lr=2e-3"]\n'
+        f'data = "{tiny_data}"\nout = "sw"\n[train]\nsteps = 3\nbatch_size = 4\n'
+        'eval_batches = 1\noptimizer = "torch_adamw"\ndevice = "cpu"\n'
+    )
+    assert main(["sweep", "s.toml"]) == 0
+    printed = capsys.readouterr().out
+    assert "| `schedule=wsd(decay=0.5), lr=2e-3` | `torch_adamw · wsd(decay=0.5,shape=sqrt)` |" in (
+        printed
+    )
+    assert "| `baseline` | `torch_adamw · cosine` |" in printed
+    run = next(Path("sw").glob("schedule-wsd-*-seed0"))
+    config = json.loads((run / "run.json").read_text())["config"]
+    assert (config["lr"], config["schedule"], config["optimizer"]) == (
+        2e-3, "wsd(decay=0.5,shape=sqrt)", "torch_adamw")  # fmt: skip
+    for variants, message in (
+        ('["lr=-1"]', "--vary 'lr=-1': --lr -1.0: must be a number > 0"),
+        ('["steps=5"]', "--vary 'steps=5': steps is a training option every variant shares"),
+        ('["optimiser=adamw"]', "unknown key 'optimiser' (did you mean 'optimizer'?)"),
+    ):
+        Path("bad.toml").write_text(f'base = "{TINY_SPEC}"\nvariants = {variants}\n'
+                                    f'data = "{tiny_data}"\nout = "bad"\n')  # fmt: skip
+        assert main(["sweep", "bad.toml"]) == 2
+        assert message in capsys.readouterr().err
+        assert not Path("bad").exists()  # refused before the sweep's directory exists

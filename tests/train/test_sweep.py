@@ -18,6 +18,7 @@ import lmcore
 from lmcore import Component, scoped_registry
 from lmcore.cli.main import main
 from lmcore.errors import SpecError, TrainError
+from lmcore.model.roles import GAIN, Role
 from lmcore.train.config import TrainConfig
 from lmcore.train.runs import read_metrics, read_run, spec_hash
 from lmcore.train.summary import summary_markdown
@@ -37,6 +38,9 @@ class NanNorm(nn.Module):
     def __init__(self, d_model: int, device: Any = None, dtype: Any = None):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(d_model, device=device, dtype=dtype))
+
+    def parameter_roles(self) -> dict[str, Role]:
+        return {"weight": GAIN}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x * self.weight * float("nan")
@@ -106,6 +110,7 @@ def test_sweep_writes_table_json_and_plot_and_survives_divergence(
     table = md.splitlines()
     assert table[2] == "| variant | non-embedding params | val loss | Δ val [95% CI] | status |"
     assert table[6] == "| `norm=nan` | 20,640 | – | – | 0/1 done; seed 0: diverged at step 1 |"
+    assert table[8] == "Every variant: optimizer `adamw`, schedule `cosine`."  # one recipe
     runs = table.index("Every run:") + 2
     assert (
         table[runs]
@@ -117,7 +122,10 @@ def test_sweep_writes_table_json_and_plot_and_survives_divergence(
     )
     assert md == (
         f"{TINY_SPEC} (2 variants, 1 seed)\n\n{summary_markdown(result.summaries)}\n"
-        f"Every run:\n\n{table_markdown(result.rows)}"
+        f"Every run:\n\n{table_markdown(result.rows, recipe_line=False)}"
+    )
+    assert table_markdown(result.rows).endswith(
+        "\n\nEvery run: optimizer `adamw`, schedule `cosine`.\n"
     )
     data = json.loads((out / "compare.json").read_text())
     assert [r["label"] for r in data["runs"]] == ["baseline", "pos=nope", "norm=nan"]

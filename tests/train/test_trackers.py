@@ -198,17 +198,20 @@ def test_a_sweep_logs_each_variant_as_its_own_run_grouped_under_the_sweep(
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
     config = TrainConfig(steps=2, batch_size=4, eval_batches=1, save_every=0, loggers=("mlflow",))
     result = sweep(
-        TINY_SPEC, ["norm=layernorm"], tiny_data, tmp_path / "ablation", config, echo=None
-    )
+        TINY_SPEC, ["pos=nope", "schedule=wsd"], tiny_data, tmp_path / "ablation", config,
+        echo=None,
+    )  # fmt: skip
     client = MlflowClient(uri)
     exp = client.get_experiment_by_name("ablation")
     assert exp is not None
     runs = client.search_runs([exp.experiment_id])
     assert sorted(r.info.run_name for r in runs) == sorted(Path(r.run).name for r in result.rows)
-    assert {r.data.params["norm"] for r in runs} == {
-        "rmsnorm(eps=1e-05)",
-        "layernorm(bias=true,eps=1e-05)",
-    }
+    by_name = {r.info.run_name: r.data.params for r in runs}
+    assert sorted((p["pos"], p["config.schedule"]) for p in by_name.values()) == [
+        ("nope", "cosine"),
+        ("rope(theta=10000.0)", "cosine"),
+        ("rope(theta=10000.0)", "wsd(decay=0.2,shape=sqrt)"),  # a recipe variant: its own run
+    ]
 
 
 # ------------------------------------------------------------------ endpoints that fail (issue 32)
