@@ -24,7 +24,7 @@ def test_ids_name_the_check_the_component_and_the_variant(pytester: pytest.Pytes
             ("activations", ""), ("build", ""), ("cache", ""), ("compile", ""), ("flops", ""),
             ("forward", "-bfloat16"),
             ("forward", "-float32"), ("gradients", ""), ("meta", ""), ("params", ""),
-            ("per_token", ""), ("state_dict", ""),
+            ("per_token", ""), ("roles", ""), ("state_dict", ""),
         ])
     ]  # fmt: skip
 
@@ -45,7 +45,7 @@ def test_a_required_argument_without_default_skips_with_the_reason(
         *QUIET, "--lmcore-conformance", "--lmcore-component", "needs-arg", "-rs",
         plugins=[PlantedRegistry()],
     )  # fmt: skip
-    result.assert_outcomes(skipped=12)
+    result.assert_outcomes(skipped=13)
     result.stdout.fnmatch_lines(
         [
             "*norm:needs-arg has required argument(s) unused with no default; the conformance kit builds components from their declared defaults*"
