@@ -264,7 +264,9 @@ def test_each_planted_bug_fails_its_check_naming_it(
 def test_the_kinds_are_selectable_and_only_recipe_checks_apply() -> None:
     registry = WithBuiltins(HEALTHY_OPTIMIZER, HEALTHY_SCHEDULE).registry
     kinds = {c.target.label for c in cases(registry, kinds=["optimizer"])}
-    assert kinds == {"optimizer:adamw", "optimizer:torch_adamw", "optimizer:momentum"}
+    assert kinds == {
+        f"optimizer:{name}" for name in ("adamw", "torch_adamw", "sgd", "lion", "muon", "momentum")
+    }
     names = {c.check.name for c in cases(registry, kinds=["optimizer", "schedule"])}
     assert names == {*RECIPE_CHECKS["optimizer"], *RECIPE_CHECKS["schedule"]}
     with raises_naming(SelectionError, "'optimiser' is not a component kind",
