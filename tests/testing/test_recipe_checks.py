@@ -266,7 +266,7 @@ def test_the_kinds_are_selectable_and_only_recipe_checks_apply() -> None:
     kinds = {c.target.label for c in cases(registry, kinds=["optimizer"])}
     assert kinds == {
         f"optimizer:{name}" for name in ("adamw", "torch_adamw", "sgd", "lion", "muon", "momentum")
-    }
+    } | {"optimizer:sgd(nesterov=true)", "optimizer:muon(nesterov=false)"}  # booleans flipped
     names = {c.check.name for c in cases(registry, kinds=["optimizer", "schedule"])}
     assert names == {*RECIPE_CHECKS["optimizer"], *RECIPE_CHECKS["schedule"]}
     with raises_naming(SelectionError, "'optimiser' is not a component kind",
