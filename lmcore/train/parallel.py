@@ -319,6 +319,25 @@ class Distributed(Parallel):
             return model, {}
         return _holder(model, weights), by_index(state, names)  # type: ignore[arg-type]
 
+    @contextlib.contextmanager
+    def no_sync(self, model: nn.Module) -> Iterator[None]:
+        """Backward inside accumulates gradients on each rank, unsynchronised: DDP's
+        `no_sync()`; FSDP2's gradient sync off (unsharded gradients kept) and on again after,
+        so the next backward reduce-scatters their sum."""
+        if self.mode == "ddp":
+            with model.no_sync():  # type: ignore[operator]
+                yield
+            return
+        from torch.distributed.fsdp import FSDPModule
+
+        if not isinstance(model, FSDPModule):
+            raise ParallelError(f"fsdp accumulates over a sharded model, got {type(model).__name__}")
+        model.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            model.set_requires_gradient_sync(True)
+
     def mean(self, value: Tensor) -> Tensor:
         value = value.detach().clone()
         dist.all_reduce(value, op=dist.ReduceOp.SUM)  # gloo has no AVG

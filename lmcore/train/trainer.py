@@ -58,10 +58,12 @@ from lmcore.data.tokens import TokenData
 from lmcore.errors import TrainError
 from lmcore.model.inputs import resolve_device
 from lmcore.model.nn import cross_entropy
+from lmcore.model.recompute import apply_recompute
 from lmcore.model.transformer import TransformerLM
 from lmcore.registry import Registry
 from lmcore.sources import Source, source_of
 from lmcore.spec import ModelSpec
+from lmcore.train.accumulate import mean_of, micro_batches, micro_steps, scaled
 from lmcore.train.config import RESUMABLE, ResolvedConfig, TrainConfig, cosine_lr, decay_roles
 from lmcore.train.optim import clip_gradients, make_optimizer
 from lmcore.train.recipe import Recipe, build_optimizer, build_schedule, role_table
@@ -147,6 +149,11 @@ class Parallel:
 
     def mean(self, value: Tensor) -> Tensor:
         return value
+
+    def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager[Any]:
+        """Backward inside it accumulates gradients without synchronising them (a micro-batch
+        before the last; DDP's `no_sync`, FSDP2's gradient sync off)."""
+        return contextlib.nullcontext()
 
     def any(self, flag: bool) -> bool:
         return flag
@@ -562,6 +569,9 @@ class _Loop:
         self.model = TransformerLM(self.bp, device=self.device, dtype=self.dtype)
         if self.init is not None and self.start is None:
             load_weights(self.model, self.init)
+        if cfg.recompute is not None:  # inside any distributed wrapper, which goes outside
+            apply_recompute(self.model, cfg.recompute)
+        self.micro_steps = micro_steps(cfg.batch_size, cfg.micro_batch, self.par.world_size)
         self.optimizer, self.names, _ = make_optimizer(self.model, cfg, self.recipe.optimizer)
         self.info["roles"] = role_table(self.optimizer.param_groups)
         step = 0
@@ -743,16 +753,24 @@ class _Loop:
         for group in self.optimizer.param_groups:
             group["lr"] = lr * group["lr_scale"]
         x, y = self.sampler.batch(step)
-        with _autocast(self.device, cfg.autocast):
-            loss = cross_entropy(self.forward(x), y)
-        aux = self.model.aux_loss()  # e.g. a mixture of experts' load balancing; else None
-        torch.autograd.backward(loss if aux is None else loss + aux)
-        if aux is not None:
-            self.aux_window.append(aux.detach())
+        n = self.micro_steps  # gradients summed over n micro-batches, synchronised on the last
+        losses, auxes = [], []
+        for i, (xm, ym) in enumerate(micro_batches(x, y, n)):
+            with self.par.no_sync(self.forward) if i < n - 1 else contextlib.nullcontext():
+                with _autocast(self.device, cfg.autocast):
+                    loss = cross_entropy(self.forward(xm), ym)
+                aux = self.model.aux_loss()  # e.g. a mixture of experts' load balancing; else None
+                torch.autograd.backward(scaled(loss if aux is None else loss + aux, n))
+            losses.append(loss.detach())
+            if aux is not None:
+                auxes.append(aux.detach())
+        loss = mean_of(losses)  # the whole batch's mean: its micro-batches are equal
+        if auxes:
+            self.aux_window.append(mean_of(auxes))
         norm = clip_gradients(self.model.parameters(), cfg.grad_clip)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return loss.detach(), norm.detach()
+        return loss, norm.detach()
 
     def flush(self, step: int) -> int | None:
         """Write the train record of the steps since the last one (one device sync); the step
