@@ -13,6 +13,7 @@ from lmcore.cli.common import (
     DTYPE_HELP,
     DTYPES,
     OR_CHECKPOINT,
+    UsageError,
     check_seq,
     positive,
     show_bytes,
@@ -42,6 +43,19 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--batch", type=positive, default=1, help="sequences per batch (default: 1)")
     p.add_argument("--dtype", choices=DTYPES, help=DTYPE_HELP)
     p.add_argument(
+        "--micro-batch",
+        type=positive,
+        metavar="B",
+        help="the training estimate's activations are those of micro-batches of B sequences "
+        "(a divisor of --batch), as lmcore train --micro-batch B accumulates them",
+    )
+    p.add_argument(
+        "--recompute",
+        metavar="WHAT",
+        help="the training estimate with activations recomputed in backward, as lmcore train "
+        "--recompute WHAT: layers, mixer or ffn, comma-separated, each optionally :MIXER",
+    )
+    p.add_argument(
         "--measure",
         action="store_true",
         help="measure activations with a forward on the meta device (about a second more) and "
@@ -54,16 +68,30 @@ def add_parser(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
 
     from lmcore.describe import describe
+    from lmcore.model.recompute import RecomputeError, plan, targets
 
     src = source(args)
     info = src.info
     check_seq(args, src.blueprint.spec.context_length)
+    if args.micro_batch is not None and args.batch % args.micro_batch:
+        raise UsageError(
+            f"--micro-batch {args.micro_batch}: must be a divisor of --batch {args.batch}"
+        )
+    if args.recompute is not None:
+        bp = src.blueprint
+        try:
+            plan([bp.layer(i).parts["mixer"].name for i in range(bp.spec.num_layers)],
+                 targets(args.recompute))  # fmt: skip
+        except RecomputeError as e:
+            raise UsageError(str(e)) from None
     found = describe(
         src.blueprint,
         batch=args.batch,
         seq_len=args.seq,
         dtype=torch_dtype(args, info),
         measure=args.measure,
+        micro_batch=args.micro_batch,
+        recompute=args.recompute,
     )
     if args.json:
         data = describe_json(found)
@@ -186,6 +214,9 @@ def describe_json(found: Description) -> dict[str, Any]:
             "buffers": mem.buffers,
             "activations": mem.activations,
             "activations_source": mem.activations_source,
+            "micro_batch": mem.micro_batch,
+            "recompute": mem.recompute,
+            "activations_saved": mem.activations_saved,
             "total": mem.total,
             "note": mem.note,
         },
@@ -273,7 +304,10 @@ def describe_lines(found: Description) -> list[str]:
         f"weights: {show_bytes(mem.weights)} ({acc.params:,} parameters × {size} bytes, "
         f"{mem.dtype})",
         "",
-        f"training memory estimate (AdamW, {mem.dtype}, batch {acc.batch} × seq {acc.seq_len}):",
+        f"training memory estimate (AdamW, {mem.dtype}, batch {acc.batch} × seq {acc.seq_len}"
+        + (f" in micro-batches of {mem.micro_batch}" if mem.micro_batch else "")
+        + (f", --recompute {mem.recompute}" if mem.recompute else "")
+        + "):",
     ]
     items: list[tuple[str, int | None, str]] = [
         ("weights", mem.weights, ""),
@@ -288,11 +322,13 @@ def describe_lines(found: Description) -> list[str]:
         lines.append(f"  {label:<13}  {shown:>10}  {why}".rstrip())
     if found.unchecked:
         lines += ["", f"note: {found.unchecked}"]
-    if mem.activations:
-        lines += ["", f"activations by part (total {show_bytes(mem.activations)}):"]
+    saved = mem.activations if mem.activations_saved is None else mem.activations_saved
+    if saved:
+        without = ", without recompute" if mem.activations_saved is not None else ""
+        lines += ["", f"activations by part (total {show_bytes(saved)}{without}):"]
         width = max(len(part) for part in mem.activations_by_part)
         for part, n in mem.activations_by_part.items():
-            share = _pct(n / mem.activations)
+            share = _pct(n / saved)
             lines.append(f"  {part:<{width}}  {show_bytes(n):>10}  {share:>6}")
     return lines
 
@@ -379,6 +415,11 @@ def layer_names(found: Description) -> dict[str, str]:
 
 def _activations_note(mem: TrainingMemory) -> str:
     what = "saved for backward by forward + loss"
+    if mem.activations_saved is not None:
+        what = (
+            "each recomputed part's input plus the largest part's saved bytes, of "
+            f"{show_bytes(mem.activations_saved)} saved without --recompute"
+        )
     why = f" ({mem.note})" if mem.note else ""
     if mem.activations_source == "declared":
         return f"{what}, declared by the components{why}"

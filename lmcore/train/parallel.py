@@ -331,7 +331,9 @@ class Distributed(Parallel):
         from torch.distributed.fsdp import FSDPModule
 
         if not isinstance(model, FSDPModule):
-            raise ParallelError(f"fsdp accumulates over a sharded model, got {type(model).__name__}")
+            raise ParallelError(
+                f"fsdp accumulates over a sharded model, got {type(model).__name__}"
+            )
         model.set_requires_gradient_sync(False)
         try:
             yield

@@ -43,7 +43,8 @@ class Counting(Distributed):
         if self.mode == "ddp":
             from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
-            def counted(state: Any, bucket: Any) -> Any:
+            # unannotated: DDP checks the annotations, which this module's are strings
+            def counted(state, bucket):  # type: ignore[no-untyped-def]
                 COUNT["n"] += 1
                 return allreduce_hook(state, bucket)
 

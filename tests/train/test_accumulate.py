@@ -3,6 +3,7 @@ slow tests) under DDP and FSDP2 on 2 CPU processes, synchronising once a step.""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -115,7 +116,7 @@ def full(tiny_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_micro_batched_steps_equal_the_whole_batch(
     full: Path, tiny_data: Path, tmp_path: Path, micro: int
 ) -> None:
-    config = TrainConfig(**{**CONFIG.to_json(), "micro_batch": micro, "betas": CONFIG.betas})
+    config = dataclasses.replace(CONFIG, micro_batch=micro)
     run = train(SPEC, tiny_data, tmp_path / "micro", config, echo=None).run
     assert read_run(run)["config"]["micro_batch"] == micro
     assert_same_run(run, full)
@@ -123,7 +124,19 @@ def test_micro_batched_steps_equal_the_whole_batch(
     assert [r["step"] for r in records(run, "eval")] == [r["step"] for r in records(full, "eval")]
 
 
-def test_a_run_resumes_with_another_micro_batch(full: Path, tiny_data: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("recompute", ["layers", "mixer,ffn"])
+def test_recomputed_micro_batched_steps_equal_the_whole_batch(
+    full: Path, tiny_data: Path, tmp_path: Path, recompute: str
+) -> None:
+    config = dataclasses.replace(CONFIG, micro_batch=4, recompute=recompute)
+    run = train(SPEC, tiny_data, tmp_path / "re", config, echo=None).run
+    assert read_run(run)["config"]["recompute"] == recompute
+    assert_same_run(run, full)
+
+
+def test_a_run_resumes_with_another_micro_batch(
+    full: Path, tiny_data: Path, tmp_path: Path
+) -> None:
     run = train(SPEC, tiny_data, tmp_path / "r", CONFIG, echo=None, stop_after=2).run
     done = resume(run, echo=None, micro_batch=2)
     assert done.ok and read_run(run)["config"]["micro_batch"] == 2
@@ -171,6 +184,8 @@ def test_two_ranks_accumulating_equal_one_process_on_the_whole_batch(
 ) -> None:
     assert_same_run(two_ranks / f"{mode}-micro", full)
     assert_same_run(two_ranks / f"{mode}-full", full)
+    # recomputation inside, the DDP wrapper or FSDP2's shards outside
+    assert_same_run(two_ranks / f"{mode}-recompute", full)
 
 
 @pytest.mark.slow
