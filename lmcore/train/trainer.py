@@ -66,8 +66,8 @@ from lmcore.spec import ModelSpec
 from lmcore.train.accumulate import mean_of, micro_batches, micro_steps, scaled
 from lmcore.train.config import RESUMABLE, ResolvedConfig, TrainConfig, cosine_lr, decay_roles
 from lmcore.train.optim import clip_gradients, make_optimizer
-from lmcore.train.options import replaced
 from lmcore.train.recipe import Recipe, build_optimizer, build_schedule, role_table
+from lmcore.train.options import replaced
 from lmcore.train.runs import (
     METRICS_FILE,
     PLOT_FILE,
