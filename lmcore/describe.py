@@ -282,8 +282,7 @@ def recomputed_activations(acc: Accounting, by_row: dict[str, int], recompute: s
 
     An estimate of the peak as if nothing outside the layers was freed before their backward.
     `RecomputeError` for a value that is not the grammar or a mixer no layer has."""
-    spec, bp = acc.spec, acc.blueprint
-    mixers = [bp.layer(i).parts["mixer"].name for i in range(spec.num_layers)]
+    spec = acc.spec
     per_path = {
         path: by_row.get(r.name, 0) // max(r.count, 1)
         for r in acc.rows
@@ -291,7 +290,7 @@ def recomputed_activations(acc: Accounting, by_row: dict[str, int], recompute: s
     }
     attribute = {"layers": "", "mixer": ".attn", "ffn": ".ffn"}
     parts = []
-    for i, target in plan(mixers, recompute):
+    for i, target in plan(_mixers(acc), recompute):
         prefix = f"layers.{i}{attribute[target]}"
         parts.append(
             sum(n for p, n in per_path.items() if p == prefix or p.startswith(prefix + "."))
@@ -300,6 +299,12 @@ def recomputed_activations(acc: Accounting, by_row: dict[str, int], recompute: s
         return sum(by_row.values())
     kept_input = acc.batch * acc.seq_len * spec.d_model * acc.dtype.itemsize
     return sum(by_row.values()) - sum(parts) + len(parts) * kept_input + max(parts)
+
+
+def _mixers(acc: Accounting) -> list[str]:
+    """Each layer's token mixer, by name."""
+    bp = acc.blueprint
+    return [bp.layer(i).parts["mixer"].name for i in range(acc.spec.num_layers)]
 
 
 @dataclass(frozen=True)
@@ -370,9 +375,10 @@ def describe(
     """
     if micro_batch is not None and (micro_batch < 1 or batch % micro_batch):
         raise LmcoreError(f"--micro-batch {micro_batch}: must be a divisor of --batch {batch}")
-    if recompute is not None:
-        recompute = targets(recompute)  # RecomputeError for a value that is not the grammar
     acc = account(spec, batch=batch, seq_len=seq_len, dtype=dtype, registry=registry)
+    if recompute is not None:  # RecomputeError for a value not the grammar, a mixer none has
+        recompute = targets(recompute)
+        plan(_mixers(acc), recompute)
     act = acc  # whose batch the activations are of: one micro-batch
     if micro_batch is not None and micro_batch != batch:
         act = account(acc.blueprint, batch=micro_batch, seq_len=seq_len, dtype=dtype)

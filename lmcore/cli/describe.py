@@ -13,18 +13,18 @@ from lmcore.cli.common import (
     DTYPE_HELP,
     DTYPES,
     OR_CHECKPOINT,
-    UsageError,
     check_seq,
     positive,
     show_bytes,
     source,
     torch_dtype,
 )
+from lmcore.cli.describe_memory import memory_lines
 from lmcore.errors import clip
 
 if TYPE_CHECKING:
     from lmcore.checkpoint import CheckpointInfo
-    from lmcore.describe import Description, TrainingMemory
+    from lmcore.describe import Description
 
 
 def add_parser(sub: Any) -> None:
@@ -42,19 +42,10 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--seq", type=positive, help="tokens per sequence (default: context_length)")
     p.add_argument("--batch", type=positive, default=1, help="sequences per batch (default: 1)")
     p.add_argument("--dtype", choices=DTYPES, help=DTYPE_HELP)
-    p.add_argument(
-        "--micro-batch",
-        type=positive,
-        metavar="B",
-        help="the training estimate's activations are those of micro-batches of B sequences "
-        "(a divisor of --batch), as lmcore train --micro-batch B accumulates them",
-    )
-    p.add_argument(
-        "--recompute",
-        metavar="WHAT",
-        help="the training estimate with activations recomputed in backward, as lmcore train "
-        "--recompute WHAT: layers, mixer or ffn, comma-separated, each optionally :MIXER",
-    )
+    p.add_argument("--micro-batch", type=positive, metavar="B",
+                   help="the training estimate in micro-batches of B sequences (lmcore train's)")
+    p.add_argument("--recompute", metavar="WHAT",
+                   help="the training estimate with lmcore train's --recompute WHAT (e.g. layers)")
     p.add_argument(
         "--measure",
         action="store_true",
@@ -68,22 +59,10 @@ def add_parser(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
 
     from lmcore.describe import describe
-    from lmcore.model.recompute import RecomputeError, plan, targets
 
     src = source(args)
     info = src.info
     check_seq(args, src.blueprint.spec.context_length)
-    if args.micro_batch is not None and args.batch % args.micro_batch:
-        raise UsageError(
-            f"--micro-batch {args.micro_batch}: must be a divisor of --batch {args.batch}"
-        )
-    if args.recompute is not None:
-        bp = src.blueprint
-        try:
-            plan([bp.layer(i).parts["mixer"].name for i in range(bp.spec.num_layers)],
-                 targets(args.recompute))  # fmt: skip
-        except RecomputeError as e:
-            raise UsageError(str(e)) from None
     found = describe(
         src.blueprint,
         batch=args.batch,
@@ -298,38 +277,7 @@ def describe_lines(found: Description) -> list[str]:
             f"{_flops(round(acc.flops_per_token))}",
         ]
     lines += state_lines(found)
-    size = mem.weights // acc.params if acc.params else 0
-    lines += [
-        "",
-        f"weights: {show_bytes(mem.weights)} ({acc.params:,} parameters × {size} bytes, "
-        f"{mem.dtype})",
-        "",
-        f"training memory estimate (AdamW, {mem.dtype}, batch {acc.batch} × seq {acc.seq_len}"
-        + (f" in micro-batches of {mem.micro_batch}" if mem.micro_batch else "")
-        + (f", --recompute {mem.recompute}" if mem.recompute else "")
-        + "):",
-    ]
-    items: list[tuple[str, int | None, str]] = [
-        ("weights", mem.weights, ""),
-        ("gradients", mem.gradients, ""),
-        ("AdamW moments", mem.optimizer, "two float32 moments per parameter"),
-        ("activations", mem.activations, _activations_note(mem)),
-        ("buffers", mem.buffers, "non-persistent tables, e.g. RoPE cos/sin"),
-        ("total", mem.total, "" if mem.activations is not None else "without activations"),
-    ]
-    for label, amount, why in items:
-        shown = "?" if amount is None else show_bytes(amount)
-        lines.append(f"  {label:<13}  {shown:>10}  {why}".rstrip())
-    if found.unchecked:
-        lines += ["", f"note: {found.unchecked}"]
-    saved = mem.activations if mem.activations_saved is None else mem.activations_saved
-    if saved:
-        without = ", without recompute" if mem.activations_saved is not None else ""
-        lines += ["", f"activations by part (total {show_bytes(saved)}{without}):"]
-        width = max(len(part) for part in mem.activations_by_part)
-        for part, n in mem.activations_by_part.items():
-            share = _pct(n / saved)
-            lines.append(f"  {part:<{width}}  {show_bytes(n):>10}  {share:>6}")
+    lines += memory_lines(found)
     return lines
 
 
@@ -411,21 +359,6 @@ def layer_names(found: Description) -> dict[str, str]:
         short = rest and len(written) > 16 and len(other) + 8 < len(written)
         names[written] = f"all but {other}" if short else written
     return names
-
-
-def _activations_note(mem: TrainingMemory) -> str:
-    what = "saved for backward by forward + loss"
-    if mem.activations_saved is not None:
-        what = (
-            "each recomputed part's input plus the largest part's saved bytes, of "
-            f"{show_bytes(mem.activations_saved)} saved without --recompute"
-        )
-    why = f" ({mem.note})" if mem.note else ""
-    if mem.activations_source == "declared":
-        return f"{what}, declared by the components{why}"
-    if mem.activations_source == "measured":
-        return f"{what}, measured on the meta device{why}"
-    return f"unknown: {mem.note}"
 
 
 def _pct(share: float) -> str:
