@@ -22,7 +22,9 @@ timed steps:
   its `memory_allocated` the baseline.
 
 "step peak" is the peak above the baseline: the gradients, the activations and the
-temporaries of a step, what recomputation changes. Time: the median step. The table gives
+temporaries of a step, what recomputation changes. Time: the median step, measured in a
+third and fourth process with malloc as it is (under the fixed threshold every tensor is
+mapped and faulted in anew, which slows a step several times, unequally). The table gives
 both variants and the ratios recompute / none; `lmcore describe SPEC --recompute WHAT`'s
 activation estimate beside them.
 """
@@ -115,13 +117,26 @@ def child(spec: str, recompute: str | None, size: int, rounds: int, device: str)
 
 
 def run_variant(args: argparse.Namespace, recompute: str | None) -> dict[str, Any]:
+    """The variant's memory (`child` in a fresh process under the fixed mmap threshold) and its
+    time (another fresh process, malloc as it is: mapping and faulting in every tensor anew
+    makes a step several times slower, and not equally so for both variants)."""
+    memory = _fresh(args, recompute, {"MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD)})
+    if args.device.startswith("cuda"):
+        return memory
+    timed = _fresh(args, recompute, {})
+    return {**memory, "seconds": timed["seconds"], "times": timed["times"]}
+
+
+def _fresh(
+    args: argparse.Namespace, recompute: str | None, extra: dict[str, str]
+) -> dict[str, Any]:
     """`child` in a fresh process (a clean allocator and high-water mark)."""
     cmd = [sys.executable, __file__, "--child", "--spec", args.spec, "--batch", str(args.batch),
            "--rounds", str(args.rounds), "--device", args.device]  # fmt: skip
     cmd += ["--recompute", recompute or "none"]
     if args.threads:
         cmd += ["--threads", str(args.threads)]
-    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD)}
+    env = {k: v for k, v in os.environ.items() if k != "MALLOC_MMAP_THRESHOLD_"} | extra
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{done.stderr[-4000:]}")
