@@ -34,6 +34,7 @@ from lmcore.model.counting import (
     account,
 )
 from lmcore.model.nn import cross_entropy
+from lmcore.model.recompute import plan, targets
 from lmcore.model.roles import ROLES, roles_of
 from lmcore.model.transformer import TransformerLM, build_model
 from lmcore.registry import Registry
@@ -271,6 +272,42 @@ def by_part(acc: Accounting, by_row: dict[str, int]) -> dict[str, int]:
     return parts
 
 
+def recomputed_activations(acc: Accounting, by_row: dict[str, int], recompute: str) -> int:
+    """The activation bytes of a forward and backward whose parts `recompute` names are
+    recomputed (`lmcore.model.recompute`), from the bytes each row saves (`by_row`, as
+    `measure_activations` or `declared_activations` give them): every part keeps its input
+    (batch × seq × d_model in the dtype) instead of what it saves, plus, at its backward, one
+    part's saved bytes at a time, the largest:
+
+        saved − Σ_parts saved(part) + parts × input + max_parts saved(part)
+
+    An estimate of the peak as if nothing outside the layers was freed before their backward.
+    `RecomputeError` for a value that is not the grammar or a mixer no layer has."""
+    spec = acc.spec
+    per_path = {
+        path: by_row.get(r.name, 0) // max(r.count, 1)
+        for r in acc.rows
+        for path in r.paths(spec.num_layers)
+    }
+    attribute = {"layers": "", "mixer": ".attn", "ffn": ".ffn"}
+    parts = []
+    for i, target in plan(_mixers(acc), recompute):
+        prefix = f"layers.{i}{attribute[target]}"
+        parts.append(
+            sum(n for p, n in per_path.items() if p == prefix or p.startswith(prefix + "."))
+        )
+    if not parts:
+        return sum(by_row.values())
+    kept_input = acc.batch * acc.seq_len * spec.d_model * acc.dtype.itemsize
+    return sum(by_row.values()) - sum(parts) + len(parts) * kept_input + max(parts)
+
+
+def _mixers(acc: Accounting) -> list[str]:
+    """Each layer's token mixer, by name."""
+    bp = acc.blueprint
+    return [bp.layer(i).parts["mixer"].name for i in range(acc.spec.num_layers)]
+
+
 @dataclass(frozen=True)
 class TrainingMemory:
     """Bytes to train with AdamW in `dtype` (weights, gradients and activations in `dtype`,
@@ -280,6 +317,11 @@ class TrainingMemory:
     held to measurement by the tests) or "measured" (on the meta device). `activations` is None
     when they had to be measured and the forward could not run on the meta device; `note` says
     why, or why they were measured.
+
+    The activations are one micro-batch's (`micro_batch` sequences; None: the whole batch),
+    and with `recompute` (`lmcore.model.recompute`'s grammar) the estimate
+    `recomputed_activations` gives; `activations_saved` and `activations_by_part` are then
+    what the forward would save without it.
     """
 
     dtype: str
@@ -291,6 +333,9 @@ class TrainingMemory:
     activations_by_part: dict[str, int]
     activations_source: str
     note: str = ""
+    micro_batch: int | None = None
+    recompute: str | None = None
+    activations_saved: int | None = None
 
     @property
     def total(self) -> int:
@@ -349,14 +394,26 @@ def describe(
     dtype: torch.dtype = torch.float32,
     measure: bool = False,
     registry: Registry | None = None,
+    micro_batch: int | None = None,
+    recompute: str | None = None,
 ) -> Description:
     """Account `spec`, check the declarations against a meta-device build and estimate the
     training memory for `batch` sequences of `seq_len` (default: the context length).
 
     Activations come from the components' declarations; with `measure=True`, or when a
-    component declares none, from a forward on the meta device instead.
+    component declares none, from a forward on the meta device instead. They are those of
+    `micro_batch` sequences when the batch is accumulated in micro-batches (`--micro-batch`),
+    and with `recompute` (`--recompute`) what `recomputed_activations` estimates.
     """
+    if micro_batch is not None and (micro_batch < 1 or batch % micro_batch):
+        raise LmcoreError(f"--micro-batch {micro_batch}: must be a divisor of --batch {batch}")
     acc = account(spec, batch=batch, seq_len=seq_len, dtype=dtype, registry=registry)
+    if recompute is not None:  # RecomputeError for a value not the grammar, a mixer none has
+        recompute = targets(recompute)
+        plan(_mixers(acc), recompute)
+    act = acc  # whose batch the activations are of: one micro-batch
+    if micro_batch is not None and micro_batch != batch:
+        act = account(acc.blueprint, batch=micro_batch, seq_len=seq_len, dtype=dtype)
     bp = acc.blueprint
     # Layers are identical, so at most two are built to check the declarations against: the
     # cost does not grow with num_layers (measuring activations builds them all). Layers that
@@ -390,13 +447,13 @@ def describe(
 
     buffers = sum(row_buffers(r) for r in acc.rows)
     size = dtype.itemsize
-    activations = acc.activations
-    by_row = acc.declared_activations() if activations is not None else {}
+    activations = act.activations
+    by_row = act.declared_activations() if activations is not None else {}
     source, note = "declared", ""
     mismatches: tuple[str, ...] = ()
     if measure or activations is None:
         if activations is None:
-            missing = acc.undeclared_components()
+            missing = act.undeclared_components()
             note = f"{' and '.join(missing)} declare{'s' if len(missing) == 1 else ''} none"
         full = (
             model
@@ -404,7 +461,7 @@ def describe(
             else build_model(bp, device="meta", dtype=dtype)
         )
         try:
-            measured = measure_activations(acc, full)
+            measured = measure_activations(act, full)
         except LmcoreError:
             raise  # a plugin's fault (e.g. an output of the wrong shape), named: not a note
         except (RuntimeError, NotImplementedError, TypeError, ValueError) as e:
@@ -421,6 +478,9 @@ def describe(
                     if by_row.get(name, 0) != n
                 )
             activations, by_row, source = sum(measured.values()), measured, "measured"
+    saved: int | None = None
+    if recompute is not None and source and by_row:
+        saved, activations = activations, recomputed_activations(act, by_row, recompute)
     memory = TrainingMemory(
         dtype=str(dtype).removeprefix("torch."),
         weights=acc.params * size,
@@ -428,9 +488,12 @@ def describe(
         optimizer=acc.params * ADAMW_STATE_BYTES,
         buffers=buffers,
         activations=activations if source else None,
-        activations_by_part=by_part(acc, by_row) if by_row else {},
+        activations_by_part=by_part(act, by_row) if by_row else {},
         activations_source=source,
         note=note,
+        micro_batch=micro_batch,
+        recompute=recompute,
+        activations_saved=saved,
     )
     if unchecked and any(r.buffers is None for r in acc.rows):
         unchecked += "; the buffers of components that declare none are left out"

@@ -24,10 +24,13 @@ from lmcore.describe import (
     describe,
     measure_activations,
     measured_params,
+    recomputed_activations,
     saved_activation_bytes,
 )
+from lmcore.errors import LmcoreError
 from lmcore.model.counting import AccountingError, account
 from lmcore.model.nn import Linear
+from lmcore.model.recompute import RecomputeError
 from tests.helpers.errors import raises_naming
 from tests.helpers.models import PlainNorm, components, spec_for
 
@@ -375,3 +378,55 @@ def test_describe_builds_at_most_two_layers(monkeypatch: pytest.MonkeyPatch) -> 
     assert found.memory.buffers == 8 * 256 * 16  # RoPE's two (256, 16) float32 tables, once
     small = describe("tinystories")
     assert small.memory.buffers == found.memory.buffers
+
+
+# ------------------------------------------------------------------------------ training options
+
+
+def test_the_activations_of_micro_batches_are_one_micro_batchs() -> None:
+    whole = describe("tinystories", batch=4).memory
+    micro = describe("tinystories", batch=4, micro_batch=2).memory
+    assert micro.activations == describe("tinystories", batch=2).memory.activations
+    assert micro.activations is not None and whole.activations is not None
+    assert micro.activations < whole.activations and micro.micro_batch == 2
+    assert (micro.weights, micro.gradients, micro.optimizer) == (
+        whole.weights, whole.gradients, whole.optimizer)  # fmt: skip
+    assert micro.total == whole.total - whole.activations + micro.activations
+    with raises_naming(LmcoreError, "--micro-batch 3", "--batch 4"):
+        describe("tinystories", batch=4, micro_batch=3)
+
+
+@pytest.mark.parametrize("recompute", ["layers", "mixer,ffn", "ffn"])
+def test_recompute_keeps_each_parts_input_and_the_largest_parts_activations(
+    recompute: str,
+) -> None:
+    spec, seq = "tinystories", 256
+    mem = describe(spec, batch=2, seq_len=seq, recompute=recompute).memory
+    acc = account(spec, batch=2, seq_len=seq)
+    layers = acc.spec.num_layers
+    each = {
+        part: sum(r.activations_each or 0 for r in acc.rows
+                  if r.name.startswith("layers.*" + suffix))
+        for part, suffix in (("layers", "."), ("mixer", ".attn"), ("ffn", ".ffn"))
+    }  # fmt: skip
+    names = recompute.split(",")
+    recomputed = [each[n] for n in names]
+    layer_input = 2 * seq * acc.spec.d_model * 4  # batch × seq × d_model, float32
+    saved = acc.activations
+    assert saved is not None and mem.activations_saved == saved
+    want = saved - layers * sum(recomputed) + layers * len(names) * layer_input + max(recomputed)
+    assert mem.activations == want and mem.recompute == recompute
+    assert mem.total == mem.weights + mem.gradients + mem.optimizer + mem.buffers + want
+    assert want < saved
+
+
+def test_recompute_of_a_hybrids_attention_layers_only() -> None:
+    spec = "tinystories, mixer[1]=mamba2(d_state=16)"
+    acc = account(spec, batch=1, seq_len=256)
+    saved = acc.declared_activations()
+    got = recomputed_activations(acc, saved, "layers:mamba2")
+    layer1 = sum(n for name, n in saved.items() if name.startswith("layers[1]."))
+    assert layer1 > 0
+    assert got == sum(saved.values()) - layer1 + 256 * acc.spec.d_model * 4 + layer1
+    with raises_naming(RecomputeError, "no layer's mixer is 'mla'", "attention, mamba2"):
+        recomputed_activations(acc, saved, "mixer:mla")

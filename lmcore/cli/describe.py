@@ -19,11 +19,12 @@ from lmcore.cli.common import (
     source,
     torch_dtype,
 )
+from lmcore.cli.describe_memory import memory_lines
 from lmcore.errors import clip
 
 if TYPE_CHECKING:
     from lmcore.checkpoint import CheckpointInfo
-    from lmcore.describe import Description, TrainingMemory
+    from lmcore.describe import Description
 
 
 def add_parser(sub: Any) -> None:
@@ -41,6 +42,10 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--seq", type=positive, help="tokens per sequence (default: context_length)")
     p.add_argument("--batch", type=positive, default=1, help="sequences per batch (default: 1)")
     p.add_argument("--dtype", choices=DTYPES, help=DTYPE_HELP)
+    p.add_argument("--micro-batch", type=positive, metavar="B",
+                   help="the training estimate in micro-batches of B sequences (lmcore train's)")
+    p.add_argument("--recompute", metavar="WHAT",
+                   help="the training estimate with lmcore train's --recompute WHAT (e.g. layers)")
     p.add_argument("--measure", action="store_true",
                    help="measure activations with a forward on the meta device (about a second "
                    "more) and check each component's declaration against it; exit 1 on a "
@@ -61,6 +66,8 @@ def run(args: argparse.Namespace) -> int:
         seq_len=args.seq,
         dtype=torch_dtype(args, info),
         measure=args.measure,
+        micro_batch=args.micro_batch,
+        recompute=args.recompute,
     )
     if args.json:
         data = describe_json(found)
@@ -180,6 +187,9 @@ def describe_json(found: Description) -> dict[str, Any]:
             "buffers": mem.buffers,
             "activations": mem.activations,
             "activations_source": mem.activations_source,
+            "micro_batch": mem.micro_batch,
+            "recompute": mem.recompute,
+            "activations_saved": mem.activations_saved,
             "total": mem.total,
             "note": mem.note,
         },
@@ -267,33 +277,7 @@ def describe_lines(found: Description) -> list[str]:
             f"{_flops(round(acc.flops_per_token))}",
         ]
     lines += state_lines(found)
-    size = mem.weights // acc.params if acc.params else 0
-    lines += [
-        "",
-        f"weights: {show_bytes(mem.weights)} ({acc.params:,} parameters × {size} bytes, "
-        f"{mem.dtype})",
-        "",
-        f"training memory estimate (AdamW, {mem.dtype}, batch {acc.batch} × seq {acc.seq_len}):",
-    ]
-    items: list[tuple[str, int | None, str]] = [
-        ("weights", mem.weights, ""),
-        ("gradients", mem.gradients, ""),
-        ("AdamW moments", mem.optimizer, "two float32 moments per parameter"),
-        ("activations", mem.activations, _activations_note(mem)),
-        ("buffers", mem.buffers, "non-persistent tables, e.g. RoPE cos/sin"),
-        ("total", mem.total, "" if mem.activations is not None else "without activations"),
-    ]
-    for label, amount, why in items:
-        shown = "?" if amount is None else show_bytes(amount)
-        lines.append(f"  {label:<13}  {shown:>10}  {why}".rstrip())
-    if found.unchecked:
-        lines += ["", f"note: {found.unchecked}"]
-    if mem.activations:
-        lines += ["", f"activations by part (total {show_bytes(mem.activations)}):"]
-        width = max(len(part) for part in mem.activations_by_part)
-        for part, n in mem.activations_by_part.items():
-            share = _pct(n / mem.activations)
-            lines.append(f"  {part:<{width}}  {show_bytes(n):>10}  {share:>6}")
+    lines += memory_lines(found)
     return lines
 
 
@@ -375,16 +359,6 @@ def layer_names(found: Description) -> dict[str, str]:
         short = rest and len(written) > 16 and len(other) + 8 < len(written)
         names[written] = f"all but {other}" if short else written
     return names
-
-
-def _activations_note(mem: TrainingMemory) -> str:
-    what = "saved for backward by forward + loss"
-    why = f" ({mem.note})" if mem.note else ""
-    if mem.activations_source == "declared":
-        return f"{what}, declared by the components{why}"
-    if mem.activations_source == "measured":
-        return f"{what}, measured on the meta device{why}"
-    return f"unknown: {mem.note}"
 
 
 def _pct(share: float) -> str:

@@ -18,6 +18,7 @@ from typing import Any, Final
 
 from lmcore.components import ROLES
 from lmcore.errors import TrainError, did_you_mean
+from lmcore.model.recompute import RecomputeError, targets
 from lmcore.train import options
 from lmcore.train.options import Check, Flag, among, count, option, positive, seed_value
 
@@ -64,6 +65,21 @@ def _roles_ok(text: object) -> bool:
     try:
         return isinstance(text, str) and roles_list(text) == text
     except ArgumentTypeError:
+        return False
+
+
+def recompute_value(text: str) -> str:
+    """`--recompute`'s value (`lmcore.model.recompute`'s grammar), written canonically."""
+    try:
+        return targets(text)
+    except RecomputeError as e:
+        raise ArgumentTypeError(str(e).removeprefix(f"--recompute {text!r}: ")) from None
+
+
+def _recompute_ok(text: object) -> bool:
+    try:
+        return isinstance(text, str) and targets(text) == text
+    except RecomputeError:
         return False
 
 
@@ -124,6 +140,18 @@ class TrainConfig:
         "sequences per step (default: {default})",  # all processes together
         Flag(type=positive, metavar="B"),
         checks=(count(1),),
+    )
+    micro_batch: int | None = option(
+        None,
+        "accumulate the gradients of micro-batches of B sequences (all processes together; "
+        "a divisor of --batch-size) into one update, the whole batch's (default: the whole "
+        "batch at once)",
+        Flag(type=positive, metavar="B"),
+        resumable=True,
+        checks=(
+            count(1),
+            Check(lambda v, c: c.batch_size % v == 0, "a divisor of --batch-size {batch_size}"),
+        ),
     )
     lr: float = option(
         1e-3,
@@ -275,6 +303,16 @@ class TrainConfig:
         checks=(Check(lambda v, _: v in AUTOCAST, "bfloat16"),),
     )
     compile: bool = option(False, "torch.compile the model", Flag(action="store_true"))
+    recompute: str | None = option(
+        None,
+        "recompute activations in backward instead of keeping them: layers (each whole "
+        "layer), mixer or ffn, comma-separated, each optionally :MIXER (only the layers whose "
+        "mixer it is), e.g. layers, mixer,ffn, layers:attention (default: none)",
+        Flag(type=recompute_value, metavar="WHAT", example="mixer,ffn"),
+        resumable=True,
+        checks=(Check(lambda v, _: _recompute_ok(v),
+                      "layers, mixer or ffn, comma-separated, each optionally :MIXER"),),
+    )  # fmt: skip
     eval_bpb: bool = option(
         False,
         "evaluations also report bits per byte (val_bpb in metrics.jsonl): the loss in bits "

@@ -19,6 +19,10 @@ helpers and DTensor tensor parallelism (`parallelize_module`). The training loop
   lm_head, the positional encoding): parameters, gradients and AdamW state are split in N
   shards; a block's parameters are all-gathered for its forward and backward only. Tied
   embeddings share one parameter, which lives in the root group with both its users;
+- `--micro-batch`: each rank takes its share of every micro-batch; the gradients are
+  synchronised in the last one's backward only (`no_sync`: DDP's `no_sync()`, FSDP2's
+  `set_requires_gradient_sync(False)`). `--recompute` wraps the layers' forwards before
+  `wrap`, so the checkpoint is inside DDP and each FSDP2 block;
 - the logged losses are averaged over the ranks; only rank 0 writes metrics, plots and
   checkpoints. A checkpoint is the one-process format (`lmcore.train.state`): under FSDP the
   full model and optimizer state are gathered to rank 0 (`get_model_state_dict`,
@@ -318,6 +322,27 @@ class Distributed(Parallel):
         if not self.is_writer:
             return model, {}
         return _holder(model, weights), by_index(state, names)  # type: ignore[arg-type]
+
+    @contextlib.contextmanager
+    def no_sync(self, model: nn.Module) -> Iterator[None]:
+        """Backward inside accumulates gradients on each rank, unsynchronised: DDP's
+        `no_sync()`; FSDP2's gradient sync off (unsharded gradients kept) and on again after,
+        so the next backward reduce-scatters their sum."""
+        if self.mode == "ddp":
+            with model.no_sync():  # type: ignore[operator]
+                yield
+            return
+        from torch.distributed.fsdp import FSDPModule
+
+        if not isinstance(model, FSDPModule):
+            raise ParallelError(
+                f"fsdp accumulates over a sharded model, got {type(model).__name__}"
+            )
+        model.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            model.set_requires_gradient_sync(True)
 
     def mean(self, value: Tensor) -> Tensor:
         value = value.detach().clone()

@@ -59,10 +59,12 @@ from lmcore.data.tokens import TokenData
 from lmcore.errors import TrainError
 from lmcore.model.inputs import resolve_device
 from lmcore.model.nn import cross_entropy
+from lmcore.model.recompute import apply_recompute
 from lmcore.model.transformer import TransformerLM
 from lmcore.registry import Registry
 from lmcore.sources import Source, source_of
 from lmcore.spec import ModelSpec
+from lmcore.train.accumulate import mean_of, micro_batches, micro_steps, scaled
 from lmcore.train.config import RESUMABLE, ResolvedConfig, TrainConfig, cosine_lr, decay_roles
 from lmcore.train.losses import logged, window_means
 from lmcore.train.optim import clip_gradients, make_optimizer
@@ -150,6 +152,11 @@ class Parallel:
 
     def mean(self, value: Tensor) -> Tensor:
         return value
+
+    def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager[Any]:
+        """Backward inside it accumulates gradients without synchronising them (a micro-batch
+        before the last; DDP's `no_sync`, FSDP2's gradient sync off)."""
+        return contextlib.nullcontext()
 
     def any(self, flag: bool) -> bool:
         return flag
@@ -586,6 +593,9 @@ class _Loop:
         self.model = TransformerLM(self.bp, device=self.device, dtype=self.dtype)
         if self.init is not None and self.start is None:
             load_weights(self.model, self.init)
+        if cfg.recompute is not None:  # inside any distributed wrapper, which goes outside
+            apply_recompute(self.model, cfg.recompute)
+        self.micro_steps = micro_steps(cfg.batch_size, cfg.micro_batch, self.par.world_size)
         self.optimizer, self.names, _ = make_optimizer(self.model, cfg, self.recipe.optimizer)
         self.info["roles"] = role_table(self.optimizer.param_groups)
         step = 0
@@ -770,14 +780,22 @@ class _Loop:
         for group in self.optimizer.param_groups:
             group["lr"] = lr * group["lr_scale"]
         x, y = self.sampler.batch(step)
-        with _autocast(self.device, cfg.autocast):  # cross-entropy + the recipe's terms
-            losses = self.recipe.loss(self.forward(x), y, self.model)
-        torch.autograd.backward(losses.total)
-        self.term_window.append(losses.detached())
+        n = self.micro_steps  # gradients summed over n micro-batches, synchronised on the last
+        ces: list[Tensor] = []
+        terms: list[dict[str, Tensor]] = []
+        for i, (xm, ym) in enumerate(micro_batches(x, y, n)):
+            with self.par.no_sync(self.forward) if i < n - 1 else contextlib.nullcontext():
+                with _autocast(self.device, cfg.autocast):  # cross-entropy + the recipe's terms
+                    losses = self.recipe.loss(self.forward(xm), ym, self.model)
+                torch.autograd.backward(scaled(losses.total, n))
+            ces.append(losses.cross_entropy.detach())
+            terms.append(losses.detached())
+        # The whole batch's means: its micro-batches are equal in size.
+        self.term_window.append({k: mean_of([t[k] for t in terms]) for k in terms[0]})
         norm = clip_gradients(self.model.parameters(), cfg.grad_clip)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return losses.cross_entropy.detach(), norm.detach()
+        return mean_of(ces), norm.detach()
 
     def flush(self, step: int) -> int | None:
         """Write the train record of the steps since the last one (one device sync); the step

@@ -212,6 +212,9 @@ def test_seq_beyond_the_context_exits_2_and_says_how_to_fix_it(
         (["--batch", "0"], "argument --batch: expected a positive integer, got '0'"),
         (["--seq", "many"], "argument --seq: expected a positive integer, got 'many'"),
         (["--dtype", "float64"], "argument --dtype: invalid choice: 'float64'"),
+        (["--batch", "4", "--micro-batch", "3"], "--micro-batch 3: must be a divisor of --batch 4"),
+        (["--recompute", "layer"], "--recompute 'layer': 'layer' is not a target"),
+        (["--recompute", "layers:mamba2"], "--recompute 'layers:mamba2': no layer's mixer is"),
     ],
 )
 def test_bad_options_exit_2(
@@ -382,3 +385,22 @@ def test_a_canonical_spec_longer_than_a_file_name_is_described(
                           "num_heads=2, ffn=moe(num_experts=4, shared=swiglu)"))  # fmt: skip
     assert len(long) > 255
     assert describe_json(capsys, long)["spec"] == long  # was: File name too long
+
+
+def test_the_training_estimate_follows_micro_batches_and_recompute(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from lmcore.describe import describe
+
+    args = ["describe", "tinystories", "--batch", "4", "--micro-batch", "2", "--json"]
+    assert main([*args, "--recompute", "layers"]) == 0
+    memory = json.loads(capsys.readouterr().out)["memory"]
+    want = describe("tinystories", batch=4, micro_batch=2, recompute="layers").memory
+    assert memory["micro_batch"] == 2 and memory["recompute"] == "layers"
+    assert memory["activations"] == want.activations and memory["total"] == want.total
+    assert memory["activations_saved"] == describe("tinystories", batch=2).memory.activations
+    assert main([*args[:-1], "--recompute", "all"]) == 0
+    text = capsys.readouterr().out
+    assert "batch 4 × seq 256 in micro-batches of 2, --recompute layers):" in text
+    assert "each recomputed part's input plus the largest part's saved bytes" in text
+    assert ", without recompute):" in text

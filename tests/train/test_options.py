@@ -106,13 +106,14 @@ def test_grad_clip_zero_is_no_clipping_on_the_command_line_and_in_a_sweep_file(
 
 def test_the_derived_tables_are_those_the_command_line_and_resume_knew() -> None:
     assert CLI_OPTIONS == (
-        "steps", "tokens", "batch_size", "lr", "min_lr", "warmup", "weight_decay", "optimizer",
-        "schedule", "decay", "role_lr", "grad_clip", "z_loss",
+        "steps", "tokens", "batch_size", "micro_batch", "lr", "min_lr", "warmup", "weight_decay",
+        "optimizer", "schedule", "decay", "role_lr", "grad_clip", "z_loss",
         "eval_every", "eval_batches", "log_every", "save_every", "keep", "seed", "device", "betas",
-        "dtype", "autocast", "compile", "eval_bpb", "loggers", "log_group",
+        "dtype", "autocast", "compile", "recompute", "eval_bpb", "loggers", "log_group",
     )  # fmt: skip
-    assert set(RESUMABLE) == {"steps", "tokens", "device", "eval_every", "save_every",
-                              "log_every", "keep", "eval_bpb", "loggers", "log_group"}  # fmt: skip
+    assert set(RESUMABLE) == {"steps", "tokens", "micro_batch", "device", "eval_every",
+                              "save_every", "log_every", "keep", "recompute", "eval_bpb", "loggers",
+                              "log_group"}  # fmt: skip
     names = [f.name for f in dataclasses.fields(TrainConfig)]
     assert [o.name for o in options(TrainConfig)] == names  # every field is a declared option
     assert [o.name for o in options(ResolvedConfig)] == names
