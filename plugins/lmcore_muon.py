@@ -245,8 +245,13 @@ def build(
     return Combined(parts)
 
 
-def validate(momentum: float, ns_steps: int) -> None:
+def validate(momentum: float, ns_steps: int, fallback: Part) -> None:
     check(momentum=momentum, ns_steps=ns_steps)
+    if fallback.name == "muon":  # it would get only what Muon leaves: its own fallback's work
+        raise ValueError(
+            "fallback=muon: the fallback updates what Muon does not take (embeddings, the "
+            "head, gains, biases, ...), so it must be another optimizer, e.g. adamw"
+        )
 
 
 ARGS: Final = (

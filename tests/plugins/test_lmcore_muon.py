@@ -248,6 +248,7 @@ def test_canonical_form_and_provenance_name_the_fallback() -> None:
             r"mean 'adamw'\?\)",
         ),
         ("muon(fallback=rmsnorm)", r"no installed plugin provides optimizer 'rmsnorm'"),
+        ("muon(fallback=muon)", r"fallback=muon: the fallback updates what Muon does not take"),
     ],
 )
 def test_bad_arguments_say_what_is_wrong(spec: str, message: str) -> None:
