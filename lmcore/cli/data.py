@@ -141,13 +141,45 @@ def _chat(args: argparse.Namespace) -> int:
     if text_only:
         raise UsageError(f"{', '.join(text_only)}: not with --chat, which reads one .jsonl file "
                          "with --tokenizer-from's tokenizer")  # fmt: skip
+    saved, where = _checkpoint_tokenizer(args)
     result = prepare_chat(
         args.chat,
         args.out,
-        checkpoint=args.tokenizer_from,
+        tokenizer=saved,
+        tokenizer_from=where,
         val_fraction=args.val_fraction,
         context_length=args.context_length,
         force=args.force,
     )
     print("\n".join(chat_summary(result)))
     return 0
+
+
+def _checkpoint_tokenizer(args: argparse.Namespace) -> tuple[Any, str]:
+    """The tokenizer (with its chat template) stored in --tokenizer-from's checkpoint (a file,
+    a checkpoint directory or a run), and the model file it came from."""
+    from lmcore.cli.common import checkpoint_warnings
+    from lmcore.checkpoint import read_info
+    from lmcore.errors import CheckpointError, DataError
+    from lmcore.sources import locate
+
+    text = args.tokenizer_from
+    where = locate(text, directories=True)
+    if where.kind != "checkpoint" or where.path is None:
+        raise DataError(
+            f"--tokenizer-from {text!r} is not a checkpoint; give an lmcore checkpoint "
+            "(.safetensors, a checkpoint directory or a run) that stores its tokenizer and chat "
+            "template (one converted from a GGUF file or a Hugging Face directory)"
+        )
+    try:
+        with checkpoint_warnings(args.command):
+            info = read_info(where.path)
+    except CheckpointError as e:
+        raise DataError(f"--tokenizer-from: {e}") from None
+    if info.tokenizer is None:
+        raise DataError(
+            f"--tokenizer-from {where.path} stores no tokenizer; chat data is rendered with "
+            "the model's own tokenizer and template: give a checkpoint converted from a GGUF "
+            "file or a Hugging Face directory"
+        )
+    return info.tokenizer, str(where.path)

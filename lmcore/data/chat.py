@@ -217,39 +217,6 @@ def _lines(path: Path) -> Iterator[tuple[int, str]]:
                 yield number, text
 
 
-def _checkpoint_tokenizer(checkpoint: str | os.PathLike[str]) -> tuple[SavedTokenizer, Path]:
-    """The tokenizer and chat template stored in a checkpoint (file, directory or run)."""
-    from lmcore.errors import CheckpointError
-    from lmcore.sources import locate
-
-    where = locate(os.fspath(checkpoint), directories=True)
-    if where.kind != "checkpoint" or where.path is None:
-        raise DataError(
-            f"--tokenizer-from {os.fspath(checkpoint)!r} is not a checkpoint; give an lmcore "
-            "checkpoint (.safetensors, a checkpoint directory or a run) that stores its "
-            "tokenizer and chat template (one converted from GGUF or Hugging Face)"
-        )
-    from lmcore.checkpoint import read_info
-
-    try:
-        info = read_info(where.path)
-    except CheckpointError as e:
-        raise DataError(f"--tokenizer-from: {e}") from None
-    saved = info.tokenizer
-    if saved is None or saved.chat_template is None:
-        has = "no tokenizer" if saved is None else "a tokenizer but no chat template"
-        raise DataError(
-            f"--tokenizer-from {where.path} stores {has}; chat data is rendered with the "
-            "model's own template: give a checkpoint converted from a GGUF file or a Hugging "
-            "Face directory that has one"
-        )
-    try:
-        saved.check_chat_template()
-    except GenerationError as e:
-        raise DataError(f"--tokenizer-from {where.path}: {e}") from None
-    return saved, Path(os.path.abspath(where.path))
-
-
 def _end_of_text(saved: SavedTokenizer, tok: Tokenizer, where: Path) -> tuple[int, str]:
     """The id and spelling meta.json records as the end-of-text token."""
     from lmcore.data.meta import EOT
@@ -269,14 +236,16 @@ def prepare_chat(
     file: str | os.PathLike[str],
     out_dir: str | os.PathLike[str],
     *,
-    checkpoint: str | os.PathLike[str],
+    tokenizer: SavedTokenizer,
+    tokenizer_from: str | os.PathLike[str],
     val_fraction: float = DEFAULT_VAL_FRACTION,
     context_length: int = 1,
     force: bool = False,
 ) -> PrepareResult:
     """Write `out_dir` from the JSON-lines `file` of conversations, rendered and tokenised with
-    `checkpoint`'s tokenizer and chat template (see the module's docstring). Each split must
-    hold a window of `context_length + 1` tokens and a trained token."""
+    a model's `tokenizer` and its chat template (see the module's docstring), which came from
+    the checkpoint `tokenizer_from` (recorded in meta.json). Each split must hold a window of
+    `context_length + 1` tokens and a trained token."""
     start = time.perf_counter()
     if not (isinstance(val_fraction, (int, float)) and 0 < val_fraction < 1):
         raise DataError(
@@ -289,7 +258,17 @@ def prepare_chat(
     if not path.is_file():
         raise DataError(f"--chat {str(path)!r} does not exist or is not a file; give a .jsonl "
                         "file, one conversation per line")  # fmt: skip
-    saved, ckpt = _checkpoint_tokenizer(checkpoint)
+    saved, ckpt = tokenizer, Path(os.path.abspath(tokenizer_from))
+    if saved.chat_template is None:
+        raise DataError(
+            f"--tokenizer-from {ckpt} stores a tokenizer but no chat template; chat data is "
+            "rendered with the model's own template: give a checkpoint converted from a GGUF "
+            "file or a Hugging Face directory that has one"
+        )
+    try:
+        saved.check_chat_template()
+    except GenerationError as e:
+        raise DataError(f"--tokenizer-from {ckpt}: {e}") from None
     out = Path(out_dir)
     _check_out_dir(out, force)
     with new_directory(
