@@ -291,6 +291,11 @@ def train(
     tokens.check(context_length=bp.spec.context_length, vocab_size=bp.spec.vocab_size)
     if init is not None:  # fine-tuning: the data must be in the checkpoint's own tokens
         check_tokenizer(init, tokens)
+    if cfg.eval_bpb and tokens.masked:
+        raise TrainError(
+            f"--eval-bpb: {tokens.path} is chat data with a loss mask, whose bits per byte would "
+            "count the prompt's bytes too; leave out --eval-bpb (val_loss is the masked loss)"
+        )
     run = Path(out)
     lock, created = claim(par, lambda: claim_new_run(run), f"--out {run}")
     info = {

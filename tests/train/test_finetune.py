@@ -111,3 +111,11 @@ def test_initial_model_is_the_checkpoints_weights_and_the_files_carry_its_templa
     assert "tokenizer.json" not in files
     assert json.loads(files["tokenizer_config.json"])["chat_template"] == CHATML
     assert tokenizer_files(None) == {}
+
+
+def test_bits_per_byte_of_masked_data_is_refused(chat: tuple[Path, Path], tmp_path: Path) -> None:
+    ckpt, data = chat
+    with raises_naming(TrainError, "--eval-bpb", "loss mask", "leave out --eval-bpb"):
+        train(ckpt, data, tmp_path / "run", TrainConfig(steps=1, eval_bpb=True, **FAST),  # type: ignore[arg-type]
+              echo=None)  # fmt: skip
+    assert not (tmp_path / "run").exists()
