@@ -63,7 +63,7 @@ from lmcore.model.recompute import apply_recompute
 from lmcore.registry import Registry
 from lmcore.sources import Source, source_of
 from lmcore.spec import ModelSpec
-from lmcore.train.accumulate import mean_of, micro_batches, micro_steps, scaled
+from lmcore.train.accumulate import micro_batches, micro_steps, micro_weights, weighted
 from lmcore.train.config import RESUMABLE, ResolvedConfig, TrainConfig, cosine_lr, decay_roles
 from lmcore.train.finetune import check_tokenizer, initial_model, tokenizer_files
 from lmcore.train.losses import logged, window_means
@@ -806,21 +806,23 @@ class _Loop:
             group["lr"] = lr * group["lr_scale"]
         x, y = self.sampler.batch(step)
         n = self.micro_steps  # gradients summed over n micro-batches, synchronised on the last
+        # Each micro-batch weighs by its share of the kept targets (a loss mask keeps more in
+        # one than another), so the summed gradient is the whole batch's mean's.
+        w = micro_weights(y, n)
         ces: list[Tensor] = []
         terms: list[dict[str, Tensor]] = []
         for i, (xm, ym) in enumerate(micro_batches(x, y, n)):
             with self.par.no_sync(self.forward) if i < n - 1 else contextlib.nullcontext():
                 with _autocast(self.device, cfg.autocast):  # cross-entropy + the recipe's terms
                     losses = self.recipe.loss(self.forward(xm), ym, self.model)
-                torch.autograd.backward(scaled(losses.total, n))
+                torch.autograd.backward(losses.total if w is None else losses.total * w[i])
             ces.append(losses.cross_entropy.detach())
             terms.append(losses.detached())
-        # The whole batch's means: its micro-batches are equal in size.
-        self.term_window.append({k: mean_of([t[k] for t in terms]) for k in terms[0]})
+        self.term_window.append({k: weighted([t[k] for t in terms], w) for k in terms[0]})
         norm = clip_gradients(self.model.parameters(), cfg.grad_clip)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return mean_of(ces), norm.detach()
+        return weighted(ces, w), norm.detach()
 
     def flush(self, step: int) -> int | None:
         """Write the train record of the steps since the last one (one device sync); the step
