@@ -33,6 +33,7 @@ from lmcore.errors import (
 from lmcore.interfaces import LayerContext
 from lmcore.model import generate as decoding
 from lmcore.model import saving
+from lmcore.model.adapters import apply_adapter
 from lmcore.model.cache import DecodingCache, KVState
 from lmcore.model.counting import check_size
 from lmcore.model.inputs import check_device, check_dtype, check_ids, check_positions
@@ -351,6 +352,8 @@ class TransformerLM(nn.Module):
             # logits sqrt(d_model) times too large.
             self.token_embeddings.weight = self.lm_head.weight
             self.register_load_state_dict_pre_hook(refuse_untied_state_dict)  # type: ignore[no-untyped-call]
+        if "adapter" in bp.parts:  # after the base is whole: it targets the base's matrices
+            apply_adapter(self, bp.parts["adapter"], **factory)
 
     def save(
         self,
