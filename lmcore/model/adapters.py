@@ -43,6 +43,7 @@ __all__ = [
     "DEFAULT_TARGETS",
     "adapted",
     "adapter_state",
+    "adapters",
     "apply_adapter",
     "freeze_base",
     "parameter_counts",
@@ -157,12 +158,12 @@ def apply_adapter(
 
 def freeze_base(model: nn.Module) -> None:
     """Every parameter outside the adapters frozen, the adapters' trainable."""
-    inside = {id(p) for _, m in _adapters(model) for p in m.parameters()}
+    inside = {id(p) for _, m in adapters(model) for p in m.parameters()}
     for p in model.parameters():
         p.requires_grad_(id(p) in inside)
 
 
-def _adapters(model: nn.Module) -> Iterator[tuple[str, nn.Module]]:
+def adapters(model: nn.Module) -> Iterator[tuple[str, nn.Module]]:
     """`(name of the targeted Linear, its adapter)` for each one."""
     for name, m in model.named_modules():
         if isinstance(m, Linear) and isinstance(getattr(m, ATTR, None), nn.Module):
@@ -171,13 +172,13 @@ def _adapters(model: nn.Module) -> Iterator[tuple[str, nn.Module]]:
 
 def adapted(model: nn.Module) -> bool:
     """Whether `model` has an adapter applied."""
-    return next(_adapters(model), None) is not None
+    return next(adapters(model), None) is not None
 
 
 def adapter_state(model: nn.Module) -> dict[str, Tensor]:
     """The adapters' part of the state dict (keys ``<linear>.adapter.<name>``), no base."""
     out: dict[str, Tensor] = {}
-    for name, m in _adapters(model):
+    for name, m in adapters(model):
         for key, t in m.state_dict().items():
             out[f"{name}.{ATTR}.{key}"] = t
     return out
