@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import fnmatch
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 from torch import Tensor, nn
 
@@ -34,9 +34,6 @@ from lmcore.errors import PluginError, SpecError, did_you_mean, one_of
 from lmcore.model.nn import Linear
 from lmcore.model.roles import roles_of
 from lmcore.parts import Part
-
-if TYPE_CHECKING:
-    from lmcore.model.transformer import TransformerLM
 
 __all__ = [
     "ATTR",
@@ -124,7 +121,7 @@ def select_targets(model: nn.Module, words: list[str]) -> list[str]:
 
 
 def apply_adapter(
-    model: TransformerLM, part: Part, *, device: Any = None, dtype: Any = None
+    model: nn.Module, part: Part, *, device: Any = None, dtype: Any = None
 ) -> list[str]:
     """Give `model` the adapter `part` names (resolved: `model.blueprint.parts["adapter"]`, or
     `lmcore.blueprint.resolve(...)` of a spec with one) in place and freeze its base; returns
@@ -195,7 +192,7 @@ def parameter_counts(model: nn.Module) -> tuple[int, int]:
     return trainable, frozen
 
 
-def with_adapter(model: TransformerLM, text: str) -> list[str]:
+def with_adapter(model: Any, text: str) -> list[str]:
     """Give a built (e.g. loaded) plain `model` the adapter `text` names (``lora(rank=8)``):
     its blueprint becomes the spec with ``adapter=text``, resolved in the model's registry,
     and the adapter is applied (`apply_adapter`). For `lmcore train CKPT --adapter ...`."""
