@@ -146,9 +146,9 @@ def state(target: Target, variant: str, settings: Settings) -> None:
     model = build(target)
     moved(model)
     saved = load_bytes(save_bytes({k: v.contiguous() for k, v in adapter_state(model).items()}))
-    fresh = build(target)
+    fresh = build(target, seed=4321)  # built from other random numbers: all must come back
     try:
-        fresh.load_state_dict({**fresh.state_dict(), **saved}, strict=True)
+        fresh.load_state_dict({**model.state_dict(), **saved}, strict=True)
     except (RuntimeError, LmcoreError) as e:
         fail(f"{who(target)}: its state dict does not load back: {first_line(e)}")
     with torch.no_grad():
