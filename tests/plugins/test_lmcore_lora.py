@@ -157,3 +157,21 @@ def test_peft_lora_on_the_same_matrices_gives_the_same_outputs() -> None:
         ours.lora_B.copy_(layer.lora_B["default"].weight)
     x = torch.randn(3, 16)
     torch.testing.assert_close(lin.q_proj.base_layer(x) + ours(x), theirs(x))
+
+
+def test_lmcore_train_with_an_adapter_trains_only_the_adapter(tiny_data: Path, tmp_path: Path) -> None:
+    from lmcore.cli.main import main
+    from tests.helpers.models import TINY_SPEC
+
+    run = tmp_path / "run"
+    argv = ["train", f"{TINY_SPEC}, adapter=lora(rank=2)", "--data", str(tiny_data), "--out",
+            str(run), "--steps", "6", "--eval-every", "3", "--lr", "3e-3", "--batch-size", "4",
+            "--eval-batches", "1", "--device", "cpu"]  # fmt: skip
+    torch.manual_seed(0)
+    start = lmcore.build_model(f"{TINY_SPEC}, adapter=lora(rank=2)")
+    assert main(argv) == 0
+    trained = lmcore.load(run)  # its newest checkpoint
+    assert trained.spec.adapter is not None
+    after, before = trained.state_dict(), start.state_dict()
+    changed = {k for k in before if not torch.equal(after[k], before[k])}
+    assert changed and all(".adapter." in k for k in changed)
