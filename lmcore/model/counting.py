@@ -459,8 +459,9 @@ def account(
     if spec.logit_softcap:  # tanh keeps its output, the logits' size, in the model's dtype
         rows.append(Row("logit_cap", "lm_head", "cap·tanh(logits / cap)", 1, 0, 0,
                         activations_each=tokens * vocab * size))  # fmt: skip
-    # cross_entropy keeps float32 logits, the log-partition per token and the int64 targets.
-    loss = tokens * (4 * vocab + 4 + 8)
+    # cross_entropy keeps float32 logits, the log-partition per token, the int64 targets and
+    # the bool mask of kept targets, and for the masked mean the int64 count and one bool.
+    loss = tokens * (4 * vocab + 4 + 8 + 1) + 8 + 1
     return Accounting(blueprint=bp, batch=batch, seq_len=seq, dtype=dtype, rows=tuple(rows),
                       loss_activations=loss)  # fmt: skip
 

@@ -138,7 +138,7 @@ def merge(target: Target, variant: str, settings: Settings) -> None:
         )
 
 
-@check("state", ("adapter",), needs=model_buildable)
+@check("saving", ("adapter",), needs=model_buildable)
 def state(target: Target, variant: str, settings: Settings) -> None:
     """Its state dict, through safetensors, loads into a fresh adapted model: same logits."""
     from lmcore.model.adapters import adapter_state

@@ -241,15 +241,16 @@ def test_activations_text_says_where_they_come_from(capsys: pytest.CaptureFixtur
     declared = capsys.readouterr().out
     assert main(["describe", "cs336-tiny", "--measure"]) == 0
     measured = capsys.readouterr().out
-    line = "  activations    827.50 KiB  saved for backward by forward + loss"
+    line = "  activations    827.52 KiB  saved for backward by forward + loss"
     assert f"{line}, declared by the components\n" in declared
     assert f"{line}, measured on the meta device\n" in measured
     # The same bytes by part, either way; the loss's float32 logits (16 × 10,000) dominate.
     by_part = declared[declared.index("activations by part") :]
     assert by_part == measured[measured.index("activations by part") :]
-    assert by_part.splitlines()[0] == "activations by part (total 827.50 KiB):"
-    assert "  loss                   625.19 KiB   75.6%" in by_part  # 16 · (4·10,000 + 4 + 8)
-    assert activation_bytes(build_model("cs336-tiny", device="meta"), 1, 16) == 847_360
+    assert by_part.splitlines()[0] == "activations by part (total 827.52 KiB):"
+    # 16 · (4·10,000 + 4 + 8 + 1) + 9: logits, log-partition, targets, the kept mask; the mean's
+    assert "  loss                   625.21 KiB   75.6%" in by_part
+    assert activation_bytes(build_model("cs336-tiny", device="meta"), 1, 16) == 847_385
 
 
 def test_describe_runs_no_operator_on_meta_tensors() -> None:

@@ -55,17 +55,17 @@ def test_gpt2_xl_activations_by_hand() -> None:
     2·(d + 1) floats a token, q/k/v and output_proj 2·d, SwiGLU d + 3·d_ff, attention q, k, v
     and its output (4·H·D) and a softmax denominator per head (H) a token, plus the causal
     triangle of softmax numerators in blocks of 64 queries (H·S·(S + 64)/2 floats); then the
-    token ids, ln_final, lm_head's input and the loss's float32 logits, log-partition and
-    targets."""
+    token ids, ln_final, lm_head's input and the loss's float32 logits, log-partition, targets
+    and kept-target mask, and the masked mean's count and condition (9 bytes once)."""
     s, d, h, d_ff, vocab, layers = 1024, 1600, 25, 6400, 50257, 48
     attention = 4 * (4 * d + h)  # bytes a token
     triangle = 4 * h * s * (s + 64) // 2  # bytes a layer
     per_layer = 4 * (2 * (d + 1) + 2 * d + d + 3 * d_ff) + attention
-    rest = 8 + 4 * (d + 1) + 4 * d + 4 * vocab + 4 + 8
+    rest = 8 + 4 * (d + 1) + 4 * d + 4 * vocab + 4 + 8 + 1
     rope = 4 * s * (d // h)  # cos and sin, once
     acc = account("gpt2-xl")
-    expected = s * (layers * per_layer + rest) + layers * triangle + rope
-    assert acc.activations == expected == 9_504_452_608
+    expected = s * (layers * per_layer + rest) + layers * triangle + rope + 9
+    assert acc.activations == expected == 9_504_453_641
 
 
 # ------------------------------------------------------------------------------ the rows

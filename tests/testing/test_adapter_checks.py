@@ -1,4 +1,4 @@
-"""The adapter kind's contracts (init, trainable, merge, state) pass on a healthy third-party
+"""The adapter kind's contracts (init, trainable, merge, saving) pass on a healthy third-party
 adapter and each catches its planted bug with a message naming the component and what is
 wrong. The built-ins' run is test_suite_builtins.py."""
 
@@ -82,7 +82,7 @@ def cases_of(component: Component) -> list[Any]:
 
 def test_a_healthy_third_party_adapter_passes_every_check() -> None:
     found = cases_of(adapter("dense", Dense))
-    assert [c.check.name for c in found] == ["init", "trainable", "merge", "state"]
+    assert [c.check.name for c in found] == ["init", "trainable", "merge", "saving"]
     for case in found:
         case.run()
 
@@ -94,7 +94,7 @@ PLANTED = [
      ("adapter 'delta-twice'", "the merged model's logits differ", "x @ delta().T")),
     ("trainable", adapter("unused", Unused),
      ("adapter 'unused'", "without a gradient", ".unused")),
-    ("state", adapter("plain-attribute", PlainAttribute),
+    ("saving", adapter("plain-attribute", PlainAttribute),
      ("adapter 'plain-attribute'", "part of its state is not in state_dict()")),
 ]  # fmt: skip
 

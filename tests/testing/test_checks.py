@@ -13,6 +13,7 @@ from tests.helpers.kit import (
     planted_bugs_caught_by,
     run_kit,
 )
+from tests.testing.test_adapter_checks import PLANTED as ADAPTER_PLANTED
 from tests.testing.test_recipe_checks import PLANTED as RECIPE_PLANTED
 
 pytest_plugins = ["pytester"]
@@ -31,6 +32,7 @@ def test_every_check_is_shown_failing_by_some_planted_bug() -> None:
     caught |= {"mixes_causally", "recurrent", "state"}  # test_mixer_checks: planted mixers
     caught |= {name for name, *_ in PLANTED_BESIDE_BUILTINS}  # the tests beside the builtins
     caught |= {check for check, *_ in RECIPE_PLANTED}  # test_recipe_checks: optimizers, schedules
+    caught |= {check for check, *_ in ADAPTER_PLANTED}  # test_adapter_checks: adapters
     assert caught == {c.name for c in CHECKS}
     # Each planted bug is run by the tests of the one module of checks that catches it.
     modules = {c.fn.__module__.rsplit(".", 1)[-1] for c in CHECKS}
