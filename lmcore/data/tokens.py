@@ -27,11 +27,13 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
-from lmcore.data.meta import META_FILE, MIN_VOCAB, SPLITS, DataMeta, file_dtype
+from lmcore.data.meta import META_FILE, MIN_VOCAB, SPLITS, STARTS_DTYPE, DataMeta, file_dtype
 from lmcore.errors import DataError, clip, did_you_mean, one_of
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
+
+    from lmcore.data.packing import DocumentEvalBatches, DocumentSampler, PackedSampler, Packing
 
 Split = Literal["train", "val"]
 Batch = tuple[Int[Tensor, "batch seq"], Int[Tensor, "batch seq"]]
@@ -71,11 +73,51 @@ def _check_tokenizer(file: Path, meta: DataMeta, where: Path, fix: str) -> None:
         )
 
 
+def _document_index(root: Path, name: str, meta: DataMeta, fix: str) -> np.ndarray:
+    """Split `name`'s document index, checked against `meta.json` and the split's length:
+    `starts` int64 offsets, the first 0, each one past the one before, all inside the split."""
+    info = meta.splits[name]
+    assert info.starts_file is not None and info.starts is not None  # meta.has_documents
+    file = _inside(root, info.starts_file, f"splits.{name}.starts_file", fix)
+    itemsize = np.dtype(STARTS_DTYPE).itemsize
+    expected = info.starts * itemsize
+    size = file.stat().st_size if file.is_file() else None
+    if size != expected:
+        found = "is missing" if size is None else f"holds {size:,} bytes"
+        raise DataError(
+            f"{file} {found}, but {META_FILE} says {info.starts:,} document starts × {itemsize} "
+            f"bytes = {expected:,}: the files do not belong together (an interrupted or partial "
+            f"copy); {fix} --force"
+        )
+    if not info.starts:
+        starts = np.empty(0, dtype=STARTS_DTYPE)
+    else:
+        starts = np.memmap(file, dtype=STARTS_DTYPE, mode="r", shape=(info.starts,))
+    # One pass over the index (8 bytes a document): a sampler trusts it to cut the split.
+    ok = (len(starts) == 0) == (info.tokens == 0) and (
+        len(starts) == 0
+        or (starts[0] == 0 and starts[-1] < info.tokens and bool(np.all(np.diff(starts) > 0)))
+    )
+    if not ok:
+        raise DataError(
+            f"{file} is not a document index of {info.file} ({info.tokens:,} tokens): its offsets "
+            f"must begin at 0, rise, and stay below the split's length; {fix} --force"
+        )
+    return starts
+
+
 class TokenData:
     """A directory written by `prepare`: both splits as read-only memmaps, and the metadata."""
 
-    def __init__(self, path: Path, meta: DataMeta, splits: dict[str, np.ndarray]):
-        self.path, self.meta, self._splits = path, meta, splits
+    def __init__(
+        self,
+        path: Path,
+        meta: DataMeta,
+        splits: dict[str, np.ndarray],
+        documents: dict[str, np.ndarray] | None = None,
+    ):
+        self.path, self.meta, self._splits, self._documents = path, meta, splits, documents
+        self._packings: dict[tuple[str, int], Packing] = {}
         self._tokenizer: Tokenizer | None = None
 
     @classmethod
@@ -130,7 +172,29 @@ class TokenData:
                 if info.tokens
                 else np.empty(0, dtype=dtype)
             )
-        return cls(root, meta, splits)
+        documents = None
+        if meta.has_documents:
+            documents = {name: _document_index(root, name, meta, fix) for name in SPLITS}
+        return cls(root, meta, splits, documents)
+
+    @property
+    def documents(self) -> dict[str, np.ndarray] | None:
+        """Each split's document index (`lmcore.data.meta.STARTS_RULE`): the offsets of its
+        documents' first tokens, int64, ascending, 0 first; None for a directory prepared
+        before lmcore recorded them."""
+        return self._documents
+
+    def document_starts(self, name: str, option: str) -> np.ndarray:
+        """Split `name`'s document index, which `option` needs: a `DataError` naming this
+        directory and how to prepare it again when it has none."""
+        if self._documents is None:
+            raise DataError(
+                f"{option} needs the document index of the data, but {self.path} has none (it "
+                f"was prepared before lmcore recorded where documents start); prepare it again: "
+                f"lmcore data prepare SOURCE... --out {self.path} --force"
+            )
+        self.split(name)  # names a split that is not one
+        return self._documents[name]
 
     @property
     def vocab_size(self) -> int:
@@ -222,6 +286,86 @@ class TokenData:
             device=device,
             where=self._where("val"),
         )
+
+    def packing(self, split: Split, context_length: int) -> Packing:
+        """Split `split`'s documents packed into rows of `context_length + 1` tokens
+        (`lmcore.data.packing.pack`), computed once per split and length."""
+        from lmcore.data.packing import pack
+
+        key = (split, context_length)
+        if key not in self._packings:
+            starts = self.document_starts(split, "packed batches")
+            need_window(len(self.split(split)), context_length, self._where(split))
+            self._packings[key] = pack(starts, len(self.split(split)), context_length)
+        return self._packings[key]
+
+    def packed_sampler(
+        self,
+        split: Split = "train",
+        *,
+        batch_size: int,
+        context_length: int,
+        seed: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+        mask_boundaries: bool = False,
+        device: str | torch.device = "cpu",
+    ) -> PackedSampler:
+        """Rows packed with whole documents (`lmcore.data.packing`): batch `step` is
+        `(inputs, targets, documents)`, a pure function of `(seed, step)`."""
+        from lmcore.data.packing import PackedSampler
+
+        return PackedSampler(
+            self.split(split),
+            self.packing(split, context_length),
+            batch_size=batch_size,
+            eot_id=self.eot_id,
+            seed=seed,
+            rank=rank,
+            world_size=world_size,
+            mask_boundaries=mask_boundaries,
+            device=device,
+        )
+
+    def document_sampler(
+        self,
+        split: Split = "train",
+        *,
+        batch_size: int,
+        context_length: int,
+        seed: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+        mask_boundaries: bool = False,
+        device: str | torch.device = "cpu",
+    ) -> DocumentSampler:
+        """`sampler`'s windows with their document ids: `(inputs, targets, documents)`."""
+        from lmcore.data.packing import DocumentSampler
+
+        starts = self.document_starts(split, "document ids")
+        windows = self.sampler(split, batch_size=batch_size, context_length=context_length,
+                               seed=seed, rank=rank, world_size=world_size, device=device)  # fmt: skip
+        return DocumentSampler(windows, starts, mask_boundaries=mask_boundaries)
+
+    def document_val_batches(
+        self,
+        *,
+        batch_size: int,
+        context_length: int,
+        num_batches: int | None = None,
+        rank: int = 0,
+        world_size: int = 1,
+        mask_boundaries: bool = False,
+        device: str | torch.device = "cpu",
+    ) -> DocumentEvalBatches:
+        """`val_batches`' fixed windows with their document ids."""
+        from lmcore.data.packing import DocumentEvalBatches
+
+        starts = self.document_starts("val", "document ids")
+        windows = self.val_batches(batch_size=batch_size, context_length=context_length,
+                                   num_batches=num_batches, rank=rank, world_size=world_size,
+                                   device=device)  # fmt: skip
+        return DocumentEvalBatches(windows, starts, mask_boundaries=mask_boundaries)
 
     def tokenizer(self) -> Tokenizer:
         """The Hugging Face tokenizer that produced the ids (loaded on first use)."""
