@@ -55,6 +55,7 @@ from lmcore.atomic import atomic_path
 from lmcore.blueprint import Blueprint, resolve
 from lmcore.checkpoint import CheckpointInfo, load_weights, read_info
 from lmcore.data.bytecount import bytes_per_token
+from lmcore.data.packing import DocumentEvalBatches
 from lmcore.data.tokens import TokenData
 from lmcore.errors import TrainError
 from lmcore.model.inputs import resolve_device
@@ -168,24 +169,26 @@ class Parallel:
 @torch.no_grad()
 def evaluate(
     model: nn.Module,
-    batches: Iterable[tuple[Tensor, Tensor]],
+    batches: Iterable[tuple[Tensor, ...]],
     *,
     autocast: str | None = None,
     parallel: Parallel | None = None,
     stop: Callable[[], bool] | None = None,
 ) -> float:
     """Mean next-token cross-entropy over `batches` (equal sizes, so the mean of the batch means
-    is the mean over every token), averaged across processes. NaN when `stop()` cut it short."""
+    is the mean over every token), averaged across processes. NaN when `stop()` cut it short.
+    A batch of `(inputs, targets, documents)` runs the model with `documents=` (`--doc-mask`)."""
     total = torch.zeros((), dtype=torch.float64)
     count = 0
     was_training = model.training
     model.eval()
     try:
-        for x, y in batches:
+        for x, y, *docs in batches:
             if stop is not None and stop():
                 return math.nan
             with _autocast(x.device, autocast):
-                loss = cross_entropy(model(x), y)
+                logits = model(x, documents=docs[0]) if docs else model(x)
+                loss = cross_entropy(logits, y)
             total = total.to(loss.device) + loss.double()
             count += 1
     finally:
@@ -274,6 +277,7 @@ def train(
     )
     tokens = data if isinstance(data, TokenData) else TokenData.open(data)
     tokens.check(context_length=bp.spec.context_length, vocab_size=bp.spec.vocab_size)
+    _check_documents(cfg, tokens)
     run = Path(out)
     lock, created = claim(par, lambda: claim_new_run(run), f"--out {run}")
     info = {
@@ -408,6 +412,7 @@ def _resume(
             f"rate stays at min_lr={cfg.min_lr:g})"
         )
     tokens = _open_data(root, info, data)
+    _check_documents(cfg, tokens)
     init = None
     if last is None and info.get("init") is not None:
         init = read_info(info["init"])  # restarting from step 0: the weights it began with
@@ -446,6 +451,14 @@ def _data_json(data: TokenData) -> dict[str, Any]:
         "val_tokens": data.meta.splits["val"].tokens,
         "tokenizer_sha256": digest,
     }
+
+
+def _check_documents(cfg: TrainConfig, data: TokenData) -> None:
+    """`--pack` and `--doc-mask` need the data's document index (a `DataError` naming the
+    directory and how to prepare it again when it has none)."""
+    for name, on in (("--pack", cfg.pack), ("--doc-mask", cfg.doc_mask)):
+        if on:
+            data.document_starts("train", name)
 
 
 def _open_data(
@@ -615,16 +628,26 @@ class _Loop:
         if cfg.compile:
             self.forward = torch.compile(self.forward)  # type: ignore[assignment]
         rank, world, T = self.par.rank, self.par.world_size, self.spec.context_length
-        self.sampler = self.data.sampler(
+        # Windows across the stream (today's), the same windows with document ids, or packed
+        # rows (lmcore.data.packing); evaluation keeps its fixed windows, with ids under
+        # --doc-mask, so val losses compare with and without --pack.
+        sample = (self.data.packed_sampler if cfg.pack
+                  else self.data.document_sampler if cfg.doc_mask else self.data.sampler)
+        doc = {"mask_boundaries": cfg.doc_mask} if cfg.pack or cfg.doc_mask else {}
+        self.sampler: Any = sample(
             "train", batch_size=cfg.batch_size, context_length=T, seed=cfg.seed, rank=rank,
-            world_size=world, device=self.device,
+            world_size=world, device=self.device, **doc,
         )  # fmt: skip
-        self.val = self.data.val_batches(
+        windows = self.data.val_batches(
             batch_size=cfg.batch_size, context_length=T, num_batches=cfg.eval_batches,
             rank=rank, world_size=world, device=self.device,
         )  # fmt: skip
+        self.val: Any = windows
+        if cfg.doc_mask:
+            starts = self.data.document_starts("val", "--doc-mask")
+            self.val = DocumentEvalBatches(windows, starts, mask_boundaries=True)
         if cfg.eval_bpb:  # the bytes the fixed validation targets stand for, counted once
-            local = bytes_per_token(self.val, self.data.tokenizer())
+            local = bytes_per_token(windows, self.data.tokenizer())
             self.val_bpt = float(self.par.mean(torch.tensor(local, device=self.device)))
         return step
 
@@ -673,6 +696,10 @@ class _Loop:
             f"schedule: {self.recipe.schedule.spec}, lr {cfg.lr:g} → {cfg.min_lr:g}, warmup "
             f"{cfg.warmup}, decay_steps {cfg.decay_steps}"
         )
+        if cfg.pack:
+            self.say(self.data.packing("train", spec.context_length).summary())
+        if cfg.doc_mask:
+            self.say("documents: masked (each token sees its own document; no target crosses one)")
         if self.recipe.loss.z_loss:
             self.say(f"loss: cross-entropy + z-loss × {self.recipe.loss.z_loss:g}")
         if step:
@@ -779,14 +806,16 @@ class _Loop:
         lr = self.lr_at(step + 1)
         for group in self.optimizer.param_groups:
             group["lr"] = lr * group["lr_scale"]
-        x, y = self.sampler.batch(step)
+        x, y, *docs = self.sampler.batch(step)  # (x, y, documents) from a document sampler
+        documents = docs[0] if docs and cfg.doc_mask else None  # --pack alone: one stream
         n = self.micro_steps  # gradients summed over n micro-batches, synchronised on the last
         ces: list[Tensor] = []
         terms: list[dict[str, Tensor]] = []
-        for i, (xm, ym) in enumerate(micro_batches(x, y, n)):
+        for i, (xm, ym, dm) in enumerate(micro_batches(x, y, n, documents)):
             with self.par.no_sync(self.forward) if i < n - 1 else contextlib.nullcontext():
                 with _autocast(self.device, cfg.autocast):  # cross-entropy + the recipe's terms
-                    losses = self.recipe.loss(self.forward(xm), ym, self.model)
+                    logits = self.forward(xm) if dm is None else self.forward(xm, documents=dm)
+                    losses = self.recipe.loss(logits, ym, self.model)
                 torch.autograd.backward(scaled(losses.total, n))
             ces.append(losses.cross_entropy.detach())
             terms.append(losses.detached())
