@@ -1,11 +1,11 @@
 """Batches that know documents: windows with document ids, and rows packed with whole documents.
 
     data = TokenData.open("data/stdlib")
-    packed = data.packed_sampler("train", batch_size=32, context_length=256, seed=0,
-                                 mask_boundaries=True)
+    packed = packed_sampler(data, "train", batch_size=32, context_length=256, seed=0,
+                            mask_boundaries=True)
     x, y, documents = packed.batch(step)   # (32, 256) int64 each; documents 0 0 0 1 1 2 ...
     packed.packing.efficiency             # document tokens / row capacity (the rest: padding)
-    windows = data.document_sampler("train", batch_size=32, context_length=256, seed=0)
+    windows = document_sampler(data, "train", batch_size=32, context_length=256, seed=0)
     x, y, documents = windows.batch(step)  # today's windows, with their document ids
 
 Both need the data's document index (`TokenData.document_starts`, `lmcore.data.meta.STARTS_RULE`).
@@ -40,6 +40,7 @@ one stream (after `<|endoftext|>` comes some document's first token).
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Final
@@ -49,7 +50,15 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
-from lmcore.data.tokens import BatchSampler, EvalBatches, _check_batch, step_seed
+from lmcore.data.tokens import (
+    BatchSampler,
+    EvalBatches,
+    Split,
+    TokenData,
+    _check_batch,
+    need_window,
+    step_seed,
+)
 from lmcore.errors import DataError
 
 __all__ = [
@@ -60,7 +69,11 @@ __all__ = [
     "PackedSampler",
     "Packing",
     "document_ids",
+    "document_sampler",
+    "document_val_batches",
     "pack",
+    "packed_sampler",
+    "packing_of",
 ]
 
 # The target the loss leaves out: the value of `lmcore.model.nn.IGNORE` (PyTorch's convention).
@@ -278,7 +291,8 @@ class PackedSampler:
     ):
         _check_batch(batch_size, rank, world_size)
         step_seed(seed, 0)  # checks the seed
-        self.tokens, self.packing, self.batch_size, self.eot_id = tokens, packing, batch_size, eot_id
+        self.tokens, self.packing, self.eot_id = tokens, packing, eot_id
+        self.batch_size = batch_size
         self.seed, self.mask_boundaries = seed, mask_boundaries
         self.context_length = packing.length - 1
         self.device = torch.device(device)
@@ -335,3 +349,89 @@ class PackedSampler:
         while True:
             yield self.batch(step)
             step += 1
+
+
+# ------------------------------------------------------------------------------ of TokenData
+
+# Each open TokenData's packings, by (split, context_length): computed once, gone with it.
+_PACKINGS: weakref.WeakKeyDictionary[TokenData, dict[tuple[str, int], Packing]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def packing_of(data: TokenData, split: Split, context_length: int) -> Packing:
+    """Split `split` of `data` packed into rows of `context_length + 1` tokens (`pack`),
+    computed once per data, split and length; a `DataError` for data with no document index."""
+    packings = _PACKINGS.setdefault(data, {})
+    key = (split, context_length)
+    if key not in packings:
+        tokens = data.split(split)
+        starts = data.document_starts(split, "packed batches")
+        need_window(len(tokens), context_length, f"{data.meta.splits[split].file} of {data.path}")
+        packings[key] = pack(starts, len(tokens), context_length)
+    return packings[key]
+
+
+def packed_sampler(
+    data: TokenData,
+    split: Split = "train",
+    *,
+    batch_size: int,
+    context_length: int,
+    seed: int = 0,
+    rank: int = 0,
+    world_size: int = 1,
+    mask_boundaries: bool = False,
+    device: str | torch.device = "cpu",
+) -> PackedSampler:
+    """Rows of split `split` packed with whole documents: batch `step` is `(inputs, targets,
+    documents)`, a pure function of `(seed, step)`."""
+    return PackedSampler(
+        data.split(split),
+        packing_of(data, split, context_length),
+        batch_size=batch_size,
+        eot_id=data.eot_id,
+        seed=seed,
+        rank=rank,
+        world_size=world_size,
+        mask_boundaries=mask_boundaries,
+        device=device,
+    )
+
+
+def document_sampler(
+    data: TokenData,
+    split: Split = "train",
+    *,
+    batch_size: int,
+    context_length: int,
+    seed: int = 0,
+    rank: int = 0,
+    world_size: int = 1,
+    mask_boundaries: bool = False,
+    device: str | torch.device = "cpu",
+) -> DocumentSampler:
+    """`data.sampler`'s windows with their document ids: `(inputs, targets, documents)`."""
+    starts = data.document_starts(split, "document ids")
+    windows = data.sampler(split, batch_size=batch_size, context_length=context_length,
+                           seed=seed, rank=rank, world_size=world_size, device=device)  # fmt: skip
+    return DocumentSampler(windows, starts, mask_boundaries=mask_boundaries)
+
+
+def document_val_batches(
+    data: TokenData,
+    *,
+    batch_size: int,
+    context_length: int,
+    num_batches: int | None = None,
+    rank: int = 0,
+    world_size: int = 1,
+    mask_boundaries: bool = False,
+    device: str | torch.device = "cpu",
+) -> DocumentEvalBatches:
+    """`data.val_batches`' fixed windows with their document ids."""
+    starts = data.document_starts("val", "document ids")
+    windows = data.val_batches(batch_size=batch_size, context_length=context_length,
+                               num_batches=num_batches, rank=rank, world_size=world_size,
+                               device=device)  # fmt: skip
+    return DocumentEvalBatches(windows, starts, mask_boundaries=mask_boundaries)

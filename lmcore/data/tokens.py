@@ -33,8 +33,6 @@ from lmcore.errors import DataError, clip, did_you_mean, one_of
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
-    from lmcore.data.packing import DocumentEvalBatches, DocumentSampler, PackedSampler, Packing
-
 Split = Literal["train", "val"]
 Batch = tuple[Int[Tensor, "batch seq"], Int[Tensor, "batch seq"]]
 _MAX_ID = {"uint16": 2**16, "uint32": 2**32}
@@ -117,7 +115,6 @@ class TokenData:
         documents: dict[str, np.ndarray] | None = None,
     ):
         self.path, self.meta, self._splits, self._documents = path, meta, splits, documents
-        self._packings: dict[tuple[str, int], Packing] = {}
         self._tokenizer: Tokenizer | None = None
 
     @classmethod
@@ -286,86 +283,6 @@ class TokenData:
             device=device,
             where=self._where("val"),
         )
-
-    def packing(self, split: Split, context_length: int) -> Packing:
-        """Split `split`'s documents packed into rows of `context_length + 1` tokens
-        (`lmcore.data.packing.pack`), computed once per split and length."""
-        from lmcore.data.packing import pack
-
-        key = (split, context_length)
-        if key not in self._packings:
-            starts = self.document_starts(split, "packed batches")
-            need_window(len(self.split(split)), context_length, self._where(split))
-            self._packings[key] = pack(starts, len(self.split(split)), context_length)
-        return self._packings[key]
-
-    def packed_sampler(
-        self,
-        split: Split = "train",
-        *,
-        batch_size: int,
-        context_length: int,
-        seed: int = 0,
-        rank: int = 0,
-        world_size: int = 1,
-        mask_boundaries: bool = False,
-        device: str | torch.device = "cpu",
-    ) -> PackedSampler:
-        """Rows packed with whole documents (`lmcore.data.packing`): batch `step` is
-        `(inputs, targets, documents)`, a pure function of `(seed, step)`."""
-        from lmcore.data.packing import PackedSampler
-
-        return PackedSampler(
-            self.split(split),
-            self.packing(split, context_length),
-            batch_size=batch_size,
-            eot_id=self.eot_id,
-            seed=seed,
-            rank=rank,
-            world_size=world_size,
-            mask_boundaries=mask_boundaries,
-            device=device,
-        )
-
-    def document_sampler(
-        self,
-        split: Split = "train",
-        *,
-        batch_size: int,
-        context_length: int,
-        seed: int = 0,
-        rank: int = 0,
-        world_size: int = 1,
-        mask_boundaries: bool = False,
-        device: str | torch.device = "cpu",
-    ) -> DocumentSampler:
-        """`sampler`'s windows with their document ids: `(inputs, targets, documents)`."""
-        from lmcore.data.packing import DocumentSampler
-
-        starts = self.document_starts(split, "document ids")
-        windows = self.sampler(split, batch_size=batch_size, context_length=context_length,
-                               seed=seed, rank=rank, world_size=world_size, device=device)  # fmt: skip
-        return DocumentSampler(windows, starts, mask_boundaries=mask_boundaries)
-
-    def document_val_batches(
-        self,
-        *,
-        batch_size: int,
-        context_length: int,
-        num_batches: int | None = None,
-        rank: int = 0,
-        world_size: int = 1,
-        mask_boundaries: bool = False,
-        device: str | torch.device = "cpu",
-    ) -> DocumentEvalBatches:
-        """`val_batches`' fixed windows with their document ids."""
-        from lmcore.data.packing import DocumentEvalBatches
-
-        starts = self.document_starts("val", "document ids")
-        windows = self.val_batches(batch_size=batch_size, context_length=context_length,
-                                   num_batches=num_batches, rank=rank, world_size=world_size,
-                                   device=device)  # fmt: skip
-        return DocumentEvalBatches(windows, starts, mask_boundaries=mask_boundaries)
 
     def tokenizer(self) -> Tokenizer:
         """The Hugging Face tokenizer that produced the ids (loaded on first use)."""

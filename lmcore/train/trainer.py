@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
+import functools
 import math
 import os
 import random
@@ -55,7 +56,7 @@ from lmcore.atomic import atomic_path
 from lmcore.blueprint import Blueprint, resolve
 from lmcore.checkpoint import CheckpointInfo, load_weights, read_info
 from lmcore.data.bytecount import bytes_per_token
-from lmcore.data.packing import DocumentEvalBatches
+from lmcore.data.packing import DocumentEvalBatches, document_sampler, packed_sampler, packing_of
 from lmcore.data.tokens import TokenData
 from lmcore.errors import TrainError
 from lmcore.model.inputs import resolve_device
@@ -631,12 +632,15 @@ class _Loop:
         # Windows across the stream (today's), the same windows with document ids, or packed
         # rows (lmcore.data.packing); evaluation keeps its fixed windows, with ids under
         # --doc-mask, so val losses compare with and without --pack.
-        sample = (self.data.packed_sampler if cfg.pack
-                  else self.data.document_sampler if cfg.doc_mask else self.data.sampler)
-        doc = {"mask_boundaries": cfg.doc_mask} if cfg.pack or cfg.doc_mask else {}
+        sample: Callable[..., Any] = (
+            functools.partial(packed_sampler, self.data, mask_boundaries=cfg.doc_mask)
+            if cfg.pack else
+            functools.partial(document_sampler, self.data, mask_boundaries=True)
+            if cfg.doc_mask else self.data.sampler
+        )  # fmt: skip
         self.sampler: Any = sample(
             "train", batch_size=cfg.batch_size, context_length=T, seed=cfg.seed, rank=rank,
-            world_size=world, device=self.device, **doc,
+            world_size=world, device=self.device,
         )  # fmt: skip
         windows = self.data.val_batches(
             batch_size=cfg.batch_size, context_length=T, num_batches=cfg.eval_batches,
@@ -697,7 +701,7 @@ class _Loop:
             f"{cfg.warmup}, decay_steps {cfg.decay_steps}"
         )
         if cfg.pack:
-            self.say(self.data.packing("train", spec.context_length).summary())
+            self.say(packing_of(self.data, "train", spec.context_length).summary())
         if cfg.doc_mask:
             self.say("documents: masked (each token sees its own document; no target crosses one)")
         if self.recipe.loss.z_loss:

@@ -17,7 +17,11 @@ from lmcore.data.packing import (
     DocumentSampler,
     PackedSampler,
     document_ids,
+    document_sampler,
+    document_val_batches,
     pack,
+    packed_sampler,
+    packing_of,
 )
 from lmcore.data.tokens import BatchSampler, EvalBatches
 from lmcore.errors import DataError
@@ -74,7 +78,7 @@ def test_document_eval_batches_are_the_fixed_windows_with_ids() -> None:
     windows = EvalBatches(tokens, batch_size=4, context_length=8, num_batches=3)
     batches = DocumentEvalBatches(windows, starts, mask_boundaries=True)
     assert len(batches) == 3
-    for (x0, y0), (x, y, d) in zip(windows, batches, strict=True):
+    for (x0, y0), (x, y, _) in zip(windows, batches, strict=True):
         assert torch.equal(x, x0)
         kept = y != IGNORE
         assert torch.equal(y[kept], y0[kept])  # the others are the targets that cross
@@ -227,14 +231,15 @@ def test_ignore_is_the_loss_s() -> None:
 
 def test_token_data_packs_its_splits(tiny_data: Path) -> None:
     data = TokenData.open(tiny_data)
-    p = data.packing("train", 16)
-    assert data.packing("train", 16) is p  # computed once
+    p = packing_of(data, "train", 16)
+    assert packing_of(data, "train", 16) is p  # computed once
     starts = data.documents["train"]  # type: ignore[index]
     assert p.predictions == sum(n - 1 for n in np.diff(np.append(starts, len(data.train))))
-    x, y, d = data.packed_sampler(batch_size=4, context_length=16, seed=0).batch(0)
+    x, _, _ = packed_sampler(data, batch_size=4, context_length=16, seed=0).batch(0)
     assert x.shape == (4, 16)
-    x, y, d = data.document_sampler(batch_size=4, context_length=16, mask_boundaries=True).batch(2)
+    x, _, _ = document_sampler(data, batch_size=4, context_length=16,
+                               mask_boundaries=True).batch(2)  # fmt: skip
     x0, _ = data.sampler(batch_size=4, context_length=16).batch(2)
     assert torch.equal(x, x0)
-    v = data.document_val_batches(batch_size=2, context_length=16, num_batches=2)
+    v = document_val_batches(data, batch_size=2, context_length=16, num_batches=2)
     assert len(v) == 2 and len(v[0]) == 3

@@ -513,7 +513,7 @@ def test_the_document_index_marks_where_each_document_starts(
     data = TokenData.open(tmp_path / "data")
     tok = data.tokenizer()
     eot = data.eot_id
-    docs = [tok.encode(t, add_special_tokens=False).ids + [eot] for t in texts]
+    docs = [[*tok.encode(t, add_special_tokens=False).ids, eot] for t in texts]
     want = _expected_starts(docs, eot, 0.25, split_block)
     assert data.documents is not None
     for name in ("train", "val"):

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from lmcore.data import TokenData, get_batch, step_seed
+from lmcore.data.packing import document_val_batches, packed_sampler
 from lmcore.data.tokens import BatchSampler, EvalBatches
 from lmcore.errors import DataError
 from tests.helpers.errors import raises_naming
@@ -276,13 +277,13 @@ def test_a_directory_from_before_the_document_index_loads_and_says_it_has_none(
     assert data.documents is None and not data.meta.has_documents
     new = TokenData.open(tiny_data)
     assert np.array_equal(data.train, new.train)  # the tokens, batches as before
-    x, y = data.sampler(batch_size=4, context_length=16).batch(3)
+    x, _ = data.sampler(batch_size=4, context_length=16).batch(3)
     assert torch.equal(x, new.sampler(batch_size=4, context_length=16).batch(3)[0])
     fix = f"lmcore data prepare SOURCE... --out {old} --force"
     for call in (
         lambda: data.document_starts("train", "--doc-mask"),
-        lambda: data.packed_sampler(batch_size=4, context_length=16),
-        lambda: data.document_val_batches(batch_size=4, context_length=16),
+        lambda: packed_sampler(data, batch_size=4, context_length=16),
+        lambda: document_val_batches(data, batch_size=4, context_length=16),
     ):
         with raises_naming(DataError, str(old), "has none", fix) as e:
             call()
@@ -296,8 +297,8 @@ def test_a_directory_from_before_the_document_index_loads_and_says_it_has_none(
     [
         (lambda f: f.write_bytes(f.read_bytes()[:-8]), ["holds", "document starts × 8 bytes"]),
         (lambda f: f.unlink(), ["is missing"]),
-        (lambda f: f.write_bytes(np.array([0, 5, 5], "<i8").tobytes()
-                                 + f.read_bytes()[24:]), ["must begin at 0, rise"]),  # fmt: skip
+        (lambda f: f.write_bytes(np.array([0, 5, 5], "<i8").tobytes() + f.read_bytes()[24:]),
+         ["must begin at 0, rise"]),
         (lambda f: f.write_bytes(np.array([1], "<i8").tobytes() + f.read_bytes()[8:]),
          ["must begin at 0"]),
     ],

@@ -14,7 +14,13 @@ from safetensors.torch import load_file
 from torch import Tensor
 
 from lmcore.data import TokenData
-from lmcore.data.packing import IGNORE
+from lmcore.data.packing import (
+    IGNORE,
+    document_sampler,
+    document_val_batches,
+    packed_sampler,
+    packing_of,
+)
 from lmcore.errors import DataError, TrainError
 from lmcore.model.transformer import TransformerLM
 from lmcore.train.config import RESUMABLE, TrainConfig
@@ -67,8 +73,8 @@ def test_doc_mask_gives_the_model_each_batch_s_documents(
     result = train(TINY_SPEC, tiny_data, tmp_path / "run", cfg, echo=None)
     assert result.status == "done"
     data = TokenData.open(tiny_data)
-    sample = data.packed_sampler if pack else data.document_sampler
-    sampler = sample(batch_size=8, context_length=16, seed=0, mask_boundaries=True)
+    sample = packed_sampler if pack else document_sampler
+    sampler = sample(data, batch_size=8, context_length=16, seed=0, mask_boundaries=True)
     trained = [d for training, d in seen if training]
     assert len(trained) == 3 * 2  # two micro-batches a step, each with its rows' documents
     for step in range(3):
@@ -76,7 +82,7 @@ def test_doc_mask_gives_the_model_each_batch_s_documents(
         got = torch.cat([trained[2 * step], trained[2 * step + 1]])  # type: ignore[list-item]
         assert torch.equal(got, documents)
     evals = [d for training, d in seen if not training]
-    val = data.document_val_batches(batch_size=8, context_length=16, num_batches=2,
+    val = document_val_batches(data, batch_size=8, context_length=16, num_batches=2,
                                     mask_boundaries=True)  # fmt: skip
     assert len(evals) == 2 * 2  # before the first step and after the last
     assert all(torch.equal(d, val[i % 2][2]) for i, d in enumerate(evals))  # type: ignore[arg-type]
@@ -92,7 +98,7 @@ def test_pack_alone_trains_one_stream_of_packed_rows(
                    echo=lines.append)  # fmt: skip
     assert result.status == "done"
     assert all(d is None for _, d in seen)  # no documents= without --doc-mask
-    packing = TokenData.open(tiny_data).packing("train", 16)
+    packing = packing_of(TokenData.open(tiny_data), "train", 16)
     assert packing.summary() in lines
     assert f"{packing.efficiency:.2%} of them document tokens" in packing.summary()
 
