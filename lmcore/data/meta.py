@@ -32,12 +32,8 @@ SPLITS = ("train", "val")
 META_FILE = "meta.json"
 STARTS_SUFFIX = ".starts.bin"  # a split's document index: train.starts.bin beside train.bin
 STARTS_DTYPE = "<i8"  # its offsets: int64, little-endian
-DATA_FILES = (
-    *(f"{s}.bin" for s in SPLITS),
-    *(f"{s}{STARTS_SUFFIX}" for s in SPLITS),
-    TOKENIZER_FILE,
-    META_FILE,
-)
+# What shows a directory holds prepared data (its document index comes with them).
+DATA_FILES = (*(f"{s}.bin" for s in SPLITS), TOKENIZER_FILE, META_FILE)
 BYTES = 256  # a byte-level BPE starts from every byte value
 MIN_VOCAB = BYTES + 1  # ... plus <|endoftext|>
 DEFAULT_VOCAB_SIZE = 10_000  # the `tinystories` preset's vocabulary, as in CS336

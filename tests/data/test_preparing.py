@@ -154,7 +154,9 @@ def test_files_and_metadata(corpus: Path, tmp_path: Path) -> None:
         "meta.json",
         "tokenizer.json",
         "train.bin",
+        "train.starts.bin",
         "val.bin",
+        "val.starts.bin",
     ]
     raw = json.loads((out / "meta.json").read_text())
     assert raw["format"] == "lmcore-tokens" and raw["version"] == 1
