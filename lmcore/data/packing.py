@@ -22,7 +22,8 @@ a document (token `i` predicting token `i + 1`) lies in exactly one piece. A pie
 length is a row by itself; the shorter ones (each document's last, or only, piece) are packed
 into rows by best-fit decreasing (the longest first, each into the open row it fills most
 tightly), and what a row has left over is padding. Every row therefore begins at the first
-token of a piece, most often of a document, and holds whole pieces in their documents' order.
+token of a piece (a document's first token, or where a long document's next piece begins) and
+holds whole pieces; a document's pieces keep its order.
 The packing depends on the data and `context_length` alone; each epoch (one pass over every
 row) visits the rows in its own order, a permutation drawn from `(seed, epoch)`, and batch
 `step` takes rows `step · batch_size ...` of that sequence: a pure function of `(seed, step)`,
@@ -170,6 +171,7 @@ class Packing:
     start: np.ndarray  # int64, each piece's offset into the split
     size: np.ndarray  # int64, each piece's tokens (2 .. length)
     row_ptr: np.ndarray  # int64, rows + 1 entries
+    opens: np.ndarray  # bool, each piece begins its document
     documents: int  # documents packed (those of at least 2 tokens)
     split: int  # of them, cut into more than one piece
 
@@ -188,6 +190,12 @@ class Packing:
         return self.tokens / max(self.rows * self.length, 1)
 
     @property
+    def aligned(self) -> float:
+        """The share of rows that begin at a document's first token (the others begin at a
+        later piece of a long document)."""
+        return float(self.opens[self.row_ptr[:-1]].mean()) if self.rows else 0.0
+
+    @property
     def predictions(self) -> int:
         """Targets inside documents, those `--doc-mask` trains: one fewer than each piece's
         tokens."""
@@ -197,10 +205,10 @@ class Packing:
         """One line for `lmcore train`'s header."""
         T = self.length - 1
         return (
-            f"packing: {self.documents:,} documents ({self.split:,} of them longer than "
-            f"{T + 1:,} tokens, cut into pieces) in {self.rows:,} rows of {T:,} + 1 tokens, "
-            f"{self.efficiency:.2%} of them document tokens, the rest padding; in-document "
-            f"targets {self.predictions / max(self.rows * T, 1):.2%} of the rows'"
+            f"packing: {self.documents:,} documents ({self.split:,} longer than a row, cut into "
+            f"pieces) in {self.rows:,} rows of {T:,} + 1 tokens: {self.efficiency:.2%} document "
+            f"tokens, the rest padding; {self.aligned:.1%} of the rows begin at a document's "
+            "first token, the others at a piece of a long one"
         )
 
 
@@ -232,11 +240,12 @@ def pack(starts: np.ndarray, tokens: int, context_length: int) -> Packing:
     row_of, order, rows = _best_fit_decreasing(rest_size, length)
     start = np.concatenate([full_start, rest_start[order]])
     size = np.concatenate([np.full(len(full_start), length, dtype=np.int64), rest_size[order]])
+    opens = np.concatenate([within == 0, (full[has_rest] == 0)[order]])
     counts = np.concatenate([np.ones(len(full_start), dtype=np.int64),
                              np.bincount(row_of, minlength=rows)])  # fmt: skip
     row_ptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
     split = int(np.count_nonzero(full + has_rest > 1))
-    return Packing(length, start.astype(np.int64), size.astype(np.int64), row_ptr,
+    return Packing(length, start.astype(np.int64), size.astype(np.int64), row_ptr, opens,
                    documents=len(begin), split=split)  # fmt: skip
 
 

@@ -115,6 +115,9 @@ def test_pieces_cover_every_in_document_prediction_once(T: int) -> None:
     ends = np.append(starts[1:], len(tokens))
     assert (p.start + p.size <= ends[doc]).all()
     assert p.documents == sum(n >= 2 for n in LENGTHS)
+    assert p.opens.tolist() == np.isin(p.start, starts).tolist()
+    first = p.start[p.row_ptr[:-1]]
+    assert p.aligned == pytest.approx(np.isin(first, starts).mean())
     assert p.split == sum(n > T + 1 for n in LENGTHS)
 
 
