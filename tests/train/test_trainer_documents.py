@@ -100,7 +100,7 @@ def test_pack_alone_trains_one_stream_of_packed_rows(
     assert all(d is None for _, d in seen)  # no documents= without --doc-mask
     packing = packing_of(TokenData.open(tiny_data), "train", 16)
     assert packing.summary() in lines
-    assert f"{packing.efficiency:.2%} of them document tokens" in packing.summary()
+    assert f"{packing.efficiency:.2%} document tokens, the rest padding" in packing.summary()
 
 
 def test_a_packed_run_resumes_bit_for_bit(
