@@ -38,7 +38,7 @@ import torch
 from torch import Tensor, nn
 
 from lmcore.blueprint import Blueprint, resolve
-from lmcore.components import KINDS
+from lmcore.components import ADAPTER_KINDS, KINDS
 from lmcore.errors import CheckpointError, CheckpointWarning, RegistryError, SpecError, clip
 from lmcore.model.empty import parameters_on_meta, shared_parameters
 from lmcore.model.inputs import check_device
@@ -51,7 +51,7 @@ from lmcore.model.reading import (
     verify_checksums,
     verify_metadata,
 )
-from lmcore.model.saving import FORMAT_VERSION, KEYS, PREFIX, SUFFIX, dtype_of
+from lmcore.model.saving import FORMAT_VERSION, KEYS, PREFIX, SUFFIX, checksum, dtype_of
 from lmcore.model.transformer import TransformerLM, unwrap
 from lmcore.model.weights import check_dtypes, check_finite, device_of, load_strict
 from lmcore.registry import Entry, Registry, get_registry, normalize_dist
@@ -131,6 +131,8 @@ class CheckpointInfo:
     checksums: Mapping[str, str] | None = None  # CRC-32 per stored tensor; None: saved without
     data_start: int = 0  # the byte where the tensors' data begins
     tokenizer: SavedTokenizer | None = None  # the model's own, when it was saved with one
+    # An adapter's weights alone: the base checkpoint they apply to (`lmcore.adapter_base`).
+    base: Mapping[str, str] | None = None
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -183,7 +185,7 @@ def read_info(path: str | os.PathLike[str]) -> CheckpointInfo:
                 dist=None if row["dist"] is None else str(row["dist"]),
                 version=None if row["version"] is None else str(row["version"]),
             )
-            if components[key].kind not in KINDS:
+            if components[key].kind not in (*KINDS, *ADAPTER_KINDS):
                 raise KeyError(f"kind {components[key].kind!r}")
     except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
         raise bad(KEYS["components"], f"cannot be read ({type(e).__name__}: {e})") from None
@@ -211,6 +213,16 @@ def read_info(path: str | os.PathLike[str]) -> CheckpointInfo:
             # lmcore writes names and versions; control characters (terminal escapes) or
             # megabytes in their place would reach every terminal that shows them
             raise bad(key, f"is not a short printable string ({clip(value)})")
+    base = None
+    if KEYS["base"] in meta:
+        try:
+            base = load_json(meta[KEYS["base"]])
+            if not isinstance(base, dict) or not all(
+                isinstance(base.get(k), str) for k in ("path", "spec", "checksum")
+            ):
+                raise TypeError("not {path, spec, checksum} strings")
+        except (json.JSONDecodeError, TypeError) as e:
+            raise bad(KEYS["base"], f"cannot be read ({e})") from None
     dtype = meta.get(KEYS["dtype"], "")
     _dtype(dtype, p)
     verify_metadata(p, meta)
@@ -229,6 +241,7 @@ def read_info(path: str | os.PathLike[str]) -> CheckpointInfo:
         checksums=header.checksums,
         data_start=header.data_start,
         tokenizer=SavedTokenizer.from_metadata(meta, p),
+        base=base,
     )
 
 
@@ -409,11 +422,95 @@ def build_from_checkpoint(
     The parameters are not initialised (`lmcore.model.empty`): the model is built with them on
     the meta device and the checkpoint's tensors, memory-mapped, become them (no copy when
     device and dtype are the file's), so loading costs about one read of the file."""
+    if info.base is not None:
+        return _onto_base(info, blueprint, device, dtype, max_bytes, verify, nonfinite)
     if verify:
         verify_checksums(info)  # before anything is allocated
     model = build_empty(blueprint, device, dtype or info.torch_dtype, max_bytes)
     load_weights(model, info, verify=False, convert=dtype is not None, nonfinite=nonfinite)
     model.tokenizer = info.tokenizer
+    return model
+
+
+def base_identity(path: str | os.PathLike[str]) -> dict[str, str]:
+    """What an adapter file records of the base checkpoint it applies to: its path (absolute),
+    its spec and `base_checksum`."""
+    info = read_info(path)
+    return {"path": str(info.path.resolve()), "spec": info.spec, "checksum": base_checksum(info)}
+
+
+def base_checksum(info: CheckpointInfo) -> str:
+    """The CRC-32 of a checkpoint's per-tensor checksums (`lmcore.checksums`), as 8 hex
+    digits: it changes when any tensor does. A file saved without checksums has none to
+    give: `CheckpointError` (save it again with lmcore)."""
+    if info.checksums is None:
+        raise CheckpointError(
+            f"{info.path}: saved without checksums, so an adapter cannot record which base it "
+            "is; load it and save it again (lmcore.load(...).save(...))"
+        )
+    return checksum(json.dumps(dict(info.checksums), sort_keys=True).encode("utf-8"))
+
+
+def find_base(info: CheckpointInfo) -> Path:
+    """The base checkpoint an adapter file names: its `relative` path (from the adapter's
+    folder) when that exists, else its absolute `path`; `CheckpointError` naming both."""
+    assert info.base is not None
+    tried = []
+    if "relative" in info.base:
+        near = info.path.parent / info.base["relative"]
+        if near.exists():
+            return near
+        tried.append(str(near))
+    far = Path(info.base["path"])
+    if far.exists():
+        return far
+    tried.append(str(far))
+    raise CheckpointError(
+        f"{info.path}: holds an adapter of the base checkpoint {info.base['path']}, which is not "
+        f"there (tried {', '.join(tried)}); put the base back, or merge the adapter where both are"
+    )
+
+
+def _onto_base(
+    info: CheckpointInfo,
+    blueprint: Blueprint,
+    device: torch.device | str | None,
+    dtype: torch.dtype | None,
+    max_bytes: int | None,
+    verify: bool,
+    nonfinite: str,
+) -> TransformerLM:
+    """An adapter file's model: its base checkpoint loaded (checked to be the one the adapter
+    recorded, by checksum and spec) and the adapter's tensors applied."""
+    assert info.base is not None
+    base = read_info(find_base(info))
+    if verify:
+        verify_checksums(base)
+        verify_checksums(info)
+    found = base_checksum(base)
+    if found != info.base["checksum"]:
+        raise CheckpointError(
+            f"{info.path}: is an adapter of the base checkpoint with checksum "
+            f"{info.base['checksum']} ({info.base['path']}), but {base.path} has checksum "
+            f"{found}: its weights changed since the adapter was trained; use the base it was "
+            "trained on"
+        )
+    if base.spec != info.base["spec"]:
+        raise CheckpointError(
+            f"{info.path}: its base was {info.base['spec']}, but {base.path} holds {base.spec}"
+        )
+    model = build_empty(blueprint, device, dtype or base.torch_dtype, max_bytes)
+    lm = unwrap(model)
+    expected = lm.state_dict()
+    tensors = read_tensors(base.path, device_of(lm))
+    _apply_ties(base, tensors, expected, shared_parameters(lm))
+    tensors.update(read_tensors(info.path, device_of(lm)))
+    if dtype is None:
+        check_dtypes(tensors, expected, info.path)
+    load_strict(lm, tensors, info.path, f"its base {base.path} with the adapter of {info.spec}")
+    check_finite(tensors, info.path, nonfinite)
+    model.tokenizer = base.tokenizer
+    model.adapter_base = dict(info.base)
     return model
 
 

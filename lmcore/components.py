@@ -19,6 +19,9 @@ block    ``d_model``; its factory also gets the modules it wires: ``attn``, ``ff
 mixer    ``d_model``, ``num_heads``, ``num_kv_heads``, ``head_dim``, ``context_length``; its
          factory also gets ``attention``, a function building lmcore's attention sub-layer
          for the layer (its kernel, projections and options) per call
+adapter  ``in_features``, ``out_features``, ``splits`` (one call per targeted matrix; the
+         module maps x to the update's output and gives ``delta()``, the update as a matrix:
+         `lmcore.model.adapters`)
 =======  ===========================================================================
 
 Factories also get ``device`` and ``dtype``; ``flops`` also gets ``seq_len`` (query tokens of one
@@ -60,7 +63,10 @@ KINDS: Final = ("norm", "ffn", "pos", "attn", "block", "mixer")
 # The kinds of the training recipe: found, declared and resolved like the model's, but built
 # by the runner, not into the model (`lmcore.train.recipe`).
 RECIPE_KINDS: Final = ("optimizer", "schedule")
-ALL_KINDS: Final = (*KINDS, *RECIPE_KINDS)
+# The kinds that change a built model after it is assembled: an adapter (LoRA) adds a small
+# trainable update to each targeted matrix and freezes the rest (`lmcore.model.adapters`).
+ADAPTER_KINDS: Final = ("adapter",)
+ALL_KINDS: Final = (*KINDS, *ADAPTER_KINDS, *RECIPE_KINDS)
 
 # The roles a component declares for the parameters it creates (`lmcore.model.roles`): a
 # hidden matrix, several packed in one tensor, the embedding, the output head, a norm's gain,
@@ -77,6 +83,10 @@ DIMS: Final[Mapping[str, tuple[str, ...]]] = {
     "attn": ("num_heads", "num_kv_heads", "head_dim", "window", "attn_sinks"),
     "block": ("d_model",),
     "mixer": ("d_model", "num_heads", "num_kv_heads", "head_dim", "context_length"),
+    # What lmcore offers an adapter's factory, once per targeted matrix: its input and output
+    # widths, and the logical matrices a packed one holds (their rows; `(out_features,)` for
+    # a plain matrix). See `lmcore.model.adapters`.
+    "adapter": ("in_features", "out_features", "splits"),
     # What the runner offers the recipe kinds (see `lmcore.train.recipe`).
     "optimizer": ("groups", "lr", "weight_decay", "betas", "eps"),
     "schedule": ("lr", "min_lr", "warmup", "decay_steps", "steps"),
@@ -115,6 +125,7 @@ FEATURES: Final[Mapping[str, frozenset[str]]] = {
     "mixer": frozenset({"mask", "compile", "nocache"}),
     # nofsdp (optimizer): needs whole tensors (Muon's matrices), not FSDP's shards of them:
     # `lmcore train --parallel fsdp` refuses it before the run starts.
+    "adapter": frozenset(),
     "optimizer": frozenset({"nofsdp"}),
     "schedule": frozenset(),
 }

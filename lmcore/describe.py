@@ -37,6 +37,7 @@ from lmcore.model.nn import cross_entropy
 from lmcore.model.recompute import plan, targets
 from lmcore.model.roles import ROLES, roles_of
 from lmcore.model.transformer import TransformerLM, build_model
+from lmcore.model.adapters import adapters
 from lmcore.registry import Registry
 from lmcore.spec import ModelSpec
 
@@ -66,7 +67,9 @@ def _claim(
 ) -> tuple[dict[str, int], set[int]]:
     """Per-row parameter counts (or buffer bytes), and the ids of the tensors the rows claimed.
     `model` may have fewer layers than the spec (`describe` builds at most two)."""
-    seen: set[int] = set()
+    # An adapter's tensors (`lmcore.model.adapters`) are not the base's rows': counted apart.
+    seen: set[int] = {id(t) for _, m in adapters(model)
+                      for t in (m.buffers() if buffers else m.parameters())}  # fmt: skip
     out: dict[str, int] = {}
     for row in acc.rows:
         total = 0
@@ -103,7 +106,7 @@ def check_params(acc: Accounting, model: TransformerLM) -> None:
             f"{row.params_each:,} parameters for {shape}, but the module it builds holds "
             f"{each:,}; fix the params= declaration of {kind} {name!r}"
         )
-    stray = [n for n, p in model.named_parameters() if id(p) not in claimed]
+    stray = [n for n, p in model.named_parameters() if id(p) not in claimed]  # adapters claimed
     if stray:
         raise AccountingError(
             f"the built model holds parameters outside the accounted modules ({', '.join(stray)}); "

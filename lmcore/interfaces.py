@@ -1,6 +1,7 @@
-"""The six component contracts. A component's factory returns an `nn.Module` that fits one of
-them: norm, ffn, pos, attn (the attention kernel), block (the wiring of one layer) and mixer
-(the sub-layer that mixes tokens: attention, or a recurrent or convolutional one).
+"""The component contracts. A component's factory returns an `nn.Module` that fits one of
+them: norm, ffn, pos, attn (the attention kernel), block (the wiring of one layer), mixer
+(the sub-layer that mixes tokens: attention, or a recurrent or convolutional one) and adapter
+(a trainable update of one matrix of a built model).
 
 Shapes: B batch, T / S sequence, H query heads, Hkv key/value heads, D head dim.
 """
@@ -173,6 +174,19 @@ class PositionalEncodingBase(nn.Module):
         return None
 
 
+@runtime_checkable
+class Adapter(Protocol):
+    """Built for one targeted matrix W (`in_features`, `out_features`, `splits`: the rows of
+    each logical matrix a packed W holds); `x ↦ ΔW x`, `(..., in_features)` to
+    `(..., out_features)`, added to W's output (`lmcore.model.adapters`). `delta()` is the
+    update as a matrix, `(out_features, in_features)`, which merging adds to W: the output must
+    equal `x @ delta().T`. Zero at initialisation, so the model's logits do not change."""
+
+    def __call__(self, x: Float[Tensor, "... d_in"]) -> Float[Tensor, "... d_out"]: ...
+
+    def delta(self) -> Float[Tensor, "d_out d_in"]: ...
+
+
 PROTOCOLS: dict[str, type] = {
     "norm": Norm,
     "ffn": FeedForward,
@@ -180,4 +194,5 @@ PROTOCOLS: dict[str, type] = {
     "attn": AttentionKernel,
     "block": Block,
     "mixer": Mixer,
+    "adapter": Adapter,
 }

@@ -126,6 +126,7 @@ class ModelSpec:
     attn_softcap: float = 0.0
     attn_gate: bool = False
     attn_sinks: bool = False
+    adapter: ComponentSpec | None = None  # lmcore.model.adapters: none, or e.g. lora(rank=8)
     layers: tuple[LayerValue, ...] = ()
 
     def __post_init__(self) -> None:
@@ -178,7 +179,7 @@ def default_query_scale(head_dim: int) -> float:
     return 1.0 / math.sqrt(head_dim) if head_dim > 0 else 1.0
 
 
-# Model keys with plain values, and `qk_norm` (a norm, or none). num_kv_heads, d_ff, head_dim
+# Model keys with plain values, `qk_norm` (a norm, or none) and `adapter` (one, or none). num_kv_heads, d_ff, head_dim
 # and query_scale have derived defaults (lmcore.blueprint); REQUIRED marks them here.
 MODEL_KEYS: Final[tuple[Arg, ...]] = (
     Arg("vocab_size", int, REQUIRED, "number of token ids", ge=1),
@@ -213,6 +214,8 @@ MODEL_KEYS: Final[tuple[Arg, ...]] = (
         written="changed"),
     Arg("attn_sinks", bool, False, "a learned logit per head in the softmax's denominator",
         written="changed"),
+    Arg("adapter", "adapter", None, "a trainable update of the targeted matrices, the rest "
+        "frozen (lora(rank=8)); none: a plain model", written="changed"),
 )  # fmt: skip
 # The component slots (each of the kind it is named after) and the component each defaults to.
 SLOTS: Final[Mapping[str, str]] = {
@@ -231,7 +234,7 @@ ORDER: Final = (
     "logit_scale",
     "norm", "ffn", "pos", "mixer", "attn",
     "qkv_bias", "out_bias", "qk_norm", "qk_norm_scope", "query_scale", "window", "attn_softcap",
-    "attn_gate", "attn_sinks",
+    "attn_gate", "attn_sinks", "adapter",
 )  # fmt: skip
 # The keys of the first release: written in every canonical string, default or not.
 ALWAYS: Final = frozenset(

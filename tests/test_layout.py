@@ -51,6 +51,7 @@ FLOORS: dict[str, int] = {
     "lmcore.checkpoint": 6,
     "lmcore.hf": 7,
     "lmcore.sources": 8,  # what a command's model argument names (it reads Hugging Face configs)
+    "lmcore.adapting": 8,  # adapters on checkpoints: it loads bases (lmcore.sources)
     "lmcore.gguf": 9,
     "lmcore.train": 10,
     "lmcore.testing": 11,  # above train: the kit builds optimizers and schedules as it does

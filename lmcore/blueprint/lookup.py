@@ -32,9 +32,13 @@ class PartLookup:
         return self.part(SLOT_KINDS[slot], value, origin, slot)
 
     def qk_norm(self, origin: Origin | None) -> Part | None:
+        return self.optional("norm", origin, "qk_norm")
+
+    def optional(self, kind: str, origin: Origin | None, label: str) -> Part | None:
+        """The part a key that may be `none` names (`qk_norm`, `adapter`), or None."""
         if origin is None or (origin.item.value.is_plain_name and origin.item.value.name == "none"):
             return None
-        return self.part("norm", origin.item.value, origin, "qk_norm")
+        return self.part(kind, origin.item.value, origin, label)
 
     def part(
         self, kind: str, value: Value, origin: Origin | None, label: str, depth: int = 0

@@ -14,8 +14,10 @@ from lmcore.parts import Part
 from lmcore.registry import Entry, Provenance, Registry
 from lmcore.spec import SLOTS, ModelSpec, format_layers
 
-# The kind of component each slot holds; `qk_norm` is a norm.
-SLOT_KINDS: Mapping[str, str] = {**{slot: slot for slot in SLOTS}, "qk_norm": "norm"}
+# The kind of component each slot holds; `qk_norm` is a norm; `adapter` an adapter.
+SLOT_KINDS: Mapping[str, str] = {
+    **{slot: slot for slot in SLOTS}, "qk_norm": "norm", "adapter": "adapter",
+}
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,8 @@ class Blueprint:
         `feed_forward`: False when the layer's ffn declares 'empty' (`ffn=none`, `lmcore_blocks`).
         """
         part = self.parts[kind]
+        if kind == "adapter":  # built per targeted matrix, for its widths (model.adapters)
+            return part.kwargs()
         if kind == "qk_norm":
             width = self.spec.head_dim
             if self.spec.qk_norm_scope == "full":

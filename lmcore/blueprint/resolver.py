@@ -74,9 +74,13 @@ class _Resolver:
         qk = self.lookup.qk_norm(origins.values.get("qk_norm"))
         if qk is not None:
             parts["qk_norm"] = qk
+        adapter = self.lookup.optional("adapter", origins.values.get("adapter"), "adapter")
+        if adapter is not None:
+            parts["adapter"] = adapter
         values.update(derived(origins, values, parts["ffn"], preset))
         values.update({slot: part.spec for slot, part in parts.items()})
         values.setdefault("qk_norm", None)
+        values.setdefault("adapter", None)
         layers, layer_parts = PerLayer(origins, self.lookup).apply(values, parts)
         spec = ModelSpec(**values, layers=layers)
         bp = Blueprint(spec, parts, self.registry, layer_parts)

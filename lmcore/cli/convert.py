@@ -49,6 +49,13 @@ def add_parser(sub: Any) -> None:
         help="GGUF file (llama.cpp, Ollama, LM Studio) -> lmcore, with its tokenizer",
     )
     way.add_argument("--to-gguf", nargs=2, metavar=("CKPT", "OUT.gguf"), help="lmcore -> GGUF file")
+    way.add_argument(
+        "--merge",
+        metavar="ADAPTER",
+        help="an adapter file (or a checkpoint with an adapter) -> a plain lmcore checkpoint "
+        "(--out), each update folded into its matrix; it converts --to-hf and --to-gguf",
+    )
+    p.add_argument("--out", metavar="MERGED.safetensors", help="--merge: the file to write")
     p.add_argument(
         "--type",
         choices=("f32", "f16", "bf16", "q8_0"),
@@ -100,6 +107,11 @@ def run(args: argparse.Namespace) -> int:
     from lmcore.hf.family import family_of
 
     with checkpoint_warnings(args.command):
+        if args.merge is not None or args.out is not None:
+            return _merge(args)
+        for given in (args.to_hf, args.to_gguf):
+            if given is not None:
+                _refuse_adapter(given[0])
         if args.from_gguf is not None or args.to_gguf is not None:
             return _gguf(args)
         if args.type is not None or args.architecture is not None:
@@ -207,6 +219,46 @@ def _gguf(args: argparse.Namespace) -> int:
     print(
         f"wrote: {written} ({show_bytes(written.stat().st_size)}, GGUF "
         f"{read_gguf(written).architecture}, {args.type or 'f32'}) in "
+        f"{time.perf_counter() - start:.1f} s"
+    )
+    return 0
+
+
+def _refuse_adapter(checkpoint: str) -> None:
+    """A checkpoint with an adapter converts once merged: say how, before anything is read."""
+    from lmcore.checkpoint import read_info
+    from lmcore.runfiles import find_checkpoint
+
+    info = read_info(find_checkpoint(checkpoint))
+    if info.base is not None or any(c.kind == "adapter" for c in info.components.values()):
+        raise UsageError(
+            f"{checkpoint} has an adapter; merge it into a plain checkpoint first: lmcore "
+            f"convert --merge {checkpoint} --out merged.safetensors"
+        )
+
+
+def _merge(args: argparse.Namespace) -> int:
+    import time
+
+    from lmcore.adapting import merged
+    from lmcore.checkpoint import read_info
+    from lmcore.sources import load
+
+    if args.merge is None or args.out is None:
+        raise UsageError("--merge ADAPTER and --out MERGED.safetensors go together")
+    others = (args.type, args.architecture, args.dtype, args.model_type)
+    if any(o is not None for o in others) or args.force or args.ignore_field or args.print_spec:
+        raise UsageError("--merge takes --out alone; convert the merged file afterwards")
+    from lmcore.hf.convert import refuse_same
+
+    refuse_same(args.merge, args.out, "the adapter")
+    start = time.perf_counter()
+    plain = merged(load(args.merge))
+    written = plain.save(args.out)
+    info = read_info(written)
+    print(f"spec: {info.spec}")
+    print(
+        f"wrote: {info.path} ({show_bytes(info.size)}, {info.dtype}, plain lmcore checkpoint) in "
         f"{time.perf_counter() - start:.1f} s"
     )
     return 0

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from lmcore.cli.common import UsageError
+
 
 def add_parser(sub: Any) -> None:
     from lmcore.data.meta import DEFAULT_SPLIT_BLOCK, DEFAULT_VAL_FRACTION, DEFAULT_VOCAB_SIZE
@@ -21,7 +23,22 @@ def add_parser(sub: Any) -> None:
         "document followed by <|endoftext|>; the literal text <|endoftext|> inside a file is "
         "that token too.",
     )
-    p.add_argument("sources", nargs="+", metavar="SOURCE", help="text files or directories")
+    p.add_argument(
+        "sources", nargs="*", metavar="SOURCE", help="text files or directories (not with --chat)"
+    )
+    p.add_argument(
+        "--chat",
+        metavar="FILE.jsonl",
+        help='conversations, one JSON object per line ({"messages": [{"role", "content"}, ...]} '
+        'or {"instruction", "input", "output"}), rendered with the chat template of '
+        "--tokenizer-from; writes a loss mask that trains only the assistant's tokens",
+    )
+    p.add_argument(
+        "--tokenizer-from",
+        metavar="CKPT",
+        help="with --chat: the checkpoint (file, directory or run) whose tokenizer and chat "
+        "template render the conversations",
+    )
     p.add_argument("--out", required=True, metavar="DIR", help="output directory")
     p.add_argument(
         "--vocab-size",
@@ -82,6 +99,14 @@ def run(args: argparse.Namespace) -> int:
     from lmcore.data.preparing import prepare, summary_lines
     from lmcore.data.sources import DEFAULT_EXTENSIONS
 
+    if args.chat is not None or args.tokenizer_from is not None:
+        return _chat(args)
+    if not args.sources:
+        raise UsageError(
+            "give the text files or directories to prepare (lmcore data prepare SOURCE... "
+            "--out DIR), or --chat FILE.jsonl --tokenizer-from CKPT for chat data"
+        )
+
     result = prepare(
         args.sources,
         args.out,
@@ -97,3 +122,64 @@ def run(args: argparse.Namespace) -> int:
     )
     print("\n".join(summary_lines(result)))
     return 0
+
+
+def _chat(args: argparse.Namespace) -> int:
+    from lmcore.data.chat import chat_summary, prepare_chat
+
+    if args.chat is None or args.tokenizer_from is None:
+        given, missing = ("--chat", "--tokenizer-from CKPT") if args.tokenizer_from is None else (
+            "--tokenizer-from", "--chat FILE.jsonl")  # fmt: skip
+        raise UsageError(f"{given} needs {missing}: chat data is rendered with a checkpoint's "
+                         "chat template (lmcore data prepare --chat FILE.jsonl --tokenizer-from "
+                         "CKPT --out DIR)")  # fmt: skip
+    text_only = [flag for flag, given in (
+        ("SOURCE", bool(args.sources)), ("--vocab-size", args.vocab_size is not None),
+        ("--tokenizer", args.tokenizer is not None), ("--ext", bool(args.ext)),
+        ("--exclude", bool(args.exclude)), ("--skip-undecodable", args.skip_undecodable),
+    ) if given]  # fmt: skip
+    if text_only:
+        raise UsageError(f"{', '.join(text_only)}: not with --chat, which reads one .jsonl file "
+                         "with --tokenizer-from's tokenizer")  # fmt: skip
+    saved, where = _checkpoint_tokenizer(args)
+    result = prepare_chat(
+        args.chat,
+        args.out,
+        tokenizer=saved,
+        tokenizer_from=where,
+        val_fraction=args.val_fraction,
+        context_length=args.context_length,
+        force=args.force,
+    )
+    print("\n".join(chat_summary(result)))
+    return 0
+
+
+def _checkpoint_tokenizer(args: argparse.Namespace) -> tuple[Any, str]:
+    """The tokenizer (with its chat template) stored in --tokenizer-from's checkpoint (a file,
+    a checkpoint directory or a run), and the model file it came from."""
+    from lmcore.cli.common import checkpoint_warnings
+    from lmcore.checkpoint import read_info
+    from lmcore.errors import CheckpointError, DataError
+    from lmcore.sources import locate
+
+    text = args.tokenizer_from
+    where = locate(text, directories=True)
+    if where.kind != "checkpoint" or where.path is None:
+        raise DataError(
+            f"--tokenizer-from {text!r} is not a checkpoint; give an lmcore checkpoint "
+            "(.safetensors, a checkpoint directory or a run) that stores its tokenizer and chat "
+            "template (one converted from a GGUF file or a Hugging Face directory)"
+        )
+    try:
+        with checkpoint_warnings(args.command):
+            info = read_info(where.path)
+    except CheckpointError as e:
+        raise DataError(f"--tokenizer-from: {e}") from None
+    if info.tokenizer is None:
+        raise DataError(
+            f"--tokenizer-from {where.path} stores no tokenizer; chat data is rendered with "
+            "the model's own tokenizer and template: give a checkpoint converted from a GGUF "
+            "file or a Hugging Face directory"
+        )
+    return info.tokenizer, str(where.path)

@@ -89,6 +89,21 @@ def run(args: argparse.Namespace) -> int:
         return _train(args, parallel)
 
 
+def _model(args: argparse.Namespace) -> Any:
+    """SPEC's model; a directory that holds no Hugging Face config is a checkpoint or run
+    directory, whose (newest) checkpoint a fine-tune starts from."""
+    import os
+
+    from lmcore.cli.common import opened
+    from lmcore.sources import could_be_path, locate
+
+    if could_be_path(args.spec) and os.path.isdir(args.spec):
+        where = locate(args.spec)
+        if where.kind != "hf":
+            return opened(args, locate(args.spec, directories=True))
+    return source(args)
+
+
 def _train(args: argparse.Namespace, parallel: Any) -> int:
     from lmcore.train.trainer import resume, train
 
@@ -114,5 +129,5 @@ def _train(args: argparse.Namespace, parallel: Any) -> int:
             f"{args.spec!r}: --data names prepared data (lmcore data prepare), --out the new "
             "run directory"
         )
-    result = train(source(args), args.data, args.out, train_config(args), parallel=parallel)
+    result = train(_model(args), args.data, args.out, train_config(args), parallel=parallel)
     return exit_code(result.status, result.reason)

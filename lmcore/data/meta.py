@@ -9,6 +9,12 @@ One schema, written by `prepare` and read by `TokenData.open`:
     DIR/val.starts.bin  the same for val.bin
     DIR/tokenizer.json  the Hugging Face `tokenizers` byte-level BPE that produced the ids
     DIR/meta.json       this module's `DataMeta`: vocabulary, dtype, token counts, sources, rules
+
+Chat data (`lmcore data prepare --chat`, `lmcore.data.chat`) holds two more files per split,
+named in meta.json: `masks` (DIR/train.mask.bin: one uint8 per token, 1 where the token is a
+trained target, an assistant's, 0 where it is left out of the loss) and `documents`
+(DIR/train.docs.bin: int64, each conversation's first token offset); `chat` records where the
+tokenizer and template came from. Directories without them load as before and have none.
 """
 
 from __future__ import annotations
@@ -115,6 +121,9 @@ class DataMeta:
     split_rule: str = SPLIT_RULE
     starts_rule: str | None = STARTS_RULE  # None: no document index (an older directory)
     versions: dict[str, str] = field(default_factory=dict)  # lmcore, tokenizers, numpy
+    masks: dict[str, str] | None = None  # split -> its loss mask file (uint8); None: no mask
+    documents: dict[str, str] | None = None  # split -> its document starts (int64); None: none
+    chat: dict[str, Any] | None = None  # chat data's provenance and counts (lmcore.data.chat)
 
     @property
     def tokens(self) -> int:
@@ -181,6 +190,9 @@ class DataMeta:
             split_rule=get.string("split_rule"),
             starts_rule=get.optional_string("starts_rule"),
             versions={str(k): str(v) for k, v in get.mapping("versions").items()},
+            masks=get.split_files("masks"),
+            documents=get.split_files("documents"),
+            chat=None if raw.get("chat") is None else dict(get.mapping("chat")),
         )
 
 
@@ -229,6 +241,18 @@ class _Fields:
         if not all(isinstance(v, str) for v in values):
             raise DataError(f"{self.path}: {self.prefix}{key} should hold strings; {self.fix}")
         return values
+
+    def split_files(self, key: str) -> dict[str, str] | None:
+        """An optional object naming one file per split (`masks`, `documents`)."""
+        if self.raw.get(key) is None:
+            return None
+        files = self.mapping(key)
+        if set(files) != set(SPLITS) or not all(isinstance(v, str) for v in files.values()):
+            raise DataError(
+                f"{self.path}: {self.prefix}{key} should name a file for each of "
+                f"{', '.join(SPLITS)}, found {dict(files)!r}; {self.fix}"
+            )
+        return {s: str(files[s]) for s in SPLITS}
 
     def split(self) -> SplitInfo:
         starts_file = self.optional_string("starts_file")  # absent before the document index

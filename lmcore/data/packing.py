@@ -36,7 +36,9 @@ document id of its own (one past the row's last document). With `mask_boundaries
 trainer's `--doc-mask`) the target of each document's last token, which is the next
 document's first token, is `IGNORE` as well: under document masking a token sees only its own
 document, so nothing there can predict what follows it. Without it those targets stay, as in
-one stream (after `<|endoftext|>` comes some document's first token).
+one stream (after `<|endoftext|>` comes some document's first token). Chat data's loss mask
+(`lmcore.data.chat`) applies as in today's batches: a target it leaves out is `IGNORE` too; its
+document index is its conversations' starts.
 """
 
 from __future__ import annotations
@@ -44,7 +46,6 @@ from __future__ import annotations
 import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Final
 
 import numpy as np
 import torch
@@ -52,6 +53,7 @@ from jaxtyping import Int
 from torch import Tensor
 
 from lmcore.data.tokens import (
+    IGNORE,
     BatchSampler,
     EvalBatches,
     Split,
@@ -77,8 +79,6 @@ __all__ = [
     "packing_of",
 ]
 
-# The target the loss leaves out: the value of `lmcore.model.nn.IGNORE` (PyTorch's convention).
-IGNORE: Final = -100
 DocumentBatch = tuple[Int[Tensor, "batch seq"], Int[Tensor, "batch seq"], Int[Tensor, "batch seq"]]
 
 
@@ -105,17 +105,20 @@ def _to_device(device: torch.device, *arrays: np.ndarray) -> DocumentBatch:
 
 
 def _documents_of(
-    tokens: np.ndarray, starts: np.ndarray, windows: np.ndarray, context_length: int,
-    mask_boundaries: bool, device: torch.device,
+    w: BatchSampler | EvalBatches, starts: np.ndarray, windows: np.ndarray,
+    mask_boundaries: bool,
 ) -> DocumentBatch:  # fmt: skip
-    """Inputs, targets and document ids of the windows beginning at `windows`."""
-    index = windows[:, None] + np.arange(context_length + 1)  # (B, T + 1)
-    rows = np.asarray(tokens[index], dtype=np.int64)
+    """Inputs, targets and document ids of `w`'s windows beginning at `windows` (a target its
+    loss mask leaves out, chat data's prompt, is `IGNORE` as in `w`'s own batches)."""
+    index = windows[:, None] + np.arange(w.context_length + 1)  # (B, T + 1)
+    rows = np.asarray(w.tokens[index], dtype=np.int64)
     ids = document_ids(starts, index)
     targets = rows[:, 1:].copy()
+    if w.mask is not None:
+        targets[np.asarray(w.mask[index[:, 1:]]) == 0] = IGNORE
     if mask_boundaries:
         targets[ids[:, 1:] != ids[:, :-1]] = IGNORE
-    return _to_device(device, rows[:, :-1], targets, ids[:, :-1])
+    return _to_device(w.device, rows[:, :-1], targets, ids[:, :-1])
 
 
 class DocumentSampler:
@@ -127,9 +130,8 @@ class DocumentSampler:
         self.windows, self.starts, self.mask_boundaries = windows, starts, mask_boundaries
 
     def batch(self, step: int) -> DocumentBatch:
-        w = self.windows
-        return _documents_of(w.tokens, self.starts, w.starts(step), w.context_length,
-                             self.mask_boundaries, w.device)  # fmt: skip
+        return _documents_of(self.windows, self.starts, self.windows.starts(step),
+                             self.mask_boundaries)  # fmt: skip
 
     def __iter__(self) -> Iterator[DocumentBatch]:
         return self.iterate()
@@ -151,9 +153,14 @@ class DocumentEvalBatches:
         return len(self.windows)
 
     def __getitem__(self, index: int) -> DocumentBatch:
-        w = self.windows
-        return _documents_of(w.tokens, self.starts, w.starts(index), w.context_length,
-                             self.mask_boundaries, w.device)  # fmt: skip
+        return _documents_of(self.windows, self.starts, self.windows.starts(index),
+                             self.mask_boundaries)  # fmt: skip
+
+    @property
+    def masked(self) -> bool:
+        """Whether targets may be `IGNORE` (the evaluation then weighs each batch by its kept
+        targets, as for a loss mask)."""
+        return self.mask_boundaries or self.windows.masked
 
     def __iter__(self) -> Iterator[DocumentBatch]:
         return (self[i] for i in range(len(self)))
@@ -296,13 +303,14 @@ class PackedSampler:
         rank: int = 0,
         world_size: int = 1,
         mask_boundaries: bool = False,
+        loss_mask: np.ndarray | None = None,
         device: str | torch.device = "cpu",
     ):
         _check_batch(batch_size, rank, world_size)
         step_seed(seed, 0)  # checks the seed
         self.tokens, self.packing, self.eot_id = tokens, packing, eot_id
         self.batch_size = batch_size
-        self.seed, self.mask_boundaries = seed, mask_boundaries
+        self.seed, self.mask_boundaries, self.loss_mask = seed, mask_boundaries, loss_mask
         self.context_length = packing.length - 1
         self.device = torch.device(device)
         per_rank = batch_size // world_size
@@ -333,16 +341,19 @@ class PackedSampler:
         picked = self.row_indices(step)
         rows = np.full((len(picked), length), self.eot_id, dtype=np.int64)
         ids = np.empty((len(picked), length), dtype=np.int64)
-        real = np.zeros((len(picked), length), dtype=bool)
+        real = np.zeros((len(picked), length), dtype=bool)  # a document's token, not padding
         for b, r in enumerate(picked.tolist()):
             at = 0
             for k, piece in enumerate(range(int(p.row_ptr[r]), int(p.row_ptr[r + 1]))):
                 s, n = int(p.start[piece]), int(p.size[piece])
                 rows[b, at : at + n] = self.tokens[s : s + n]
+                if self.loss_mask is not None:  # chat data: the prompt's targets left out
+                    real[b, at : at + n] = np.asarray(self.loss_mask[s : s + n]) != 0
+                else:
+                    real[b, at : at + n] = True
                 ids[b, at : at + n] = k
                 at += n
             ids[b, at:] = int(p.row_ptr[r + 1] - p.row_ptr[r])  # padding: a document of its own
-            real[b, :at] = True
         targets = rows[:, 1:].copy()
         targets[~real[:, 1:]] = IGNORE
         if self.mask_boundaries:
@@ -404,6 +415,7 @@ def packed_sampler(
         rank=rank,
         world_size=world_size,
         mask_boundaries=mask_boundaries,
+        loss_mask=data.mask(split),
         device=device,
     )
 

@@ -7,6 +7,10 @@
     for x, y in data.val_batches(batch_size=32, context_length=256, num_batches=20):
         ...                                   # the same windows at every evaluation
 
+Chat data (`lmcore.data.chat`) has a loss mask beside each split: in its batches a target the
+mask leaves out (a prompt's token) is `IGNORE` (`lmcore.model.nn.IGNORE`), which the loss skips; data
+without one gives exactly the batches it always did.
+
 `get_batch` is CS336's: `batch_size` random contiguous windows of `context_length + 1` tokens,
 inputs and targets shifted by one. `BatchSampler.batch(step)` draws the same way from a
 generator seeded by `(seed, step)` alone, so a batch is a pure function of the step: resuming
@@ -36,6 +40,9 @@ if TYPE_CHECKING:
 Split = Literal["train", "val"]
 Batch = tuple[Int[Tensor, "batch seq"], Int[Tensor, "batch seq"]]
 _MAX_ID = {"uint16": 2**16, "uint32": 2**32}
+# A target left out of the loss: `lmcore.model.nn.IGNORE`, which the loss reads (the model sits
+# above the data, so the value is spelled here too; a test keeps them equal).
+IGNORE = -100
 
 
 def _inside(root: Path, name: str, field: str, fix: str) -> Path:
@@ -112,9 +119,11 @@ class TokenData:
         path: Path,
         meta: DataMeta,
         splits: dict[str, np.ndarray],
+        masks: dict[str, np.ndarray] | None = None,
         documents: dict[str, np.ndarray] | None = None,
     ):
         self.path, self.meta, self._splits, self._documents = path, meta, splits, documents
+        self._masks = masks or {}
         self._tokenizer: Tokenizer | None = None
 
     @classmethod
@@ -169,10 +178,36 @@ class TokenData:
                 if info.tokens
                 else np.empty(0, dtype=dtype)
             )
+        masks: dict[str, np.ndarray] = {}
+        for name, mask in (meta.masks or {}).items():
+            file = _inside(root, mask, f"masks.{name}", fix)
+            size = file.stat().st_size if file.is_file() else None
+            tokens = meta.splits[name].tokens
+            if size != tokens:
+                found = "is missing" if size is None else f"holds {size:,} bytes"
+                raise DataError(
+                    f"{file} {found}, but {META_FILE} says {tokens:,} tokens, one mask byte "
+                    f"each: the files do not belong together; {fix} --force"
+                )
+            masks[name] = (
+                np.memmap(file, dtype=np.uint8, mode="r", shape=(tokens,))
+                if tokens
+                else np.empty(0, dtype=np.uint8)
+            )
         documents = None
         if meta.has_documents:
             documents = {name: _document_index(root, name, meta, fix) for name in SPLITS}
-        return cls(root, meta, splits, documents)
+        return cls(root, meta, splits, masks, documents)
+
+    @property
+    def masked(self) -> bool:
+        """Whether the data has loss masks (chat data): targets they leave out are `IGNORE`."""
+        return bool(self._masks)
+
+    def mask(self, name: str) -> np.ndarray | None:
+        """Split `name`'s loss mask (uint8, 1: a trained target), None when it has none."""
+        self.split(name)  # checks the name
+        return self._masks.get(name)
 
     @property
     def documents(self) -> dict[str, np.ndarray] | None:
@@ -260,6 +295,7 @@ class TokenData:
             world_size=world_size,
             device=device,
             where=self._where(split),
+            mask=self.mask(split),
         )
 
     def val_batches(
@@ -282,6 +318,7 @@ class TokenData:
             world_size=world_size,
             device=device,
             where=self._where("val"),
+            mask=self.mask("val"),
         )
 
     def tokenizer(self) -> Tokenizer:
@@ -344,14 +381,22 @@ def window_starts(
 
 
 def windows(
-    tokens: np.ndarray, starts: np.ndarray, context_length: int, device: str | torch.device
+    tokens: np.ndarray,
+    starts: np.ndarray,
+    context_length: int,
+    device: str | torch.device,
+    mask: np.ndarray | None = None,
 ) -> Batch:
     """Inputs `tokens[s : s + T]` and targets `tokens[s + 1 : s + T + 1]` for each start, as
-    int64 on `device` (through pinned memory to CUDA, without blocking)."""
+    int64 on `device` (through pinned memory to CUDA, without blocking). With a loss `mask`
+    (uint8 beside `tokens`, 1: trained) a target whose mask is 0 is `IGNORE`."""
     index = starts[:, None] + np.arange(context_length + 1)  # (B, T + 1)
     rows = np.asarray(tokens[index], dtype=np.int64)  # reads only these windows of a memmap
     x = torch.from_numpy(np.ascontiguousarray(rows[:, :-1]))  # (B, T)
-    y = torch.from_numpy(np.ascontiguousarray(rows[:, 1:]))  # (B, T)
+    targets = rows[:, 1:]
+    if mask is not None:
+        targets = np.where(np.asarray(mask[index[:, 1:]]) != 0, targets, IGNORE)
+    y = torch.from_numpy(np.ascontiguousarray(targets))  # (B, T)
     dev = torch.device(device)
     if dev.type == "cuda":
         return x.pin_memory().to(dev, non_blocking=True), y.pin_memory().to(dev, non_blocking=True)
@@ -373,6 +418,12 @@ def get_batch(
     need_window(len(dataset), context_length)
     starts = window_starts(len(dataset), batch_size, context_length, generator)
     return windows(dataset, starts, context_length, device)
+
+
+def _checked_mask(tokens: np.ndarray, mask: np.ndarray | None) -> np.ndarray | None:
+    if mask is not None and len(mask) != len(tokens):
+        raise DataError(f"the loss mask holds {len(mask):,} entries for {len(tokens):,} tokens")
+    return mask
 
 
 def step_seed(seed: int, step: int) -> int:
@@ -405,10 +456,12 @@ class BatchSampler:
         world_size: int = 1,
         device: str | torch.device = "cpu",
         where: str = "the token array",
+        mask: np.ndarray | None = None,
     ):
         _check_batch(batch_size, rank, world_size)
         need_window(len(tokens), context_length, where)
         step_seed(seed, 0)  # checks the seed
+        self.mask = _checked_mask(tokens, mask)
         self.tokens, self.batch_size, self.context_length = tokens, batch_size, context_length
         self.seed, self.rank, self.world_size = seed, rank, world_size
         self.device = torch.device(device)
@@ -422,7 +475,7 @@ class BatchSampler:
 
     def batch(self, step: int) -> Batch:
         """`(inputs, targets)`, each `(batch_size // world_size, context_length)` int64."""
-        return windows(self.tokens, self.starts(step), self.context_length, self.device)
+        return windows(self.tokens, self.starts(step), self.context_length, self.device, self.mask)
 
     def __iter__(self) -> Iterator[Batch]:
         return self.iterate()
@@ -455,9 +508,11 @@ class EvalBatches:
         world_size: int = 1,
         device: str | torch.device = "cpu",
         where: str = "the token array",
+        mask: np.ndarray | None = None,
     ):
         _check_batch(batch_size, rank, world_size)
         need_window(len(tokens), context_length, where)
+        self.mask = _checked_mask(tokens, mask)
         if num_batches is not None and num_batches < 1:
             raise DataError(f"num_batches must be at least 1, got {num_batches}")
         last = len(tokens) - context_length - 1  # the last start that fits
@@ -483,10 +538,18 @@ class EvalBatches:
         return batch[self.rows]
 
     def __getitem__(self, index: int) -> Batch:
-        return windows(self.tokens, self.starts(index), self.context_length, self.device)
+        return windows(
+            self.tokens, self.starts(index), self.context_length, self.device, self.mask
+        )
 
     def __iter__(self) -> Iterator[Batch]:
         return (self[i] for i in range(len(self)))
+
+    @property
+    def masked(self) -> bool:
+        """Whether targets may be `IGNORE` (a loss mask): the batches then hold unequal numbers
+        of kept targets, and a mean over them weighs each batch by its count."""
+        return self.mask is not None
 
     @property
     def predicted_tokens(self) -> int:

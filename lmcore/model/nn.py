@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
 import torch
 from jaxtyping import Bool, Float, Int
@@ -358,22 +358,38 @@ def scaled_dot_product_attention(
     return (weights @ V) / torch.where(total == 0, 1.0, total)
 
 
+IGNORE: Final = -100  # a target equal to it is left out of the loss (torch's ignore_index)
+
+
 def cross_entropy(
     logits: Float[Tensor, "... vocab"], targets: Int[Tensor, "..."]
 ) -> Float[Tensor, ""]:
-    """Mean of `-log softmax(logits)[target]` over every position, computed in float32.
+    """Mean of `-log softmax(logits)[target]` over every position whose target is not `IGNORE`,
+    computed in float32; 0 (with zero gradients, no NaN) when every target is `IGNORE`.
 
     `logsumexp` subtracts the max internally, so large logits do not overflow.
     """
     return cross_entropy_and_log_z(logits, targets)[0]
 
 
+def kept_mean(values: Float[Tensor, "..."], kept: Bool[Tensor, "..."]) -> Float[Tensor, ""]:
+    """The mean of `values` where `kept`; 0 where nothing is kept. When everything is kept it is
+    exactly `values.mean()`, bit for bit and in its gradients, chosen on the device without a
+    host sync (the other branch gets a zero gradient)."""
+    count = kept.sum()
+    masked = torch.where(kept, values, 0.0).sum() / count.clamp(min=1)
+    return torch.where(count == kept.numel(), values.mean(), masked)
+
+
 def cross_entropy_and_log_z(
     logits: Float[Tensor, "... vocab"], targets: Int[Tensor, "..."]
 ) -> tuple[Float[Tensor, ""], Float[Tensor, "..."]]:
     """`cross_entropy`, and the log-partition function `log Σ_j exp(logits[..., j])` of every
-    position (float32) it is computed from, for a loss that uses it too (the z-loss)."""
+    position (float32) it is computed from, for a loss that uses it too (the z-loss: average
+    it over `targets != IGNORE`, `kept_mean`)."""
     logits = logits.float()  # a bf16 log-partition function loses ~2 digits
     log_z = torch.logsumexp(logits, dim=-1)  # (...,)
-    picked = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (...,)
-    return (log_z - picked).mean(), log_z
+    kept = targets != IGNORE
+    safe = torch.where(kept, targets, 0)  # an ignored position gathers id 0, then is left out
+    picked = logits.gather(-1, safe.unsqueeze(-1)).squeeze(-1)  # (...,)
+    return kept_mean(log_z - picked, kept), log_z

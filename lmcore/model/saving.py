@@ -15,6 +15,11 @@ The file's string metadata says how to rebuild the model:
     lmcore.checksums        JSON {"algorithm": "crc32", "tensors": {name: 8 hex digits}}: the CRC-32
                             (zlib.crc32) of each stored tensor's bytes, as they lie in the file;
                             "metadata": {key: 8 hex digits} of the tokenizer's entries (UTF-8)
+    lmcore.adapter_base     JSON {path, relative, spec, checksum}, in a file holding an adapter's
+                            weights only: the base checkpoint they apply to (its path, also
+                            relative to this file's folder, its spec, and the CRC-32 of its
+                            `lmcore.checksums` table, `base_identity`); `lmcore.load` loads
+                            the base, checks it is that one, and applies the adapter
     lmcore.tokenizer        the model's tokenizer.json, when it was saved with one
     lmcore.tokenizer_config JSON: its special token ids, stop ids and chat template
     anything else           the caller's `metadata=`, e.g. a trainer's step count
@@ -77,6 +82,7 @@ KEYS: Final = {
     "dtype": "lmcore.dtype",
     "tied": "lmcore.tied",
     "checksums": "lmcore.checksums",
+    "base": "lmcore.adapter_base",
 }
 CHECKSUM: Final = "crc32"  # the algorithm `lmcore.checksums` names
 SUFFIX: Final = ".safetensors"
@@ -89,9 +95,11 @@ def write(
     *,
     metadata: Mapping[str, str] | None = None,
     tokenizer: SavedTokenizer | None = None,
+    base: Mapping[str, str] | None = None,
 ) -> Path:
     """Write a model's `state` (its `state_dict()`) and everything needed to rebuild it from
-    `blueprint` to one safetensors file, atomically.
+    `blueprint` to one safetensors file, atomically. `base`: `state` is an adapter's alone and
+    applies to that base checkpoint (`lmcore.adapter_base`).
 
     `metadata` adds the caller's own string entries (e.g. a trainer's step); names starting with
     "lmcore." and "format" are lmcore's. `tokenizer`: the model's own, stored in the metadata
@@ -124,7 +132,8 @@ def write(
     components: dict[str, dict[str, str | None]] = {kind: row(bp.parts[kind]) for kind in KINDS}
     for _, part in bp.used():
         key = f"{part.kind} {part.name}"
-        if part is not bp.parts.get(part.kind) and key not in components:
+        own = part.kind in KINDS and part is bp.parts.get(part.kind)  # its kind's row already
+        if not own and key not in components:
             components[key] = {**row(part), "kind": part.kind}
     header = {
         **extra,
@@ -138,6 +147,8 @@ def write(
     }
     if tied:
         header[KEYS["tied"]] = json.dumps(tied, sort_keys=True)
+    if base is not None:
+        header[KEYS["base"]] = json.dumps(dict(base), sort_keys=True)
     own = tokenizer.to_metadata() if tokenizer is not None else {}
     header.update(own)
     header[KEYS["checksums"]] = checksums_json(tensors, own)

@@ -33,6 +33,7 @@ from lmcore.errors import (
 from lmcore.interfaces import LayerContext
 from lmcore.model import generate as decoding
 from lmcore.model import saving
+from lmcore.model.adapters import adapted, adapter_state, apply_adapter
 from lmcore.model.cache import DecodingCache, KVState
 from lmcore.model.counting import check_size
 from lmcore.model.inputs import check_device, check_dtype, check_ids, check_positions
@@ -328,6 +329,9 @@ class TransformerLM(nn.Module):
         self.build_device = device
         # The model's own tokenizer (`lmcore.load` sets it from the checkpoint; `save` keeps it).
         self.tokenizer: SavedTokenizer | None = None
+        # The base checkpoint an adapter applies to (`lmcore.checkpoint.base_identity`), when
+        # the base was loaded from one: `save` then writes the adapter's weights alone.
+        self.adapter_base: dict[str, str] | None = None
         factory: dict[str, Any] = {"device": device, "dtype": dtype}
         self.token_embeddings = Embedding(spec.vocab_size, spec.d_model, **factory)
         # One instance per distinct positional encoding (the whole model's, then each one some
@@ -351,6 +355,8 @@ class TransformerLM(nn.Module):
             # logits sqrt(d_model) times too large.
             self.token_embeddings.weight = self.lm_head.weight
             self.register_load_state_dict_pre_hook(refuse_untied_state_dict)  # type: ignore[no-untyped-call]
+        if "adapter" in bp.parts:  # after the base is whole: it targets the base's matrices
+            apply_adapter(self, bp.parts["adapter"], **factory)
 
     def save(
         self,
@@ -358,9 +364,18 @@ class TransformerLM(nn.Module):
         *,
         metadata: Mapping[str, str] | None = None,
         tokenizer: SavedTokenizer | None = None,
+        full: bool = False,
     ) -> Path:
         """Save to one safetensors file with the spec and plugin provenance (`lmcore.save`;
-        `lmcore.load` reads it back); `tokenizer` defaults to the model's own."""
+        `lmcore.load` reads it back); `tokenizer` defaults to the model's own. A model with an
+        adapter whose base came from a checkpoint (`adapter_base`) saves the adapter's weights
+        alone, with the base's identity, unless `full`."""
+        if self.adapter_base is not None and not full and adapted(self):
+            dest = Path(path)
+            base = dict(self.adapter_base)
+            base["relative"] = os.path.relpath(base["path"], dest.parent.resolve())
+            return saving.write(dest, self.blueprint, adapter_state(self), metadata=metadata,
+                                base=base)  # fmt: skip
         return saving.write(
             path,
             self.blueprint,

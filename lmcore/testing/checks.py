@@ -14,7 +14,9 @@
   against the parallel forward, with the state it leaves; the declared state bytes);
 - `recipe_checks`: the training recipe's kinds, built as `lmcore train` builds them: an
   optimizer's groups, learning rates, resume, a quadratic and bfloat16; a schedule's values,
-  edges, warmup and purity.
+  edges, warmup and purity;
+- `adapter_checks`: the adapter kind's, in a small model: init (logits unchanged), trainable
+  (gradients reach only the adapter), merge (merged = unmerged) and state (a round trip).
 
 Each check builds the component at the kit's small test shapes, runs it on seeded random inputs
 and raises `ConformanceError` with a sentence naming what broke and how to fix it.
@@ -32,5 +34,6 @@ from lmcore.testing import (  # noqa: F401  (imported for the checks they regist
     attention_checks,
     mixer_checks,
     recipe_checks,
+    adapter_checks,
 )
 # isort: on

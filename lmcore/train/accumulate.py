@@ -2,13 +2,15 @@
 micro-batches, the whole batch's.
 
     n = micro_steps(batch_size=32, micro_batch=8, world_size=2)   # 4 micro-batches a step
+    w = micro_weights(ys, n)                                       # their shares of the batch
     for i, (x, y, _) in enumerate(micro_batches(xs, ys, n)):       # this rank's rows, in order
         with parallel.no_sync(model) if i < n - 1 else nullcontext():
-            backward(scaled(cross_entropy(model(x), y), n))
+            backward(cross_entropy(model(x), y) * w[i])
 
-Every micro-batch has as many sequences of the same length, so the batch's mean loss is the
-mean of the micro-batches' means, and its gradient the sum of theirs each scaled by 1/n: the
-update equals the whole batch's up to float rounding. Under DDP or FSDP the gradients are
+A micro-batch's loss is the mean over its kept targets (those not `IGNORE`), so the batch's
+mean loss is the micro-batches' means weighted by their shares of the kept targets (1/n each
+without a loss mask), and its gradient the sum of theirs weighted alike: the update equals the
+whole batch's up to float rounding. Under DDP or FSDP the gradients are
 synchronised once, in the last micro-batch's backward (`Parallel.no_sync` before it). Each
 micro-batch's auxiliary loss (a mixture of experts' load balancing) is scaled alike, and the
 step's is their mean: it is a function of each micro-batch's routing, as it would be of each
@@ -23,6 +25,7 @@ import torch
 from torch import Tensor
 
 from lmcore.errors import TrainError
+from lmcore.model.nn import IGNORE
 
 __all__ = ["mean_of", "micro_batches", "micro_steps", "scaled"]
 
@@ -58,11 +61,18 @@ def micro_batches(
         yield x[rows], y[rows], None if documents is None else documents[rows]
 
 
-def scaled(loss: Tensor, n: int) -> Tensor:
-    """`loss / n`, what one of `n` micro-batches contributes; `loss` itself when n is 1."""
-    return loss if n == 1 else loss / n
+def micro_weights(y: Tensor, n: int) -> Tensor | None:
+    """Each of `n` micro-batches' share of the batch's kept targets (those not `IGNORE`): a
+    micro-batch's loss is the mean over its own kept targets, so these weights make the sum the
+    whole batch's mean when a loss mask keeps more in one than in another; None for one."""
+    if n == 1:
+        return None
+    kept = (y != IGNORE).reshape(n, -1).sum(dim=1).to(torch.float32)
+    return kept / kept.sum().clamp_min(1)  # all ignored: zero weights, zero loss, no NaN
 
 
-def mean_of(values: list[Tensor]) -> Tensor:
-    """The mean of equal-weight scalars (the micro-batches' losses); the one itself for one."""
-    return values[0] if len(values) == 1 else torch.stack(values).mean()
+def weighted(values: list[Tensor], weights: Tensor | None) -> Tensor:
+    """The batch's value from its micro-batches': the one itself for one, else the weighted sum."""
+    if weights is None:
+        return values[0]
+    return (torch.stack(values) * weights.to(values[0].device)).sum()

@@ -20,6 +20,8 @@ aux_loss   the model's, in its spec                the auxiliary losses the forw
 A term that is off (or a model with no auxiliary loss) is absent, not zero: the step's loss and
 its record are then exactly what they were before terms existed. The z-loss shares the
 cross-entropy's `logsumexp` (`cross_entropy_and_log_z`), so it costs one square and one mean.
+Positions whose target is `IGNORE` (a chat prompt's tokens) count in neither: both means are
+over the kept targets (`kept_mean`), and exactly today's when none is ignored.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from typing import Any, Final
 import torch
 from torch import Tensor
 
-from lmcore.model.nn import cross_entropy_and_log_z
+from lmcore.model.nn import IGNORE, cross_entropy_and_log_z, kept_mean
 from lmcore.model.transformer import TransformerLM
 
 __all__ = ["TERMS", "Losses", "Objective", "logged", "window_means", "z_loss"]
@@ -40,10 +42,14 @@ __all__ = ["TERMS", "Losses", "Objective", "logged", "window_means", "z_loss"]
 TERMS: Final = ("z_loss", "aux_loss")  # the terms, in the order they are added and logged
 
 
-def z_loss(log_z: Tensor, coef: float) -> Tensor:
+def z_loss(log_z: Tensor, coef: float, kept: Tensor | None = None) -> Tensor:
     """PaLM's z-loss: `coef` times the mean over positions of `log_z ** 2` (`log_z`: each
-    position's log-partition function, `logsumexp` of its logits)."""
-    return log_z.square().mean() * coef
+    position's log-partition function, `logsumexp` of its logits); with `kept` (a boolean
+    mask: the targets that are not `IGNORE`) the mean over those positions alone, as the
+    cross-entropy's."""
+    if kept is None:
+        return log_z.square().mean() * coef
+    return kept_mean(log_z.square(), kept) * coef
 
 
 @dataclass(frozen=True)
@@ -87,7 +93,7 @@ class Objective:
         ce, log_z = cross_entropy_and_log_z(logits, targets)
         terms: dict[str, Tensor] = {}
         if self.z_loss > 0:
-            terms["z_loss"] = z_loss(log_z, self.z_loss)
+            terms["z_loss"] = z_loss(log_z, self.z_loss, targets != IGNORE)
         aux = None if model is None else model.aux_loss()  # None: no module left one
         if aux is not None:
             terms["aux_loss"] = aux

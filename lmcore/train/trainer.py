@@ -54,20 +54,20 @@ from torch import Tensor, nn
 
 from lmcore.atomic import atomic_path
 from lmcore.blueprint import Blueprint, resolve
-from lmcore.checkpoint import CheckpointInfo, load_weights, read_info
+from lmcore.checkpoint import CheckpointInfo, read_info
 from lmcore.data.bytecount import bytes_per_token
 from lmcore.data.packing import DocumentEvalBatches, document_sampler, packed_sampler, packing_of
 from lmcore.data.tokens import TokenData
 from lmcore.errors import TrainError
 from lmcore.model.inputs import resolve_device
-from lmcore.model.nn import cross_entropy
+from lmcore.model.nn import IGNORE, cross_entropy
 from lmcore.model.recompute import apply_recompute
-from lmcore.model.transformer import TransformerLM
 from lmcore.registry import Registry
 from lmcore.sources import Source, source_of
 from lmcore.spec import ModelSpec
-from lmcore.train.accumulate import mean_of, micro_batches, micro_steps, scaled
+from lmcore.train.accumulate import micro_batches, micro_steps, micro_weights, weighted
 from lmcore.train.config import RESUMABLE, ResolvedConfig, TrainConfig, cosine_lr, decay_roles
+from lmcore.train.finetune import check_tokenizer, initial_model, tokenizer_files
 from lmcore.train.losses import logged, window_means
 from lmcore.train.optim import clip_gradients, make_optimizer
 from lmcore.train.options import replaced
@@ -178,9 +178,16 @@ def evaluate(
 ) -> float:
     """Mean next-token cross-entropy over `batches` (equal sizes, so the mean of the batch means
     is the mean over every token), averaged across processes. NaN when `stop()` cut it short.
-    A batch of `(inputs, targets, documents)` runs the model with `documents=` (`--doc-mask`)."""
+    A batch of `(inputs, targets, documents)` runs the model with `documents=` (`--doc-mask`).
+
+    Batches with a loss mask (`batches.masked`: chat data, targets `IGNORE` where the prompt
+    is, or where a target crosses a document under `--doc-mask`) hold unequal numbers of kept
+    targets: the mean is then over every kept target of every batch (and process), each
+    batch's mean weighed by its count."""
     total = torch.zeros((), dtype=torch.float64)
+    kept = torch.zeros((), dtype=torch.float64)
     count = 0
+    weighed = bool(getattr(batches, "masked", False))
     was_training = model.training
     model.eval()
     try:
@@ -190,11 +197,20 @@ def evaluate(
             with _autocast(x.device, autocast):
                 logits = model(x, documents=docs[0]) if docs else model(x)
                 loss = cross_entropy(logits, y)
-            total = total.to(loss.device) + loss.double()
+            if weighed:
+                n = (y != IGNORE).sum().double()
+                total = total.to(loss.device) + loss.double() * n
+                kept = kept.to(n.device) + n
+            else:
+                total = total.to(loss.device) + loss.double()
             count += 1
     finally:
         model.train(was_training)
-    mean = (parallel or Parallel()).mean(total / max(count, 1))
+    par = parallel or Parallel()
+    if weighed:  # the means of the sums: their ratio is the mean over every kept target
+        both = par.mean(torch.stack([total, kept.to(total.device)]))
+        return float(both[0] / both[1].clamp(min=1))
+    mean = par.mean(total / max(count, 1))
     return float(mean)
 
 
@@ -279,6 +295,13 @@ def train(
     tokens = data if isinstance(data, TokenData) else TokenData.open(data)
     tokens.check(context_length=bp.spec.context_length, vocab_size=bp.spec.vocab_size)
     _check_documents(cfg, tokens)
+    if init is not None:  # fine-tuning: the data must be in the checkpoint's own tokens
+        check_tokenizer(init, tokens)
+    if cfg.eval_bpb and tokens.masked:
+        raise TrainError(
+            f"--eval-bpb: {tokens.path} is chat data with a loss mask, whose bits per byte would "
+            "count the prompt's bytes too; leave out --eval-bpb (val_loss is the masked loss)"
+        )
     run = Path(out)
     lock, created = claim(par, lambda: claim_new_run(run), f"--out {run}")
     info = {
@@ -300,6 +323,9 @@ def train(
         if par.is_writer:
             with atomic_path(run / TOKENIZER_FILE) as tmp:
                 shutil.copyfile(tokens.path / tokens.meta.tokenizer_file, tmp)
+            for name, text in tokenizer_files(init).items():  # its chat template, its ids
+                with atomic_path(run / name) as tmp:
+                    tmp.write_text(text, encoding="utf-8")
             write_json(run / RUN_FILE, info)
         par.barrier()
         loop = _Loop(run, info, bp, recipe, tokens, par, echo, progress, init, None, stop_after)
@@ -604,9 +630,9 @@ class _Loop:
         torch.manual_seed(cfg.seed)  # the initial weights; also numpy's and Python's RNGs,
         np.random.seed(cfg.seed % 2**32)  # for components that draw from them (numpy: 32 bits)
         random.seed(cfg.seed)
-        self.model = TransformerLM(self.bp, device=self.device, dtype=self.dtype)
-        if self.init is not None and self.start is None:
-            load_weights(self.model, self.init)
+        # the hook for what changes a pretrained model before its optimizer (an adapter)
+        init = self.init if self.start is None else None  # a resumed run loads its own below
+        self.model = initial_model(self.bp, init, device=self.device, dtype=self.dtype)
         if cfg.recompute is not None:  # inside any distributed wrapper, which goes outside
             apply_recompute(self.model, cfg.recompute)
         self.micro_steps = micro_steps(cfg.batch_size, cfg.micro_batch, self.par.world_size)
@@ -813,6 +839,9 @@ class _Loop:
         x, y, *docs = self.sampler.batch(step)  # (x, y, documents) from a document sampler
         documents = docs[0] if docs and cfg.doc_mask else None  # --pack alone: one stream
         n = self.micro_steps  # gradients summed over n micro-batches, synchronised on the last
+        # Each micro-batch weighs by its share of the kept targets (a loss mask keeps more in
+        # one than another), so the summed gradient is the whole batch's mean's.
+        w = micro_weights(y, n)
         ces: list[Tensor] = []
         terms: list[dict[str, Tensor]] = []
         for i, (xm, ym, dm) in enumerate(micro_batches(x, y, n, documents)):
@@ -820,15 +849,14 @@ class _Loop:
                 with _autocast(self.device, cfg.autocast):  # cross-entropy + the recipe's terms
                     logits = self.forward(xm) if dm is None else self.forward(xm, documents=dm)
                     losses = self.recipe.loss(logits, ym, self.model)
-                torch.autograd.backward(scaled(losses.total, n))
+                torch.autograd.backward(losses.total if w is None else losses.total * w[i])
             ces.append(losses.cross_entropy.detach())
             terms.append(losses.detached())
-        # The whole batch's means: its micro-batches are equal in size.
-        self.term_window.append({k: mean_of([t[k] for t in terms]) for k in terms[0]})
+        self.term_window.append({k: weighted([t[k] for t in terms], w) for k in terms[0]})
         norm = clip_gradients(self.model.parameters(), cfg.grad_clip)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return mean_of(ces), norm.detach()
+        return weighted(ces, w), norm.detach()
 
     def flush(self, step: int) -> int | None:
         """Write the train record of the steps since the last one (one device sync); the step

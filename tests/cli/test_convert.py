@@ -16,7 +16,7 @@ from tests.helpers.hf import HF_SPEC
 def test_convert_needs_one_direction(capsys) -> None:
     assert main(["convert"]) == 2  # usage errors: one line, status 2 (issue 11)
     assert (
-        "one of the arguments --from-hf --to-hf --from-gguf --to-gguf is required"
+        "one of the arguments --from-hf --to-hf --from-gguf --to-gguf --merge is required"
         in capsys.readouterr().err
     )
 

@@ -163,3 +163,66 @@ def test_a_vocabulary_larger_than_the_text_can_fill_is_not_reserved(
                  "1000000000"])  # fmt: skip
     assert code == 0, capsys.readouterr().err
     assert TokenData.open(tmp_path / "d").vocab_size < 10_000
+
+
+# --- --chat ----------------------------------------------------------------------------------
+
+
+def test_chat_data_from_a_checkpoint_and_a_run_trained_on_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("jinja2", reason="needs the 'chat' extra")
+    from tests.helpers.chat import chat_checkpoint, conversations, write_chats
+
+    ckpt = chat_checkpoint(tmp_path)
+    chats = write_chats(tmp_path / "c.jsonl", conversations(36))
+    out = tmp_path / "data"
+    assert main(["data", "prepare", "--chat", str(chats), "--tokenizer-from", str(ckpt),
+                 "--out", str(out), "--val-fraction", "0.25", "--context-length", "32"]) == 0
+    printed = capsys.readouterr().out
+    assert "with loss masks and document starts" in printed and "trained)" in printed
+    assert (out / "train.mask.bin").is_file() and (out / "val.docs.bin").is_file()
+    run = tmp_path / "run"
+    assert main(["train", str(ckpt), "--data", str(out), "--out", str(run), "--steps", "2",
+                 "--batch-size", "2", "--eval-batches", "1", "--device", "cpu"]) == 0
+    capsys.readouterr()
+    # a run directory is a checkpoint to fine-tune from too
+    assert main(["train", str(run), "--data", str(out), "--out", str(tmp_path / "again"),
+                 "--steps", "1", "--batch-size", "2", "--eval-batches", "1",
+                 "--device", "cpu"]) == 0  # fmt: skip
+    assert "weights from" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--chat", "{chats}"], "--chat needs --tokenizer-from CKPT"),
+        (["--tokenizer-from", "{ckpt}"], "--tokenizer-from needs --chat FILE.jsonl"),
+        (["--chat", "{chats}", "--tokenizer-from", "{ckpt}", "--vocab-size", "300"],
+         "--vocab-size: not with --chat"),
+        (["--chat", "{tmp}/missing.jsonl", "--tokenizer-from", "{ckpt}"], "does not exist"),
+        (["--chat", "{chats}", "--tokenizer-from", "{tmp}/nothing.safetensors"], "--tokenizer-from"),
+        (["--chat", "{bad}", "--tokenizer-from", "{ckpt}"], "line 2 is not JSON"),
+        (["--chat", "{chats}", "--tokenizer-from", "{plain}"], "stores no tokenizer"),
+    ],
+)
+def test_chat_errors_exit_2_with_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], message: str
+) -> None:
+    pytest.importorskip("jinja2", reason="needs the 'chat' extra")
+    import lmcore
+    from tests.helpers.chat import CHAT_SPEC, chat_checkpoint, write_chats
+
+    ckpt = chat_checkpoint(tmp_path)
+    chats = write_chats(tmp_path / "c.jsonl")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(chats.read_text().splitlines()[0] + "\n{oops\n")
+    plain = lmcore.build_model(CHAT_SPEC).save(tmp_path / "plain.safetensors")
+    names = {"chats": chats, "ckpt": ckpt, "tmp": tmp_path, "bad": bad, "plain": plain}
+    argv = [a.format(**names) for a in args]
+    code = main(["data", "prepare", *argv, "--out", str(tmp_path / "out")])
+    captured = capsys.readouterr()
+    assert code == 2 and captured.out == ""
+    assert captured.err.startswith("lmcore data prepare: error: ")
+    assert message in captured.err and captured.err.count("\n") == 1, captured.err
+    assert not (tmp_path / "out").exists()

@@ -246,3 +246,27 @@ def test_token_data_packs_its_splits(tiny_data: Path) -> None:
     assert torch.equal(x, x0)
     v = document_val_batches(data, batch_size=2, context_length=16, num_batches=2)
     assert len(v) == 2 and len(v[0]) == 3
+
+
+def test_a_loss_mask_leaves_its_targets_out_of_packed_rows_and_windows() -> None:
+    tokens, starts = corpus(LENGTHS)
+    mask = (np.arange(len(tokens)) % 3 != 0).astype(np.uint8)  # every third target left out
+    p = pack(starts, len(tokens), 16)
+    plain = PackedSampler(tokens, p, batch_size=4, eot_id=EOT, seed=1)
+    masked = PackedSampler(tokens, p, batch_size=4, eot_id=EOT, seed=1, loss_mask=mask)
+    for step in range(4):
+        (x0, y0, d0), (x, y, d) = plain.batch(step), masked.batch(step)
+        assert torch.equal(x, x0) and torch.equal(d, d0)
+        for b, r in enumerate(plain.row_indices(step).tolist()):
+            offsets = np.concatenate([np.arange(p.start[k], p.start[k] + p.size[k])
+                                      for k in range(p.row_ptr[r], p.row_ptr[r + 1])])  # fmt: skip
+            for t in range(min(16, len(offsets) - 1)):
+                want = IGNORE if mask[offsets[t + 1]] == 0 else int(y0[b, t])
+                assert int(y[b, t]) == want
+    windows = BatchSampler(tokens, batch_size=4, context_length=16, seed=2, mask=mask)
+    x0, y0 = windows.batch(0)
+    x, y, _ = DocumentSampler(windows, starts, mask_boundaries=False).batch(0)
+    assert torch.equal(x, x0) and torch.equal(y, y0)  # the windows' own loss mask, as theirs
+    val = EvalBatches(tokens, batch_size=2, context_length=8, num_batches=2, mask=mask)
+    batches = DocumentEvalBatches(val, starts, mask_boundaries=False)
+    assert batches.masked and torch.equal(batches[1][1], val[1][1])

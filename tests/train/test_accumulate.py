@@ -13,9 +13,9 @@ import torch
 
 from lmcore.data import TokenData
 from lmcore.errors import TrainError
-from lmcore.model.nn import cross_entropy
+from lmcore.model.nn import IGNORE, cross_entropy
 from lmcore.model.transformer import TransformerLM
-from lmcore.train.accumulate import mean_of, micro_batches, micro_steps, scaled
+from lmcore.train.accumulate import micro_batches, micro_steps, micro_weights, weighted
 from lmcore.train.config import TrainConfig
 from lmcore.train.runs import read_metrics, read_run
 from lmcore.train.trainer import resume, train
@@ -69,8 +69,13 @@ def test_micro_batches_are_the_rows_in_order() -> None:
     with raises_naming(TrainError, "6 rows", "4 micro-batches"):
         list(micro_batches(x, x, 4))
     loss = torch.tensor(3.0)
-    assert scaled(loss, 1) is loss and scaled(loss, 4).item() == 0.75
-    assert mean_of([loss]) is loss and mean_of([loss, torch.tensor(1.0)]).item() == 2.0
+    assert micro_weights(x, 1) is None and weighted([loss], None) is loss
+    assert micro_weights(x, 3).tolist() == pytest.approx([1 / 3] * 3)  # nothing ignored
+    y = x.clone()
+    y[:2, :3] = IGNORE  # 2 of the first micro-batch's 8 targets kept, all 8 of the others
+    assert micro_weights(y, 3).tolist() == pytest.approx([2 / 18, 8 / 18, 8 / 18])
+    assert weighted([loss, torch.tensor(1.0)], torch.tensor([0.25, 0.75])).item() == 1.5
+    assert micro_weights(torch.full((2, 2), IGNORE), 2).tolist() == [0.0, 0.0]  # no NaN
 
 
 def test_the_option_names_both_numbers() -> None:
@@ -83,16 +88,19 @@ def test_the_option_names_both_numbers() -> None:
 
 
 def test_micro_batches_of_the_mean_loss_give_the_batch_gradient() -> None:
-    """The identity the runner relies on, against autograd on the whole batch."""
+    """The identity the runner relies on, against autograd on the whole batch, with a loss mask
+    that keeps more targets in some micro-batches than in others."""
     torch.manual_seed(0)
     model = TransformerLM(SPEC)
     x = torch.randint(0, 300, (8, 16))
     y = torch.roll(x, -1, dims=1)
+    y[:3, :5] = IGNORE  # a loss mask keeping fewer targets in the first micro-batch
     cross_entropy(model(x), y).backward()
     want = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     model.zero_grad(set_to_none=True)
-    for xm, ym, _ in micro_batches(x, y, 4):
-        scaled(cross_entropy(model(xm), ym), 4).backward()
+    w = micro_weights(y, 4)
+    for i, (xm, ym, _) in enumerate(micro_batches(x, y, 4)):
+        (cross_entropy(model(xm), ym) * w[i]).backward()
     for name, p in model.named_parameters():
         assert p.grad is not None
         torch.testing.assert_close(p.grad, want[name], rtol=1e-5, atol=1e-6)

@@ -180,3 +180,19 @@ def test_a_moe_run_logs_its_aux_loss_and_the_total(tiny_data: Path, tmp_path: Pa
         assert r["aux_loss"] >= 0.5 * 2 * 2 * 0.99  # two layers, at least top_k each, × coef
         assert r["loss_total"] == pytest.approx(r["loss"] + r["z_loss"] + r["aux_loss"],
                                                 rel=1e-12)  # fmt: skip
+
+
+def test_the_z_loss_averages_over_kept_targets_only_and_is_unchanged_when_none_is_ignored() -> None:
+    from lmcore.model.nn import IGNORE
+
+    logits, targets = _logits()
+    plain = Objective(z_loss=1e-2)(logits, targets, None)
+    log_z = torch.logsumexp(logits, dim=-1)
+    assert torch.equal(plain.terms["z_loss"], log_z.square().mean() * 1e-2)  # bit for bit
+    targets[0] = IGNORE
+    masked = Objective(z_loss=1e-2)(logits, targets, None)
+    kept = targets != IGNORE
+    torch.testing.assert_close(masked.terms["z_loss"], log_z[kept].square().mean() * 1e-2)
+    ce = F.cross_entropy(logits.reshape(-1, 11), targets.reshape(-1), ignore_index=IGNORE)
+    torch.testing.assert_close(masked.cross_entropy, ce)
+    torch.testing.assert_close(z_loss(log_z, 1.0, kept), log_z[kept].square().mean())
