@@ -326,7 +326,10 @@ def _prepare_chat(
         vocab_size=vocab,
         dtype=dtype,
         eot_id=eot_id,
-        splits={n: SplitInfo(f"{n}.bin", w.tokens, w.documents) for n, w in writers.items()},
+        splits={  # the conversations' starts are the document index (--pack, --doc-mask)
+            n: SplitInfo(f"{n}.bin", w.tokens, w.documents, docs_file(n), w.documents)
+            for n, w in writers.items()
+        },
         val_fraction=val_fraction,
         split_block=0,
         sources=(SourceInfo(path=os.path.abspath(path), files=1, bytes=path.stat().st_size),),
@@ -336,6 +339,7 @@ def _prepare_chat(
         eot_token=eot_token,
         document_rule=CHAT_DOCUMENT_RULE,
         split_rule=CHAT_SPLIT_RULE,
+        starts_rule="the document index holds each conversation's first token",
         versions=versions("tokenizers", "numpy", "jinja2"),
         masks={n: mask_file(n) for n in SPLITS},
         documents={n: docs_file(n) for n in SPLITS},

@@ -4,6 +4,9 @@ One schema, written by `prepare` and read by `TokenData.open`:
 
     DIR/train.bin       token ids, a flat little-endian array of `dtype`, no header
     DIR/val.bin         the same for the validation split
+    DIR/train.starts.bin  the document index: int64 little-endian offsets into train.bin of
+                        each document's first token (`STARTS_RULE`), ascending, 0 first
+    DIR/val.starts.bin  the same for val.bin
     DIR/tokenizer.json  the Hugging Face `tokenizers` byte-level BPE that produced the ids
     DIR/meta.json       this module's `DataMeta`: vocabulary, dtype, token counts, sources, rules
 
@@ -33,6 +36,9 @@ VERSION = 1
 EOT = "<|endoftext|>"  # the end-of-text token: CS336's and GPT-2's spelling
 SPLITS = ("train", "val")
 META_FILE = "meta.json"
+STARTS_SUFFIX = ".starts.bin"  # a split's document index: train.starts.bin beside train.bin
+STARTS_DTYPE = "<i8"  # its offsets: int64, little-endian
+# What shows a directory holds prepared data (its document index comes with them).
 DATA_FILES = (*(f"{s}.bin" for s in SPLITS), TOKENIZER_FILE, META_FILE)
 BYTES = 256  # a byte-level BPE starts from every byte value
 MIN_VOCAB = BYTES + 1  # ... plus <|endoftext|>
@@ -49,6 +55,13 @@ SPLIT_RULE = (
     f"the token stream is cut into blocks: a document (up to and including its {EOT}), or "
     "split_block consecutive tokens of a longer one; a block goes to val when val holds less "
     "than val_fraction of the tokens so far, else to train"
+)
+STARTS_RULE = (
+    "a split's document index holds the offset of every token that begins a document in it: "
+    "the split's first token, each token after an end-of-text, and the first token of a block "
+    "that does not continue the split's previous block (a piece of a long document whose "
+    "previous block went to the other split); so each entry begins a run of tokens that were "
+    "consecutive in one document"
 )
 
 
@@ -67,11 +80,15 @@ def file_dtype(dtype: str) -> np.dtype[Any]:
 
 @dataclass(frozen=True)
 class SplitInfo:
-    """One split's file, its length in tokens and its number of end-of-text tokens."""
+    """One split's file, its length in tokens and its number of end-of-text tokens; and its
+    document index (`STARTS_RULE`): the file and its number of entries (None in a directory
+    prepared before lmcore wrote one)."""
 
     file: str
     tokens: int
     documents: int
+    starts_file: str | None = None
+    starts: int | None = None
 
 
 @dataclass(frozen=True)
@@ -102,6 +119,7 @@ class DataMeta:
     tokenizer_file: str = TOKENIZER_FILE
     document_rule: str = DOCUMENT_RULE
     split_rule: str = SPLIT_RULE
+    starts_rule: str | None = STARTS_RULE  # None: no document index (an older directory)
     versions: dict[str, str] = field(default_factory=dict)  # lmcore, tokenizers, numpy
     masks: dict[str, str] | None = None  # split -> its loss mask file (uint8); None: no mask
     documents: dict[str, str] | None = None  # split -> its document starts (int64); None: none
@@ -110,6 +128,11 @@ class DataMeta:
     @property
     def tokens(self) -> int:
         return sum(s.tokens for s in self.splits.values())
+
+    @property
+    def has_documents(self) -> bool:
+        """Whether every split has a document index (directories prepared before it have none)."""
+        return all(s.starts_file is not None for s in self.splits.values())
 
     @property
     def files(self) -> int:
@@ -165,6 +188,7 @@ class DataMeta:
             tokenizer_file=get.string("tokenizer_file"),
             document_rule=get.string("document_rule"),
             split_rule=get.string("split_rule"),
+            starts_rule=get.optional_string("starts_rule"),
             versions={str(k): str(v) for k, v in get.mapping("versions").items()},
             masks=get.split_files("masks"),
             documents=get.split_files("documents"),
@@ -231,10 +255,13 @@ class _Fields:
         return {s: str(files[s]) for s in SPLITS}
 
     def split(self) -> SplitInfo:
+        starts_file = self.optional_string("starts_file")  # absent before the document index
         return SplitInfo(
             file=self.string("file"),
             tokens=self.integer("tokens"),
             documents=self.integer("documents"),
+            starts_file=starts_file,
+            starts=None if starts_file is None else self.integer("starts"),
         )
 
     def source(self) -> SourceInfo:

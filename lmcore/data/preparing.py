@@ -50,6 +50,8 @@ from lmcore.data.meta import (
     META_FILE,
     MIN_VOCAB,
     SPLITS,
+    STARTS_DTYPE,
+    STARTS_SUFFIX,
     DataMeta,
     SourceInfo,
     SplitInfo,
@@ -228,7 +230,8 @@ def _prepare(
         writers: dict[str, _SplitWriter] = {}
         for name in SPLITS:
             path = stack.enter_context(atomic_path(tmp / f"{name}.bin"))
-            writers[name] = stack.enter_context(_SplitWriter(path, name, dtype, eot_id))
+            starts = stack.enter_context(atomic_path(tmp / f"{name}{STARTS_SUFFIX}"))
+            writers[name] = stack.enter_context(_SplitWriter(path, name, dtype, eot_id, starts))
         splitter = _Splitter(val_fraction, split_block, eot_id, writers["train"], writers["val"])
         bar = _bar("encode", total_bytes, progress)
         _encode(files, tok, eot_id, splitter, chunk_bytes, batch_bytes, bar)
@@ -239,7 +242,10 @@ def _prepare(
         vocab_size=vocab,
         dtype=dtype,
         eot_id=eot_id,
-        splits={n: SplitInfo(f"{n}.bin", w.tokens, w.documents) for n, w in writers.items()},
+        splits={
+            n: SplitInfo(f"{n}.bin", w.tokens, w.documents, f"{n}{STARTS_SUFFIX}", w.starts)
+            for n, w in writers.items()
+        },
         val_fraction=val_fraction,
         split_block=split_block,
         sources=_source_info(source_paths, files),
@@ -361,11 +367,19 @@ def summary_lines(r: PrepareResult) -> list[str]:
         f"{name} {s.tokens:,} ({100 * s.tokens / total:.1f}%, {s.documents:,} documents)"
         for name, s in m.splits.items()
     )
+    index = [s.starts_file for s in m.splits.values() if s.starts_file is not None]
+    starts = ", ".join(
+        f"{name} {s.starts:,} (mean {s.tokens / max(s.starts, 1):,.0f} tokens)"
+        for name, s in m.splits.items()
+        if s.starts is not None
+    )
     return [
-        f"data: {r.out_dir}: train.bin, val.bin ({m.dtype}), tokenizer.json, meta.json",
+        f"data: {r.out_dir}: train.bin, val.bin ({m.dtype}), {', '.join([*index, ''])}"
+        "tokenizer.json, meta.json",
         f"text: {m.files:,} files, {m.bytes:,} bytes of UTF-8 from {sources}{skipped}",
         f"tokenizer: byte-level BPE, {m.vocab_size:,} tokens ({m.eot_token} = {m.eot_id}), {made}",
         f"tokens: {splits}",
+        *([f"document starts: {starts} (the index of *.starts.bin)"] if starts else []),
         f"time: {r.seconds:.1f} s in all; encoding {total:,} tokens took "
         f"{r.encode_seconds:.1f} s, {r.tokens_per_second:,.0f} tokens/s",
     ]
@@ -497,24 +511,37 @@ def load_tokenizer(path: Path) -> Tokenizer:
 
 
 class _SplitWriter:
-    """Token ids appended to one split's (temporary) file, counted as they go."""
+    """Token ids appended to one split's (temporary) file, counted as they go; and, when given
+    `starts_path`, the split's document index: the offset of each document's first token."""
 
-    def __init__(self, path: Path, name: str, dtype: str, eot_id: int):
+    def __init__(
+        self, path: Path, name: str, dtype: str, eot_id: int, starts_path: Path | None = None
+    ):
         self.name, self.dtype, self.eot_id = name, file_dtype(dtype), eot_id
         self.file: IO[bytes] = path.open("wb")
+        self.starts_file: IO[bytes] | None = None if starts_path is None else starts_path.open("wb")
         self.tokens = 0
         self.documents = 0  # end-of-text tokens written
+        self.starts = 0  # document index entries written
 
     def write(self, ids: np.ndarray) -> None:
         self.file.write(np.ascontiguousarray(ids, dtype=self.dtype).data)
         self.tokens += len(ids)
         self.documents += int(np.count_nonzero(ids == self.eot_id))
 
+    def start_document(self) -> None:
+        """The next token written begins a document (meta.STARTS_RULE)."""
+        if self.starts_file is not None:  # 8 bytes through the file's buffer: memory stays flat
+            self.starts_file.write(np.array([self.tokens], dtype=STARTS_DTYPE).data)
+            self.starts += 1
+
     def __enter__(self) -> _SplitWriter:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.file.close()
+        if self.starts_file is not None:
+            self.starts_file.close()
 
 
 class _Splitter:
@@ -532,6 +559,10 @@ class _Splitter:
         self.train, self.val = train, val
         self.current: _SplitWriter | None = None  # None: the next token starts a block
         self.left = 0  # tokens the current block may still take
+        # The previous block's split, and whether it ended a document: a block begins a
+        # document in its split unless it continues the block before it there (STARTS_RULE).
+        self.previous: _SplitWriter | None = None
+        self.ended = True
 
     def add(self, ids: np.ndarray) -> None:
         ends = np.flatnonzero(ids == self.eot_id) + 1  # a block ends after each end-of-text
@@ -541,12 +572,15 @@ class _Splitter:
                 seen = self.train.tokens + self.val.tokens
                 self.current = self.val if self.val.tokens < self.fraction * seen else self.train
                 self.left = self.block
+                if self.ended or self.current is not self.previous:
+                    self.current.start_document()
             k = int(np.searchsorted(ends, pos, side="right"))
             next_end = int(ends[k]) if k < len(ends) else n + 1
             stop = min(pos + self.left, n, next_end)
             self.current.write(ids[pos:stop])
             self.left -= stop - pos
             if stop == next_end or self.left == 0:
+                self.previous, self.ended = self.current, stop == next_end
                 self.current = None
             pos = stop
 

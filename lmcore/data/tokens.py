@@ -31,7 +31,7 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
-from lmcore.data.meta import META_FILE, MIN_VOCAB, SPLITS, DataMeta, file_dtype
+from lmcore.data.meta import META_FILE, MIN_VOCAB, SPLITS, STARTS_DTYPE, DataMeta, file_dtype
 from lmcore.errors import DataError, clip, did_you_mean, one_of
 
 if TYPE_CHECKING:
@@ -78,6 +78,39 @@ def _check_tokenizer(file: Path, meta: DataMeta, where: Path, fix: str) -> None:
         )
 
 
+def _document_index(root: Path, name: str, meta: DataMeta, fix: str) -> np.ndarray:
+    """Split `name`'s document index, checked against `meta.json` and the split's length:
+    `starts` int64 offsets, the first 0, each one past the one before, all inside the split."""
+    info = meta.splits[name]
+    assert info.starts_file is not None and info.starts is not None  # meta.has_documents
+    file = _inside(root, info.starts_file, f"splits.{name}.starts_file", fix)
+    itemsize = np.dtype(STARTS_DTYPE).itemsize
+    expected = info.starts * itemsize
+    size = file.stat().st_size if file.is_file() else None
+    if size != expected:
+        found = "is missing" if size is None else f"holds {size:,} bytes"
+        raise DataError(
+            f"{file} {found}, but {META_FILE} says {info.starts:,} document starts × {itemsize} "
+            f"bytes = {expected:,}: the files do not belong together (an interrupted or partial "
+            f"copy); {fix} --force"
+        )
+    if not info.starts:
+        starts = np.empty(0, dtype=STARTS_DTYPE)
+    else:
+        starts = np.memmap(file, dtype=STARTS_DTYPE, mode="r", shape=(info.starts,))
+    # One pass over the index (8 bytes a document): a sampler trusts it to cut the split.
+    ok = (len(starts) == 0) == (info.tokens == 0) and (
+        len(starts) == 0
+        or (starts[0] == 0 and starts[-1] < info.tokens and bool(np.all(np.diff(starts) > 0)))
+    )
+    if not ok:
+        raise DataError(
+            f"{file} is not a document index of {info.file} ({info.tokens:,} tokens): its offsets "
+            f"must begin at 0, rise, and stay below the split's length; {fix} --force"
+        )
+    return starts
+
+
 class TokenData:
     """A directory written by `prepare`: both splits as read-only memmaps, and the metadata."""
 
@@ -87,8 +120,9 @@ class TokenData:
         meta: DataMeta,
         splits: dict[str, np.ndarray],
         masks: dict[str, np.ndarray] | None = None,
+        documents: dict[str, np.ndarray] | None = None,
     ):
-        self.path, self.meta, self._splits = path, meta, splits
+        self.path, self.meta, self._splits, self._documents = path, meta, splits, documents
         self._masks = masks or {}
         self._tokenizer: Tokenizer | None = None
 
@@ -160,7 +194,10 @@ class TokenData:
                 if tokens
                 else np.empty(0, dtype=np.uint8)
             )
-        return cls(root, meta, splits, masks)
+        documents = None
+        if meta.has_documents:
+            documents = {name: _document_index(root, name, meta, fix) for name in SPLITS}
+        return cls(root, meta, splits, masks, documents)
 
     @property
     def masked(self) -> bool:
@@ -171,6 +208,25 @@ class TokenData:
         """Split `name`'s loss mask (uint8, 1: a trained target), None when it has none."""
         self.split(name)  # checks the name
         return self._masks.get(name)
+
+    @property
+    def documents(self) -> dict[str, np.ndarray] | None:
+        """Each split's document index (`lmcore.data.meta.STARTS_RULE`): the offsets of its
+        documents' first tokens, int64, ascending, 0 first; None for a directory prepared
+        before lmcore recorded them."""
+        return self._documents
+
+    def document_starts(self, name: str, option: str) -> np.ndarray:
+        """Split `name`'s document index, which `option` needs: a `DataError` naming this
+        directory and how to prepare it again when it has none."""
+        if self._documents is None:
+            raise DataError(
+                f"{option} needs the document index of the data, but {self.path} has none (it "
+                f"was prepared before lmcore recorded where documents start); prepare it again: "
+                f"lmcore data prepare SOURCE... --out {self.path} --force"
+            )
+        self.split(name)  # names a split that is not one
+        return self._documents[name]
 
     @property
     def vocab_size(self) -> int:

@@ -3,7 +3,7 @@ micro-batches, the whole batch's.
 
     n = micro_steps(batch_size=32, micro_batch=8, world_size=2)   # 4 micro-batches a step
     w = micro_weights(ys, n)                                       # their shares of the batch
-    for i, (x, y) in enumerate(micro_batches(xs, ys, n)):          # this rank's rows, in order
+    for i, (x, y, _) in enumerate(micro_batches(xs, ys, n)):       # this rank's rows, in order
         with parallel.no_sync(model) if i < n - 1 else nullcontext():
             backward(cross_entropy(model(x), y) * w[i])
 
@@ -48,13 +48,17 @@ def micro_steps(batch_size: int, micro_batch: int | None, world_size: int = 1) -
     return batch_size // micro_batch
 
 
-def micro_batches(x: Tensor, y: Tensor, n: int) -> Iterator[tuple[Tensor, Tensor]]:
-    """The `n` equal consecutive slices of the rows of the inputs `x` and targets `y`."""
+def micro_batches(
+    x: Tensor, y: Tensor, n: int, documents: Tensor | None = None
+) -> Iterator[tuple[Tensor, Tensor, Tensor | None]]:
+    """The `n` equal consecutive slices of the rows of the inputs `x`, targets `y` and document
+    ids `documents` (None: None in every slice)."""
     if x.shape[0] % n:
         raise TrainError(f"a batch of {x.shape[0]} rows does not split into {n} micro-batches")
     size = x.shape[0] // n
     for i in range(n):
-        yield x[i * size : (i + 1) * size], y[i * size : (i + 1) * size]
+        rows = slice(i * size, (i + 1) * size)
+        yield x[rows], y[rows], None if documents is None else documents[rows]
 
 
 def micro_weights(y: Tensor, n: int) -> Tensor | None:

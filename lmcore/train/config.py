@@ -153,6 +153,20 @@ class TrainConfig:
             Check(lambda v, c: c.batch_size % v == 0, "a divisor of --batch-size {batch_size}"),
         ),
     )
+    pack: bool = option(
+        False,
+        "draw rows packed with whole documents (long ones cut into pieces, the rest padding) "
+        "instead of windows across the token stream; needs data with a document index "
+        "(docs/training.md)",
+        Flag(action="store_true"),
+    )
+    doc_mask: bool = option(
+        False,
+        "document masking: each token attends only to its own document, positions restart at "
+        "each document, and no target crosses into the next one (with or without --pack; "
+        "needs data with a document index)",
+        Flag(action="store_true"),
+    )
     lr: float = option(
         1e-3,
         "peak learning rate (default: {default:g})",  # reached after warmup

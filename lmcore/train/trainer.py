@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
+import functools
 import math
 import os
 import random
@@ -55,6 +56,7 @@ from lmcore.atomic import atomic_path
 from lmcore.blueprint import Blueprint, resolve
 from lmcore.checkpoint import CheckpointInfo, read_info
 from lmcore.data.bytecount import bytes_per_token
+from lmcore.data.packing import DocumentEvalBatches, document_sampler, packed_sampler, packing_of
 from lmcore.data.tokens import TokenData
 from lmcore.errors import TrainError
 from lmcore.model.inputs import resolve_device
@@ -168,7 +170,7 @@ class Parallel:
 @torch.no_grad()
 def evaluate(
     model: nn.Module,
-    batches: Iterable[tuple[Tensor, Tensor]],
+    batches: Iterable[tuple[Tensor, ...]],
     *,
     autocast: str | None = None,
     parallel: Parallel | None = None,
@@ -176,10 +178,12 @@ def evaluate(
 ) -> float:
     """Mean next-token cross-entropy over `batches` (equal sizes, so the mean of the batch means
     is the mean over every token), averaged across processes. NaN when `stop()` cut it short.
+    A batch of `(inputs, targets, documents)` runs the model with `documents=` (`--doc-mask`).
 
     Batches with a loss mask (`batches.masked`: chat data, targets `IGNORE` where the prompt
-    is) hold unequal numbers of kept targets: the mean is then over every kept target of every
-    batch (and process), each batch's mean weighed by its count."""
+    is, or where a target crosses a document under `--doc-mask`) hold unequal numbers of kept
+    targets: the mean is then over every kept target of every batch (and process), each
+    batch's mean weighed by its count."""
     total = torch.zeros((), dtype=torch.float64)
     kept = torch.zeros((), dtype=torch.float64)
     count = 0
@@ -187,11 +191,12 @@ def evaluate(
     was_training = model.training
     model.eval()
     try:
-        for x, y in batches:
+        for x, y, *docs in batches:
             if stop is not None and stop():
                 return math.nan
             with _autocast(x.device, autocast):
-                loss = cross_entropy(model(x), y)
+                logits = model(x, documents=docs[0]) if docs else model(x)
+                loss = cross_entropy(logits, y)
             if weighed:
                 n = (y != IGNORE).sum().double()
                 total = total.to(loss.device) + loss.double() * n
@@ -289,6 +294,7 @@ def train(
     )
     tokens = data if isinstance(data, TokenData) else TokenData.open(data)
     tokens.check(context_length=bp.spec.context_length, vocab_size=bp.spec.vocab_size)
+    _check_documents(cfg, tokens)
     if init is not None:  # fine-tuning: the data must be in the checkpoint's own tokens
         check_tokenizer(init, tokens)
     if cfg.eval_bpb and tokens.masked:
@@ -433,6 +439,7 @@ def _resume(
             f"rate stays at min_lr={cfg.min_lr:g})"
         )
     tokens = _open_data(root, info, data)
+    _check_documents(cfg, tokens)
     init = None
     if last is None and info.get("init") is not None:
         init = read_info(info["init"])  # restarting from step 0: the weights it began with
@@ -471,6 +478,14 @@ def _data_json(data: TokenData) -> dict[str, Any]:
         "val_tokens": data.meta.splits["val"].tokens,
         "tokenizer_sha256": digest,
     }
+
+
+def _check_documents(cfg: TrainConfig, data: TokenData) -> None:
+    """`--pack` and `--doc-mask` need the data's document index (a `DataError` naming the
+    directory and how to prepare it again when it has none)."""
+    for name, on in (("--pack", cfg.pack), ("--doc-mask", cfg.doc_mask)):
+        if on:
+            data.document_starts("train", name)
 
 
 def _open_data(
@@ -640,16 +655,29 @@ class _Loop:
         if cfg.compile:
             self.forward = torch.compile(self.forward)  # type: ignore[assignment]
         rank, world, T = self.par.rank, self.par.world_size, self.spec.context_length
-        self.sampler = self.data.sampler(
+        # Windows across the stream (today's), the same windows with document ids, or packed
+        # rows (lmcore.data.packing); evaluation keeps its fixed windows, with ids under
+        # --doc-mask, so val losses compare with and without --pack.
+        sample: Callable[..., Any] = (
+            functools.partial(packed_sampler, self.data, mask_boundaries=cfg.doc_mask)
+            if cfg.pack else
+            functools.partial(document_sampler, self.data, mask_boundaries=True)
+            if cfg.doc_mask else self.data.sampler
+        )  # fmt: skip
+        self.sampler: Any = sample(
             "train", batch_size=cfg.batch_size, context_length=T, seed=cfg.seed, rank=rank,
             world_size=world, device=self.device,
         )  # fmt: skip
-        self.val = self.data.val_batches(
+        windows = self.data.val_batches(
             batch_size=cfg.batch_size, context_length=T, num_batches=cfg.eval_batches,
             rank=rank, world_size=world, device=self.device,
         )  # fmt: skip
+        self.val: Any = windows
+        if cfg.doc_mask:
+            starts = self.data.document_starts("val", "--doc-mask")
+            self.val = DocumentEvalBatches(windows, starts, mask_boundaries=True)
         if cfg.eval_bpb:  # the bytes the fixed validation targets stand for, counted once
-            local = bytes_per_token(self.val, self.data.tokenizer())
+            local = bytes_per_token(windows, self.data.tokenizer())
             self.val_bpt = float(self.par.mean(torch.tensor(local, device=self.device)))
         return step
 
@@ -698,6 +726,10 @@ class _Loop:
             f"schedule: {self.recipe.schedule.spec}, lr {cfg.lr:g} → {cfg.min_lr:g}, warmup "
             f"{cfg.warmup}, decay_steps {cfg.decay_steps}"
         )
+        if cfg.pack:
+            self.say(packing_of(self.data, "train", spec.context_length).summary())
+        if cfg.doc_mask:
+            self.say("documents: masked (each token sees its own document; no target crosses one)")
         if self.recipe.loss.z_loss:
             self.say(f"loss: cross-entropy + z-loss × {self.recipe.loss.z_loss:g}")
         if step:
@@ -804,17 +836,19 @@ class _Loop:
         lr = self.lr_at(step + 1)
         for group in self.optimizer.param_groups:
             group["lr"] = lr * group["lr_scale"]
-        x, y = self.sampler.batch(step)
+        x, y, *docs = self.sampler.batch(step)  # (x, y, documents) from a document sampler
+        documents = docs[0] if docs and cfg.doc_mask else None  # --pack alone: one stream
         n = self.micro_steps  # gradients summed over n micro-batches, synchronised on the last
         # Each micro-batch weighs by its share of the kept targets (a loss mask keeps more in
         # one than another), so the summed gradient is the whole batch's mean's.
         w = micro_weights(y, n)
         ces: list[Tensor] = []
         terms: list[dict[str, Tensor]] = []
-        for i, (xm, ym) in enumerate(micro_batches(x, y, n)):
+        for i, (xm, ym, dm) in enumerate(micro_batches(x, y, n, documents)):
             with self.par.no_sync(self.forward) if i < n - 1 else contextlib.nullcontext():
                 with _autocast(self.device, cfg.autocast):  # cross-entropy + the recipe's terms
-                    losses = self.recipe.loss(self.forward(xm), ym, self.model)
+                    logits = self.forward(xm) if dm is None else self.forward(xm, documents=dm)
+                    losses = self.recipe.loss(logits, ym, self.model)
                 torch.autograd.backward(losses.total if w is None else losses.total * w[i])
             ces.append(losses.cross_entropy.detach())
             terms.append(losses.detached())

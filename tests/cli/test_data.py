@@ -38,7 +38,10 @@ def test_summary(corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str
     meta = TokenData.open(out).meta
     train, val = meta.splits["train"], meta.splits["val"]
     total = train.tokens + val.tokens
-    assert lines[0] == f"data: {out}: train.bin, val.bin (uint16), tokenizer.json, meta.json"
+    assert lines[0] == (
+        f"data: {out}: train.bin, val.bin (uint16), train.starts.bin, val.starts.bin, "
+        "tokenizer.json, meta.json"
+    )
     size = sum(p.stat().st_size for p in corpus.glob("*.txt"))
     assert lines[1] == f"text: 10 files, {size:,} bytes of UTF-8 from 1 source"
     assert re.fullmatch(
@@ -50,11 +53,16 @@ def test_summary(corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str
         f"{train.documents:,} documents), val {val.tokens:,} ({100 * val.tokens / total:.1f}%, "
         f"{val.documents:,} documents)"
     )
+    assert lines[4] == (
+        f"document starts: train {train.starts:,} (mean {train.tokens / train.starts:,.0f} "
+        f"tokens), val {val.starts:,} (mean {val.tokens / val.starts:,.0f} tokens) (the index "
+        "of *.starts.bin)"
+    )
     assert re.fullmatch(
         rf"time: \d+\.\d s in all; encoding {total:,} tokens took \d+\.\d s, [\d,]+ tokens/s",
-        lines[4],
+        lines[5],
     )
-    assert len(lines) == 5
+    assert len(lines) == 6
     assert captured.err == ""  # no progress bars when stderr is not a terminal
 
 

@@ -35,7 +35,10 @@ def test_quickstart_prepares_once_and_prints_the_falling_loss(
         f"  lmcore train '{qs.QUICKSTART_SPEC}' --data data/stdlib-2k --out runs/quickstart "
         "--steps 12 --batch-size 16 --lr 0.003 --eval-every 20 --eval-batches 4 --save-every 0"
     )
-    assert "data: data/stdlib-2k: train.bin, val.bin (uint16), tokenizer.json, meta.json" in lines
+    assert (
+        "data: data/stdlib-2k: train.bin, val.bin (uint16), train.starts.bin, val.starts.bin, "
+        "tokenizer.json, meta.json"
+    ) in lines
     vals = [float(m[1]) for m in re.finditer(r"^step +\d+  val (\d+\.\d+)", out, re.M)]
     assert len(vals) == 2 and vals[1] < vals[0] - 1
     assert read_run("runs/quickstart")["status"]["state"] == "done"

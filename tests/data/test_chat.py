@@ -75,6 +75,9 @@ def test_the_mask_is_the_assistants_replies_and_their_end_of_turn(
     meta = data.meta
     assert meta.masks == {"train": "train.mask.bin", "val": "val.mask.bin"}
     assert meta.documents == {"train": "train.docs.bin", "val": "val.docs.bin"}
+    # the conversations' starts are the data's document index (--pack, --doc-mask read it)
+    assert data.documents is not None and meta.has_documents
+    assert all(data.documents[s].tolist() == docs[s].tolist() for s in ("train", "val"))
     assert meta.splits["val"].documents >= 1 and meta.splits["train"].documents > meta.splits[
         "val"].documents
     assert meta.chat is not None and meta.chat["conversations"] == {"messages": 16,

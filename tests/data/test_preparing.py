@@ -154,7 +154,9 @@ def test_files_and_metadata(corpus: Path, tmp_path: Path) -> None:
         "meta.json",
         "tokenizer.json",
         "train.bin",
+        "train.starts.bin",
         "val.bin",
+        "val.starts.bin",
     ]
     raw = json.loads((out / "meta.json").read_text())
     assert raw["format"] == "lmcore-tokens" and raw["version"] == 1
@@ -471,3 +473,83 @@ def test_prepare_of_text_without_whitespace_encodes_all_of_it(tmp_path: Path) ->
     decoded = [tok.decode(s.tolist(), skip_special_tokens=True) for s in (data.train, data.val)]
     assert result.meta.tokens == len(data.train) + len(data.val)
     assert sum(map(len, decoded)) == len(letters)  # every character encoded, in blocks
+
+
+# --- the document index --------------------------------------------------------------------
+
+
+def _expected_starts(
+    docs: list[list[int]], eot: int, fraction: float, block: int
+) -> dict[str, list[int]]:
+    """meta.SPLIT_RULE and STARTS_RULE token by token: each split's document starts."""
+    count = {"train": 0, "val": 0}
+    starts: dict[str, list[int]] = {"train": [], "val": []}
+    previous, ended = None, True
+    for doc in docs:
+        i = 0
+        while i < len(doc):
+            seen = count["train"] + count["val"]
+            split = "val" if count["val"] < fraction * seen else "train"
+            if ended or split != previous:
+                starts[split].append(count[split])
+            taken = doc[i : i + block]
+            if eot in taken:
+                taken = taken[: taken.index(eot) + 1]
+            count[split] += len(taken)
+            i += len(taken)
+            previous, ended = split, taken[-1] == eot
+    return starts
+
+
+@pytest.mark.parametrize("split_block", [8192, 16])
+def test_the_document_index_marks_where_each_document_starts(
+    tmp_path: Path, split_block: int
+) -> None:
+    root = tmp_path / "corpus"
+    texts = [f"File {i}. " + SAMPLE * (1 + i % 4) for i in range(9)]
+    texts[4] = f"two documents{EOT}in one file"  # the literal end-of-text splits a file
+    for i, text in enumerate(texts):
+        write(root / f"f{i}.txt", text)
+    meta = prepare_small([root], tmp_path / "data", val_fraction=0.25, split_block=split_block,
+                         chunk_bytes=11, batch_bytes=29)  # fmt: skip
+    data = TokenData.open(tmp_path / "data")
+    tok = data.tokenizer()
+    eot = data.eot_id
+    docs = [[*tok.encode(t, add_special_tokens=False).ids, eot] for t in texts]
+    want = _expected_starts(docs, eot, 0.25, split_block)
+    assert data.documents is not None
+    for name in ("train", "val"):
+        got = data.documents[name]
+        assert got.dtype == np.dtype("<i8") and got.tolist() == want[name]
+        info = meta.splits[name]
+        assert info.starts == len(want[name]) and info.starts_file == f"{name}.starts.bin"
+        assert (tmp_path / "data" / info.starts_file).stat().st_size == 8 * info.starts
+    if split_block == 8192:  # whole documents: the offsets' steps are their token counts
+        lengths = sorted(
+            np.diff(np.append(data.documents[n], len(data.split(n)))).tolist()
+            for n in ("train", "val")
+        )
+        flat = sorted(x for part in lengths for x in part)
+        assert flat == sorted([*(len(d) for d in docs if eot not in d[:-1]),
+                               *(len(p) + 1 for d in docs if eot in d[:-1]
+                                 for p in _parts(d[:-1], eot))])  # fmt: skip
+        assert data.meta.splits["train"].starts == data.meta.splits["train"].documents
+
+
+def _parts(ids: list[int], eot: int) -> list[list[int]]:
+    out: list[list[int]] = [[]]
+    for i in ids:
+        if i == eot:
+            out.append([])
+        else:
+            out[-1].append(i)
+    return out
+
+
+def test_the_summary_names_the_index(corpus: Path, tmp_path: Path) -> None:
+    from lmcore.data.preparing import summary_lines
+
+    result = prepare([corpus], tmp_path / "data", vocab_size=400, progress=False)
+    lines = summary_lines(result)
+    assert "train.starts.bin, val.starts.bin" in lines[0]
+    assert any(line.startswith("document starts: train ") for line in lines)

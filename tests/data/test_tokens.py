@@ -15,10 +15,11 @@ import pytest
 import torch
 
 from lmcore.data import TokenData, get_batch, step_seed
+from lmcore.data.packing import document_val_batches, packed_sampler
 from lmcore.data.tokens import BatchSampler, EvalBatches
 from lmcore.errors import DataError
 from tests.helpers.errors import raises_naming
-from tests.helpers.runs import prepare_small
+from tests.helpers.runs import prepare_small, without_document_index
 
 
 def test_open_checks_the_files_against_the_metadata(corpus: Path, tmp_path: Path) -> None:
@@ -263,3 +264,52 @@ def test_a_model_vocabulary_too_small_for_the_data_gets_advice_that_works(tiny_d
     assert "--vocab-size 200" not in str(e.value)  # prepare refuses it
     with pytest.raises(DataError, match=r"or prepare the data with --vocab-size 260$"):
         tokens.check(context_length=8, vocab_size=260)
+
+
+# ------------------------------------------------------------------------------ document index
+
+
+def test_a_directory_from_before_the_document_index_loads_and_says_it_has_none(
+    tiny_data: Path, tmp_path: Path
+) -> None:
+    old = without_document_index(tiny_data, tmp_path / "old")
+    data = TokenData.open(old)
+    assert data.documents is None and not data.meta.has_documents
+    new = TokenData.open(tiny_data)
+    assert np.array_equal(data.train, new.train)  # the tokens, batches as before
+    x, _ = data.sampler(batch_size=4, context_length=16).batch(3)
+    assert torch.equal(x, new.sampler(batch_size=4, context_length=16).batch(3)[0])
+    fix = f"lmcore data prepare SOURCE... --out {old} --force"
+    for call in (
+        lambda: data.document_starts("train", "--doc-mask"),
+        lambda: packed_sampler(data, batch_size=4, context_length=16),
+        lambda: document_val_batches(data, batch_size=4, context_length=16),
+    ):
+        with raises_naming(DataError, str(old), "has none", fix) as e:
+            call()
+        assert "\n" not in str(e.value)
+    with raises_naming(DataError, "--doc-mask needs the document index"):
+        data.document_starts("train", "--doc-mask")
+
+
+@pytest.mark.parametrize(
+    "damage, facts",
+    [
+        (lambda f: f.write_bytes(f.read_bytes()[:-8]), ["holds", "document starts × 8 bytes"]),
+        (lambda f: f.unlink(), ["is missing"]),
+        (lambda f: f.write_bytes(np.array([0, 5, 5], "<i8").tobytes() + f.read_bytes()[24:]),
+         ["must begin at 0, rise"]),
+        (lambda f: f.write_bytes(np.array([1], "<i8").tobytes() + f.read_bytes()[8:]),
+         ["must begin at 0"]),
+    ],
+)
+def test_a_damaged_document_index_is_refused_by_name(
+    tiny_data: Path, tmp_path: Path, damage: Callable[[Path], Any], facts: list[str]
+) -> None:
+    import shutil
+
+    copy = tmp_path / "data"
+    shutil.copytree(tiny_data, copy)
+    damage(copy / "train.starts.bin")
+    with raises_naming(DataError, "train.starts.bin", *facts, "--force"):
+        TokenData.open(copy)

@@ -252,3 +252,20 @@ def pruned_on_first_read(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
 
     monkeypatch.setattr(lmcore.checkpoint, "read_tensors", pruned_meanwhile)
     return calls
+
+
+def without_document_index(data: Path, out: Path) -> Path:
+    """A copy of the prepared directory `data` at `out` as lmcore wrote it before the document
+    index: no *.starts.bin, and no mention of them in meta.json."""
+    import json
+    import shutil
+
+    shutil.copytree(data, out)
+    for index in out.glob("*.starts.bin"):
+        index.unlink()
+    meta = json.loads((out / "meta.json").read_text(encoding="utf-8"))
+    meta.pop("starts_rule")
+    for split in meta["splits"].values():
+        del split["starts_file"], split["starts"]
+    (out / "meta.json").write_text(json.dumps(meta, indent=2), encoding="utf-8")
+    return out

@@ -61,9 +61,11 @@ def test_micro_batches_are_the_rows_in_order() -> None:
     x = torch.arange(24).reshape(6, 4)
     parts = list(micro_batches(x, x + 100, 3))
     assert len(parts) == 3
-    assert torch.equal(torch.cat([p for p, _ in parts]), x)
-    assert torch.equal(torch.cat([q for _, q in parts]), x + 100)
-    assert all(p.shape == (2, 4) for p, _ in parts)
+    assert torch.equal(torch.cat([p for p, _, _ in parts]), x)
+    assert torch.equal(torch.cat([q for _, q, _ in parts]), x + 100)
+    assert all(p.shape == (2, 4) and d is None for p, _, d in parts)
+    with_documents = list(micro_batches(x, x + 100, 3, x + 200))  # document ids, sliced alike
+    assert torch.equal(torch.cat([d for _, _, d in with_documents]), x + 200)
     with raises_naming(TrainError, "6 rows", "4 micro-batches"):
         list(micro_batches(x, x, 4))
     loss = torch.tensor(3.0)
@@ -97,7 +99,7 @@ def test_micro_batches_of_the_mean_loss_give_the_batch_gradient() -> None:
     want = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     model.zero_grad(set_to_none=True)
     w = micro_weights(y, 4)
-    for i, (xm, ym) in enumerate(micro_batches(x, y, 4)):
+    for i, (xm, ym, _) in enumerate(micro_batches(x, y, 4)):
         (cross_entropy(model(xm), ym) * w[i]).backward()
     for name, p in model.named_parameters():
         assert p.grad is not None
@@ -165,7 +167,7 @@ def test_a_mixture_of_experts_logs_the_mean_of_its_micro_batches_aux_losses(
     x, y = TokenData.open(tiny_data).sampler(
         "train", batch_size=8, context_length=16, seed=config.seed).batch(0)  # fmt: skip
     auxes, losses = [], []
-    for xm, ym in micro_batches(x, y, 4):
+    for xm, ym, _ in micro_batches(x, y, 4):
         losses.append(cross_entropy(model(xm), ym).item())
         aux = model.aux_loss()
         assert aux is not None
