@@ -69,7 +69,8 @@ def chunk_ssd(
     chunk_decay = last.exp()[..., None]  # (BH, N, 1, 1)
     if documents is not None:  # no decay crosses a document's first token
         resets = ChunkResets.of(documents, H, N, C, x.dtype)
-        L, to_end, from_start = L * resets.within, to_end * resets.leaving, from_start * resets.entering
+        L, to_end = L * resets.within, to_end * resets.leaving
+        from_start = from_start * resets.entering
         chunk_decay = chunk_decay * resets.through[..., None, None]
     # What each chunk alone writes to the state, decayed to its end: (BH, N, P, d_state).
     written = xdt.transpose(-1, -2) @ (bh * to_end[..., None])
