@@ -2,7 +2,7 @@
 kernel given the dense document mask, and against `sdpa` with the dense mask, in one run.
 
     python benchmarks/docmask.py [--tokens 4096] [--documents 8] [--heads 16] [--head-dim 32]
-                                 [--rounds 3] [--threads N] [--device cpu|cuda]
+                                 [--rounds 5] [--threads N] [--device cpu|cuda]
 
 One training step of one attention layer's kernel: forward and backward of the attention
 operator on q, k, v of one packed row (the tinystories preset's heads at context 4,096 by
@@ -18,9 +18,10 @@ and are left out, so the ratios are the kernel's own. Variants:
 - `chunked, one document`: the row as one 4,096-token document (plain causal attention), what
   the row costs without documents.
 
-Every variant gets the same inputs and output gradient; the step's time is the median over
-`--rounds` after one warm-up step. The last rows give each variant's time over the
-document-masked one's.
+Every variant gets the same inputs and output gradient; after one warm-up step each, the
+variants take turns in each of `--rounds` rounds (so a shared machine's changing load falls on
+all of them alike) and a step's time is the variant's median. The last column gives each
+variant's time over the document-masked one's.
 """
 
 from __future__ import annotations
@@ -78,24 +79,27 @@ def steps(x: dict[str, Tensor]) -> dict[str, Callable[[], list[Tensor]]]:
     ), strict=True))  # fmt: skip
 
 
-def timed(run: Callable[[], list[Tensor]], rounds: int, cuda: bool) -> float:
-    run()  # warm-up
-    times = []
+def timed(runs: dict[str, Callable[[], list[Tensor]]], rounds: int, cuda: bool) -> dict[str, float]:
+    """Each variant's median step. The variants take turns within every round, so a change in
+    the machine's load (a shared one) falls on all of them alike."""
+    for run in runs.values():
+        run()  # warm-up
+    times: dict[str, list[float]] = {name: [] for name in runs}
     for _ in range(rounds):
-        if cuda:
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        run()
-        if cuda:
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        for name, run in runs.items():
+            if cuda:
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            run()
+            if cuda:
+                torch.cuda.synchronize()
+            times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def table(args: argparse.Namespace) -> list[str]:
     x = inputs(args.tokens, args.documents, args.heads, args.head_dim, args.device)
-    seconds = {name: timed(run, args.rounds, args.device.startswith("cuda"))
-               for name, run in steps(x).items()}  # fmt: skip
+    seconds = timed(steps(x), args.rounds, args.device.startswith("cuda"))
     lines = ["| variant | step s | × chunked, documents |", "| --- | ---: | ---: |"]
     base = seconds[VARIANTS[0]]
     for name in VARIANTS:
@@ -109,7 +113,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--documents", type=int, default=8)
     p.add_argument("--heads", type=int, default=16)
     p.add_argument("--head-dim", type=int, default=32)
-    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--threads", type=int, default=0, help="torch's threads (0: its default)")
     p.add_argument("--device", default="cpu")
     args = p.parse_args(argv)
