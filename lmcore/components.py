@@ -113,16 +113,22 @@ FEATURES: Final[Mapping[str, frozenset[str]]] = {
     # boolean mask (True = may attend); scale: takes the query scale (`scale=`, else the model
     # multiplies q itself); softcap: caps the scores, cap·tanh(s / cap) (`softcap=`); window: a
     # sliding window, each query sees its last `window` keys (`window=`); sinks: a learned
-    # logit per head added to the softmax's denominator (`sinks=`, a (H,) tensor; gpt-oss).
+    # logit per head added to the softmax's denominator (`sinks=`, a (H,) tensor; gpt-oss);
+    # documents: takes the keys' document ids (`documents=`, (B, Sk) int64, non-decreasing
+    # per row) and lets each query see only its own document's keys (packed rows).
     "attn": frozenset(
-        {"gqa", "bias", "mask", "scale", "softcap", "window", "sinks", "compile", "nocache"}
+        {"gqa", "bias", "mask", "scale", "softcap", "window", "sinks", "documents", "compile",
+         "nocache"}
     ),
     # residual: with both sub-layers giving zeros the block returns its input unchanged (the
     # stream passes through; the kit checks it).
     "block": frozenset({"residual", "compile", "nocache"}),
     # mask: takes left-padded batches (a pad token changes no state and no real token's
-    # output: attention masks pad keys, a recurrent mixer leaves its state as it was).
-    "mixer": frozenset({"mask", "compile", "nocache"}),
+    # output: attention masks pad keys, a recurrent mixer leaves its state as it was);
+    # documents: takes packed rows (`context.documents`): no information crosses a document
+    # boundary (attention within each document, a recurrent state and a convolution's tail
+    # reset at each document's first token).
+    "mixer": frozenset({"mask", "documents", "compile", "nocache"}),
     # nofsdp (optimizer): needs whole tensors (Muon's matrices), not FSDP's shards of them:
     # `lmcore train --parallel fsdp` refuses it before the run starts.
     "adapter": frozenset(),

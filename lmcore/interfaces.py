@@ -46,6 +46,9 @@ class AttentionKernel(Protocol):
     none after it). The model passes `scale`, `softcap` and `window` only when the spec sets
     them, and only to a kernel declaring the feature of that name (a kernel without "scale"
     gets q multiplied instead; one without "softcap" or "window" is refused at spec time).
+    With "documents", a document-masked forward passes `documents=`, the keys' document ids
+    `(B, Sk)` int64, non-decreasing per row: a query attends only to keys of its own document
+    (block-causal with `causal`); a kernel without it is refused by name.
     """
 
     def __call__(
@@ -82,14 +85,18 @@ class PositionalEncoding(Protocol):
 
 class LayerContext(NamedTuple):
     """What one forward hands each layer for its token mixer, besides the layer's input: the
-    positional rotation and bias, the padding mask, the layer's decoding cache and the new
-    tokens' positions. A block passes it to its mixer unchanged: `self.attn(h, context)`."""
+    positional rotation and bias, the padding mask, the layer's decoding cache, the new
+    tokens' positions and, for packed rows, their document ids. A block passes it to its mixer unchanged: `self.attn(h, context)`."""
 
     rotation: Rotation | None = None
     bias: Tensor | None = None
     mask: Tensor | None = None
     cache: Any = None  # the layer's `lmcore.model.cache.LayerCache`, or None
-    positions: Tensor | None = None  # (B or 1, T): the new tokens' absolute positions
+    positions: Tensor | None = None  # (B or 1, T): the new tokens' positions
+    # (B, T) int64 document ids, non-decreasing per row, or None (one stream): a mixer with
+    # the 'documents' feature lets no information cross a boundary; the positions then
+    # restart at 0 at each document's first token.
+    documents: Tensor | None = None
 
 
 @runtime_checkable

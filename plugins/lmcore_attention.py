@@ -35,6 +35,7 @@ def lmcore_components() -> list[Component]:
             state=lambda: (0, 0),  # its keys and values are lmcore's, counted with the kernel
             attention=lambda: ("",),
             # Left pads are masked keys: the layer takes them when its kernel has 'mask'.
-            features=frozenset({"compile", "mask"}),
+            # Documents go to its kernel, which must declare "documents" too.
+            features=frozenset({"compile", "mask", "documents"}),
         )
     ]

@@ -119,6 +119,7 @@ def lmcore_components() -> list[Component]:
             state=mamba2.state,
             validate=mamba2.validate,
             attention=lambda: ("attn",),
-            features=frozenset({"compile", "mask"}),
+            # documents: both parts keep documents apart (its kernel must declare it too).
+            features=frozenset({"compile", "mask", "documents"}),
         )
     ]

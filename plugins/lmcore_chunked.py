@@ -19,7 +19,7 @@ e.g. for left-padded batches.
 from __future__ import annotations
 
 import torch
-from jaxtyping import Bool, Float
+from jaxtyping import Bool, Float, Int
 from torch import Tensor, nn
 
 from lmcore import Arg, Component, hookimpl
@@ -31,6 +31,8 @@ class ChunkedAttention(nn.Module):
 
     Grouped-query heads attend their key/value head without a copy of k and v. Causal queries
     are aligned to the end of the keys, and key blocks wholly ahead of a query block are skipped.
+    With `documents` (the keys' document ids) a query sees only its own document's keys, and
+    the key blocks wholly before a query block's first document are skipped too.
     """
 
     def __init__(self, block_size: int = 128):
@@ -54,10 +56,11 @@ class ChunkedAttention(nn.Module):
         softcap: float | None = None,
         window: int | None = None,
         sinks: Float[Tensor, " H"] | None = None,
+        documents: Int[Tensor, "B Sk"] | None = None,
     ) -> Float[Tensor, "B H Sq D"]:
         return tiled_attention(
             q, k, v, causal=causal, mask=mask, bias=bias, key_block=self.block_size,
-            scale=scale, softcap=softcap, window=window, sinks=sinks,
+            scale=scale, softcap=softcap, window=window, sinks=sinks, documents=documents,
         )  # fmt: skip
 
     def extra_repr(self) -> str:
@@ -95,6 +98,6 @@ def lmcore_components() -> list[Component]:
             ),
             activations=chunked_activations,
             features=frozenset({"gqa", "bias", "mask", "scale", "softcap", "window", "sinks",
-                                "compile"}),
+                                "documents", "compile"}),
         )
     ]

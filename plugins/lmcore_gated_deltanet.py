@@ -138,7 +138,7 @@ class GatedDeltaNet(nn.Module):
         if valid is not None:  # a pad feeds the conv a zero, what a fresh sequence starts from
             mixed = mixed * valid[..., None].to(mixed.dtype)
         tail = None if cache is None or cache.start == 0 else cache.state["conv"]
-        mixed, new_tail = self.conv1d(mixed, tail)
+        mixed, new_tail = self.conv1d(mixed, tail, context.documents)
         if cache is not None:
             cache.state["conv"].copy_(new_tail)  # in place: the storage never moves
         wide = at_least_float32(x.dtype)
@@ -160,8 +160,9 @@ class GatedDeltaNet(nn.Module):
             o, final = recurrent_gated_delta_rule(q, k, v, g, beta, initial_state=state)
         else:
             o, final = chunk_gated_delta_rule(
-                q, k, v, g, beta, chunk_size=self.chunk_size, initial_state=state
-            )
+                q, k, v, g, beta, chunk_size=self.chunk_size, initial_state=state,
+                documents=context.documents,
+            )  # fmt: skip
         if cache is not None:
             cache.state["S"].copy_(final)
         y = self.norm(o, z.reshape(B, T, hv, dv))  # (B, T, hv, dv) in x's dtype
@@ -332,6 +333,7 @@ def lmcore_components() -> list[Component]:
             buffers=lambda: 0,
             state=state,
             validate=_validate,
-            features=frozenset({"compile", "mask"}),
+            # documents: the convolution and the delta rule's state restart at each document.
+            features=frozenset({"compile", "mask", "documents"}),
         )
     ]

@@ -162,7 +162,7 @@ class Mamba2(nn.Module):
         if valid is not None:  # a pad feeds the conv a zero, what a fresh sequence starts from
             xbc = xbc * valid[..., None].to(xbc.dtype)
         tail = None if cache is None or cache.start == 0 else cache.state["conv"]
-        xbc, new_tail = self.conv1d(xbc, tail)
+        xbc, new_tail = self.conv1d(xbc, tail, context.documents)
         if cache is not None:
             cache.state["conv"].copy_(new_tail)  # in place: the storage never moves
         wide = at_least_float32(x.dtype)
@@ -179,8 +179,9 @@ class Mamba2(nn.Module):
             y, final = recurrent_ssd(*args, D=self.D.to(wide), initial_state=state)
         else:
             y, final = chunk_ssd(
-                *args, D=self.D.to(wide), chunk_size=self.chunk_size, initial_state=state
-            )
+                *args, D=self.D.to(wide), chunk_size=self.chunk_size, initial_state=state,
+                documents=context.documents,
+            )  # fmt: skip
         if cache is not None:
             cache.state["ssm"].copy_(final)
         y = self.norm(y.reshape(B, T, self.inner), z)
@@ -412,6 +413,7 @@ def lmcore_components() -> list[Component]:
             buffers=lambda: 0,
             state=state,
             validate=validate,
-            features=frozenset({"compile", "mask"}),
+            # documents: the convolution and the SSM state restart at each document.
+            features=frozenset({"compile", "mask", "documents"}),
         )
     ]

@@ -288,6 +288,7 @@ def lmcore_components() -> list[Component]:
             temporaries=temporaries,
             state=state,
             validate=_validate,
-            features=frozenset({"compile", "mask"}),
+            # documents: attends within each document (its own operator, not the attn kernel).
+            features=frozenset({"compile", "mask", "documents"}),
         )
     ]

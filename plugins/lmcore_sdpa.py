@@ -4,11 +4,12 @@ query scale, soft-capped scores, a sliding window and attention sinks when a spe
 from __future__ import annotations
 
 import torch
-from jaxtyping import Bool, Float
+from jaxtyping import Bool, Float, Int
 from torch import Tensor, nn
 
 from lmcore import Component, hookimpl
 from lmcore.model.attention import Plan, accumulator, kept_elements, tiled_attention
+from lmcore.model.documents import same_document
 
 
 class SDPA(nn.Module):
@@ -33,7 +34,11 @@ class SDPA(nn.Module):
         softcap: float | None = None,
         window: int | None = None,
         sinks: Float[Tensor, " H"] | None = None,
+        documents: Int[Tensor, "B Sk"] | None = None,
     ) -> Float[Tensor, "B H Sq D"]:
+        if documents is not None:  # the dense block-causal mask: every tile is computed
+            same = same_document(documents, q.shape[2])
+            mask = same if mask is None else mask & same
         return tiled_attention(
             q, k, v, causal=causal, mask=mask, bias=bias, scale=scale, softcap=softcap,
             window=window, sinks=sinks,
@@ -77,6 +82,6 @@ def lmcore_components() -> list[Component]:
             ),
             activations=sdpa_activations,
             features=frozenset({"gqa", "bias", "mask", "scale", "softcap", "window", "sinks",
-                                "compile"}),
+                                "documents", "compile"}),
         )
     ]

@@ -70,7 +70,9 @@ class ShortConv(nn.Module):
         if cache is not None and cache.valid is not None:  # a pad feeds the conv a zero
             gated = gated * cache.valid[..., None].to(gated.dtype)
         tail = None if cache is None or cache.start == 0 else cache.state["conv"]
-        mixed, new_tail = causal_conv(gated, self.conv_weight, self.conv_bias, tail)
+        mixed, new_tail = causal_conv(
+            gated, self.conv_weight, self.conv_bias, tail, context.documents
+        )
         if cache is not None:
             cache.state["conv"].copy_(new_tail)  # in place: the storage never moves
         y: Tensor = self.out_proj(c * mixed)
@@ -138,6 +140,7 @@ def lmcore_components() -> list[Component]:
             buffers=lambda: 0,
             state=state,
             validate=_validate,
-            features=frozenset({"compile", "mask"}),
+            # documents: a tap into an earlier document reads a zero (a fresh sequence's).
+            features=frozenset({"compile", "mask", "documents"}),
         )
     ]

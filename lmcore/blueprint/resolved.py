@@ -103,6 +103,20 @@ class Blueprint:
                 return "attn", lbp.component("attn").name, _able(self.registry, "attn")
         return None
 
+    def documents(self) -> tuple[str, str, list[str]] | None:
+        """None when every layer takes packed rows of documents (a document-masked forward);
+        else `(kind, name, able)`: the first component that cannot (a mixer without the
+        'documents' feature, or the attention kernel of a layer whose mixer attends, without
+        it) and the registered ones of its kind that can."""
+        for _, lbp in self.groups():
+            for part in lbp.parts["mixer"].walk():
+                if part.kind == "mixer" and "documents" not in part.component.features:
+                    return "mixer", part.name, _able(self.registry, "mixer", "documents")
+            if lbp.attention_paths() and "documents" not in lbp.features("attn"):
+                name = lbp.component("attn").name
+                return "attn", name, _able(self.registry, "attn", "documents")
+        return None
+
     def norm_names(self) -> tuple[str, ...]:
         """The attribute names of the norms the block builds, from its `norms` declaration."""
         names = self.parts["block"].entry.invoke("norms", self.kwargs("block"))
@@ -169,5 +183,5 @@ class Blueprint:
         return str(self.spec)
 
 
-def _able(registry: Registry, kind: str) -> list[str]:
-    return [e.name for e in registry.entries(kind) if "mask" in e.component.features]
+def _able(registry: Registry, kind: str, feature: str = "mask") -> list[str]:
+    return [e.name for e in registry.entries(kind) if feature in e.component.features]

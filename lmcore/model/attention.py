@@ -47,148 +47,27 @@ FLOPs are counted as torch counts its fused attention (`torch.utils.flop_counter
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
-from jaxtyping import Bool, Float
+from jaxtyping import Bool, Float, Int
 from torch import Tensor
 from torch.utils.flop_counter import register_flop_formula
 
-# Tiles aim at this many score elements (1 MiB in float32): small enough to stay in a core's
-# L2 cache across the passes over a tile, large enough that the matmuls stay efficient.
-TILE_ELEMENTS = 1 << 18
-QUERY_BLOCK = 64  # queries per tile, unless more fit in TILE_ELEMENTS
-STREAM_BLOCK = 512  # keys per block of the online softmax when no weights need keeping
+from lmcore.model.tiling import (  # noqa: F401  (the tiling constants: re-exported)
+    QUERY_BLOCK,
+    STREAM_BLOCK,
+    TILE_ELEMENTS,
+    Plan,
+    accumulator,
+    kept_elements,
+)
 
 T = TypeVar("T")
 
 if TYPE_CHECKING:
     from functools import _lru_cache_wrapper
-
-
-@dataclass(frozen=True)
-class Plan:
-    """The tiling of one call, from the shapes alone: batch rows, query and key blocks."""
-
-    batch: int
-    heads: int
-    kv_heads: int
-    q_len: int
-    k_len: int
-    head_dim: int
-    causal: bool
-    key_block: int  # 0: all of a query block's keys at once, weights kept for backward
-    window: int = 0  # a query sees its last `window` keys; 0: all of them
-
-    @staticmethod
-    def of(q5: Tensor, k: Tensor, causal: bool, key_block: int, window: int = 0) -> Plan:
-        B, Hkv, Sq, G, D = q5.shape
-        return Plan(B, Hkv * G, Hkv, Sq, k.shape[2], D, causal, key_block, window)
-
-    @property
-    def group(self) -> int:
-        return self.heads // self.kv_heads
-
-    @property
-    def keep(self) -> bool:
-        return self.key_block == 0
-
-    @property
-    def offset(self) -> int:
-        return self.k_len - self.q_len  # causal queries are aligned to the end of the keys
-
-    @property
-    def query_block(self) -> int:
-        """`QUERY_BLOCK` queries, or more (a power of two) while a tile of one batch row stays
-        within `TILE_ELEMENTS`, e.g. against a narrow key block. Recomputing, within that many
-        per torch thread: the query blocks then decide nothing that is kept for backward."""
-        budget = TILE_ELEMENTS * (1 if self.keep else torch.get_num_threads())
-        fit = budget // max(1, self.heads * (self.key_block or self.k_len))
-        return max(QUERY_BLOCK, 1 << max(0, fit.bit_length() - 1))
-
-    @property
-    def batch_block(self) -> int:
-        """Batch rows per tile: as many as `TILE_ELEMENTS` per torch thread holds (each thread
-        works on its share of a tile's heads in its own cache; fewer, larger operations keep
-        the threads from waiting on each other). Only how batch rows are grouped depends on
-        the thread count, not what is computed or kept."""
-        cols = self.key_block or self.k_len
-        per_row = self.heads * min(self.query_block, self.q_len) * cols
-        budget = TILE_ELEMENTS * torch.get_num_threads()
-        return max(1, min(self.batch, budget // max(1, per_row)))
-
-    @property
-    def whole(self) -> bool:
-        """Whether the call is one tile (every batch row, query and key at once) within one
-        thread's budget, and so on any number of threads. From the shapes alone, without the
-        thread count: torch.compile traces it (a call returning an int would break its graph)."""
-        cols = self.key_block or self.k_len
-        return (
-            self.k_len <= cols
-            and self.q_len <= QUERY_BLOCK
-            and self.batch * self.heads * self.q_len * cols <= TILE_ELEMENTS
-        )
-
-    def batch_blocks(self) -> list[tuple[int, int]]:
-        n = self.batch_block
-        return [(b0, min(b0 + n, self.batch)) for b0 in range(0, self.batch, n)]
-
-    def query_blocks(self) -> list[tuple[int, int, int, int]]:
-        """`(i0, i1, kbeg, kend)`: each block of queries and the keys it may see, from the first
-        within its first query's window to the last its last query may see."""
-        n, out = self.query_block, []
-        for i0 in range(0, self.q_len, n):
-            i1 = min(i0 + n, self.q_len)
-            kend = min(self.k_len, i1 + self.offset) if self.causal else self.k_len
-            kbeg = max(0, i0 + self.offset - self.window + 1) if self.window else 0
-            out.append((i0, i1, min(kbeg, kend), kend))
-        return out
-
-    def key_blocks(self, kbeg: int, kend: int) -> list[tuple[int, int]]:
-        step = self.key_block or max(1, kend - kbeg)
-        return [(j0, min(j0 + step, kend)) for j0 in range(kbeg, kend, step)]
-
-    def kept_shapes(self) -> list[tuple[int, int, int]]:
-        """Shapes of the weights `key_block=0` keeps, one `(bb·Hkv, n·G, kend - kbeg)` per
-        tile."""
-        if not self.keep:
-            return []
-        return [
-            ((b1 - b0) * self.kv_heads, (i1 - i0) * self.group, kend - kbeg)
-            for b0, b1 in self.batch_blocks()
-            for i0, i1, kbeg, kend in self.query_blocks()
-        ]
-
-
-def kept_elements(plan: Plan) -> int:
-    """Score elements the kept-weights mode saves for backward (0 when it recomputes): the
-    sum over `kept_shapes`, in closed form, so that a declaration for any batch or sequence
-    (`describe`, the size check) costs no loop over the tiles."""
-    if not plan.keep:
-        return 0
-    if not plan.causal:
-        if plan.window:  # not a call the model makes: the tiles, counted one by one
-            return sum(a * b * c for a, b, c in plan.kept_shapes())
-        per_head = plan.q_len * plan.k_len
-    else:  # full query blocks t = 0.. see keys up to (t + 1)·n + offset; a last partial one all
-        n = plan.query_block
-        full, rest = divmod(plan.q_len, n)
-        if not plan.window:
-            per_head = n * n * full * (full + 1) // 2 + n * plan.offset * full + rest * plan.k_len
-        else:  # block t starts at key max(0, t·n + c): at 0 for the first m blocks
-            c = plan.offset - plan.window + 1
-            m = min(full, -c // n + 1) if c <= 0 else 0
-            per_head = n * (n * m * (m + 1) // 2 + plan.offset * m)
-            per_head += n * (full - m) * (n + plan.window - 1)
-            per_head += rest * (plan.k_len - max(0, full * n + c))
-    return plan.batch * plan.heads * per_head
-
-
-def accumulator(dtype: torch.dtype) -> torch.dtype:
-    """The dtype of scores, softmax statistics and gradients: float32 or wider."""
-    return torch.promote_types(dtype, torch.float32)
 
 
 @lru_cache(maxsize=8)
@@ -283,6 +162,36 @@ def _diagonal(plan: Plan, i: tuple[int, int], j: tuple[int, int]) -> tuple[int, 
     return first - j[0], first - i[0] - plan.offset
 
 
+class _Spans:
+    """Where the document of each query starts, for a document-masked call: on the device for
+    the tiles' masks, and on the host for the tiling, which starts each query block's keys at
+    its first query's document and masks only the tiles that hold keys before a later one's."""
+
+    def __init__(self, documents: Tensor, plan: Plan):
+        from lmcore.model.documents import document_starts
+
+        self.starts = document_starts(documents)[:, plan.offset :]  # (B, Sq)
+        self.host = self.starts.cpu()  # one synchronisation per call
+        self.keys: dict[tuple[int, int], Tensor] = {}
+
+    def first(self, b: tuple[int, int], i0: int) -> int:
+        """The first key any query of the block (rows b, from query i0 on) may see."""
+        return int(self.host[b[0] : b[1], i0].min())
+
+    def needs_mask(self, b: tuple[int, int], i: tuple[int, int], j0: int) -> bool:
+        """Whether a tile from key j0 on holds a key before some query's document start."""
+        return j0 < int(self.host[b[0] : b[1], i[1] - 1].max())
+
+    def mask(self, b: tuple[int, int], i: tuple[int, int], j: tuple[int, int]) -> Tensor:
+        """`(bb, 1, n, 1, kb)`: True where key j lies in query i's document (at or after its
+        start; the causal part is the tile's own)."""
+        keys = self.keys.get(j)
+        if keys is None:
+            keys = self.keys[j] = torch.arange(*j, device=self.starts.device)
+        seen = keys >= self.starts[b[0] : b[1], i[0] : i[1], None]  # (bb, n, kb)
+        return seen[:, None, :, None, :]
+
+
 def _scores(
     qt: Tensor,
     kt: Tensor,
@@ -294,10 +203,12 @@ def _scores(
     j: tuple[int, int],
     softcap: float = 0.0,
     tanh: list[Tensor] | None = None,
+    spans: _Spans | None = None,
 ) -> Tensor:
     """One tile's scores `(scale·q) kᵀ`, capped (`cap·tanh(s / cap)`, with `softcap`), plus
-    the bias, in float32 (or wider), -inf where masked: `(bb·Hkv, n·G, kb)`. With a capped
-    tile, `tanh` (a list) receives `tanh(s / cap)`, whose `1 - tanh²` the backward needs."""
+    the bias, in float32 (or wider), -inf where masked (or, with `spans`, in another
+    document): `(bb·Hkv, n·G, kb)`. With a capped tile, `tanh` (a list) receives
+    `tanh(s / cap)`, whose `1 - tanh²` the backward needs."""
     s = torch.bmm(qt, kt.transpose(1, 2))
     if s.dtype != (acc := accumulator(s.dtype)):
         s = s.to(acc)
@@ -313,6 +224,8 @@ def _scores(
             s5.add_(_tile(bias, b, i, j, plan.kv_heads))
         if mask is not None:
             s5.masked_fill_(~_tile(mask, b, i, j, plan.kv_heads), -math.inf)
+    if spans is not None and spans.needs_mask(b, i, j[0]):
+        s.view(-1, plan.kv_heads, n, G, kb).masked_fill_(~spans.mask(b, i, j), -math.inf)
     if (diagonal := _diagonal(plan, i, j)) is not None:
         # Only the columns ahead of the tile's first query hold masked scores; they get a
         # cached (n, 1, width) pattern, broadcast over the G heads of each row.
@@ -362,17 +275,20 @@ def _attend(
     window: int,
     sinks: Tensor | None = None,
     stats: bool = True,
+    documents: Tensor | None = None,
 ) -> list[Tensor]:
     """`[out (B, H, Sq, D), stat (B, Hkv, Sq, G, 1), *kept weights]` for q5 `(B, Hkv, Sq, G,
     D)` and k, v `(B, Hkv, Sk, D)`, in any strides. `stat` is each row's softmax denominator
     when the weights are kept, else its log-sum-exp; left unfilled when not `stats` (no
     backward will read it). With `sinks (H,)` and kept weights, the sink's weight of each row
-    `(B, Hkv, Sq, G, 1)` follows the kept weights."""
-    plan = Plan.of(q5, k, causal, key_block, window)
+    `(B, Hkv, Sq, G, 1)` follows the kept weights. With `documents (B, Sk)` (recomputing
+    only), each query block starts at its first query's document."""
+    plan = Plan.of(q5, k, causal, key_block, window, documents is not None)
     B, Hkv, Sq, G, D = q5.shape
     Sk, acc = plan.k_len, accumulator(q5.dtype)
+    spans = None if documents is None else _Spans(documents, plan)
     # Rows may have every key (of a block) masked.
-    guard = mask is not None or bias is not None or window > 0
+    guard = mask is not None or bias is not None or window > 0 or spans is not None
     out = q5.new_empty(B, Hkv * G, Sq, D)
     out5 = out.view(B, Hkv, G, Sq, D).transpose(2, 3)  # (B, Hkv, Sq, G, D), a view
     stat = q5.new_empty(B, Hkv, Sq, G, 1, dtype=acc)
@@ -384,6 +300,8 @@ def _attend(
         # projections: the matmuls read them in place.
         kf, vf = k[b0:b1].reshape(-1, Sk, D), v[b0:b1].reshape(-1, Sk, D)
         for i0, i1, kbeg, kend in plan.query_blocks():
+            if spans is not None:  # the keys before every query's document are skipped
+                kbeg = min(max(kbeg, spans.first((b0, b1), i0)), kend)
             n = i1 - i0
             qt = q5[b0:b1, :, i0:i1].reshape(-1, n * G, D) * scale  # (bb·Hkv, n·G, D)
             m = total = o = sink = None
@@ -393,7 +311,8 @@ def _attend(
                 o = qt.new_zeros(qt.shape, dtype=acc)
             for j0, j1 in plan.key_blocks(kbeg, kend):
                 s = _scores(
-                    qt, kf[:, j0:j1], bias, mask, plan, (b0, b1), (i0, i1), (j0, j1), softcap
+                    qt, kf[:, j0:j1], bias, mask, plan, (b0, b1), (i0, i1), (j0, j1), softcap,
+                    spans=spans,
                 )
                 block_max = s.amax(dim=-1, keepdim=True)  # (bb·Hkv, n·G, 1)
                 new_max = block_max if m is None else torch.maximum(m, block_max)
@@ -470,17 +389,22 @@ def _attend_whole(
 def _forward(
     q5: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, mask: Tensor | None,
     sinks: Tensor | None, causal: bool, key_block: int, scale: float, softcap: float, window: int,
+    documents: Tensor | None,
 ) -> list[Tensor]:  # fmt: skip
     """`_attend` as one operator: autograd's node and torch.compile's opaque call."""
-    return _attend(q5, k, v, bias, mask, causal, key_block, scale, softcap, window, sinks)
+    return _attend(
+        q5, k, v, bias, mask, causal, key_block, scale, softcap, window, sinks,
+        documents=documents,
+    )  # fmt: skip
 
 
 @_forward.register_fake
 def _(
     q5: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, mask: Tensor | None,
     sinks: Tensor | None, causal: bool, key_block: int, scale: float, softcap: float, window: int,
+    documents: Tensor | None,
 ) -> list[Tensor]:  # fmt: skip
-    plan = Plan.of(q5, k, causal, key_block, window)
+    plan = Plan.of(q5, k, causal, key_block, window)  # documents come only when nothing is kept
     B, Hkv, Sq, G, D = q5.shape
     acc = accumulator(q5.dtype)
     out = q5.new_empty(B, Hkv * G, Sq, D)
@@ -505,13 +429,15 @@ def _backward(
     dout: Tensor, q5: Tensor, k: Tensor, v: Tensor, out: Tensor, stat: Tensor,
     bias: Tensor | None, mask: Tensor | None, sinks: Tensor | None, kept: list[Tensor],
     causal: bool, key_block: int, scale: float, softcap: float, window: int, bias_grad: bool,
+    documents: Tensor | None,
 ) -> list[Tensor]:  # fmt: skip
     """`[dq5, dk, dv]`, plus the bias's gradient when `bias_grad`, then the sinks' when
     `sinks` is given."""
-    plan = Plan.of(q5, k, causal, key_block, window)
+    plan = Plan.of(q5, k, causal, key_block, window, documents is not None)
     B, Hkv, Sq, G, D = q5.shape
     H, Sk, acc, low = plan.heads, plan.k_len, stat.dtype, q5.dtype
-    guard = mask is not None or bias is not None or window > 0
+    spans = None if documents is None else _Spans(documents, plan)
+    guard = mask is not None or bias is not None or window > 0 or spans is not None
     # Lower-precision q, k, v are widened once: the backward runs in float32 throughout.
     q5, k, v = q5.to(acc), k.to(acc), v.to(acc)
     # dO and delta = rowsum(dO ∘ O) in the tiles' (B, Hkv, Sq, G, ·) row order. With kept
@@ -542,6 +468,8 @@ def _backward(
         rows = slice(b0 * Hkv, b1 * Hkv)
         kf, vf = k[b0:b1].reshape(-1, Sk, D), v[b0:b1].reshape(-1, Sk, D)
         for i0, i1, kbeg, kend in plan.query_blocks():
+            if spans is not None:  # as the forward tiled them
+                kbeg = min(max(kbeg, spans.first((b0, b1), i0)), kend)
             n = i1 - i0
             qt = q5[b0:b1, :, i0:i1].reshape(-1, n * G, D)  # unscaled: scale goes on dk, dq
             do = dos[b0:b1, :, i0:i1].reshape(-1, n * G, D)
@@ -556,7 +484,9 @@ def _backward(
                         raw = torch.bmm(qt * scale, kf[:, j0:j1].transpose(1, 2))
                         tanh.append(raw.div_(softcap).tanh_())
                 else:
-                    s = _scores(qt * scale, kf[:, j0:j1], bias, mask, plan, *tile, softcap, tanh)
+                    s = _scores(
+                        qt * scale, kf[:, j0:j1], bias, mask, plan, *tile, softcap, tanh, spans
+                    )
                     lse = stat[b0:b1, :, i0:i1].reshape(-1, n * G, 1)
                     p = _weights(s, lse, plan, (i0, i1), (j0, j1), guard)
                 dv[rows, j0:j1].baddbmm_(p.transpose(1, 2), do)
@@ -590,6 +520,7 @@ def _(
     dout: Tensor, q5: Tensor, k: Tensor, v: Tensor, out: Tensor, stat: Tensor,
     bias: Tensor | None, mask: Tensor | None, sinks: Tensor | None, kept: list[Tensor],
     causal: bool, key_block: int, scale: float, softcap: float, window: int, bias_grad: bool,
+    documents: Tensor | None,
 ) -> list[Tensor]:  # fmt: skip
     # Contiguous, as the real gradients are (empty_like would copy the inputs' strides).
     grads = [q5.new_empty(q5.shape), k.new_empty(k.shape), v.new_empty(v.shape)]
@@ -610,14 +541,14 @@ def _backward_flops(dout_shape: Any, q5_shape: Any, k_shape: Any, *args: Any, **
 
 
 def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: list[Tensor]) -> None:
-    q5, k, v, bias, mask, sinks, causal, key_block, scale, softcap, window = inputs
+    q5, k, v, bias, mask, sinks, causal, key_block, scale, softcap, window, documents = inputs
     out, stat, *kept = output
     ctx.set_materialize_grads(False)  # only `out` gets a gradient
     ctx.causal, ctx.key_block = causal, key_block
     ctx.scale, ctx.softcap, ctx.window = scale, softcap, window
     # A mask, and a bias that needs no gradient, are inputs shared by every layer (pos=alibi
     # makes one bias per forward): held by reference, not counted as this layer's activations.
-    ctx.bias, ctx.mask = bias, mask
+    ctx.bias, ctx.mask, ctx.documents = bias, mask, documents
     ctx.bias_grad = bias is not None and bias.requires_grad
     ctx.sinks = sinks is not None
     ctx.save_for_backward(q5, k, v, out, stat, *([sinks] if sinks is not None else []), *kept)
@@ -626,16 +557,16 @@ def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: list[Tensor]) -> N
 def _autograd_backward(ctx: Any, grads: list[Tensor | None]) -> tuple[Tensor | None, ...]:
     dout = grads[0]
     if dout is None:
-        return (None,) * 11
+        return (None,) * 12
     q5, k, v, out, stat, *kept = ctx.saved_tensors
     sinks = kept.pop(0) if ctx.sinks else None
     got = torch.ops.lmcore.tiled_attention_backward(
         dout, q5, k, v, out, stat, ctx.bias, ctx.mask, sinks, kept, ctx.causal, ctx.key_block,
-        ctx.scale, ctx.softcap, ctx.window, ctx.bias_grad,
+        ctx.scale, ctx.softcap, ctx.window, ctx.bias_grad, ctx.documents,
     )  # fmt: skip
     dbias = got[3] if ctx.bias_grad else None
     dsinks = got[-1] if sinks is not None else None
-    return got[0], got[1], got[2], dbias, None, dsinks, *(None,) * 5
+    return got[0], got[1], got[2], dbias, None, dsinks, *(None,) * 6
 
 
 torch.library.register_autograd(
@@ -660,14 +591,21 @@ def tiled_attention(
     softcap: float | None = None,
     window: int | None = None,
     sinks: Float[Tensor, " H"] | None = None,
+    documents: Int[Tensor, "B Sk"] | None = None,
 ) -> Float[Tensor, "B H Sq D"]:
     """`softmax(cap(scale · q kᵀ) + bias) v` in tiles (module docstring); `mask` True = may
     attend; `scale` defaults to 1 / sqrt(D); `softcap` caps the scores, `cap·tanh(s / cap)`;
     `window` lets a query see only its last `window` keys; `sinks` adds `exp(sinks[h])` to
-    the softmax's denominator of head h. `key_block=None` keeps each tile's
-    weights for backward, an int recomputes them. When no gradient is wanted (inference),
-    nothing needs keeping: keys are streamed in blocks of `STREAM_BLOCK` whatever `key_block`
-    says, and memory stays linear in the sequence."""
+    the softmax's denominator of head h; `documents` (the keys' document ids, non-decreasing
+    along each row) lets a query see only the keys of its own document. `key_block=None` keeps
+    each tile's weights for backward, an int recomputes them. When no gradient is wanted
+    (inference), nothing needs keeping: keys are streamed in blocks of `STREAM_BLOCK` whatever
+    `key_block` says, and memory stays linear in the sequence.
+
+    With `documents` and recomputed weights, each block of queries starts at its first query's
+    document and blocks are at most `DOCUMENT_BLOCKS` key blocks long: the tiles wholly in
+    other documents are never computed. With kept weights (whose shapes must follow from the
+    shapes alone) the documents become a dense `(B, 1, Sq, Sk)` mask."""
     grad = _wants_grad(q, k, v, bias, sinks)
     if key_block is None and not grad:
         key_block = STREAM_BLOCK
@@ -676,6 +614,14 @@ def tiled_attention(
     q5 = q.view(B, Hkv, H // Hkv, Sq, D).transpose(2, 3)  # (B, Hkv, Sq, G, D), a view
     factor = 1.0 / math.sqrt(D) if scale is None else float(scale)
     options = (factor, float(softcap or 0.0), int(window or 0))
+    if documents is not None:
+        plan = Plan.of(q5, k, causal, key_block or 0, options[2], True)
+        if plan.keep or (not grad and plan.whole):  # the tiling must not depend on them
+            from lmcore.model.documents import same_document
+
+            same = same_document(documents, Sq)
+            mask = same if mask is None else _as_4d(mask) & same
+            documents = None
     args = (q5, k, v, _as_4d(bias), _as_4d(mask), sinks, causal, key_block or 0, *options)
     if not grad:
         # Without a gradient the operator has nothing to add: no autograd node, no softmax
@@ -683,10 +629,10 @@ def tiled_attention(
         # one tile (a decoding step's few queries) runs as plain operators, which
         # torch.compile traces and fuses; a larger one calls the tiling directly, except
         # under torch.compile, which keeps seeing one opaque operator there.
-        plan = Plan.of(q5, k, causal, key_block or 0, options[2])
-        if plan.whole:
+        plan = Plan.of(q5, k, causal, key_block or 0, options[2], documents is not None)
+        if plan.whole and documents is None:
             return _attend_whole(*args[:5], plan, *options[:2], sinks)
         if not torch.compiler.is_compiling():
-            return _attend(*args[:5], *args[6:], sinks, stats=False)[0]
-    out: Tensor = _forward(*args)[0]
+            return _attend(*args[:5], *args[6:], sinks, stats=False, documents=documents)[0]
+    out: Tensor = _forward(*args, documents)[0]  # no defaults: autograd counts every input
     return out

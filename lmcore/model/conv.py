@@ -13,7 +13,7 @@ are views of it). Not a matmul, so it adds no FLOPs by the 2·m·n·p rule lmcor
 from __future__ import annotations
 
 import torch
-from jaxtyping import Float
+from jaxtyping import Float, Int
 from torch import Tensor, nn
 
 from lmcore.model.roles import BIAS, CONV, Role
@@ -24,9 +24,12 @@ def causal_conv(
     weight: Float[Tensor, "C K"],
     bias: Float[Tensor, " C"] | None = None,
     tail: Float[Tensor, "B C K1"] | None = None,
+    documents: Int[Tensor, "B T"] | None = None,
 ) -> tuple[Float[Tensor, "B T C"], Float[Tensor, "B C K1"]]:
     """`(y, tail)`: the causal depthwise convolution of `x` along T (module docstring), and its
-    last `K - 1` inputs `(B, C, K - 1)` to continue it. `tail` None: zeros before the first."""
+    last `K - 1` inputs `(B, C, K - 1)` to continue it. `tail` None: zeros before the first.
+    With `documents` (packed rows) a tap that reaches into an earlier document reads a zero,
+    as at the start of a sequence."""
     B, T, C = x.shape
     K = weight.shape[1]
     if tail is None:
@@ -35,11 +38,21 @@ def causal_conv(
         before = tail.transpose(1, 2).to(x.dtype)  # (B, K-1, C)
     padded = torch.cat([before, x], dim=1)  # (B, K-1+T, C)
     y = padded[:, K - 1 :] * weight[:, K - 1]
+    seen = None if documents is None else _within(documents, K)
     for j in range(K - 1):
-        y = y + padded[:, j : j + T] * weight[:, j]
+        tap = padded[:, j : j + T] * weight[:, j]
+        y = y + (tap if seen is None else tap * seen[K - 1 - j].to(tap.dtype))
     if bias is not None:
         y = y + bias
     return y, padded[:, T:].transpose(1, 2)  # the last K-1 inputs, (B, C, K-1)
+
+
+def _within(documents: Int[Tensor, "B T"], K: int) -> list[Tensor]:
+    """`seen[s] (B, T, 1)`: whether the input s tokens back lies in the token's document."""
+    from lmcore.model.documents import document_starts
+
+    back = torch.arange(documents.shape[1], device=documents.device) - document_starts(documents)
+    return [(back >= s)[..., None] for s in range(K)]
 
 
 class DepthwiseConv(nn.Module):
@@ -67,9 +80,12 @@ class DepthwiseConv(nn.Module):
         )
 
     def forward(
-        self, x: Float[Tensor, "B T C"], tail: Float[Tensor, "B C K1"] | None
+        self,
+        x: Float[Tensor, "B T C"],
+        tail: Float[Tensor, "B C K1"] | None,
+        documents: Int[Tensor, "B T"] | None = None,
     ) -> tuple[Float[Tensor, "B T C"], Float[Tensor, "B C K1"]]:
-        return causal_conv(x, self.weight[:, 0], self.bias, tail)
+        return causal_conv(x, self.weight[:, 0], self.bias, tail, documents)
 
     def parameter_roles(self) -> dict[str, Role]:
         return {"weight": CONV, "bias": BIAS}

@@ -31,8 +31,10 @@ inputs' dtype: the caller chooses it (lmcore's layer runs them in float32 at lea
 from __future__ import annotations
 
 import torch
-from jaxtyping import Float
+from jaxtyping import Float, Int
 from torch import Tensor
+
+from lmcore.model.documents import ChunkResets
 
 
 def chunk_gated_delta_rule(
@@ -45,11 +47,13 @@ def chunk_gated_delta_rule(
     scale: float | None = None,
     chunk_size: int = 64,
     initial_state: Float[Tensor, "B H dk dv"] | None = None,
+    documents: Int[Tensor, "B T"] | None = None,
 ) -> tuple[Float[Tensor, "B T H dv"], Float[Tensor, "B H dk dv"]]:
     """`(o, state)`: the gated delta rule over T tokens in chunks of `chunk_size` (the module
     docstring), from `initial_state` (None: zeros); `scale` multiplies q (None: d_k^-1/2). A
     sequence shorter than a chunk is one chunk of its length; a last partial chunk is padded
-    with tokens that change nothing (k = v = β = 0, no decay)."""
+    with tokens that change nothing (k = v = β = 0, no decay). With `documents` (packed rows)
+    the state is reset at each document's first token (`lmcore.model.documents.ChunkResets`)."""
     B, T, H, dk = k.shape
     dv = v.shape[-1]
     scale = dk**-0.5 if scale is None else scale
@@ -63,6 +67,10 @@ def chunk_gated_delta_rule(
     later = torch.ones(C, C, dtype=torch.bool, device=q.device).triu(1)
     # D_ij = exp(γ_i - γ_j) for j <= i, exactly 0 above the diagonal (exp(-inf)).
     D = (gamma[..., :, None] - gamma[..., None, :]).masked_fill(later, float("-inf")).exp()
+    resets = None
+    if documents is not None:  # no decay crosses a document's first token
+        resets = ChunkResets.of(documents, H, N, C, q.dtype)
+        D = D * resets.within
     kb = k * beta[..., None]
     # (I + A)⁻¹ by a solve against the identity: the solve reads A's strict lower part only;
     # with C columns it is cheaper than solving for the d_v + d_k columns of U0 and W.
@@ -70,10 +78,13 @@ def chunk_gated_delta_rule(
     eye = torch.eye(C, dtype=q.dtype, device=q.device).expand_as(A)
     inverse = torch.linalg.solve_triangular(A, eye, upper=False, unitriangular=True)
     U0 = inverse @ (v * beta[..., None])  # (BH, N, C, dv)
-    W = inverse @ (kb * gamma.exp()[..., None])  # (BH, N, C, dk)
+    W = inverse @ (kb * _entering(gamma.exp(), resets)[..., None])  # (BH, N, C, dk)
     last = gamma[..., -1:]  # (BH, N, 1)
-    k_tail_t = (k * (last - gamma).exp()[..., None]).transpose(-1, -2)  # (BH, N, dk, C)
+    to_end = (last - gamma).exp() if resets is None else (last - gamma).exp() * resets.leaving
+    k_tail_t = (k * to_end[..., None]).transpose(-1, -2)  # (BH, N, dk, C)
     chunk_decay = last.exp()[..., None]  # (BH, N, 1, 1): k_tail is k decayed to the chunk's end
+    if resets is not None:
+        chunk_decay = chunk_decay * resets.through[..., None, None]
 
     S = q.new_zeros(B * H, dk, dv)
     if initial_state is not None:
@@ -89,9 +100,14 @@ def chunk_gated_delta_rule(
 
     qs = q * scale
     scores = (qs @ k.transpose(-1, -2)) * D  # (BH, N, C, C), causal within the chunk
-    o = (qs * gamma.exp()[..., None]) @ S_in + scores @ U  # (BH, N, C, dv)
+    o = (qs * _entering(gamma.exp(), resets)[..., None]) @ S_in + scores @ U  # (BH, N, C, dv)
     o = o.reshape(B, H, N * C, dv)[:, :, :T].transpose(1, 2)
     return o, S.reshape(B, H, dk, dv)
+
+
+def _entering(decay: Tensor, resets: ChunkResets | None) -> Tensor:
+    """The decay from a chunk's start, zero for the tokens a document boundary cuts off."""
+    return decay if resets is None else decay * resets.entering
 
 
 def _chunked(t: Float[Tensor, "B T H D"], N: int, C: int) -> Float[Tensor, "BH N C D"]:

@@ -1,4 +1,4 @@
-"""Checks of what a model is given: build options, token ids and positions.
+"""Checks of what a model is given: build options, token ids, positions and document ids.
 
 Bad input raises `ModelInputError` (a `ValueError`) or `ModelInputTypeError` (a `TypeError`)
 naming the value, where it is and what is allowed, never an opaque index error deep inside;
@@ -69,6 +69,30 @@ def check_positions(
             f"token_positions has {pos.shape[0]} rows for a batch of {ids.shape[0]}"
         )
     return _values_in_range(pos, context_length, "positions")
+
+
+def check_documents(documents: object, ids: Int[Tensor, "B T"]) -> Int[Tensor, "B T"]:
+    """The `(B, T)` int64 document ids of `ids`, once they are integers of the ids' shape
+    (before the batch dimensions are flattened: `(..., T)`) that never decrease along a row.
+    Meta tensors hold no values to check."""
+    docs = _integer_tensor(documents, "documents", ids.device).long()
+    seq = ids.shape[-1]
+    if docs.ndim == 0 or docs.shape[-1] != seq or docs.numel() != ids.numel():
+        raise ModelInputError(
+            f"documents must be integers of the token ids' shape, one document id per token "
+            f"(B, {seq}); got shape {tuple(docs.shape)} for {ids.shape[0]} row(s)"
+        )
+    docs = docs.reshape(-1, seq)
+    if docs.device.type != "meta" and not torch.compiler.is_compiling():
+        down = docs[:, 1:] < docs[:, :-1]
+        if bool(down.any()):
+            row, at = (int(i) for i in down.nonzero()[0])
+            raise ModelInputError(
+                f"documents must not decrease along a row (equal ids are one document, e.g. "
+                f"0 0 0 1 1 2): row {row} goes from {int(docs[row, at])} to "
+                f"{int(docs[row, at + 1])} at index {at + 1}"
+            )
+    return docs
 
 
 def _integer_tensor(t: object, what: str, device: torch.device | None) -> Tensor:

@@ -35,7 +35,7 @@ values are the cached rows themselves, whose last `p` outputs are dropped.
 from __future__ import annotations
 
 import torch
-from jaxtyping import Bool, Float
+from jaxtyping import Bool, Float, Int
 from torch import Tensor, nn
 
 from lmcore.interfaces import LayerContext
@@ -235,7 +235,9 @@ class MultiHeadLatentAttention(nn.Module):
             latent[:, start : start + T, :r] = c
             latent[:, start : start + T, r:] = k_pe[:, 0]
         if start == 0:  # training, or a prefill: nothing cached before these tokens
-            out = self._expanded(q_nope, q_pe, c, k_pe, context.mask, context.bias)
+            out = self._expanded(
+                q_nope, q_pe, c, k_pe, context.mask, context.bias, context.documents
+            )
         else:  # a step after cached tokens: against their latents
             held = cache.state["latent"][:, : start + T]
             out = self._absorbed(q_nope, q_pe, held, context.mask, context.bias)
@@ -253,8 +255,10 @@ class MultiHeadLatentAttention(nn.Module):
         k_pe: Float[Tensor, "B 1 T p"],
         mask: Bool[Tensor, "B 1 T T"] | None,
         bias: Float[Tensor, "... H T T"] | None,
+        documents: Int[Tensor, "B T"] | None = None,
     ) -> Float[Tensor, "B H T v"]:
-        """Keys and values of every head from the latents, then attention over them."""
+        """Keys and values of every head from the latents, then attention over them (within
+        each document, with `documents`)."""
         B, H, T, _ = q_nope.shape
         kv = self.kv_b_proj(c).view(B, T, H, self.nope + self.v_dim).transpose(1, 2)
         k_nope, v = kv.split((self.nope, self.v_dim), dim=-1)  # (B, H, T, n), (B, H, T, v)
@@ -262,8 +266,9 @@ class MultiHeadLatentAttention(nn.Module):
         query = _widen(torch.cat((q_nope, q_pe), dim=-1), width)
         key = _widen(torch.cat((k_nope, k_pe.expand(B, H, T, self.rope)), dim=-1), width)
         out = tiled_attention(
-            query, key, _widen(v, width), causal=True, mask=mask, bias=bias, scale=self.scale
-        )
+            query, key, _widen(v, width), causal=True, mask=mask, bias=bias, scale=self.scale,
+            documents=documents,
+        )  # fmt: skip
         return out[..., : self.v_dim]
 
     def _absorbed(

@@ -29,8 +29,10 @@ outputs and the final state. They compute in the inputs' dtype: the caller choos
 from __future__ import annotations
 
 import torch
-from jaxtyping import Float
+from jaxtyping import Float, Int
 from torch import Tensor
+
+from lmcore.model.documents import ChunkResets
 
 
 def chunk_ssd(
@@ -43,11 +45,13 @@ def chunk_ssd(
     D: Float[Tensor, " H"] | None = None,
     chunk_size: int = 256,
     initial_state: Float[Tensor, "B H P N"] | None = None,
+    documents: Int[Tensor, "B T"] | None = None,
 ) -> tuple[Float[Tensor, "B T H P"], Float[Tensor, "B H P N"]]:
     """`(y, state)`: SSD over T tokens in chunks of `chunk_size` (the module docstring), from
     `initial_state` (None: zeros); `D` (None: no skip) adds `D · x`. A sequence shorter than a
     chunk is one chunk of its length; a last partial chunk is padded with tokens that change
-    nothing (x = B = C = 0, dt = 0: no decay)."""
+    nothing (x = B = C = 0, dt = 0: no decay). With `documents` (packed rows) the state is
+    reset at each document's first token (`lmcore.model.documents.ChunkResets`)."""
     Bsz, T, H, P = x.shape
     G, N_ = b.shape[2], b.shape[3]
     C = max(1, min(chunk_size, T))
@@ -61,9 +65,15 @@ def chunk_ssd(
     # L_ij = exp(γ_i - γ_j) for j <= i, exactly 0 above the diagonal (exp(-inf)).
     L = (gamma[..., :, None] - gamma[..., None, :]).masked_fill(later, float("-inf")).exp()
     last = gamma[..., -1:]  # (BH, N, 1)
-    # What each chunk alone writes to the state, decayed to its end: (BH, N, P, d_state).
-    written = xdt.transpose(-1, -2) @ (bh * (last - gamma).exp()[..., None])
+    to_end, from_start = (last - gamma).exp(), gamma.exp()  # (BH, N, C)
     chunk_decay = last.exp()[..., None]  # (BH, N, 1, 1)
+    if documents is not None:  # no decay crosses a document's first token
+        resets = ChunkResets.of(documents, H, N, C, x.dtype)
+        L, to_end = L * resets.within, to_end * resets.leaving
+        from_start = from_start * resets.entering
+        chunk_decay = chunk_decay * resets.through[..., None, None]
+    # What each chunk alone writes to the state, decayed to its end: (BH, N, P, d_state).
+    written = xdt.transpose(-1, -2) @ (bh * to_end[..., None])
 
     h = x.new_zeros(Bsz * H, P, N_)
     if initial_state is not None:
@@ -75,7 +85,7 @@ def chunk_ssd(
     h_in = torch.stack(entering, dim=1)  # (BH, N, P, d_state)
 
     scores = (ch @ bh.transpose(-1, -2)) * L  # (BH, N, C, C), causal within the chunk
-    y = scores @ xdt + (ch * gamma.exp()[..., None]) @ h_in.transpose(-1, -2)
+    y = scores @ xdt + (ch * from_start[..., None]) @ h_in.transpose(-1, -2)
     y = y.reshape(Bsz, H, N * C, P)[:, :, :T].transpose(1, 2)  # (B, T, H, P)
     if D is not None:
         y = y + x * D[:, None].to(x.dtype)

@@ -29,6 +29,7 @@ from lmcore.errors import (
     ModelTooLargeError,
     PluginError,
     StateDictError,
+    one_of,
 )
 from lmcore.interfaces import LayerContext
 from lmcore.model import generate as decoding
@@ -36,7 +37,14 @@ from lmcore.model import saving
 from lmcore.model.adapters import adapted, adapter_state, apply_adapter
 from lmcore.model.cache import DecodingCache, KVState
 from lmcore.model.counting import check_size
-from lmcore.model.inputs import check_device, check_dtype, check_ids, check_positions
+from lmcore.model.documents import document_positions
+from lmcore.model.inputs import (
+    check_device,
+    check_documents,
+    check_dtype,
+    check_ids,
+    check_positions,
+)
 from lmcore.model.nn import Embedding, Linear
 from lmcore.model.roles import EMBEDDING, HEAD, SCALAR, Role
 from lmcore.registry import Registry
@@ -153,6 +161,8 @@ class CausalSelfAttention(nn.Module):
         kw = self.kernel_options if mask is None else {**self.kernel_options, "mask": mask}
         if self.sinks is not None:
             kw = {**kw, "sinks": local(self.sinks)}
+        if context.documents is not None:  # packed rows: block-causal within each document
+            kw = {**kw, "documents": context.documents}
         out = self.kernel(q, k, v, causal=True, bias=bias, **kw)  # (B, H, T, D)
         heads = out.transpose(1, 2)  # (B, T, H, D)
         if torch.is_grad_enabled():
@@ -456,10 +466,19 @@ class TransformerLM(nn.Module):
         token_positions: Int[Tensor, "... T"] | None = None,
         *,
         cache: DecodingCache | None = None,
+        documents: Int[Tensor, "... T"] | None = None,
     ) -> Float[Tensor, "... T vocab_size"]:
         """Logits for every position. With a `cache` (`DecodingCache.for_model(model, batch)`), the
         ids `(B, T)` are appended to the cached sequences: their positions continue from the
-        cache's (unless given) and they attend to every cached key."""
+        cache's (unless given) and they attend to every cached key.
+
+        With `documents` (the ids' shape, int64 document ids non-decreasing along each row,
+        e.g. ``0 0 0 1 1 2 2 2``), each row is a packed row of documents: attention is
+        block-causal within each document, recurrent states and convolutions restart at each
+        document's first token, and positions restart at 0 there (unless `token_positions`
+        are given), for every positional encoding; each document's logits are what it gives
+        alone. Every layer's mixer, and its attention kernel, must declare 'documents'; a
+        cache with documents is refused (decode each document with a cache of its own)."""
         spec = self.spec
         ids = check_ids(
             in_indices,
@@ -469,6 +488,10 @@ class TransformerLM(nn.Module):
         )
         lead, seq = ids.shape[:-1], ids.shape[-1]
         ids = ids.reshape(-1, seq)  # (B, T)
+        if documents is not None:
+            documents = self._documents(documents, ids, cache)
+            if token_positions is None:  # each document starts at position 0
+                token_positions = document_positions(documents)
         if cache is not None:
             if ids.shape[0] != cache.batch or len(lead) != 1:
                 raise ModelInputError(
@@ -479,18 +502,40 @@ class TransformerLM(nn.Module):
             if token_positions is None:
                 token_positions = cache.next_positions(seq)
         positions = check_positions(token_positions, ids, context_length=spec.context_length)
-        logits = self.forward_unchecked(ids, positions, cache)
+        logits = self.forward_unchecked(ids, positions, cache, documents)
         return logits.reshape(*lead, seq, spec.vocab_size)  # an empty batch has no -1 to infer
+
+    def _documents(
+        self, documents: object, ids: Int[Tensor, "B T"], cache: DecodingCache | None
+    ) -> Int[Tensor, "B T"]:
+        """The checked `(B, T)` document ids, once every layer can take them."""
+        if cache is not None:
+            raise ModelInputError(
+                "documents and a KV cache cannot be given together: a cache continues one "
+                "sequence per row; decode each document with a cache of its own"
+            )
+        refused = self.blueprint.documents()
+        if refused is not None:
+            kind, name, able = refused
+            other = "a kernel" if kind == "attn" else "a mixer"
+            raise ModelInputError(
+                f"documents (packed rows, --doc-mask) need every layer to keep documents apart, "
+                f"but {kind} {name!r} does not declare 'documents'; use {other} that does: "
+                f"{one_of(able)}, or train without documents"
+            )
+        return check_documents(documents, ids)
 
     def forward_unchecked(
         self,
         ids: Int[Tensor, "B T"],
         positions: Int[Tensor, "B_or_1 T"],
         cache: DecodingCache | None = None,
+        documents: Int[Tensor, "B T"] | None = None,
     ) -> Float[Tensor, "B T vocab_size"]:
         """`forward` without its input checks, for callers that checked once (generation
         checks a prompt's ids up front, then feeds back ids it sampled itself): no value
-        check, so no device synchronisation per step."""
+        check, so no device synchronisation per step. `documents` as `forward` takes them
+        (checked; `positions` already within each document)."""
         spec = self.spec
         x = self.token_embeddings(ids)  # (B, T, d_model)
         if spec.embed_scale != 1.0:  # Gemma: the scale rounded to the model's dtype, as there
@@ -509,6 +554,7 @@ class TransformerLM(nn.Module):
                 pos.attention_bias(positions, k_positions),  # (..., H, T, Sk) or None
                 mask,
                 positions=positions,
+                documents=documents,
             )
             for pos in (self.pos, *self.layer_pos)
         ]

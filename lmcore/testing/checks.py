@@ -5,7 +5,8 @@
   state_dict, meta;
 - `declaration_checks`: its declarations against its module: params (and buffers), flops,
   activations;
-- `runtime_checks`: beyond one eager forward: compile, and cache (a KV cache, in a model);
+- `runtime_checks`: beyond one eager forward: compile, cache (a KV cache, in a model) and
+  documents (a packed row, in a model: no document sees another);
 - `kind_checks`: one kind's own contract: per_token (norm, ffn), keys and residual (block),
   features and relative (pos);
 - `attention_checks`: the attention kernels' (a float64 reference, causality, masks, biases,

@@ -1,6 +1,8 @@
 """A component beyond one eager forward: under `torch.compile` (`compile`, for a component that
 declares 'compile') and, in a small model around it, with a KV cache fed a prompt, a chunk and
-single tokens, and a left-padded row (`cache`; unless it declares 'nocache').
+single tokens, and a left-padded row (`cache`; unless it declares 'nocache'), and with a packed
+row of documents, none of which sees another (`documents`; a kernel or mixer that declares
+'documents', and every positional encoding).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from torch import Tensor
 from lmcore.components import KINDS
 from lmcore.testing.core import (
     BATCH,
+    CHANGED,
     SHAPES,
     Settings,
     Target,
@@ -143,3 +146,77 @@ def _padded_cache(model: TransformerLM, spec: str, ids: Tensor, full: Tensor) ->
                 "their positions do not count; a recurrent mixer leaves its state as it was "
                 "where cache.valid is False"
             )
+
+
+# A packed row's documents, as token counts: every shape's context holds them, and the middle
+# one is longer than a convolution's taps and several attention tiles of the kit's kernels.
+DOCUMENT_LENGTHS = (5, 9, 4)
+
+
+@check("documents", ("attn", "pos", "mixer"), defaults_only=True, needs=model_buildable)
+def documents(target: Target, variant: str, settings: Settings) -> None:
+    """In a packed row of documents (`model(ids, documents=...)`), changing one document's
+    tokens changes no logit of any other document, and each document's logits are those it
+    gives alone (positions restart at 0 at its first token), at two shapes; for every
+    positional encoding, and every kernel and mixer that declares 'documents' (one that does
+    not is refused by name)."""
+    from lmcore.errors import LmcoreError
+    from lmcore.model.transformer import TransformerLM
+
+    if target.kind in ("attn", "mixer") and "documents" not in target.features:
+        return  # declared: a document-masked forward refuses it by name
+    spans = []
+    for length in DOCUMENT_LENGTHS:
+        start = spans[-1][1] if spans else 0
+        spans.append((start, start + length))
+    total = spans[-1][1]
+    docs = torch.cat([torch.full((n,), d) for d, n in enumerate(DOCUMENT_LENGTHS)])
+    docs = docs.expand(BATCH, total)
+    for shape in range(len(SHAPES)):
+        spec = model_around(target, shape)
+        try:
+            model = TransformerLM(spec, registry=target.registry)
+        except (LmcoreError, RuntimeError, TypeError, ValueError) as e:
+            fail(f"cannot build the model {spec!r}: {type(e).__name__}: {first_line(e)}")
+        ids = torch.randint(0, 97, (BATCH, total))
+        changed = ids.clone()
+        a, b = spans[1]
+        changed[:, a:b] = (ids[:, a:b] + torch.randint(1, 97, (BATCH, b - a))) % 97
+        with torch.no_grad():
+            try:
+                base = model(ids, documents=docs)
+            except (LmcoreError, RuntimeError, TypeError, ValueError) as e:
+                fail(f"in the model {spec!r}, a forward with documents failed: "
+                     f"{type(e).__name__}: {first_line(e)}")  # fmt: skip
+            moved = model(changed, documents=docs)
+            for d, (s, e) in enumerate(spans):
+                if d == 1:
+                    continue
+                leak = (moved[:, s:e] - base[:, s:e]).abs().max().item()
+                if leak > CHANGED:
+                    fail(
+                        f"in the model {spec!r}, a packed row of documents "
+                        f"{_spans_text(spans)}: changing the tokens of document 1 changed the "
+                        f"logits of document {d} by {leak:.3g}: information crosses a document "
+                        "boundary. A kernel with 'documents' lets a query see only the keys of "
+                        "its own document (documents=, the keys' (B, Sk) ids); a mixer with it "
+                        "resets its state and convolution at each document's first token "
+                        "(context.documents)"
+                    )
+            if not (moved[:, a:b] - base[:, a:b]).abs().max().item() > CHANGED:
+                fail(f"in the model {spec!r}, changing the tokens of document 1 left its own "
+                     "logits unchanged")  # fmt: skip
+            for d, (s, e) in enumerate(spans):
+                problem = mismatch(base[:, s:e], model(ids[:, s:e]), 1e-4, 1e-4)
+                if problem:
+                    fail(
+                        f"in the model {spec!r}, document {d} of a packed row "
+                        f"{_spans_text(spans)} does not give the logits it gives alone: "
+                        f"{problem}. Its positions restart at 0 at its first token (the pos "
+                        "hooks use the positions they are given), and it sees nothing of the "
+                        "documents before it"
+                    )
+
+
+def _spans_text(spans: list[tuple[int, int]]) -> str:
+    return "(" + ", ".join(f"{s}..{e - 1}" for s, e in spans) + ")"

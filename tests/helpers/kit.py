@@ -342,6 +342,14 @@ class NoSinks(OptionsAttention):
     ignored = "sinks"
 
 
+class DocumentBlindAttention(OptionsAttention):
+    """Declares 'documents' but ignores them: every query sees every earlier key of the row."""
+
+    def forward(self, q: Tensor, k: Tensor, v: Tensor, *, causal: bool, **kw: Any) -> Tensor:
+        kw.pop("documents", None)  # planted: the document mask is dropped
+        return super().forward(q, k, v, causal=causal, **kw)
+
+
 class _Block(nn.Module):
     def __init__(self, *, attn: nn.Module, ffn: nn.Module, norm: Any):
         super().__init__()
@@ -396,6 +404,9 @@ PLANTED_BESIDE_BUILTINS = [
     ("sinks", attn("no-sinks", NoSinks, features=KIT_OPTIONS),
      ("with sinks=[-30.0, -10.0, 10.0, 30.0] (causal=False, Sq=8, Sk=8)",
       "the output differs from the float64 reference")),
+    ("documents", attn("document-blind", DocumentBlindAttention, features=KIT_OPTIONS | {"documents"}),
+     ("attn=document-blind", "changing the tokens of document 1 changed the logits of document 2",
+      "information crosses a document boundary")),
     ("residual", block("peeking", PeekingBlock),  # a future leak: the cache check fails too
      ("changing the inputs from position 4 on changed the output before it",
       "a block mixes tokens only through its attention sub-layer")),

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
 import lmcore.model.attention as attention
+import lmcore.model.tiling as tiling
 from lmcore import get_registry
 from lmcore.model.attention import Plan, kept_elements, tiled_attention
 
@@ -38,8 +39,8 @@ def formula(q, k, v, causal, mask=None, bias=None):
 @pytest.fixture
 def small_tiles(monkeypatch: pytest.MonkeyPatch) -> None:
     """Tiles of at most 48 scores and 4 queries: batch rows, query and key blocks all split."""
-    monkeypatch.setattr(attention, "TILE_ELEMENTS", 48)
-    monkeypatch.setattr(attention, "QUERY_BLOCK", 4)
+    monkeypatch.setattr(tiling, "TILE_ELEMENTS", 48)
+    monkeypatch.setattr(tiling, "QUERY_BLOCK", 4)
 
 
 def inputs(b, h, hkv, sq, sk, d=8, dtype=torch.float64):
@@ -276,8 +277,8 @@ def test_inference_in_one_tile_or_many_matches_the_formula(
     both paths give the formula's result, with a mask, a bias and a row whose keys are all
     masked (zeros)."""
     if tiles == "small tiles":
-        monkeypatch.setattr(attention, "TILE_ELEMENTS", 48)
-        monkeypatch.setattr(attention, "QUERY_BLOCK", 4)
+        monkeypatch.setattr(tiling, "TILE_ELEMENTS", 48)
+        monkeypatch.setattr(tiling, "QUERY_BLOCK", 4)
         monkeypatch.setattr(attention, "STREAM_BLOCK", 3)
     b, h, hkv, sq, sk = shape
     q, k, v = (t.detach() for t in inputs(*shape))

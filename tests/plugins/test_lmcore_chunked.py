@@ -174,5 +174,49 @@ def test_flops_are_the_matmul_counts_written_out() -> None:
 
 def test_declared_features() -> None:
     assert get_registry().get("attn", "chunked").component.features == {
-        "gqa", "bias", "mask", "scale", "softcap", "window", "sinks", "compile"
+        "gqa", "bias", "mask", "scale", "softcap", "window", "sinks", "documents", "compile"
     }  # fmt: skip
+
+
+def _row_of_documents(lengths: tuple[int, ...]) -> torch.Tensor:
+    return torch.cat([torch.full((n,), d) for d, n in enumerate(lengths)])[None]
+
+
+@pytest.mark.parametrize("lengths", [(64,) * 8, (100, 3, 200, 209), (512,)])
+def test_documents_match_torch_with_the_block_causal_mask_and_skip_tiles(
+    monkeypatch: pytest.MonkeyPatch, lengths: tuple[int, ...]
+) -> None:
+    """With documents, forward and backward are torch's attention under the block-causal mask,
+    and only the tiles within documents are computed: a row of eight 64-token documents
+    computes under a fifth of the score columns the dense mask does."""
+    import lmcore.model.attention as attention
+    from lmcore.model.documents import same_document
+
+    computed = {"columns": 0}
+    scores = attention._scores
+
+    def counting(qt, kt, *args, **kw):
+        computed["columns"] += qt.shape[1] * kt.shape[1]
+        return scores(qt, kt, *args, **kw)
+
+    monkeypatch.setattr(attention, "_scores", counting)
+    torch.manual_seed(0)
+    docs = _row_of_documents(lengths)
+    T = docs.shape[1]
+    q, k, v = (torch.randn(1, 2, T, 8, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    kernel = ChunkedAttention(block_size=32)
+    mask = same_document(docs)
+    out = kernel(q, k, v, causal=True, documents=docs)
+    grads = torch.autograd.grad(out.sum(), (q, k, v))
+    with_documents = computed["columns"]
+    computed["columns"] = 0
+    dense = kernel(q, k, v, causal=True, mask=mask)
+    torch.autograd.grad(dense.sum(), (q, k, v))
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask & _end_aligned(T, T))
+    torch.testing.assert_close(out, expected)
+    for got, want in zip(grads, torch.autograd.grad(expected.sum(), (q, k, v)), strict=True):
+        torch.testing.assert_close(got, want)
+    if lengths == (64,) * 8:
+        assert with_documents * 5 < computed["columns"]
+    else:  # never more than the dense mask's tiles
+        assert with_documents <= computed["columns"]
