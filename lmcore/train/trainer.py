@@ -294,7 +294,7 @@ def train(
     )
     tokens = data if isinstance(data, TokenData) else TokenData.open(data)
     tokens.check(context_length=bp.spec.context_length, vocab_size=bp.spec.vocab_size)
-    _check_documents(cfg, tokens)
+    _check_documents(cfg, tokens, bp)
     if init is not None:  # fine-tuning: the data must be in the checkpoint's own tokens
         check_tokenizer(init, tokens)
     if cfg.eval_bpb and tokens.masked:
@@ -439,7 +439,7 @@ def _resume(
             f"rate stays at min_lr={cfg.min_lr:g})"
         )
     tokens = _open_data(root, info, data)
-    _check_documents(cfg, tokens)
+    _check_documents(cfg, tokens, bp)
     init = None
     if last is None and info.get("init") is not None:
         init = read_info(info["init"])  # restarting from step 0: the weights it began with
@@ -480,12 +480,21 @@ def _data_json(data: TokenData) -> dict[str, Any]:
     }
 
 
-def _check_documents(cfg: TrainConfig, data: TokenData) -> None:
+def _check_documents(cfg: TrainConfig, data: TokenData, bp: Blueprint) -> None:
     """`--pack` and `--doc-mask` need the data's document index (a `DataError` naming the
-    directory and how to prepare it again when it has none)."""
+    directory and how to prepare it again when it has none), and `--doc-mask` a model whose
+    every mixer and attention kernel takes documents (a `TrainError` naming the first that
+    does not and those that do)."""
     for name, on in (("--pack", cfg.pack), ("--doc-mask", cfg.doc_mask)):
         if on:
             data.document_starts("train", name)
+    unable = bp.documents() if cfg.doc_mask else None
+    if unable is not None:
+        kind, name, able = unable
+        raise TrainError(
+            f"--doc-mask: {kind} {name!r} does not declare 'documents' (it cannot keep the "
+            f"documents of a row apart); use one that does: {', '.join(able) or 'none installed'}"
+        )
 
 
 def _open_data(
