@@ -313,6 +313,15 @@ class TrainConfig:
         checks=(Check(lambda v, _: _recompute_ok(v),
                       "layers, mixer or ffn, comma-separated, each optionally :MIXER"),),
     )  # fmt: skip
+    adapter: str | None = option(
+        None,
+        "fine-tune a checkpoint through this adapter, its base frozen, e.g. lora(rank=8); "
+        "the run's checkpoints hold the adapter alone with the base's identity (only with a "
+        "checkpoint as the model: a spec takes the key adapter=)",
+        Flag(metavar="ADAPTER", example="lora(rank=8)"),
+        checks=(Check(lambda v, _: isinstance(v, str) and bool(v.strip()),
+                      "an adapter, e.g. lora(rank=8)"),),
+    )  # fmt: skip
     eval_bpb: bool = option(
         False,
         "evaluations also report bits per byte (val_bpb in metrics.jsonl): the loss in bits "

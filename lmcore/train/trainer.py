@@ -53,7 +53,7 @@ from torch import Tensor, nn
 
 from lmcore.atomic import atomic_path
 from lmcore.blueprint import Blueprint, resolve
-from lmcore.checkpoint import CheckpointInfo, read_info
+from lmcore.checkpoint import CheckpointInfo, base_identity, read_info
 from lmcore.data.bytecount import bytes_per_token
 from lmcore.data.tokens import TokenData
 from lmcore.errors import TrainError
@@ -65,7 +65,7 @@ from lmcore.sources import Source, source_of
 from lmcore.spec import ModelSpec
 from lmcore.train.accumulate import micro_batches, micro_steps, micro_weights, weighted
 from lmcore.train.config import RESUMABLE, ResolvedConfig, TrainConfig, cosine_lr, decay_roles
-from lmcore.train.finetune import check_tokenizer, initial_model, tokenizer_files
+from lmcore.train.finetune import adapted_blueprint, check_tokenizer, initial_model, tokenizer_files
 from lmcore.train.losses import logged, window_means
 from lmcore.train.optim import clip_gradients, make_optimizer
 from lmcore.train.options import replaced
@@ -280,6 +280,8 @@ def train(
     par = parallel or Parallel()
     src = source_of(source, registry)  # resolved once, here or by the caller (lmcore train)
     bp, init = src.blueprint, init if src.info is None else src.info
+    if config.adapter is not None:  # the checkpoint's model with an adapter, its base frozen
+        bp = adapted_blueprint(bp, init, config.adapter)
     cfg = config.resolved(bp.spec.context_length, init.dtype if init is not None else "float32")
     check_trackers(cfg.loggers)
     recipe = Recipe.of(cfg.optimizer, cfg.schedule, registry, z_loss=cfg.z_loss)  # in run.json
@@ -305,6 +307,8 @@ def train(
         "spec": str(bp.spec),
         "spec_hash": spec_hash(bp.spec),
         "init": None if init is None else str(Path(init.path).resolve()),
+        **({} if config.adapter is None or init is None else {
+            "adapter": str(bp.spec.adapter), "base": base_identity(init.path)}),
         "data": _data_json(tokens),
         "config": cfg.to_json(),
         "recipe": recipe.record(),
@@ -617,7 +621,9 @@ class _Loop:
         random.seed(cfg.seed)
         # the hook for what changes a pretrained model before its optimizer (an adapter)
         init = self.init if self.start is None else None  # a resumed run loads its own below
-        self.model = initial_model(self.bp, init, device=self.device, dtype=self.dtype)
+        base = self.info.get("base") if self.start is not None else None  # adapter-only saves
+        self.model = initial_model(self.bp, init, device=self.device, dtype=self.dtype,
+                                   base=base)  # fmt: skip
         if cfg.recompute is not None:  # inside any distributed wrapper, which goes outside
             apply_recompute(self.model, cfg.recompute)
         self.micro_steps = micro_steps(cfg.batch_size, cfg.micro_batch, self.par.world_size)
@@ -664,12 +670,15 @@ class _Loop:
         cfg, spec, data = self.cfg, self.spec, self.data
         params = sum(p.numel() for p in self.model.parameters())
         self.info["parameters"] = params
+        trainable = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
         tokens = cfg.steps * self.tokens_per_step
         self.say(f"run: {self.run_dir}  (tag {self.tag})")
         self.say(f"spec: {spec}")
         start = f", weights from {self.init.path}" if self.init is not None else ""
         self.say(
-            f"model: {params:,} parameters, {cfg.dtype}"
+            f"model: {params:,} parameters"
+            + (f" ({trainable:,} trainable)" if trainable != params else "")
+            + f", {cfg.dtype}"
             + (f" with {cfg.autocast} autocast" if cfg.autocast else "")
             + f" on {self.device}{', compiled' if cfg.compile else ''}{start}"
         )

@@ -109,7 +109,7 @@ def test_the_derived_tables_are_those_the_command_line_and_resume_knew() -> None
         "steps", "tokens", "batch_size", "micro_batch", "lr", "min_lr", "warmup", "weight_decay",
         "optimizer", "schedule", "decay", "role_lr", "grad_clip", "z_loss",
         "eval_every", "eval_batches", "log_every", "save_every", "keep", "seed", "device", "betas",
-        "dtype", "autocast", "compile", "recompute", "eval_bpb", "loggers", "log_group",
+        "dtype", "autocast", "compile", "recompute", "adapter", "eval_bpb", "loggers", "log_group",
     )  # fmt: skip
     assert set(RESUMABLE) == {"steps", "tokens", "micro_batch", "device", "eval_every",
                               "save_every", "log_every", "keep", "recompute", "eval_bpb", "loggers",
