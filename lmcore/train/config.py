@@ -141,6 +141,13 @@ class TrainConfig:
         Flag(type=positive, metavar="B"),
         checks=(count(1),),
     )
+    context: int | None = option(
+        None,
+        "train on windows of N tokens, at most the model's context_length, e.g. to fine-tune "
+        "a long-context checkpoint on short conversations (default: the model's context_length)",
+        Flag(type=positive, metavar="N"),
+        checks=(count(1),),
+    )
     micro_batch: int | None = option(
         None,
         "accumulate the gradients of micro-batches of B sequences (all processes together; "
@@ -352,7 +359,8 @@ class TrainConfig:
         self.check()
         steps = self.steps
         if self.tokens is not None:
-            steps = max(1, math.ceil(self.tokens / (self.batch_size * context_length)))
+            window = self.context or context_length
+            steps = max(1, math.ceil(self.tokens / (self.batch_size * window)))
         out = dataclasses.replace(
             self,
             steps=steps,

@@ -289,8 +289,14 @@ def train(
     cfg = dataclasses.replace(
         cfg, optimizer=str(recipe.optimizer.spec), schedule=str(recipe.schedule.spec)
     )
+    if cfg.context is not None and cfg.context > bp.spec.context_length:
+        raise TrainError(
+            f"--context {cfg.context}: longer than the model's context_length "
+            f"{bp.spec.context_length}; give at most {bp.spec.context_length}"
+        )
     tokens = data if isinstance(data, TokenData) else TokenData.open(data)
-    tokens.check(context_length=bp.spec.context_length, vocab_size=bp.spec.vocab_size)
+    tokens.check(context_length=cfg.context or bp.spec.context_length,
+                 vocab_size=bp.spec.vocab_size)  # fmt: skip
     if init is not None:  # fine-tuning: the data must be in the checkpoint's own tokens
         check_tokenizer(init, tokens)
     if cfg.eval_bpb and tokens.masked:
@@ -454,7 +460,7 @@ def _run(loop: _Loop) -> TrainResult:
     try:
         return loop.run()
     except (MemoryError, RuntimeError) as e:
-        error = memory_error(e, loop.cfg.batch_size, loop.spec.context_length, loop.device)
+        error = memory_error(e, loop.cfg.batch_size, loop.seq_len, loop.device)
         if error is None:
             raise
         raise error from None
@@ -564,7 +570,8 @@ class _Loop:
         self.init, self.start, self.stop_after = init, start, stop_after
         self.spec = bp.spec
         self.tag: str = info["tag"]
-        self.tokens_per_step = cfg.batch_size * bp.spec.context_length
+        self.seq_len = cfg.context or bp.spec.context_length  # the tokens of one sequence
+        self.tokens_per_step = cfg.batch_size * self.seq_len
         self.device = parallel.place(resolve_device(cfg.device))  # this rank's device
         self.dtype: torch.dtype = getattr(torch, cfg.dtype)
         self.stop = _Stop(self.say)
@@ -645,7 +652,7 @@ class _Loop:
         )
         if cfg.compile:
             self.forward = torch.compile(self.forward)  # type: ignore[assignment]
-        rank, world, T = self.par.rank, self.par.world_size, self.spec.context_length
+        rank, world, T = self.par.rank, self.par.world_size, self.seq_len
         self.sampler = self.data.sampler(
             "train", batch_size=cfg.batch_size, context_length=T, seed=cfg.seed, rank=rank,
             world_size=world, device=self.device,
@@ -693,7 +700,7 @@ class _Loop:
         )
         clip = f"clip {cfg.grad_clip:g}" if cfg.grad_clip is not None else "no clipping"
         self.say(
-            f"budget: {cfg.steps:,} steps × batch {cfg.batch_size} × {spec.context_length} "
+            f"budget: {cfg.steps:,} steps × batch {cfg.batch_size} × {self.seq_len} "
             f"tokens = {tokens:,} tokens ({tokens / max(train_t, 1):.2f} epochs), seed {cfg.seed}"
         )
         decayed = ", ".join(decay_roles(cfg.decay)) or "no role"
