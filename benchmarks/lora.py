@@ -3,8 +3,9 @@
     python benchmarks/lora.py --checkpoint smol.safetensors      # SmolLM2-135M (docs/gguf.md)
     python benchmarks/lora.py                                    # a random model of its shape
 
-Three measurements, each in a fresh subprocess (so each peak resident memory, VmHWM, is its
-own), on the same random token batches with torch's AdamW over the trainable tensors:
+Three measurements, each in fresh subprocesses (so each peak resident memory, VmHWM, is its
+own; memory and time in separate ones, `run_worker`), on the same random token batches with
+torch's AdamW over the trainable tensors:
 
 - `lmcore-lora`: the checkpoint with ``adapter=lora(rank=R)`` (`lmcore.adapting.adapt`), its
   base frozen;
@@ -151,12 +152,22 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run_worker(mode: str, args: argparse.Namespace, checkpoint: str, hf: str) -> dict[str, Any]:
+    """`mode` measured in two fresh processes: memory with glibc's malloc at a fixed mmap
+    threshold of 64 KiB (every large tensor mapped and unmapped as it lives and dies, so the
+    resident set follows the live tensors, not malloc's cache), time with malloc as it is."""
     cmd = [sys.executable, __file__, "--worker", mode, "--checkpoint", checkpoint, "--hf", hf,
            "--rank", str(args.rank), "--batch", str(args.batch), "--context", str(args.context),
            "--steps", str(args.steps), "--warmup", str(args.warmup)]  # fmt: skip
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True)
-    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
-    return result
+
+    def one(env: dict[str, str]) -> dict[str, Any]:
+        out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env)
+        result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+        return result
+
+    memory = one({**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"})
+    timed = one(dict(os.environ))
+    return {**timed, "peak_bytes": memory["peak_bytes"],
+            "above_loaded_bytes": memory["above_loaded_bytes"]}  # fmt: skip
 
 
 def mib(n: float) -> str:
