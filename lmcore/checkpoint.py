@@ -485,15 +485,7 @@ def _onto_base(
     assert info.base is not None
     base = checked_base(info, verify)
     model = build_empty(blueprint, device, dtype or base.torch_dtype, max_bytes)
-    lm = unwrap(model)
-    expected = lm.state_dict()
-    tensors = read_tensors(base.path, device_of(lm))
-    _apply_ties(base, tensors, expected, shared_parameters(lm))
-    tensors.update(read_tensors(info.path, device_of(lm)))
-    if dtype is None:
-        check_dtypes(tensors, expected, info.path)
-    load_strict(lm, tensors, info.path, f"its base {base.path} with the adapter of {info.spec}")
-    check_finite(tensors, info.path, nonfinite)
+    load_weights(model, info, verify=False, convert=dtype is not None, nonfinite=nonfinite)
     model.tokenizer = base.tokenizer
     model.adapter_base = dict(info.base)
     return model
@@ -573,22 +565,20 @@ def load_weights(
     lm = unwrap(model)
     expected = lm.state_dict()
     device = device_of(lm)
-    if info.base is not None:  # an adapter's weights alone: its (checked) base's, then its own
-        base = checked_base(info, verify=verify)
-        tensors = read_tensors(base.path, device)
-        _apply_ties(base, tensors, expected, shared_parameters(lm))
+    # an adapter's weights alone: its (checked) base's tensors, then its own
+    first = info if info.base is None else checked_base(info, verify=verify)
+    tensors = read_tensors(first.path, device)
+    _apply_ties(first, tensors, expected, shared_parameters(lm))
+    if first is not info:
         tensors.update(read_tensors(info.path, device))
-    else:
-        tensors = read_tensors(info.path, device)
-        _apply_ties(info, tensors, expected, shared_parameters(lm))
     if not convert:
         check_dtypes(tensors, expected, info.path)
     into = str(getattr(lm, "spec", info.spec))
     what = (
-        f"the model its spec builds ({info.spec})"
-        if into == info.spec
+        f"its base {first.path} with the adapter of {info.spec}" if first is not info
+        else f"the model its spec builds ({info.spec})" if into == info.spec
         else f"the model it is loaded into ({into}; the file's spec is {info.spec})"
-    )
+    )  # fmt: skip
     load_strict(lm, tensors, info.path, what)
     check_finite(tensors, info.path, nonfinite)
 
