@@ -17,8 +17,9 @@ def main(argv: list[str]) -> int:
         print("usage: python docs/finetune/compare_hf.py ADAPTER.safetensors HF_DIR [TEXT]",
               file=sys.stderr)  # fmt: skip
         return 2
-    import lmcore
     from transformers import AutoModelForCausalLM
+
+    import lmcore
 
     ours = lmcore.load(argv[0]).eval()
     theirs = AutoModelForCausalLM.from_pretrained(argv[1], torch_dtype=torch.float32).eval()
