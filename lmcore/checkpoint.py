@@ -483,6 +483,19 @@ def _onto_base(
     """An adapter file's model: its base checkpoint loaded (checked to be the one the adapter
     recorded, by checksum and spec) and the adapter's tensors applied."""
     assert info.base is not None
+    base = checked_base(info, verify)
+    model = build_empty(blueprint, device, dtype or base.torch_dtype, max_bytes)
+    load_weights(model, info, verify=False, convert=dtype is not None, nonfinite=nonfinite)
+    model.tokenizer = base.tokenizer
+    model.adapter_base = dict(info.base)
+    return model
+
+
+def checked_base(info: CheckpointInfo, verify: bool = True) -> CheckpointInfo:
+    """The base checkpoint of the adapter file `info`, checked to be the one the adapter
+    recorded (by checksum and spec): `CheckpointError` naming both otherwise. `verify`: the
+    checksums of both files first."""
+    assert info.base is not None
     base = read_info(find_base(info))
     if verify:
         verify_checksums(base)
@@ -499,19 +512,7 @@ def _onto_base(
         raise CheckpointError(
             f"{info.path}: its base was {info.base['spec']}, but {base.path} holds {base.spec}"
         )
-    model = build_empty(blueprint, device, dtype or base.torch_dtype, max_bytes)
-    lm = unwrap(model)
-    expected = lm.state_dict()
-    tensors = read_tensors(base.path, device_of(lm))
-    _apply_ties(base, tensors, expected, shared_parameters(lm))
-    tensors.update(read_tensors(info.path, device_of(lm)))
-    if dtype is None:
-        check_dtypes(tensors, expected, info.path)
-    load_strict(lm, tensors, info.path, f"its base {base.path} with the adapter of {info.spec}")
-    check_finite(tensors, info.path, nonfinite)
-    model.tokenizer = base.tokenizer
-    model.adapter_base = dict(info.base)
-    return model
+    return base
 
 
 def build_empty(
@@ -554,7 +555,8 @@ def load_weights(
     """Copy an lmcore checkpoint's tensors into `model` (in place), strictly: any missing,
     unexpected or misshapen tensor raises `CheckpointError` listing them all, as does a tensor
     of another kind than the model's (`check_dtypes`; `convert` allows any) and a tie
-    (`lmcore.tied`) that the stored tensors or the model contradict. `verify`: check the
+    (`lmcore.tied`) that the stored tensors or the model contradict; an adapter file's base
+    (`checked_base`) gives the tensors the adapter does not hold. `verify`: check the
     checksums first (`verify_checksums`). Values move to the model's device; a floating tensor
     is widened to the model's dtype. `nonfinite`: as `lmcore.load`'s."""
     info = source if isinstance(source, CheckpointInfo) else read_info(source)
@@ -563,16 +565,20 @@ def load_weights(
     lm = unwrap(model)
     expected = lm.state_dict()
     device = device_of(lm)
-    tensors = read_tensors(info.path, device)
-    _apply_ties(info, tensors, expected, shared_parameters(lm))
+    # an adapter's weights alone: its (checked) base's tensors, then its own
+    first = info if info.base is None else checked_base(info, verify=verify)
+    tensors = read_tensors(first.path, device)
+    _apply_ties(first, tensors, expected, shared_parameters(lm))
+    if first is not info:
+        tensors.update(read_tensors(info.path, device))
     if not convert:
         check_dtypes(tensors, expected, info.path)
     into = str(getattr(lm, "spec", info.spec))
     what = (
-        f"the model its spec builds ({info.spec})"
-        if into == info.spec
+        f"its base {first.path} with the adapter of {info.spec}" if first is not info
+        else f"the model its spec builds ({info.spec})" if into == info.spec
         else f"the model it is loaded into ({into}; the file's spec is {info.spec})"
-    )
+    )  # fmt: skip
     load_strict(lm, tensors, info.path, what)
     check_finite(tensors, info.path, nonfinite)
 

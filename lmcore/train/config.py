@@ -141,6 +141,13 @@ class TrainConfig:
         Flag(type=positive, metavar="B"),
         checks=(count(1),),
     )
+    context: int | None = option(
+        None,
+        "train on windows of N tokens, at most the model's context_length, e.g. to fine-tune "
+        "a long-context checkpoint on short conversations (default: the model's context_length)",
+        Flag(type=positive, metavar="N"),
+        checks=(count(1),),
+    )
     micro_batch: int | None = option(
         None,
         "accumulate the gradients of micro-batches of B sequences (all processes together; "
@@ -327,6 +334,15 @@ class TrainConfig:
         checks=(Check(lambda v, _: _recompute_ok(v),
                       "layers, mixer or ffn, comma-separated, each optionally :MIXER"),),
     )  # fmt: skip
+    adapter: str | None = option(
+        None,
+        "fine-tune a checkpoint through this adapter, its base frozen, e.g. lora(rank=8); "
+        "the run's checkpoints hold the adapter alone with the base's identity (only with a "
+        "checkpoint as the model: a spec takes the key adapter=)",
+        Flag(metavar="ADAPTER", example="lora(rank=8)"),
+        checks=(Check(lambda v, _: isinstance(v, str) and bool(v.strip()),
+                      "an adapter, e.g. lora(rank=8)"),),
+    )  # fmt: skip
     eval_bpb: bool = option(
         False,
         "evaluations also report bits per byte (val_bpb in metrics.jsonl): the loss in bits "
@@ -357,7 +373,8 @@ class TrainConfig:
         self.check()
         steps = self.steps
         if self.tokens is not None:
-            steps = max(1, math.ceil(self.tokens / (self.batch_size * context_length)))
+            window = self.context or context_length
+            steps = max(1, math.ceil(self.tokens / (self.batch_size * window)))
         out = dataclasses.replace(
             self,
             steps=steps,

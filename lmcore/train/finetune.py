@@ -10,17 +10,27 @@ must have been prepared with it (`lmcore data prepare --chat FILE --tokenizer-fr
 the run's tokenizer carries the checkpoint's chat template and special ids on into every
 checkpoint it saves (`tokenizer_files`), so `lmcore chat RUN` talks in the same template.
 
-`initial_model` is the one place a run's model is made: what changes a pretrained model before
-its optimizer is built (an adapter, once it is a kind) applies to what it returns.
+`initial_model` is the one place a run's model is made, and where an adapter meets a pretrained
+model: `lmcore train CKPT --adapter "lora(rank=8)"` trains the checkpoint's spec with
+``adapter=lora(rank=8)`` (`adapted_blueprint`), its base loaded and frozen, and each checkpoint of
+the run holds the adapter's weights alone with the base's identity (path, spec, checksum:
+`lmcore.adapting.attach_base`); run.json records the base (`init`, `base`) and the adapter.
+A resumed run loads the base and the adapter from its newest checkpoint (`load_weights` reads
+an adapter file's base too, refusing a base whose checksum changed).
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from lmcore.adapting import attach_base
+from lmcore.blueprint import resolve
 from lmcore.checkpoint import CheckpointInfo, load_weights
-from lmcore.errors import TrainError
+from lmcore.errors import PluginError, SpecError, TrainError
+from lmcore.model.adapters import apply_adapter
 from lmcore.model.transformer import TransformerLM
 from lmcore.runfiles import TOKENIZER_FILE
 
@@ -30,7 +40,7 @@ if TYPE_CHECKING:
     from lmcore.blueprint import Blueprint
     from lmcore.data.tokens import TokenData
 
-__all__ = ["check_tokenizer", "initial_model", "tokenizer_files"]
+__all__ = ["adapted_blueprint", "check_tokenizer", "initial_model", "plain", "tokenizer_files"]
 
 
 def initial_model(
@@ -39,13 +49,55 @@ def initial_model(
     *,
     device: torch.device,
     dtype: torch.dtype,
+    base: Mapping[str, str] | None = None,
 ) -> TransformerLM:
     """The model a run starts from: `bp` built with fresh weights from torch's global generator
-    (seeded by the caller), then `init`'s weights loaded when a checkpoint is given."""
+    (seeded by the caller), then `init`'s weights loaded when a checkpoint is given.
+
+    A `bp` with an adapter over a plain `init` (`lmcore train CKPT --adapter ...`,
+    `adapted_blueprint`): the checkpoint's model is built and loaded, then the adapter is
+    applied to it (its base frozen, the adapter's weights drawn from the same generator) and
+    the model remembers its base (`attach_base`), so its checkpoints hold the adapter alone.
+    `base`: that identity for a model whose weights are loaded afterwards (a resumed run)."""
+    if init is not None and bp.spec.adapter is not None and init.spec != str(bp.spec):
+        model = TransformerLM(plain(bp), device=device, dtype=dtype)
+        load_weights(model, init)
+        apply_adapter(model, bp.parts["adapter"])
+        model.blueprint, model.spec = bp, bp.spec
+        attach_base(model, init.path)
+        return model
     model = TransformerLM(bp, device=device, dtype=dtype)
     if init is not None:
         load_weights(model, init)
+    if base is not None:
+        model.adapter_base = dict(base)
     return model
+
+
+def plain(bp: Blueprint) -> Blueprint:
+    """`bp` without its adapter."""
+    return resolve(replace(bp.spec, adapter=None), bp.registry)
+
+
+def adapted_blueprint(bp: Blueprint, init: CheckpointInfo | None, adapter: str) -> Blueprint:
+    """The checkpoint's blueprint `bp` with ``adapter=ADAPTER`` (`--adapter`): `TrainError`
+    for a spec (which takes the key itself) and for a checkpoint that has an adapter already."""
+    if init is None:
+        raise TrainError(
+            f"--adapter {adapter}: fine-tunes a checkpoint (lmcore train CKPT --adapter ...); "
+            f"a spec takes the adapter as its key adapter= instead: lmcore train "
+            f"'SPEC, adapter={adapter}'"
+        )
+    if bp.spec.adapter is not None:
+        raise TrainError(
+            f"--adapter {adapter}: {init.path} has an adapter already "
+            f"(adapter={bp.spec.adapter}); merge it first (lmcore convert {init.path} --merge "
+            "--out MERGED), then fine-tune the merged checkpoint"
+        )
+    try:
+        return resolve(f"{bp.spec},adapter={adapter}", bp.registry)
+    except (SpecError, PluginError) as e:
+        raise TrainError(f"--adapter {adapter}: {e}") from None
 
 
 def _canonical(text: str) -> str:

@@ -54,7 +54,7 @@ from torch import Tensor, nn
 
 from lmcore.atomic import atomic_path
 from lmcore.blueprint import Blueprint, resolve
-from lmcore.checkpoint import CheckpointInfo, read_info
+from lmcore.checkpoint import CheckpointInfo, base_identity, read_info
 from lmcore.data.bytecount import bytes_per_token
 from lmcore.data.packing import DocumentEvalBatches, document_sampler, packed_sampler, packing_of
 from lmcore.data.tokens import TokenData
@@ -67,7 +67,7 @@ from lmcore.sources import Source, source_of
 from lmcore.spec import ModelSpec
 from lmcore.train.accumulate import micro_batches, micro_steps, micro_weights, weighted
 from lmcore.train.config import RESUMABLE, ResolvedConfig, TrainConfig, cosine_lr, decay_roles
-from lmcore.train.finetune import check_tokenizer, initial_model, tokenizer_files
+from lmcore.train.finetune import adapted_blueprint, check_tokenizer, initial_model, tokenizer_files
 from lmcore.train.losses import logged, window_means
 from lmcore.train.optim import clip_gradients, make_optimizer
 from lmcore.train.options import replaced
@@ -285,6 +285,8 @@ def train(
     par = parallel or Parallel()
     src = source_of(source, registry)  # resolved once, here or by the caller (lmcore train)
     bp, init = src.blueprint, init if src.info is None else src.info
+    if config.adapter is not None:  # the checkpoint's model with an adapter, its base frozen
+        bp = adapted_blueprint(bp, init, config.adapter)
     cfg = config.resolved(bp.spec.context_length, init.dtype if init is not None else "float32")
     check_trackers(cfg.loggers)
     recipe = Recipe.of(cfg.optimizer, cfg.schedule, registry, z_loss=cfg.z_loss)  # in run.json
@@ -292,8 +294,14 @@ def train(
     cfg = dataclasses.replace(
         cfg, optimizer=str(recipe.optimizer.spec), schedule=str(recipe.schedule.spec)
     )
+    if cfg.context is not None and cfg.context > bp.spec.context_length:
+        raise TrainError(
+            f"--context {cfg.context}: longer than the model's context_length "
+            f"{bp.spec.context_length}; give at most {bp.spec.context_length}"
+        )
     tokens = data if isinstance(data, TokenData) else TokenData.open(data)
-    tokens.check(context_length=bp.spec.context_length, vocab_size=bp.spec.vocab_size)
+    tokens.check(context_length=cfg.context or bp.spec.context_length,
+                 vocab_size=bp.spec.vocab_size)  # fmt: skip
     _check_documents(cfg, tokens, bp)
     if init is not None:  # fine-tuning: the data must be in the checkpoint's own tokens
         check_tokenizer(init, tokens)
@@ -311,6 +319,8 @@ def train(
         "spec": str(bp.spec),
         "spec_hash": spec_hash(bp.spec),
         "init": None if init is None else str(Path(init.path).resolve()),
+        **({} if config.adapter is None or init is None else {
+            "adapter": str(bp.spec.adapter), "base": base_identity(init.path)}),
         "data": _data_json(tokens),
         "config": cfg.to_json(),
         "recipe": recipe.record(),
@@ -457,7 +467,7 @@ def _run(loop: _Loop) -> TrainResult:
     try:
         return loop.run()
     except (MemoryError, RuntimeError) as e:
-        error = memory_error(e, loop.cfg.batch_size, loop.spec.context_length, loop.device)
+        error = memory_error(e, loop.cfg.batch_size, loop.seq_len, loop.device)
         if error is None:
             raise
         raise error from None
@@ -584,7 +594,8 @@ class _Loop:
         self.init, self.start, self.stop_after = init, start, stop_after
         self.spec = bp.spec
         self.tag: str = info["tag"]
-        self.tokens_per_step = cfg.batch_size * bp.spec.context_length
+        self.seq_len = cfg.context or bp.spec.context_length  # the tokens of one sequence
+        self.tokens_per_step = cfg.batch_size * self.seq_len
         self.device = parallel.place(resolve_device(cfg.device))  # this rank's device
         self.dtype: torch.dtype = getattr(torch, cfg.dtype)
         self.stop = _Stop(self.say)
@@ -641,7 +652,9 @@ class _Loop:
         random.seed(cfg.seed)
         # the hook for what changes a pretrained model before its optimizer (an adapter)
         init = self.init if self.start is None else None  # a resumed run loads its own below
-        self.model = initial_model(self.bp, init, device=self.device, dtype=self.dtype)
+        base = self.info.get("base") if self.start is not None else None  # adapter-only saves
+        self.model = initial_model(self.bp, init, device=self.device, dtype=self.dtype,
+                                   base=base)  # fmt: skip
         if cfg.recompute is not None:  # inside any distributed wrapper, which goes outside
             apply_recompute(self.model, cfg.recompute)
         self.micro_steps = micro_steps(cfg.batch_size, cfg.micro_batch, self.par.world_size)
@@ -663,7 +676,7 @@ class _Loop:
         )
         if cfg.compile:
             self.forward = torch.compile(self.forward)  # type: ignore[assignment]
-        rank, world, T = self.par.rank, self.par.world_size, self.spec.context_length
+        rank, world, T = self.par.rank, self.par.world_size, self.seq_len
         # Windows across the stream (today's), the same windows with document ids, or packed
         # rows (lmcore.data.packing); evaluation keeps its fixed windows, with ids under
         # --doc-mask, so val losses compare with and without --pack.
@@ -701,12 +714,15 @@ class _Loop:
         cfg, spec, data = self.cfg, self.spec, self.data
         params = sum(p.numel() for p in self.model.parameters())
         self.info["parameters"] = params
+        trainable = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
         tokens = cfg.steps * self.tokens_per_step
         self.say(f"run: {self.run_dir}  (tag {self.tag})")
         self.say(f"spec: {spec}")
         start = f", weights from {self.init.path}" if self.init is not None else ""
         self.say(
-            f"model: {params:,} parameters, {cfg.dtype}"
+            f"model: {params:,} parameters"
+            + (f" ({trainable:,} trainable)" if trainable != params else "")
+            + f", {cfg.dtype}"
             + (f" with {cfg.autocast} autocast" if cfg.autocast else "")
             + f" on {self.device}{', compiled' if cfg.compile else ''}{start}"
         )
@@ -721,7 +737,7 @@ class _Loop:
         )
         clip = f"clip {cfg.grad_clip:g}" if cfg.grad_clip is not None else "no clipping"
         self.say(
-            f"budget: {cfg.steps:,} steps × batch {cfg.batch_size} × {spec.context_length} "
+            f"budget: {cfg.steps:,} steps × batch {cfg.batch_size} × {self.seq_len} "
             f"tokens = {tokens:,} tokens ({tokens / max(train_t, 1):.2f} epochs), seed {cfg.seed}"
         )
         decayed = ", ".join(decay_roles(cfg.decay)) or "no role"
@@ -736,7 +752,7 @@ class _Loop:
             f"{cfg.warmup}, decay_steps {cfg.decay_steps}"
         )
         if cfg.pack:
-            self.say(packing_of(self.data, "train", spec.context_length).summary())
+            self.say(packing_of(self.data, "train", self.seq_len).summary())
         if cfg.doc_mask:
             self.say("documents: masked (each token sees its own document; no target crosses one)")
         if self.recipe.loss.z_loss:

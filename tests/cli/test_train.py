@@ -165,6 +165,12 @@ def test_a_signal_saves_a_checkpoint_and_resume_goes_on(
          "directory: give neither SPEC nor --out with it"),
         (["train", "--resume", "DATA"], "is not a run directory: it has no run.json"),
         (["train", "nope.safetensors", "--data", "DATA", "--out", "r"], "nope.safetensors: no such file"),
+        (["train", "cs336-tiny", "--data", "DATA", "--out", "r", "--adapter", "lora(rank=8)"],
+         "--adapter lora(rank=8): fine-tunes a checkpoint (lmcore train CKPT --adapter ...); a "
+         "spec takes the adapter as its key adapter= instead: lmcore train "
+         "'SPEC, adapter=lora(rank=8)'"),
+        (["train", "cs336-tiny", "--data", "DATA", "--out", "r", "--context", "100000"],
+         "--context 100000: longer than the model's context_length"),
     ],
 )  # fmt: skip
 def test_bad_input_exits_2_with_one_line(

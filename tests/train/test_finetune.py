@@ -119,3 +119,97 @@ def test_bits_per_byte_of_masked_data_is_refused(chat: tuple[Path, Path], tmp_pa
         train(ckpt, data, tmp_path / "run", TrainConfig(steps=1, eval_bpb=True, **FAST),  # type: ignore[arg-type]
               echo=None)  # fmt: skip
     assert not (tmp_path / "run").exists()
+
+
+# ------------------------------------------------------------------ --adapter: LoRA on a checkpoint
+
+
+def _sha(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_an_adapter_trains_alone_and_its_checkpoints_hold_it_with_the_bases_identity(
+    chat: tuple[Path, Path], tmp_path: Path
+) -> None:
+    from lmcore.checkpoint import base_identity
+
+    ckpt, data_dir = chat
+    data, sha = TokenData.open(data_dir), _sha(ckpt)
+    base = lmcore.load(ckpt)
+    before = _masked_mean(base, data)
+    cfg = TrainConfig(steps=30, adapter="lora(rank=4)", **{**FAST, "lr": 1e-2})
+    result = train(ckpt, data, tmp_path / "run", cfg, echo=None)  # type: ignore[arg-type]
+    assert result.status == "done" and result.checkpoint is not None
+    run = read_run(tmp_path / "run")
+    assert run["init"] == str(ckpt.resolve()) and run["base"] == base_identity(ckpt)
+    assert run["adapter"].startswith("lora(rank=4,") and run["config"]["adapter"] == "lora(rank=4)"
+    assert run["spec"] == f"{base.spec},adapter={run['adapter']}"  # canonical, the base's own
+    info = lmcore.read_info(result.checkpoint.model)
+    assert info.base is not None and info.base["checksum"] == base_identity(ckpt)["checksum"]
+    from safetensors import safe_open
+
+    with safe_open(str(result.checkpoint.model), "pt") as f:
+        keys = list(f.keys())
+    assert keys and all(".adapter.lora_" in k for k in keys)  # the adapter alone
+    tuned = lmcore.load(result.checkpoint.model)  # the base, checked, with the adapter
+    plain = {k: v for k, v in tuned.state_dict().items() if ".adapter." not in k}
+    for name, t in base.state_dict().items():
+        assert torch.equal(plain[name], t), name  # the base frozen
+    assert result.first_val_loss == pytest.approx(before, rel=1e-5)  # B = 0: the base's loss
+    assert result.val_loss is not None and result.val_loss < before - 0.5
+    assert result.val_loss == pytest.approx(_masked_mean(tuned, data), rel=1e-5)
+    assert tuned.tokenizer is not None and tuned.tokenizer.chat_template == CHATML
+    assert _sha(ckpt) == sha  # the base file untouched
+
+
+def test_an_adapter_run_resumes_bit_for_bit(chat: tuple[Path, Path], tmp_path: Path) -> None:
+    from lmcore.train.trainer import resume
+
+    ckpt, data_dir = chat
+    cfg = TrainConfig(steps=6, adapter="lora(rank=2, alpha=4)", save_every=3, **FAST)
+    whole = train(ckpt, data_dir, tmp_path / "whole", cfg, echo=None)  # type: ignore[arg-type]
+    first = train(ckpt, data_dir, tmp_path / "split", cfg, echo=None, stop_after=3)  # type: ignore[arg-type]
+    assert first.status == "interrupted" and first.step == 3
+    again = resume(tmp_path / "split", echo=None)
+    assert again.status == "done" and again.checkpoint is not None
+    assert whole.checkpoint is not None
+    a, b = lmcore.load(whole.checkpoint.model), lmcore.load(again.checkpoint.model)
+    for (name, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items(), strict=True):
+        assert torch.equal(x, y), name
+    assert again.val_loss == whole.val_loss
+
+
+def test_an_adapter_run_refuses_to_resume_on_a_changed_base(
+    chat: tuple[Path, Path], tmp_path: Path
+) -> None:
+    from lmcore.errors import CheckpointError
+    from lmcore.train.trainer import resume
+
+    ckpt, data_dir = chat
+    cfg = TrainConfig(steps=4, adapter="lora(rank=2)", save_every=2, **FAST)
+    train(ckpt, data_dir, tmp_path / "run", cfg, echo=None, stop_after=2)  # type: ignore[arg-type]
+    changed = lmcore.load(ckpt)
+    with torch.no_grad():
+        next(changed.parameters()).add_(1.0)
+    changed.save(ckpt)
+    with raises_naming(CheckpointError, "is an adapter of the base checkpoint",
+                       "its weights changed"):  # fmt: skip
+        resume(tmp_path / "run", echo=None)
+
+
+def test_adapter_is_for_a_checkpoint_and_names_a_known_one(
+    chat: tuple[Path, Path], tmp_path: Path
+) -> None:
+    from tests.helpers.chat import CHAT_SPEC
+
+    ckpt, data_dir = chat
+    with raises_naming(TrainError, "--adapter lora(rank=8): fine-tunes a checkpoint",
+                       "its key adapter=", "'SPEC, adapter=lora(rank=8)'"):  # fmt: skip
+        train(CHAT_SPEC, data_dir, tmp_path / "a", TrainConfig(steps=1, adapter="lora(rank=8)",
+              **FAST), echo=None)  # fmt: skip
+    with raises_naming(TrainError, "--adapter lorra(rank=8): ", "lora"):
+        train(ckpt, data_dir, tmp_path / "b", TrainConfig(steps=1, adapter="lorra(rank=8)",
+              **FAST), echo=None)  # type: ignore[arg-type]  # fmt: skip
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()

@@ -106,10 +106,11 @@ def test_grad_clip_zero_is_no_clipping_on_the_command_line_and_in_a_sweep_file(
 
 def test_the_derived_tables_are_those_the_command_line_and_resume_knew() -> None:
     assert CLI_OPTIONS == (
-        "steps", "tokens", "batch_size", "micro_batch", "pack", "doc_mask", "lr", "min_lr", "warmup", "weight_decay",
+        "steps", "tokens", "batch_size", "context", "micro_batch", "pack", "doc_mask", "lr", "min_lr",
+        "warmup", "weight_decay",
         "optimizer", "schedule", "decay", "role_lr", "grad_clip", "z_loss",
         "eval_every", "eval_batches", "log_every", "save_every", "keep", "seed", "device", "betas",
-        "dtype", "autocast", "compile", "recompute", "eval_bpb", "loggers", "log_group",
+        "dtype", "autocast", "compile", "recompute", "adapter", "eval_bpb", "loggers", "log_group",
     )  # fmt: skip
     assert set(RESUMABLE) == {"steps", "tokens", "micro_batch", "device", "eval_every",
                               "save_every", "log_every", "keep", "recompute", "eval_bpb", "loggers",

@@ -289,3 +289,18 @@ def test_a_trainer_state_of_another_version_is_refused_by_name(
     with raises_naming(CheckpointError, str(file), "lmcore-trainer-state version 7",
                        "reads version 1"):  # fmt: skip
         resume(run, echo=None)
+
+
+def test_context_trains_on_shorter_windows_than_the_models(tiny_data: Path, tmp_path: Path) -> None:
+    from lmcore.train.runs import read_run
+
+    lines: list[str] = []
+    result = train(TINY_SPEC, tiny_data, tmp_path / "run", config(steps=2, context=8),
+                   echo=lines.append)  # fmt: skip
+    assert result.status == "done"
+    assert any("× batch 8 × 8 tokens = 128 tokens" in line for line in lines), lines
+    assert read_run(tmp_path / "run")["config"]["context"] == 8
+    assert result.tokens == 2 * 8 * 8
+    with raises_naming(TrainError, "--context 17: longer than the model's context_length 16",
+                       "at most 16"):  # fmt: skip
+        train(TINY_SPEC, tiny_data, tmp_path / "long", config(steps=1, context=17), echo=None)

@@ -1,0 +1,63 @@
+"""benchmarks/lora.py compares like with like: lmcore's LoRA and PEFT's, given the same initial
+matrices, train the same trainable tensors and take the same steps (the losses agree); the
+script runs end to end on a tiny model (not timed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import lmcore
+from tests.helpers.runs import load_benchmark
+
+TINY = ("vocab_size=300,context_length=32,d_model=32,num_layers=2,num_heads=4,num_kv_heads=2,"
+        "tie_embeddings=true,pos=rope(theta=100000.0)")  # fmt: skip
+
+
+@pytest.fixture
+def tiny(tmp_path: Path) -> Path:
+    torch.manual_seed(0)
+    path: Path = lmcore.build_model(TINY).save(tmp_path / "tiny.safetensors")
+    return path
+
+
+def test_lmcore_and_peft_lora_take_the_same_steps(tiny: Path, tmp_path: Path) -> None:
+    pytest.importorskip("peft", reason="the PEFT comparison needs peft")
+    from lmcore.hf.convert import convert_to_hf
+
+    bench = load_benchmark("lora")
+    convert_to_hf(tiny, tmp_path / "hf")
+    torch.manual_seed(0)
+    ours = bench.lmcore_model(str(tiny), "lmcore-lora", 4)
+    theirs = bench.peft_model(str(tmp_path / "hf"), 4)
+    assert bench.copy_lora_into_peft(ours, theirs) == 2 * 7  # q, k, v, o, gate, up, down
+    count = [sum(p.numel() for p in m.parameters() if p.requires_grad) for m in (ours, theirs)]
+    assert count[0] == count[1] > 0
+    a = [loss for loss, _ in bench.train_steps(ours, bench.lmcore_loss(ours),
+                                               bench.batches(300, 2, 16, 4))]  # fmt: skip
+    b = [loss for loss, _ in bench.train_steps(theirs, bench.peft_loss(theirs),
+                                               bench.batches(300, 2, 16, 4))]  # fmt: skip
+    assert a == pytest.approx(b, rel=1e-4)
+    assert a[-1] != a[0]  # it trained
+    base = lmcore.load(tiny)
+    plain = {k: v for k, v in ours.state_dict().items() if ".adapter." not in k}
+    for name, t in base.state_dict().items():
+        assert torch.equal(plain[name], t), name  # the base frozen
+
+
+def test_the_benchmark_runs_tiny(tiny: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bench = load_benchmark("lora")
+    bench.main(["--checkpoint", str(tiny), "--batch", "2", "--context", "16", "--steps", "1",
+                "--warmup", "1"])  # fmt: skip
+    out = capsys.readouterr().out
+    assert "| run | trainable | s/step | tokens/s | peak memory (VmHWM) |" in out
+    assert "| lmcore-lora |" in out and "| lmcore-full |" in out
+    assert "full / LoRA: memory" in out
+    try:
+        import peft  # noqa: F401
+    except ImportError:
+        assert "the PEFT comparison is skipped" in out
+    else:
+        assert "| peft-lora |" in out and "PEFT / lmcore LoRA time:" in out
