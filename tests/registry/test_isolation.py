@@ -135,7 +135,7 @@ def test_a_plugin_that_fails_to_import_is_isolated(make_dist, registry: Registry
             (
                 "attn 'x'",
                 "unknown feature 'flash'",
-                "attn features are bias, compile, gqa, mask, nocache",
+                "attn features are bias, compile, documents, gqa, mask, nocache",
             ),
         ),
         (
