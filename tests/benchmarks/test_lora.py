@@ -24,7 +24,7 @@ def tiny(tmp_path: Path) -> Path:
 
 
 def test_lmcore_and_peft_lora_take_the_same_steps(tiny: Path, tmp_path: Path) -> None:
-    pytest.importorskip("peft", reason="the PEFT comparison needs peft")
+    pytest.importorskip("peft", reason="needs the test extra's peft: pip install -e '.[test]'")
     from lmcore.hf.convert import convert_to_hf
 
     bench = load_benchmark("lora")

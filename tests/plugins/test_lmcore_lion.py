@@ -80,7 +80,9 @@ def test_updates_follow_the_papers_program(spec: str, betas: tuple[float, float]
 
 
 def test_updates_equal_lion_pytorchs() -> None:
-    lion_pytorch = pytest.importorskip("lion_pytorch")
+    lion_pytorch = pytest.importorskip(
+        "lion_pytorch", reason="needs the test extra's lion-pytorch: pip install -e '.[test]'"
+    )
     ours = lmcore.build_model("cs336-tiny")
     ref = _twin(ours)
     opt = build_optimizer(resolve_recipe("optimizer", "lion"), _groups(ours), **OFFER)

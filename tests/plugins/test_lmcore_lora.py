@@ -141,7 +141,7 @@ def test_a_packed_matrix_gets_one_pair_per_logical_matrix() -> None:
 
 
 def test_peft_lora_on_the_same_matrices_gives_the_same_outputs() -> None:
-    peft = pytest.importorskip("peft", reason="PEFT is a peer only: pip install peft")
+    peft = pytest.importorskip("peft", reason="needs the test extra's peft: pip install -e '.[test]'")
     from torch import nn
 
     torch.manual_seed(0)
