@@ -1,8 +1,8 @@
 """adapter=lora: low-rank adaptation (Hu et al., 2021), written from scratch.
 
 For a targeted matrix W (out × in) the update is ``ΔW x = (alpha / rank) · B A x`` with A
-(rank × in) drawn as `nn.Linear` draws its weight (Kaiming-uniform, a = √5, as PEFT does) or
-from a normal of σ = 1/rank (``init=gaussian``) and B (out × rank) zeros, so the model's
+(rank × in) drawn as torch's linear layer draws its weight (Kaiming-uniform, a = √5, as PEFT
+does) or from a normal of σ = 1/rank (``init=gaussian``) and B (out × rank) zeros, so the model's
 logits are unchanged at initialisation. A packed matrix (fused q/k/v: `splits`) gets one
 low-rank pair per logical matrix: merged, it is what LoRA on the separate matrices gives
 (and what Hugging Face and GGUF, which store them apart, can hold).
@@ -45,7 +45,7 @@ class LoRA(nn.Module):
         self.lora_B = nn.Parameter(torch.zeros(out_features, rank, device=device, dtype=dtype))
         if init == "gaussian":
             nn.init.normal_(self.lora_A, std=1.0 / rank)
-        else:  # each pair's A as nn.Linear(in, rank) initialises its weight
+        else:  # each pair's A as torch's linear layer (in → rank) initialises its weight
             for a in self.lora_A.data.split(rank):
                 nn.init.kaiming_uniform_(a, a=math.sqrt(5))
 
