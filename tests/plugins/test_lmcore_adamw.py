@@ -4,13 +4,13 @@ test, through the assignment's adapter returning lmcore's class."""
 
 from __future__ import annotations
 
-import copy
 
 import pytest
 import torch
 
 import lmcore
 from lmcore.train.recipe import build_optimizer, resolve_recipe
+from tests.helpers.optim import assert_resumes_bit_for_bit, grads, twin
 
 OFFER = {"lr": 3e-3, "weight_decay": 0.1, "betas": (0.9, 0.95), "eps": 1e-8}
 
@@ -23,28 +23,16 @@ def _groups(model: torch.nn.Module) -> list[dict[str, object]]:
     ]
 
 
-def _twin(model: torch.nn.Module) -> torch.nn.Module:
-    twin = lmcore.build_model("cs336-tiny")
-    twin.load_state_dict(model.state_dict())
-    return twin
-
-
-def _grads(model: torch.nn.Module, step: int) -> None:
-    gen = torch.Generator().manual_seed(step)
-    for p in model.parameters():
-        p.grad = torch.randn(p.shape, generator=gen)
-
-
 @pytest.mark.parametrize("name", ["adamw", "torch_adamw"])
 def test_updates_equal_torchs(name: str) -> None:
     ours = lmcore.build_model("cs336-tiny")
-    ref = _twin(ours)
-    start = _twin(ours)
+    ref = twin(ours)
+    start = twin(ours)
     opt = build_optimizer(resolve_recipe("optimizer", name), _groups(ours), **OFFER)
     torch_opt = torch.optim.AdamW(_groups(ref), betas=(0.9, 0.95), eps=1e-8)
     for step in range(5):
-        _grads(ours, step)
-        _grads(ref, step)
+        grads(ours, step)
+        grads(ref, step)
         opt.step()
         torch_opt.step()
     for (n, a), b in zip(ours.named_parameters(), ref.parameters(), strict=True):
@@ -58,12 +46,12 @@ def test_bit_for_bit_torchs_foreach_path_with_a_gradient_missing_at_a_step() -> 
     """The same ops in the same order as torch.optim.AdamW(foreach=True), with per-tensor step
     counts once a parameter has missed a step's gradient."""
     ours = lmcore.build_model("cs336-tiny")
-    ref = _twin(ours)
+    ref = twin(ours)
     opt = build_optimizer(resolve_recipe("optimizer", "adamw"), _groups(ours), **OFFER)
     torch_opt = torch.optim.AdamW(_groups(ref), betas=(0.9, 0.95), eps=1e-8, foreach=True)
     for step in range(4):
-        _grads(ours, step)
-        _grads(ref, step)
+        grads(ours, step)
+        grads(ref, step)
         if step == 1:
             next(ours.parameters()).grad = next(ref.parameters()).grad = None
         opt.step()
@@ -74,23 +62,7 @@ def test_bit_for_bit_torchs_foreach_path_with_a_gradient_missing_at_a_step() -> 
 
 
 def test_a_reloaded_state_continues_bit_for_bit() -> None:
-    a = lmcore.build_model("cs336-tiny")
-    b = _twin(a)
-    part = resolve_recipe("optimizer", "adamw")
-    opt_a = build_optimizer(part, _groups(a), **OFFER)
-    for step in range(3):
-        _grads(a, step)
-        opt_a.step()
-    b.load_state_dict(a.state_dict())
-    opt_b = build_optimizer(part, _groups(b), **OFFER)
-    opt_b.load_state_dict(copy.deepcopy(opt_a.state_dict()))
-    for step in range(3, 6):
-        _grads(a, step)
-        _grads(b, step)
-        opt_a.step()
-        opt_b.step()
-    for x, y in zip(a.parameters(), b.parameters(), strict=True):
-        assert torch.equal(x, y)
+    assert_resumes_bit_for_bit("adamw", _groups, OFFER)
 
 
 def test_a_parameter_without_a_gradient_is_left_alone() -> None:

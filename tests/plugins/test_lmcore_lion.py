@@ -4,7 +4,6 @@ of their own lr and weight decay; its own betas; its state dict resumes exactly.
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +14,7 @@ import lmcore
 from lmcore.errors import SpecError
 from lmcore.train.recipe import build_optimizer, resolve_recipe
 from tests.helpers.models import TINY_SPEC
+from tests.helpers.optim import assert_resumes_bit_for_bit, grads, twin
 from tests.helpers.runs import one_line_error
 
 OFFER = {"lr": 3e-4, "weight_decay": 0.5, "betas": (0.9, 0.95), "eps": 1e-8}
@@ -26,18 +26,6 @@ def _groups(model: torch.nn.Module) -> list[dict[str, Any]]:
         {"params": params[::2], "lr": 3e-4, "weight_decay": 0.5},
         {"params": params[1::2], "lr": 1e-4, "weight_decay": 0.0},
     ]
-
-
-def _twin(model: torch.nn.Module) -> torch.nn.Module:
-    twin = lmcore.build_model("cs336-tiny")
-    twin.load_state_dict(model.state_dict())
-    return twin
-
-
-def _grads(model: torch.nn.Module, step: int) -> None:
-    gen = torch.Generator().manual_seed(step)
-    for p in model.parameters():
-        p.grad = torch.randn(p.shape, generator=gen)
 
 
 def _paper_step(groups: list[dict[str, Any]], state: dict[int, torch.Tensor], beta1: float,
@@ -58,13 +46,13 @@ def _paper_step(groups: list[dict[str, Any]], state: dict[int, torch.Tensor], be
                                              ("lion(beta1=0.95, beta2=0.98)", (0.95, 0.98))])
 def test_updates_follow_the_papers_program(spec: str, betas: tuple[float, float]) -> None:
     ours = lmcore.build_model("cs336-tiny")
-    ref = _twin(ours)
-    start = _twin(ours)
+    ref = twin(ours)
+    start = twin(ours)
     opt = build_optimizer(resolve_recipe("optimizer", spec), _groups(ours), **OFFER)
     ref_groups, state = _groups(ref), {}
     for step in range(5):
-        _grads(ours, step)
-        _grads(ref, step)
+        grads(ours, step)
+        grads(ref, step)
         opt.step()
         _paper_step(ref_groups, state, *betas)
     for (n, a), b in zip(ours.named_parameters(), ref.parameters(), strict=True):
@@ -84,12 +72,12 @@ def test_updates_equal_lion_pytorchs() -> None:
         "lion_pytorch", reason="needs the test extra's lion-pytorch: pip install -e '.[test]'"
     )
     ours = lmcore.build_model("cs336-tiny")
-    ref = _twin(ours)
+    ref = twin(ours)
     opt = build_optimizer(resolve_recipe("optimizer", "lion"), _groups(ours), **OFFER)
     peer = lion_pytorch.Lion(_groups(ref), betas=(0.9, 0.99))
     for step in range(5):
-        _grads(ours, step)
-        _grads(ref, step)
+        grads(ours, step)
+        grads(ref, step)
         opt.step()
         peer.step()
     for (n, a), b in zip(ours.named_parameters(), ref.parameters(), strict=True):
@@ -97,23 +85,7 @@ def test_updates_equal_lion_pytorchs() -> None:
 
 
 def test_a_reloaded_state_continues_bit_for_bit() -> None:
-    a = lmcore.build_model("cs336-tiny")
-    b = _twin(a)
-    part = resolve_recipe("optimizer", "lion")
-    opt_a = build_optimizer(part, _groups(a), **OFFER)
-    for step in range(3):
-        _grads(a, step)
-        opt_a.step()
-    b.load_state_dict(a.state_dict())
-    opt_b = build_optimizer(part, _groups(b), **OFFER)
-    opt_b.load_state_dict(copy.deepcopy(opt_a.state_dict()))
-    for step in range(3, 6):
-        _grads(a, step)
-        _grads(b, step)
-        opt_a.step()
-        opt_b.step()
-    for x, y in zip(a.parameters(), b.parameters(), strict=True):
-        assert torch.equal(x, y)
+    assert_resumes_bit_for_bit("lion", _groups, OFFER)
 
 
 def test_a_parameter_without_a_gradient_is_left_alone() -> None:

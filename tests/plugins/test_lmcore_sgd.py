@@ -4,7 +4,6 @@ arguments' ranges, and `lmcore train` refusing the betas it has none of."""
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +14,7 @@ import lmcore
 from lmcore.errors import SpecError
 from lmcore.train.recipe import build_optimizer, resolve_recipe
 from tests.helpers.models import TINY_SPEC
+from tests.helpers.optim import assert_resumes_bit_for_bit, grads, twin
 from tests.helpers.runs import one_line_error
 
 OFFER = {"lr": 0.05, "weight_decay": 0.1, "betas": (0.9, 0.95), "eps": 1e-8}
@@ -28,18 +28,6 @@ def _groups(model: torch.nn.Module) -> list[dict[str, Any]]:
     ]
 
 
-def _twin(model: torch.nn.Module) -> torch.nn.Module:
-    twin = lmcore.build_model("cs336-tiny")
-    twin.load_state_dict(model.state_dict())
-    return twin
-
-
-def _grads(model: torch.nn.Module, step: int) -> None:
-    gen = torch.Generator().manual_seed(step)
-    for p in model.parameters():
-        p.grad = torch.randn(p.shape, generator=gen)
-
-
 @pytest.mark.parametrize(
     ("spec", "options"),
     [
@@ -51,13 +39,13 @@ def _grads(model: torch.nn.Module, step: int) -> None:
 )
 def test_updates_equal_torchs(spec: str, options: dict[str, Any]) -> None:
     ours = lmcore.build_model("cs336-tiny")
-    ref = _twin(ours)
-    start = _twin(ours)
+    ref = twin(ours)
+    start = twin(ours)
     opt = build_optimizer(resolve_recipe("optimizer", spec), _groups(ours), **OFFER)
     torch_opt = torch.optim.SGD(_groups(ref), **options)
     for step in range(5):
-        _grads(ours, step)
-        _grads(ref, step)
+        grads(ours, step)
+        grads(ref, step)
         opt.step()
         torch_opt.step()
     for (n, a), b in zip(ours.named_parameters(), ref.parameters(), strict=True):
@@ -78,23 +66,7 @@ def test_weight_decay_is_l2_added_to_the_gradient() -> None:
 
 
 def test_a_reloaded_state_continues_bit_for_bit() -> None:
-    a = lmcore.build_model("cs336-tiny")
-    b = _twin(a)
-    part = resolve_recipe("optimizer", "sgd(nesterov=true)")
-    opt_a = build_optimizer(part, _groups(a), **OFFER)
-    for step in range(3):
-        _grads(a, step)
-        opt_a.step()
-    b.load_state_dict(a.state_dict())
-    opt_b = build_optimizer(part, _groups(b), **OFFER)
-    opt_b.load_state_dict(copy.deepcopy(opt_a.state_dict()))
-    for step in range(3, 6):
-        _grads(a, step)
-        _grads(b, step)
-        opt_a.step()
-        opt_b.step()
-    for x, y in zip(a.parameters(), b.parameters(), strict=True):
-        assert torch.equal(x, y)
+    assert_resumes_bit_for_bit("sgd(nesterov=true)", _groups, OFFER)
 
 
 def test_a_parameter_without_a_gradient_is_left_alone() -> None:
