@@ -140,17 +140,22 @@ def _huber_fit(
     """The best of `least_squares` from each start: its parameters and its cost."""
     from scipy.optimize import least_squares
 
-    best: tuple[NDArray[Any], float] | None = None
-    for x0 in starts:
+    def solve(x0: NDArray[Any], tol: float) -> tuple[NDArray[Any], float] | None:
         with np.errstate(all="ignore"):
             r = least_squares(residuals, np.clip(x0, *bounds), jac=jacobian, bounds=bounds,
                               loss="huber", f_scale=delta, method="trf", x_scale="jac",
-                              xtol=1e-10, ftol=1e-10, gtol=1e-10, max_nfev=1000)  # fmt: skip
-        if np.all(np.isfinite(r.x)) and math.isfinite(r.cost) and (best is None or r.cost < best[1]):
-            best = (r.x, float(r.cost))
-    if best is None:
+                              xtol=tol, ftol=tol, gtol=tol, max_nfev=1000)  # fmt: skip
+        ok = np.all(np.isfinite(r.x)) and math.isfinite(r.cost)
+        return (r.x, float(r.cost)) if ok else None
+
+    # Every start to a loose tolerance, then the best of them polished: the same minimum as
+    # polishing each, at a fraction of the evaluations.
+    found = [f for f in (solve(x0, 1e-6) for x0 in starts) if f is not None]
+    if not found:
         raise FitError("no start of the fit converged to finite parameters")
-    return best
+    best = min(found, key=lambda f: f[1])
+    polished = solve(best[0], 1e-12)
+    return polished if polished is not None and polished[1] <= best[1] else best
 
 
 def _softmax_terms(logs: NDArray[Any]) -> tuple[NDArray[Any], NDArray[Any]]:
