@@ -8,6 +8,7 @@ lmcore convert              Hugging Face directory or GGUF file <-> lmcore check
 lmcore data prepare SRC...  train a BPE tokenizer and write token ids for training
 lmcore train SPEC           train a model on prepared data: checkpoints, metrics, loss curve
 lmcore sweep BASE --vary    train a baseline and its variants alike; compare them
+lmcore ladder BASE --vary   a baseline and its variants at sizes stepping by a factor; scaling laws
 lmcore compare RUN...       the comparison table and plot of existing runs
 lmcore quickstart           train a small model on this Python's standard library (a minute)
 lmcore generate SPEC|CKPT   write text (or token ids) from a prompt, streaming, with a KV cache
@@ -53,6 +54,7 @@ from lmcore.cli import (
     describe,
     eval,
     generate,
+    ladder,
     plugins,
     quickstart,
     run,
@@ -64,8 +66,8 @@ from lmcore.errors import LmcoreError, LmcoreWarning, SlowPluginWarning, SpecErr
 
 # The commands, in the order `lmcore --help` lists them.
 COMMANDS: tuple[ModuleType, ...] = (
-    build, describe, run, plugins, convert, data, train, sweep, compare, quickstart, generate, chat,
-    eval,
+    build, describe, run, plugins, convert, data, train, sweep, ladder, compare, quickstart,
+    generate, chat, eval,
 )  # fmt: skip
 
 
