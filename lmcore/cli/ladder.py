@@ -157,6 +157,13 @@ def _ladder(args: argparse.Namespace) -> int:
                 "N tokens (or --compute C FLOPs) in steps of --batch-size × the context"
             )
     cfg = TrainConfig.from_flags(options)
+    plan = size_ladder(
+        args.base, list(args.vary or ()), rungs=4 if args.rungs is None else args.rungs,
+        factor=2.0 if args.factor is None else args.factor, by=args.by or "params",
+        tokens_per_param=args.tokens_per_param, compute=args.compute,
+        batch_size=cfg.batch_size, context=cfg.context, match=not args.no_match, config=cfg,
+    )  # fmt: skip
+    plan = check_memory(plan, cfg.device, micro_batch=cfg.micro_batch, max_bytes=args.max_bytes)
     if not args.plan:
         missing = [f for f, v in (("--data DIR", args.data), ("--out LADDER", args.out))
                    if v is None]  # fmt: skip
@@ -165,13 +172,6 @@ def _ladder(args: argparse.Namespace) -> int:
                 f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} "
                 "needed to train a ladder (or --plan to only print its sizes)"
             )
-    plan = size_ladder(
-        args.base, list(args.vary or ()), rungs=4 if args.rungs is None else args.rungs,
-        factor=2.0 if args.factor is None else args.factor, by=args.by or "params",
-        tokens_per_param=args.tokens_per_param, compute=args.compute,
-        batch_size=cfg.batch_size, context=cfg.context, match=not args.no_match, config=cfg,
-    )  # fmt: skip
-    plan = check_memory(plan, cfg.device, micro_batch=cfg.micro_batch, max_bytes=args.max_bytes)
     print(plan_markdown(plan))
     if args.plan:
         return 0
