@@ -446,6 +446,11 @@ class LadderFit:
             note += "No intervals: they need 2 or more seeds a rung and --bootstrap N."
         note += (" Held-out: the law fitted without the largest rung predicts its mean loss; "
                  "error = predicted − observed.")  # fmt: skip
+        failed = [f"`{v.variant}` {v.multiplier.failed}" for v in self.variants
+                  if v.multiplier.failed]  # fmt: skip
+        if failed:
+            note += (f" Resamples that did not fit (left out of the intervals): "
+                     f"{', '.join(failed)} of {self.bootstrap}.")  # fmt: skip
         chin = [v for v in self.variants if v.chinchilla is not None]
         extra = "".join(
             f"\n- `{v.variant}`: L(N, D) = {c.E:.3f} + {c.A:.3g}/N^{c.alpha:.3f} + "

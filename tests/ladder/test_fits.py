@@ -244,3 +244,25 @@ def test_ladder_errors_name_the_variant_rung_and_seed() -> None:
         fit_ladder(good, baseline="base", confidence=1.5)
     with raises_naming(FitError, "target compute -5"):
         fit_ladder(good, baseline="base", target_flops=-5.0)
+
+
+def test_resamples_that_do_not_fit_are_left_out_and_counted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import lmcore.ladder.fits as fits
+
+    calls = []
+    refit = fits._refit
+
+    def every_fourth_fails(*args: object) -> PowerLaw | None:
+        calls.append(1)
+        return None if len(calls) % 4 == 0 else refit(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(fits, "_refit", every_fourth_fails)
+    fit = fit_ladder(ladder({"base": law, "v": lambda c: law(c, 1.2)}, noise=1e-3), baseline="base",
+                     bootstrap=30)  # fmt: skip
+    # the baseline's refits are calls 1-30: resamples 3, 7, ..., 27 fail (7); the variant's are
+    # calls 31-60: resamples 1, 5, ..., 29 fail (8); a pair needs both, so 15 pairs fail
+    assert fit.variant("base").alpha.failed == 7 and fit.variant("v").alpha.failed == 8
+    assert fit.variant("v").multiplier.failed == 15 and fit.variant("v").multiplier.resamples == 15
+    assert "did not fit (left out of the intervals): `base` 7, `v` 15 of 30" in fit.table()
