@@ -177,6 +177,12 @@ class EvalError(LmcoreError, ValueError):
     few tokens, a bad window option, an optional extra (lm-eval, a tracker) not installed, ..."""
 
 
+class FitError(LmcoreError, ValueError):
+    """A scaling law cannot be fitted as asked: too few rungs or points, a variant missing rungs
+    the baseline has, a non-finite or non-positive loss or compute, a loss a law never reaches.
+    The message names the variant, rung and seed, and how many are needed."""
+
+
 class LmcoreWarning(UserWarning):
     """Something is off but nothing failed, e.g. LMCORE_DISABLE_PLUGINS names no plugin."""
 

@@ -55,9 +55,10 @@ FLOORS: dict[str, int] = {
     "lmcore.gguf": 9,
     "lmcore.train": 10,
     "lmcore.testing": 11,  # above train: the kit builds optimizers and schedules as it does
-    "lmcore.eval": 12,
-    "lmcore.cli": 13,
-    "lmcore.__main__": 14,
+    "lmcore.ladder": 12,  # above train and the kit: a ladder's runs are a sweep's; its fits
+    "lmcore.eval": 13,
+    "lmcore.cli": 14,
+    "lmcore.__main__": 15,
 }
 # Imports under `if TYPE_CHECKING:` count like any other: a type-level circle is a circle.
 TYPE_CHECKING_TOO = True

@@ -1,0 +1,268 @@
+"""A ladder's fits: the multiplier against its closed form, the bootstrap interval and the
+held-out rung against hand computations, the table and the errors."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+
+from lmcore.errors import FitError
+from lmcore.ladder.fits import (
+    Point,
+    PowerLaw,
+    fit_ladder,
+    fit_power_law,
+    multiplier,
+    percentile_interval,
+    resamples,
+)
+from tests.helpers.errors import raises_naming
+
+pytest.importorskip("scipy.optimize", reason="needs scipy (a dependency of lmcore)")
+
+E, A, ALPHA = 1.8, 2.0e3, 0.3
+RUNG_FLOPS = (1e12, 1e13, 1e14, 1e15)
+
+
+def law(c: float, k: float = 1.0) -> float:
+    """The baseline's law at k·C: a variant worth k× the compute."""
+    return E + A * (k * c) ** -ALPHA
+
+
+def ladder(variants: dict[str, Callable[[float], float]], rungs: tuple[float, ...] = RUNG_FLOPS,
+           seeds: int = 2, noise: float = 0.0, rng: int = 0) -> list[Point]:  # fmt: skip
+    g = np.random.default_rng(rng)
+    return [Point(v, s, r, params=int(c // 6e8) + 1, tokens=int(1e8), flops=c,
+                  loss=f(c) * math.exp(g.normal(0, noise)) if noise else f(c))
+            for v, f in variants.items() for r, c in enumerate(rungs)
+            for s in range(seeds)]  # fmt: skip
+
+
+def test_the_multiplier_is_k_when_the_variants_law_is_the_baseline_at_k_times_the_compute() -> None:
+    base = PowerLaw(E, A, ALPHA)
+    for k in (0.5, 1.0, 1.37, 4.0):
+        # L(kC) = E + A·k^-α·C^-α: the same law with A scaled by k^-α
+        assert multiplier(PowerLaw(E, A * k**-ALPHA, ALPHA), base, 3e14) == pytest.approx(
+            k, rel=1e-12
+        )
+    # a variant below the baseline's E: no baseline compute reaches it
+    assert multiplier(PowerLaw(E - 0.1, A, ALPHA), base, 1e15) == math.inf
+    fit = fit_ladder(ladder({"base": law, "x": lambda c: law(c, 1.5), "y": lambda c: law(c, 0.8)}),
+                     baseline="base", bootstrap=0)  # fmt: skip
+    assert fit.variant("x").multiplier.value == pytest.approx(1.5, rel=1e-4)
+    assert fit.variant("y").multiplier.value == pytest.approx(0.8, rel=1e-4)
+    assert fit.variant("base").multiplier.value == pytest.approx(1.0, rel=1e-9)
+    assert fit.target_flops == RUNG_FLOPS[-1]
+    at = fit_ladder(ladder({"base": law, "x": lambda c: law(c, 1.5)}), baseline="base",
+                    bootstrap=0, target_flops=1e17)  # fmt: skip
+    assert at.variant("x").multiplier.value == pytest.approx(1.5, rel=1e-3)  # the same law: any C*
+
+
+def test_percentile_interval_takes_order_statistics_as_numpy_lower_and_higher() -> None:
+    values = list(np.random.default_rng(0).permutation(100).astype(float))
+    assert percentile_interval(values, 0.95) == (2.0, 97.0)  # ⌊0.025·99⌋, ⌈0.975·99⌉
+    for n, conf in ((200, 0.95), (37, 0.9), (1000, 0.5)):
+        v = np.random.default_rng(n).normal(size=n)
+        q = (1 - conf) / 2
+        assert percentile_interval(v, conf) == (np.quantile(v, q, method="lower"),
+                                                np.quantile(v, 1 - q, method="higher"))  # fmt: skip
+    assert percentile_interval([1.0, 2.0, math.inf], 0.5) == (1.0, math.inf)
+    with raises_naming(FitError, "no bootstrap resample"):
+        percentile_interval([], 0.95)
+
+
+def test_resamples_draw_each_rungs_seeds_with_replacement_from_the_seeded_generator() -> None:
+    draws = resamples({0: [3, 5], 1: [3, 5, 7]}, 50, seed=11)
+    rng = np.random.default_rng(11)  # the documented order: resample by resample, rung by rung
+    for d in draws:
+        assert d[0] == tuple([3, 5][i] for i in rng.integers(0, 2, size=2))
+        assert d[1] == tuple([3, 5, 7][i] for i in rng.integers(0, 3, size=3))
+    assert resamples({0: [3, 5], 1: [3, 5, 7]}, 50, seed=11) == draws
+
+
+def test_the_bootstrap_interval_is_the_hand_computation_over_enumerated_resamples() -> None:
+    """2 seeds × 3 rungs: each rung's resample is one of {0, 0}, {0, 1}, {1, 1}, so every
+    resample is one of 27 data sets. Fit each once by hand, read the 200 resamples off the
+    seeded generator, pair baseline and variant on each, take the order statistics."""
+    points = ladder({"base": law, "v": lambda c: law(c, 1.3)}, rungs=RUNG_FLOPS[:3], noise=4e-3,
+                    rng=2)  # fmt: skip
+    fit = fit_ladder(points, baseline="base", bootstrap=200, seed=7)
+    loss = {(p.variant, p.rung, p.seed): p.loss for p in points}
+    full = {
+        v: fit_power_law(
+            [p.flops for p in points if p.variant == v], [p.loss for p in points if p.variant == v]
+        )
+        for v in ("base", "v")
+    }
+    rng = np.random.default_rng(7)
+    hand: dict[tuple[tuple[int, ...], ...], float] = {}
+    values, alphas = [], []
+    for _ in range(200):
+        draw = tuple(tuple(sorted(int(i) for i in rng.integers(0, 2, size=2))) for _ in range(3))
+        if draw not in hand:
+            refit = {v: fit_power_law([RUNG_FLOPS[r] for r in range(3) for _ in draw[r]],
+                                      [loss[v, r, s] for r in range(3) for s in draw[r]],
+                                      start=full[v]) for v in ("base", "v")}  # fmt: skip
+            hand[draw] = (multiplier(refit["v"], refit["base"], RUNG_FLOPS[2]), refit["v"].alpha)
+        values.append(hand[draw][0])
+        alphas.append(hand[draw][1])
+    assert len(hand) <= 27
+    values.sort()
+    alphas.sort()
+    m = fit.variant("v").multiplier
+    assert m.value == pytest.approx(multiplier(full["v"], full["base"], RUNG_FLOPS[2]), rel=1e-6)
+    # ranks ⌊0.025·199⌋ = 4 and ⌈0.975·199⌉ = 195 of the sorted 200
+    assert (m.low, m.high) == (
+        pytest.approx(values[4], rel=1e-6),
+        pytest.approx(values[195], rel=1e-6),
+    )
+    assert m.resamples == 200 and m.failed == 0 and m.low < m.value < m.high
+    a = fit.variant("v").alpha
+    assert (a.low, a.high) == (
+        pytest.approx(alphas[4], rel=1e-6),
+        pytest.approx(alphas[195], rel=1e-6),
+    )
+    assert fit.variant("base").multiplier.low is None  # the baseline against itself: 1, no interval
+    assert fit.variant("v").held_out is None  # 3 rungs: nothing to hold out
+
+
+def test_the_held_out_rung_is_predicted_by_the_law_fitted_without_it() -> None:
+    points = ladder({"base": law, "v": lambda c: law(c, 2.0)}, noise=1e-3, rng=4)
+    fit = fit_ladder(points, baseline="base", bootstrap=0)
+    for v in ("base", "v"):
+        mine = [p for p in points if p.variant == v]
+        by_hand = fit_power_law([p.flops for p in mine if p.rung < 3],
+                                [p.loss for p in mine if p.rung < 3])  # fmt: skip
+        observed = (mine[-2].loss + mine[-1].loss) / 2  # rung 3's two seeds
+        predicted = by_hand.predict(RUNG_FLOPS[3])
+        h = fit.variant(v).held_out
+        assert h is not None and h.rung == 3 and h.flops == RUNG_FLOPS[3]
+        assert h.observed == pytest.approx(observed, rel=1e-12)
+        assert h.predicted == pytest.approx(predicted, rel=1e-9)
+        assert h.error == pytest.approx(predicted - observed, abs=1e-9)
+        assert h.relative == pytest.approx((predicted - observed) / observed, abs=1e-9)
+        assert abs(h.relative) < 0.01  # 0.1 % noise: the law extrapolates one decade within 1 %
+
+
+def test_one_seed_a_rung_gives_no_interval_and_the_table_says_so() -> None:
+    fit = fit_ladder(ladder({"base": law, "v": lambda c: law(c, 1.2)}, seeds=1), baseline="base",
+                     bootstrap=50)  # fmt: skip
+    assert fit.variant("v").multiplier.low is None and fit.variant("v").replicates == ()
+    assert "No intervals: they need 2 or more seeds a rung" in fit.table()
+
+
+def test_the_table_sorts_by_multiplier_and_its_json_is_strict() -> None:
+    points = ladder({"base": law, "worse": lambda c: law(c, 0.6), "better": lambda c: law(c, 2.5),
+                     "below": lambda c: law(c) - 0.5}, noise=1e-3)  # fmt: skip
+    fit = fit_ladder(points, baseline="base", bootstrap=20)
+    assert [v.variant for v in fit.ranked()] == ["base", "worse", "better", "below"]
+    assert [v.variant for v in fit.ranked("multiplier")] == ["below", "better", "base", "worse"]
+    assert [v.variant for v in fit.ranked("loss")] == ["below", "better", "base", "worse"]
+    text = fit.table("multiplier")
+    rows = [line for line in text.splitlines() if line.startswith("| `")]
+    assert [r.split(" | ")[0] for r in rows] == ["| `below`", "| `better`", "| `base`", "| `worse`"]
+    assert "1 (baseline)" in rows[2] and "∞" in rows[0]  # `below` is under the baseline's E
+    h = fit.variant("better").held_out
+    assert h is not None and f"rung 3: {h.predicted:.3f} / {h.observed:.3f}" in rows[1]
+    assert "C* = 1e+15 FLOPs" in text and "20 resamples" in text
+    data = json.loads(json.dumps(fit.to_json("multiplier"), allow_nan=False))
+    assert [v["variant"] for v in data["variants"]] == ["below", "better", "base", "worse"]
+    assert data["variants"][0]["multiplier"]["value"] is None  # ∞ has no JSON
+    assert data["variants"][1]["multiplier"]["value"] == pytest.approx(
+        fit.variant("better").multiplier.value
+    )
+    with raises_naming(
+        FitError, "--sort 'multipler'", "did you mean 'multiplier'", "multiplier or loss"
+    ):
+        fit.table("multipler")
+    with raises_naming(FitError, "no variant 'bettr'", "did you mean 'better'"):
+        fit.variant("bettr")
+
+
+def test_chinchillas_law_is_fitted_when_the_ladder_varies_n_and_d_apart() -> None:
+    def ch(n: int, d: int) -> float:
+        return 1.69 + 406.4 / n**0.34 + 410.7 / d**0.28
+
+    points = [Point(v, 0, r, params=n, tokens=d, flops=6.0 * n * d, loss=ch(n, d) + off)
+              for v, off in (("base", 0.0), ("v", -0.01))
+              for r, (n, d) in enumerate((n, d) for n in (10**6, 10**7, 10**8)
+                                         for d in (10**8, 10**9, 10**10))]  # fmt: skip
+    fit = fit_ladder(points, baseline="base", bootstrap=0)
+    c = fit.variant("base").chinchilla
+    assert (
+        c is not None
+        and c.alpha == pytest.approx(0.34, rel=1e-4)
+        and c.beta == pytest.approx(0.28, rel=1e-4)
+    )
+    assert "Chinchilla's L(N, D)" in fit.table()
+    fixed = fit_ladder(ladder({"base": law}), baseline="base", bootstrap=0)
+    assert fixed.variant("base").chinchilla is None  # one token count: no L(N, D)
+
+
+def test_ladder_errors_name_the_variant_rung_and_seed() -> None:
+    good = ladder({"base": law, "nope": lambda c: law(c, 1.1)})
+    with raises_naming(FitError, "no points"):
+        fit_ladder([], baseline="base")
+    with raises_naming(
+        FitError, "baseline 'bsae' has no points", "did you mean 'base'", "base, nope"
+    ):
+        fit_ladder(good, baseline="bsae")
+    two = [p for p in good if p.rung < 2]
+    with raises_naming(FitError, "'base' has 2 rungs (0, 1)", "needs 3 or more rungs",
+                       "held-out check 4"):  # fmt: skip
+        fit_ladder(two, baseline="base")
+    short = [p for p in good if not (p.variant == "nope" and p.rung in (2, 3))]
+    with raises_naming(FitError, "variant 'nope' lacks rungs 2, 3", "rungs 0, 1, 2, 3"):
+        fit_ladder(short, baseline="base")
+    extra = [*good, Point("nope", 0, 9, 10, 10, 1e16, 2.0), Point("nope", 1, 9, 10, 10, 1e16, 2.0)]
+    with raises_naming(FitError, "variant 'nope' has rung 9 the baseline lacks"):
+        fit_ladder(extra, baseline="base")
+    with raises_naming(FitError, "variant 'nope', rung 1: seeds [0]", "the baseline's [0, 1]"):
+        fit_ladder([p for p in good if not (p.variant == "nope" and p.rung == 1 and p.seed == 1)],
+                   baseline="base")  # fmt: skip
+
+    def bad(**kw: object) -> list[Point]:  # seed 1 of nope's rung 2 changed
+        return [Point(**{**p.__dict__, **kw}) if (p.variant, p.rung, p.seed) == ("nope", 2, 1)
+                else p for p in good]  # fmt: skip
+
+    for kw, said in (({"loss": math.nan}, "loss nan"), ({"loss": -1.0}, "loss -1.0"),
+                     ({"loss": math.inf}, "loss inf"), ({"flops": 0.0}, "flops 0.0"),
+                     ({"params": 0}, "params 0")):  # fmt: skip
+        with raises_naming(FitError, "variant 'nope', rung 2, seed 1", said):
+            fit_ladder(bad(**kw), baseline="base")
+    with raises_naming(FitError, "variant 'nope', rung 2", "seeds' compute differs"):
+        fit_ladder(bad(flops=2e14), baseline="base")
+    with raises_naming(FitError, "variant 'nope', rung 0: seed 1 appears twice"):
+        fit_ladder([*good, good[-7]], baseline="base")
+    with raises_naming(FitError, "bootstrap -1"):
+        fit_ladder(good, baseline="base", bootstrap=-1)
+    with raises_naming(FitError, "confidence 1.5"):
+        fit_ladder(good, baseline="base", confidence=1.5)
+    with raises_naming(FitError, "target compute -5"):
+        fit_ladder(good, baseline="base", target_flops=-5.0)
+
+
+def test_resamples_that_do_not_fit_are_left_out_and_counted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import lmcore.ladder.fits as fits
+
+    calls = []
+    refit = fits._refit
+
+    def every_fourth_fails(*args: object) -> PowerLaw | None:
+        calls.append(1)
+        return None if len(calls) % 4 == 0 else refit(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(fits, "_refit", every_fourth_fails)
+    fit = fit_ladder(ladder({"base": law, "v": lambda c: law(c, 1.2)}, noise=1e-3), baseline="base",
+                     bootstrap=30)  # fmt: skip
+    # the baseline's refits are calls 1-30: resamples 3, 7, ..., 27 fail (7); the variant's are
+    # calls 31-60: resamples 1, 5, ..., 29 fail (8); a pair needs both, so 15 pairs fail
+    assert fit.variant("base").alpha.failed == 7 and fit.variant("v").alpha.failed == 8
+    assert fit.variant("v").multiplier.failed == 15 and fit.variant("v").multiplier.resamples == 15
+    assert "did not fit (left out of the intervals): `base` 7, `v` 15 of 30" in fit.table()
