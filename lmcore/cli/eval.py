@@ -50,6 +50,13 @@ def add_parser(sub: Any) -> None:
         "non-overlapping; less gives every scored token at least context - N tokens of context)",
     )
     p.add_argument(
+        "--context",
+        type=positive,
+        metavar="N",
+        help="with --text/--data: windows of up to N tokens, at most the model's context_length "
+        "(default: it), e.g. the --context a fine-tune trained with",
+    )
+    p.add_argument(
         "--tokenizer",
         metavar="PATH",
         help="tokenizer.json (default: found beside the checkpoint, in its run or its data)",
@@ -106,8 +113,8 @@ def run(args: argparse.Namespace) -> int:
             if getattr(args, flag) is not None:
                 raise UsageError(f"--{flag.replace('_', '-')} applies to --tasks only")
         return _windows(args)
-    if args.stride is not None or args.split != "val":
-        raise UsageError("--stride and --split apply to --text and --data only")
+    if args.stride is not None or args.context is not None or args.split != "val":
+        raise UsageError("--stride, --context and --split apply to --text and --data only")
     return _tasks(args)
 
 
@@ -135,7 +142,9 @@ def _windows(args: argparse.Namespace) -> int:
         data = TokenData.open(args.data)
         data.check(context_length=1, vocab_size=model.spec.vocab_size)
         stream = data_stream(data, args.split)
-    result = evaluate_stream(model, stream, batch_size=args.batch_size, stride=args.stride)
+    result = evaluate_stream(
+        model, stream, batch_size=args.batch_size, stride=args.stride, context=args.context
+    )
     params = sum(p.numel() for p in model.parameters())
     if args.json:
         print(json.dumps({"model": str(info.path), "parameters": params, **result.to_json()}))
@@ -144,9 +153,12 @@ def _windows(args: argparse.Namespace) -> int:
     overlap = "non-overlapping" if result.stride == result.context_length else "overlapping"
     print(f"model: {info.path} ({params:,} parameters, {dtype} on {model.lm_head.weight.device})")
     print(f"text: {result.source}; tokenizer {result.tokenizer}")
+    left_out = f"; {result.masked:,} more read as context, left out by the loss mask" * bool(
+        result.masked
+    )
     print(
         f"tokens: {result.tokens:,} predicted, standing for {result.bytes:,} bytes "
-        f"({result.bytes / result.tokens:.2f} bytes/token)"
+        f"({result.bytes / result.tokens:.2f} bytes/token){left_out}"
     )
     print(
         f"windows: {result.windows:,} of up to {result.context_length} tokens, stride "

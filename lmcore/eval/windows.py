@@ -17,6 +17,12 @@ context. Windows are batched (the last, shorter one right-padded: causal attenti
 pads out of every real position), each window's loss is summed in float64 from its own row
 alone, and the windows' sums are added in order, so the numbers do not depend on the batch size.
 
+Chat data has a loss mask beside its tokens (`lmcore data prepare --chat`): a target whose mask
+is 0 (a prompt's token) is read as context but neither scored nor counted, so `loss` is the mean
+over the assistant's tokens alone, as the trainer's masked evaluation computes it, and `bytes`
+are the scored tokens' bytes. The mask travels with the ids through the windows: a masked
+stream's chunks are `(2, n)` arrays, ids above, mask below.
+
 A text stream is the files one after another, each one a document led by `<|endoftext|>`, as
 `lmcore data prepare` separates documents: `<|endoftext|> file1 <|endoftext|> file2 ...`. Its
 bytes are those of the files' text (see `lmcore.eval.bpb`).
@@ -116,6 +122,8 @@ class Tokens(Protocol):
     @property
     def bytes(self) -> np.ndarray: ...  # int64, bytes of each token id (`token_bytes`)
     @property
+    def masked(self) -> bool: ...  # chunks are (2, n): ids, then the loss mask (1: scored)
+    @property
     def source(self) -> str: ...
     @property
     def tokenizer(self) -> str: ...
@@ -135,11 +143,28 @@ class Stream:
     bytes: np.ndarray  # int64, bytes of each token (its tokenizer's `token_bytes`)
     source: str  # e.g. "val split of data/stdlib-2k"
     tokenizer: str  # where the tokenizer came from
+    mask: np.ndarray | None = None  # uint8 beside `tokens`, 1: a scored target (chat data)
+
+    def __post_init__(self) -> None:
+        if self.mask is not None and len(self.mask) != len(self.tokens):
+            raise EvalError(
+                f"{self.source}: the loss mask holds {len(self.mask):,} entries for "
+                f"{len(self.tokens):,} tokens"
+            )
+
+    @property
+    def masked(self) -> bool:
+        return self.mask is not None
 
     def chunks(self) -> Iterator[np.ndarray]:
-        """The ids in int64 pieces (a memory map is read a piece at a time)."""
+        """The ids in int64 pieces (a memory map is read a piece at a time); with a loss mask,
+        `(2, n)` pieces: the ids, then their mask."""
         for i in range(0, len(self.tokens), _DATA_CHUNK):
-            yield np.asarray(self.tokens[i : i + _DATA_CHUNK], dtype=np.int64)
+            ids = np.asarray(self.tokens[i : i + _DATA_CHUNK], dtype=np.int64)
+            if self.mask is None:
+                yield ids
+            else:
+                yield np.stack([ids, np.asarray(self.mask[i : i + _DATA_CHUNK], dtype=np.int64)])
 
     def length(self) -> int:
         return len(self.tokens)
@@ -159,6 +184,7 @@ class TextStream:
     tokenizer: str
     chunk: int = CHUNK_CHARS  # characters tokenised at a time
     block: int = BLOCK_BYTES  # bytes read at a time
+    masked: bool = field(default=False, init=False)  # every token of a text is scored
 
     def _encode(self, text: str) -> list[int]:
         ids: list[int] = self.encoder.encode(text, add_special_tokens=False).ids
@@ -201,10 +227,13 @@ def text_stream(
 
 
 def data_stream(data: TokenData, split: str = "val") -> Stream:
-    """A split of prepared data; its bytes come from decoding with the data's tokenizer."""
+    """A split of prepared data; its bytes come from decoding with the data's tokenizer. Chat
+    data's loss mask comes with it: only the targets it keeps are scored."""
     where = str(data.path / data.meta.tokenizer_file)
     ids = data.split(split)  # a memory map: `Stream.chunks` reads it a piece at a time
-    return Stream(ids, token_bytes(data.tokenizer()), f"{split} split of {data.path}", where)
+    mask = data.mask(split)
+    source = f"{split} split of {data.path}" + (" (loss-masked)" if mask is not None else "")
+    return Stream(ids, token_bytes(data.tokenizer()), source, where, mask)
 
 
 @dataclass(frozen=True)
@@ -214,7 +243,7 @@ class EvalResult:
 
     source: str
     tokenizer: str
-    tokens: int  # predicted
+    tokens: int  # predicted (scored: a loss mask leaves the prompt's tokens out)
     bytes: int  # that the predicted tokens stand for
     nats: float  # summed over the predicted tokens
     windows: int
@@ -222,6 +251,7 @@ class EvalResult:
     stride: int
     batch_size: int
     seconds: float
+    masked: int = 0  # targets read as context but left out by the data's loss mask
 
     @property
     def loss(self) -> float:
@@ -256,16 +286,23 @@ def window_nats(
 ) -> list[float]:
     """The summed nats of each window's scored targets, one forward for all of them, each row
     right-padded to `width` (the same in every batch, so that no row's arithmetic depends on
-    the others'). `tokens[i]` is the stream's token `offset + i`."""
+    the others'). `tokens[i]` is the stream's token `offset + i`; `(2, n)` tokens carry a loss
+    mask below the ids, and a target whose mask is 0 adds nothing."""
     device = model.lm_head.weight.device
+    ids, mask = (tokens, None) if tokens.ndim == 1 else (tokens[0], tokens[1])
     x = np.zeros((len(windows), width), dtype=np.int64)
     y = np.zeros((len(windows), width), dtype=np.int64)
+    kept = np.ones((len(windows), width), dtype=bool)
     for row, w in enumerate(windows):
         s = w.start - offset
-        x[row, : w.length] = tokens[s : s + w.length]
-        y[row, : w.length] = tokens[s + 1 : s + w.length + 1]
+        x[row, : w.length] = ids[s : s + w.length]
+        y[row, : w.length] = ids[s + 1 : s + w.length + 1]
+        if mask is not None:
+            kept[row, : w.length] = mask[s + 1 : s + w.length + 1] != 0
     logits = model(torch.from_numpy(x).to(device))
     picked = target_log_probs(logits, torch.from_numpy(y).to(device))  # (B, T)
+    if mask is not None:  # where, not multiply: a left-out target's -inf must not make a nan
+        picked = torch.where(torch.from_numpy(kept).to(device), picked, 0.0)
     return [
         float(picked[row, w.length - w.scored : w.length].double().sum().neg())
         for row, w in enumerate(windows)
@@ -300,12 +337,13 @@ def streamed_windows(
     chunks: Iterator[np.ndarray], context_length: int, stride: int, batch_size: int
 ) -> Iterator[tuple[list[Window], np.ndarray, int, int]]:
     """`(windows, tokens, offset, width)` batch by batch: the windows `plan_windows` gives for
-    the whole stream, `batch_size` at a time, planned as the chunks arrive; `tokens[i]` is the
-    stream's token `offset + i` (what the batch reads, and no more than it needs); `width` is
-    the first window's length. A window is planned once the tokens after it show it is not the
-    last, or the stream has ended."""
+    the whole stream, `batch_size` at a time, planned as the chunks arrive; `tokens[..., i]` is
+    the stream's token `offset + i` (what the batch reads, and no more than it needs); `width`
+    is the first window's length. A window is planned once the tokens after it show it is not
+    the last, or the stream has ended. Chunks are 1-D ids, or `(2, n)` ids and loss mask, all
+    alike (the buffer grows along the last axis)."""
     L = context_length
-    buf = np.empty(0, dtype=np.int64)
+    buf: np.ndarray | None = None
     offset = start = done = width = 0  # buf[0] is token `offset`; the next window starts at `start`
     batch: list[Window] = []
     ended = False
@@ -313,9 +351,11 @@ def streamed_windows(
         piece = next(chunks, None)
         if piece is None:
             ended = True
-        elif len(piece):
-            buf = np.concatenate([buf, piece])
-        n = offset + len(buf)  # tokens seen so far
+        elif piece.shape[-1]:
+            buf = piece if buf is None else np.concatenate([buf, piece], axis=-1)
+        if buf is None:
+            buf = np.empty(0, dtype=np.int64)
+        n = offset + buf.shape[-1]  # tokens seen so far
         while ended or n >= start + L + 2:  # else: whether it is the last is not known yet
             if n < 2:
                 raise _too_short(n)
@@ -330,7 +370,7 @@ def streamed_windows(
                 return
             start += stride
             if not batch:  # drop what no window to come reads
-                buf, offset = buf[start - offset :], start
+                buf, offset = buf[..., start - offset :], start
 
 
 def evaluate_stream(
@@ -339,36 +379,49 @@ def evaluate_stream(
     *,
     batch_size: int = 8,
     stride: int | None = None,
+    context: int | None = None,
     progress: bool | None = None,
 ) -> EvalResult:
     """Evaluate `model` on every predicted token of `stream` (see the module's docstring),
-    reading it chunk by chunk. `progress`: a tqdm bar on stderr (None: when stderr is a
-    terminal)."""
+    reading it chunk by chunk, in windows of up to `context` tokens (None: the model's
+    context length). `progress`: a tqdm bar on stderr (None: when stderr is a terminal)."""
     from tqdm import tqdm
 
     if batch_size < 1:
         raise EvalError(f"--batch-size {batch_size}: must be a positive integer")
     spec = model.spec
-    L = spec.context_length
+    if context is not None and not 1 <= context <= spec.context_length:
+        raise EvalError(
+            f"--context {context}: must be in 1..{spec.context_length} (the model's "
+            "context_length)"
+        )
+    L = spec.context_length if context is None else context
     step = L if stride is None else stride
     _check_stride(step, L)
     known = stream.length()
     if known is not None and known < 2:
         raise _too_short(known)
     table = stream.bytes
-    seen = num_bytes = windows = largest = 0
+    seen = num_bytes = windows = largest = left_out = 0
 
     def checked() -> Iterator[np.ndarray]:
-        nonlocal seen, num_bytes
+        nonlocal seen, num_bytes, left_out
         for piece in stream.chunks():
-            if len(piece) and int(piece.max()) >= spec.vocab_size:
+            ids = piece if piece.ndim == 1 else piece[0]
+            if len(ids) and int(ids.max()) >= spec.vocab_size:
                 raise EvalError(
-                    f"{stream.source} holds token id {int(piece.max())}, beyond the model's "
+                    f"{stream.source} holds token id {int(ids.max())}, beyond the model's "
                     f"vocab_size={spec.vocab_size}; evaluate with the tokenizer the model was "
                     "trained with"
                 )
-            num_bytes += int(table[piece[1:] if seen == 0 else piece].sum())  # targets only
-            seen += len(piece)
+            targets = slice(1 if seen == 0 else 0, None)  # the first token is never a target
+            if piece.ndim == 1:
+                num_bytes += int(table[ids[targets]].sum())
+            else:
+                kept = piece[1, targets] != 0
+                num_bytes += int(table[ids[targets][kept]].sum())
+                left_out += int((~kept).sum())
+            seen += len(ids)
             yield piece
 
     start = time.perf_counter()
@@ -387,10 +440,15 @@ def evaluate_stream(
             windows += len(batch)
             largest = max(largest, len(batch))
             bar.update(len(batch))
+    if seen - 1 - left_out == 0:
+        raise EvalError(
+            f"{stream.source}: its loss mask leaves out all {left_out:,} targets, so nothing is "
+            "scored; evaluate a split with assistant tokens in it"
+        )
     return EvalResult(
         source=stream.source,
         tokenizer=stream.tokenizer,
-        tokens=seen - 1,
+        tokens=seen - 1 - left_out,
         bytes=num_bytes,
         nats=nats.total(),
         windows=windows,
@@ -398,4 +456,5 @@ def evaluate_stream(
         stride=step,
         batch_size=largest,
         seconds=time.perf_counter() - start,
+        masked=left_out,
     )

@@ -198,7 +198,8 @@ def _check_point(p: Point) -> None:
     where = f"variant {p.variant!r}, rung {p.rung}, seed {p.seed}"
     for name in ("loss", "flops"):
         v = getattr(p, name)
-        if isinstance(v, bool) or not isinstance(v, (int, float, np.number)) or not math.isfinite(v) or v <= 0:
+        number = isinstance(v, (int, float, np.number)) and not isinstance(v, bool)
+        if not number or not math.isfinite(v) or v <= 0:
             raise FitError(f"{where}: {name} {v!r}: a scaling law needs a finite, positive {name}")
     for name in ("params", "tokens"):
         v = getattr(p, name)
@@ -437,12 +438,19 @@ class LadderFit:
                 "Multiplier: the compute the baseline needs to reach the variant's loss at C*, "
                 "over C* (> 1: the variant is worth more compute). ")  # fmt: skip
         if seeds > 1 and self.bootstrap:
-            note += (f"Intervals: {pct} percentile bootstrap, {self.bootstrap} resamples of "
-                     f"the seeds within each rung (paired across variants; seed {self.seed}).")
+            note += (
+                f"Intervals: {pct} percentile bootstrap, {self.bootstrap} resamples of "
+                f"the seeds within each rung (paired across variants; seed {self.seed})."
+            )
         else:
             note += "No intervals: they need 2 or more seeds a rung and --bootstrap N."
         note += (" Held-out: the law fitted without the largest rung predicts its mean loss; "
                  "error = predicted − observed.")  # fmt: skip
+        failed = [f"`{v.variant}` {v.multiplier.failed}" for v in self.variants
+                  if v.multiplier.failed]  # fmt: skip
+        if failed:
+            note += (f" Resamples that did not fit (left out of the intervals): "
+                     f"{', '.join(failed)} of {self.bootstrap}.")  # fmt: skip
         chin = [v for v in self.variants if v.chinchilla is not None]
         extra = "".join(
             f"\n- `{v.variant}`: L(N, D) = {c.E:.3f} + {c.A:.3g}/N^{c.alpha:.3f} + "

@@ -178,7 +178,7 @@ def fit_power_law(
     fallback. `FitError` below 3 distinct compute values, or for a non-finite or non-positive
     value."""
     c = _values("flops", flops, None)
-    y = np.log(_values("losses", losses, len(c)))
+    y: NDArray[Any] = np.log(_values("losses", losses, len(c)))
     distinct = np.unique(c)
     if len(distinct) < POWER_LAW_PARAMETERS:
         shown = ", ".join(f"{v:.3g}" for v in distinct)
@@ -192,7 +192,8 @@ def fit_power_law(
 
     def residuals(p: NDArray[Any]) -> NDArray[Any]:
         a, alpha, e = p
-        return _softmax_terms(np.stack([a - alpha * x, np.full_like(x, e)]))[0] - y
+        out: NDArray[Any] = _softmax_terms(np.stack([a - alpha * x, np.full_like(x, e)]))[0] - y
+        return out
 
     def jacobian(p: NDArray[Any]) -> NDArray[Any]:
         a, alpha, e = p
@@ -254,7 +255,7 @@ def fit_chinchilla(
     non-finite or non-positive value."""
     n_ = _values("params", params, None)
     d_ = _values("tokens", tokens, len(n_))
-    y = np.log(_values("losses", losses, len(n_)))
+    y: NDArray[Any] = np.log(_values("losses", losses, len(n_)))
     problem = chinchilla_problem(n_, d_)
     if problem is not None:
         raise FitError(problem)
@@ -266,7 +267,8 @@ def fit_chinchilla(
         return np.stack([a - alpha * u, b - beta * v, np.full_like(u, e)])
 
     def residuals(p: NDArray[Any]) -> NDArray[Any]:
-        return _softmax_terms(terms(p))[0] - y
+        out: NDArray[Any] = _softmax_terms(terms(p))[0] - y
+        return out
 
     def jacobian(p: NDArray[Any]) -> NDArray[Any]:
         _, w = _softmax_terms(terms(p))

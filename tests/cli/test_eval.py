@@ -120,3 +120,41 @@ def test_a_checkpoint_its_run_prunes_while_it_is_read_is_read_again_as_the_newes
     assert f"model: {run / 'checkpoints' / 'step-000011' / 'model.safetensors'}" in (
         capsys.readouterr().out
     )
+
+
+def test_chat_data_is_scored_on_the_assistants_tokens_alone(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # `lmcore eval --data` of a chat split: its loss mask comes with it, as in the trainer
+    pytest.importorskip("jinja2", reason="needs the 'chat' extra: pip install -e '.[chat]'")
+    from lmcore.data.chat import prepare_chat
+    from lmcore.data.tokens import TokenData
+    from tests.helpers.chat import chat_checkpoint, conversations, write_chats
+
+    ckpt = chat_checkpoint(tmp_path)
+    saved = lmcore.read_info(ckpt).tokenizer
+    assert saved is not None
+    prepare_chat(write_chats(tmp_path / "c.jsonl", conversations(40)), tmp_path / "d",
+                 tokenizer=saved, tokenizer_from=ckpt)  # fmt: skip
+    data = TokenData.open(tmp_path / "d")
+    val, mask = np.array(data.val), np.array(data.mask("val"))
+    assert main(["eval", str(ckpt), "--data", str(tmp_path / "d"), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    kept = mask[1:] != 0
+    assert 0 < kept.sum() < len(kept)
+    assert (out["tokens"], out["masked"]) == (int(kept.sum()), int((~kept).sum()))
+    assert out["source"] == f"val split of {tmp_path / 'd'} (loss-masked)"
+    model = lmcore.load(ckpt)
+    L = model.spec.context_length
+    nats = 0.0
+    with torch.no_grad():
+        for s in range(0, len(val) - 1, L):
+            x = torch.from_numpy(val[s : s + L]).long()
+            y = torch.from_numpy(val[s + 1 : s + L + 1]).long()
+            x, keep = x[: len(y)], torch.from_numpy(mask[s + 1 : s + L + 1] != 0)
+            logp = model(x[None])[0].log_softmax(-1).gather(-1, y[:, None])[:, 0]
+            nats -= float(logp[keep].double().sum())
+    assert out["loss"] == pytest.approx(nats / kept.sum(), rel=1e-5)
+    assert main(["eval", str(ckpt), "--data", str(tmp_path / "d")]) == 0
+    text = capsys.readouterr().out
+    assert f"{int((~kept).sum()):,} more read as context, left out by the loss mask" in text

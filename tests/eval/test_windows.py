@@ -136,3 +136,84 @@ def test_the_batch_reported_is_the_one_used() -> None:
     stream = Stream(ids, np.ones(300, dtype=np.int64), "x", "y")
     assert evaluate_stream(model, stream, batch_size=8).batch_size == 3  # 39 tokens: 3 windows
     assert evaluate_stream(model, stream, batch_size=2).batch_size == 2
+
+
+def _masked_reference(model: torch.nn.Module, ids: np.ndarray, mask: np.ndarray, L: int) -> float:
+    """Summed nats over non-overlapping windows of `L`, targets the mask leaves out `IGNORE`."""
+    nats = 0.0
+    with torch.no_grad():
+        for s in range(0, len(ids) - 1, L):
+            x = torch.from_numpy(ids[s : s + L]).long()
+            y = torch.from_numpy(np.where(mask[s + 1 : s + L + 1] != 0, ids[s + 1 : s + L + 1],
+                                          -100)).long()  # fmt: skip
+            x = x[: len(y)]
+            nats += float(F.cross_entropy(model(x[None])[0], y, ignore_index=-100,
+                                          reduction="sum"))  # fmt: skip
+    return nats
+
+
+def test_a_loss_mask_scores_only_the_targets_it_keeps() -> None:
+    model = eval_model()
+    rng = np.random.default_rng(3)
+    ids = rng.integers(0, 256, size=101).astype(np.int64)
+    mask = (rng.random(101) < 0.4).astype(np.uint8)
+    table = np.arange(300, dtype=np.int64) % 5 + 1  # bytes per token id: distinct, known
+    result = evaluate_stream(model, Stream(ids, table, "x", "y", mask), batch_size=3)
+    kept = mask[1:] != 0
+    assert result.tokens == int(kept.sum()) and result.masked == int((~kept).sum())
+    assert result.bytes == int(table[ids[1:][kept]].sum())
+    assert result.nats == pytest.approx(_masked_reference(model, ids, mask, 16), rel=1e-5)
+    assert result.loss == pytest.approx(result.nats / kept.sum())
+    # an all-ones mask is no mask at all, to the last bit
+    ones = evaluate_stream(model, Stream(ids, table, "x", "y", np.ones(101, np.uint8)))
+    plain = evaluate_stream(model, Stream(ids, table, "x", "y"))
+    assert (ones.nats, ones.tokens, ones.bytes, ones.masked) == (
+        plain.nats, plain.tokens, plain.bytes, 0)  # fmt: skip
+
+
+def test_a_mask_travels_with_its_ids_through_overlapping_streamed_windows() -> None:
+    # stride < context: each scored target is the one the whole-stream plan scores, with its mask
+    model = eval_model()
+    rng = np.random.default_rng(4)
+    ids = rng.integers(0, 256, size=75).astype(np.int64)
+    mask = (rng.random(75) < 0.5).astype(np.uint8)
+    result = evaluate_stream(model, Stream(ids, np.ones(300, np.int64), "x", "y", mask),
+                             batch_size=2, stride=5)  # fmt: skip
+    nats = 0.0
+    with torch.no_grad():
+        for w in plan_windows(75, 16, 5):
+            x = torch.from_numpy(ids[w.start : w.start + w.length])
+            logp = model(x[None])[0].log_softmax(-1)
+            for t in range(w.length - w.scored, w.length):
+                if mask[w.start + t + 1]:
+                    nats -= float(logp[t, ids[w.start + t + 1]])
+    assert result.tokens == int(mask[1:].sum()) and result.nats == pytest.approx(nats, rel=1e-5)
+
+
+def test_a_mask_that_leaves_out_every_target_is_refused() -> None:
+    ids = np.arange(1, 40, dtype=np.int64)
+    stream = Stream(ids, np.ones(300, np.int64), "val split of d (loss-masked)", "y",
+                    np.zeros(39, np.uint8))  # fmt: skip
+    with pytest.raises(EvalError) as e:
+        evaluate_stream(eval_model(), stream)
+    assert str(e.value) == (
+        "val split of d (loss-masked): its loss mask leaves out all 38 targets, so nothing is "
+        "scored; evaluate a split with assistant tokens in it"
+    )
+    with pytest.raises(EvalError, match="the loss mask holds 3 entries for 39 tokens"):
+        Stream(ids, np.ones(300, np.int64), "x", "y", np.zeros(3, np.uint8))
+
+
+def test_shorter_windows_than_the_models_context_are_those_asked_for() -> None:
+    model = eval_model()  # context_length 16
+    rng = np.random.default_rng(5)
+    ids = rng.integers(0, 256, size=60).astype(np.int64)
+    mask = (rng.random(60) < 0.6).astype(np.uint8)
+    stream = Stream(ids, np.ones(300, np.int64), "x", "y", mask)
+    result = evaluate_stream(model, stream, batch_size=4, context=6)
+    assert (result.context_length, result.windows) == (6, math.ceil(59 / 6))
+    assert result.nats == pytest.approx(_masked_reference(model, ids, mask, 6), rel=1e-5)
+    for bad in (0, 17):
+        with pytest.raises(EvalError) as e:
+            evaluate_stream(model, stream, context=bad)
+        assert str(e.value) == f"--context {bad}: must be in 1..16 (the model's context_length)"

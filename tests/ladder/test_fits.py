@@ -46,7 +46,9 @@ def test_the_multiplier_is_k_when_the_variants_law_is_the_baseline_at_k_times_th
     base = PowerLaw(E, A, ALPHA)
     for k in (0.5, 1.0, 1.37, 4.0):
         # L(kC) = E + A·k^-α·C^-α: the same law with A scaled by k^-α
-        assert multiplier(PowerLaw(E, A * k**-ALPHA, ALPHA), base, 3e14) == pytest.approx(k, rel=1e-12)
+        assert multiplier(PowerLaw(E, A * k**-ALPHA, ALPHA), base, 3e14) == pytest.approx(
+            k, rel=1e-12
+        )
     # a variant below the baseline's E: no baseline compute reaches it
     assert multiplier(PowerLaw(E - 0.1, A, ALPHA), base, 1e15) == math.inf
     fit = fit_ladder(ladder({"base": law, "x": lambda c: law(c, 1.5), "y": lambda c: law(c, 0.8)}),
@@ -90,8 +92,12 @@ def test_the_bootstrap_interval_is_the_hand_computation_over_enumerated_resample
                     rng=2)  # fmt: skip
     fit = fit_ladder(points, baseline="base", bootstrap=200, seed=7)
     loss = {(p.variant, p.rung, p.seed): p.loss for p in points}
-    full = {v: fit_power_law([p.flops for p in points if p.variant == v],
-                             [p.loss for p in points if p.variant == v]) for v in ("base", "v")}
+    full = {
+        v: fit_power_law(
+            [p.flops for p in points if p.variant == v], [p.loss for p in points if p.variant == v]
+        )
+        for v in ("base", "v")
+    }
     rng = np.random.default_rng(7)
     hand: dict[tuple[tuple[int, ...], ...], float] = {}
     values, alphas = [], []
@@ -110,10 +116,16 @@ def test_the_bootstrap_interval_is_the_hand_computation_over_enumerated_resample
     m = fit.variant("v").multiplier
     assert m.value == pytest.approx(multiplier(full["v"], full["base"], RUNG_FLOPS[2]), rel=1e-6)
     # ranks ⌊0.025·199⌋ = 4 and ⌈0.975·199⌉ = 195 of the sorted 200
-    assert (m.low, m.high) == (pytest.approx(values[4], rel=1e-6), pytest.approx(values[195], rel=1e-6))
+    assert (m.low, m.high) == (
+        pytest.approx(values[4], rel=1e-6),
+        pytest.approx(values[195], rel=1e-6),
+    )
     assert m.resamples == 200 and m.failed == 0 and m.low < m.value < m.high
     a = fit.variant("v").alpha
-    assert (a.low, a.high) == (pytest.approx(alphas[4], rel=1e-6), pytest.approx(alphas[195], rel=1e-6))
+    assert (a.low, a.high) == (
+        pytest.approx(alphas[4], rel=1e-6),
+        pytest.approx(alphas[195], rel=1e-6),
+    )
     assert fit.variant("base").multiplier.low is None  # the baseline against itself: 1, no interval
     assert fit.variant("v").held_out is None  # 3 rungs: nothing to hold out
 
@@ -161,22 +173,31 @@ def test_the_table_sorts_by_multiplier_and_its_json_is_strict() -> None:
     assert [v["variant"] for v in data["variants"]] == ["below", "better", "base", "worse"]
     assert data["variants"][0]["multiplier"]["value"] is None  # ∞ has no JSON
     assert data["variants"][1]["multiplier"]["value"] == pytest.approx(
-        fit.variant("better").multiplier.value)
-    with raises_naming(FitError, "--sort 'multipler'", "did you mean 'multiplier'", "multiplier or loss"):
+        fit.variant("better").multiplier.value
+    )
+    with raises_naming(
+        FitError, "--sort 'multipler'", "did you mean 'multiplier'", "multiplier or loss"
+    ):
         fit.table("multipler")
     with raises_naming(FitError, "no variant 'bettr'", "did you mean 'better'"):
         fit.variant("bettr")
 
 
 def test_chinchillas_law_is_fitted_when_the_ladder_varies_n_and_d_apart() -> None:
-    ch = lambda n, d: 1.69 + 406.4 / n**0.34 + 410.7 / d**0.28  # noqa: E731
+    def ch(n: int, d: int) -> float:
+        return 1.69 + 406.4 / n**0.34 + 410.7 / d**0.28
+
     points = [Point(v, 0, r, params=n, tokens=d, flops=6.0 * n * d, loss=ch(n, d) + off)
               for v, off in (("base", 0.0), ("v", -0.01))
               for r, (n, d) in enumerate((n, d) for n in (10**6, 10**7, 10**8)
                                          for d in (10**8, 10**9, 10**10))]  # fmt: skip
     fit = fit_ladder(points, baseline="base", bootstrap=0)
     c = fit.variant("base").chinchilla
-    assert c is not None and c.alpha == pytest.approx(0.34, rel=1e-4) and c.beta == pytest.approx(0.28, rel=1e-4)
+    assert (
+        c is not None
+        and c.alpha == pytest.approx(0.34, rel=1e-4)
+        and c.beta == pytest.approx(0.28, rel=1e-4)
+    )
     assert "Chinchilla's L(N, D)" in fit.table()
     fixed = fit_ladder(ladder({"base": law}), baseline="base", bootstrap=0)
     assert fixed.variant("base").chinchilla is None  # one token count: no L(N, D)
@@ -186,7 +207,9 @@ def test_ladder_errors_name_the_variant_rung_and_seed() -> None:
     good = ladder({"base": law, "nope": lambda c: law(c, 1.1)})
     with raises_naming(FitError, "no points"):
         fit_ladder([], baseline="base")
-    with raises_naming(FitError, "baseline 'bsae' has no points", "did you mean 'base'", "base, nope"):
+    with raises_naming(
+        FitError, "baseline 'bsae' has no points", "did you mean 'base'", "base, nope"
+    ):
         fit_ladder(good, baseline="bsae")
     two = [p for p in good if p.rung < 2]
     with raises_naming(FitError, "'base' has 2 rungs (0, 1)", "needs 3 or more rungs",
@@ -201,8 +224,11 @@ def test_ladder_errors_name_the_variant_rung_and_seed() -> None:
     with raises_naming(FitError, "variant 'nope', rung 1: seeds [0]", "the baseline's [0, 1]"):
         fit_ladder([p for p in good if not (p.variant == "nope" and p.rung == 1 and p.seed == 1)],
                    baseline="base")  # fmt: skip
-    bad = lambda **kw: [Point(**{**p.__dict__, **kw}) if (p.variant, p.rung, p.seed) == ("nope", 2, 1)
-                        else p for p in good]  # noqa: E731
+
+    def bad(**kw: object) -> list[Point]:  # seed 1 of nope's rung 2 changed
+        return [Point(**{**p.__dict__, **kw}) if (p.variant, p.rung, p.seed) == ("nope", 2, 1)
+                else p for p in good]  # fmt: skip
+
     for kw, said in (({"loss": math.nan}, "loss nan"), ({"loss": -1.0}, "loss -1.0"),
                      ({"loss": math.inf}, "loss inf"), ({"flops": 0.0}, "flops 0.0"),
                      ({"params": 0}, "params 0")):  # fmt: skip
@@ -218,3 +244,25 @@ def test_ladder_errors_name_the_variant_rung_and_seed() -> None:
         fit_ladder(good, baseline="base", confidence=1.5)
     with raises_naming(FitError, "target compute -5"):
         fit_ladder(good, baseline="base", target_flops=-5.0)
+
+
+def test_resamples_that_do_not_fit_are_left_out_and_counted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import lmcore.ladder.fits as fits
+
+    calls = []
+    refit = fits._refit
+
+    def every_fourth_fails(*args: object) -> PowerLaw | None:
+        calls.append(1)
+        return None if len(calls) % 4 == 0 else refit(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(fits, "_refit", every_fourth_fails)
+    fit = fit_ladder(ladder({"base": law, "v": lambda c: law(c, 1.2)}, noise=1e-3), baseline="base",
+                     bootstrap=30)  # fmt: skip
+    # the baseline's refits are calls 1-30: resamples 3, 7, ..., 27 fail (7); the variant's are
+    # calls 31-60: resamples 1, 5, ..., 29 fail (8); a pair needs both, so 15 pairs fail
+    assert fit.variant("base").alpha.failed == 7 and fit.variant("v").alpha.failed == 8
+    assert fit.variant("v").multiplier.failed == 15 and fit.variant("v").multiplier.resamples == 15
+    assert "did not fit (left out of the intervals): `base` 7, `v` 15 of 30" in fit.table()
