@@ -172,9 +172,10 @@ def _ladder(args: argparse.Namespace) -> int:
                 f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} "
                 "needed to train a ladder (or --plan to only print its sizes)"
             )
-    print(plan_markdown(plan))
+    print(plan_markdown(plan), end="")
     if args.plan:
         return 0
+    print()
     from lmcore.data.tokens import TokenData
     from lmcore.ladder.runs import run_ladder
     from lmcore.train.launch import LauncherOptions
