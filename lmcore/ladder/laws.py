@@ -22,6 +22,7 @@ scipy is imported inside the fits, so importing this module costs nothing.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, overload
@@ -205,7 +206,11 @@ def fit_power_law(
     starts = [np.array([math.log(max(mean - f * lo, 1e-9 * mean)), alpha, math.log(f * lo)])
               for alpha in _ALPHAS for f in _E_FRACTIONS]  # fmt: skip
     if start is not None:
-        first = np.array([math.log(start.A) - start.alpha * x0, start.alpha, math.log(start.E)])
+        # A full fit's E (or A) may have underflowed to 0.0 (its log below −745): start from
+        # the smallest positive float's log instead of failing on log(0).
+        tiny = sys.float_info.min
+        first = np.array([math.log(max(start.A, tiny)) - start.alpha * x0, start.alpha,
+                          math.log(max(start.E, tiny))])  # fmt: skip
         try:
             (a, alpha, e), cost = _huber_fit(residuals, jacobian, [first], bounds, delta)
         except FitError:

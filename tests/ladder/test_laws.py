@@ -150,3 +150,12 @@ def test_chinchilla_refuses_a_ladder_that_does_not_vary_n_and_d_apart() -> None:
         fit_chinchilla(n, 20 * n, chinchilla(n, 20 * n))
     with raises_naming(FitError, "5 parameters", "got 4 points", "2 distinct N"):
         fit_chinchilla([1e6, 1e6, 1e7, 1e7], [1e8, 1e9, 1e8, 1e10], [3.0, 2.9, 2.8, 2.7])
+
+
+def test_a_start_whose_E_underflowed_to_zero_still_refits() -> None:
+    # A pure power law (E = 0): its full fit's E is exp(e) with e far below −745, i.e. 0.0; a
+    # bootstrap refit from it must not take log(0).
+    c = np.array([1e10, 3e10, 1e11, 3e11, 1e12])
+    losses = 70.0 * c**-0.1
+    law = fit_power_law(c, losses, start=PowerLaw(E=0.0, A=70.0, alpha=0.1))
+    assert law.predict(3e12) == pytest.approx(70.0 * 3e12**-0.1, rel=1e-3)
