@@ -47,9 +47,9 @@ from lmcore.ladder.laws import (
 )
 
 __all__ = [
-    "Chinchilla", "Estimate", "HeldOut", "LadderFit", "Point", "PowerLaw", "VariantFit",
-    "fit_chinchilla", "fit_ladder", "fit_power_law", "interval_ranks", "multiplier",
-    "percentile_interval", "resamples",
+    "RESAMPLING", "Chinchilla", "Estimate", "HeldOut", "LadderFit", "Point", "PowerLaw",
+    "VariantFit", "fit_chinchilla", "fit_ladder", "fit_power_law", "interval_ranks", "multiplier",
+    "percentile_interval", "resampled_losses", "resamples",
 ]  # fmt: skip
 
 MIN_RUNGS: Final = POWER_LAW_PARAMETERS  # one compute value per parameter of the law
@@ -173,20 +173,37 @@ def interval_ranks(n: int, confidence: float) -> tuple[int, int]:
     return math.floor(q * (n - 1) + 1e-9), math.ceil((1 - q) * (n - 1) - 1e-9)
 
 
+Draw = dict[int, tuple[tuple[int, int], ...]]  # {rung: the (rung, seed) of each drawn run}
+RESAMPLING: Final = ("pooled", "rung")
+
+
 def resamples(
-    seeds: Mapping[int, Sequence[int]], count: int, seed: int
-) -> list[dict[int, tuple[int, ...]]]:
-    """`count` bootstrap resamples of the seeds of each rung of `seeds` ({rung: its seeds}):
-    each resample draws, rung by rung in ascending order, as many seeds as the rung has, with
-    replacement, from `numpy.random.default_rng(seed)`."""
+    seeds: Mapping[int, Sequence[int]], count: int, seed: int, scheme: str = "pooled"
+) -> list[Draw]:
+    """`count` bootstrap resamples of a ladder whose rungs have `seeds` ({rung: its seeds}),
+    drawn from `numpy.random.default_rng(seed)`, resample by resample, rung by rung in
+    ascending order, as many runs for each rung as it has seeds, with replacement:
+
+    * `"rung"`: from the rung's own seeds;
+    * `"pooled"`: from the runs of every rung with 2 or more seeds, in (rung, seed) order: a
+      rung's resample is its mean plus deviations drawn from all rungs (`resampled_losses`);
+      with no such rung, from its own seeds.
+
+    Each drawn run is named by its (rung, seed)."""
+    if scheme not in RESAMPLING:
+        raise FitError(
+            f"resampling {scheme!r}{did_you_mean(scheme, RESAMPLING)}: expected "
+            f"{' or '.join(RESAMPLING)}"
+        )
     rng = np.random.default_rng(seed)
     rungs = sorted(seeds)
+    pool = [(r, s) for r in rungs if len(seeds[r]) > 1 for s in seeds[r]]
     out = []
     for _ in range(count):
         draw = {}
         for r in rungs:
-            s = list(seeds[r])
-            draw[r] = tuple(s[i] for i in rng.integers(0, len(s), size=len(s)))
+            among = pool if scheme == "pooled" and pool else [(r, s) for s in seeds[r]]
+            draw[r] = tuple(among[i] for i in rng.integers(0, len(among), size=len(seeds[r])))
         out.append(draw)
     return out
 
@@ -268,21 +285,38 @@ def _check_ladder(ladder: Mapping[str, Runs], baseline: str) -> None:
 # --------------------------------------------------------------------------- the fit
 
 
-def _arrays(runs: Runs, draw: Mapping[int, Sequence[int]] | None = None,
-            skip: int | None = None) -> tuple[list[float], list[float]]:  # fmt: skip
-    flops, losses = [], []
-    for r in sorted(runs):
-        if r == skip:
-            continue
-        for s in draw[r] if draw is not None else sorted(runs[r]):
-            flops.append(runs[r][s].flops)
-            losses.append(runs[r][s].loss)
-    return flops, losses
+def resampled_losses(
+    losses: Mapping[int, Mapping[int, float]], draw: Draw, correct: bool = True
+) -> dict[int, list[float]]:
+    """The losses of one resample ({rung: {seed: loss}} in `losses`, the runs drawn for each
+    rung in `draw`): a rung's are its mean plus each drawn run's deviation from its own rung's
+    mean, times `√(n / (n − 1))` with `correct` (n that rung's seeds). A plain resample's mean
+    varies by `(n − 1) / n` of the seeds' sample variance over n, half of it at 2 seeds; the
+    factor restores the whole (the usual adjustment of resampled residuals: Davison and
+    Hinkley 1997, "Bootstrap methods and their application")."""
+    mean = {r: math.fsum(ls.values()) / len(ls) for r, ls in losses.items()}
+    out = {}
+    for r, drawn in draw.items():
+        values = []
+        for src, s in drawn:
+            n = len(losses[src])
+            scale = math.sqrt(n / (n - 1)) if correct and n > 1 else 1.0
+            values.append(mean[r] + scale * (losses[src][s] - mean[src]))
+        out[r] = values
+    return out
 
 
-def _refit(runs: Runs, draw: Mapping[int, Sequence[int]], start: PowerLaw) -> PowerLaw | None:
+def _arrays(runs: Runs, skip: int | None = None) -> tuple[list[float], list[float]]:
+    ps = [p for r in sorted(runs) if r != skip for _, p in sorted(runs[r].items())]
+    return [p.flops for p in ps], [p.loss for p in ps]
+
+
+def _refit(runs: Runs, draw: Draw, start: PowerLaw, correct: bool) -> PowerLaw | None:
+    losses = resampled_losses({r: {s: p.loss for s, p in runs[r].items()} for r in runs}, draw,
+                              correct)  # fmt: skip
+    flops = [next(iter(runs[r].values())).flops for r in sorted(runs) for _ in losses[r]]
     try:
-        return fit_power_law(*_arrays(runs, draw), start=start)
+        return fit_power_law(flops, [x for r in sorted(runs) for x in losses[r]], start=start)
     except FitError:
         return None
 
@@ -324,6 +358,8 @@ def fit_ladder(
     bootstrap: int = 1000,
     seed: int = 0,
     confidence: float = 0.95,
+    resampling: str = "pooled",
+    correct: bool = True,
 ) -> LadderFit:
     """Each variant's law, its bootstrap over seeds, its multiplier over `baseline` at
     `target_flops` (None: the baseline's largest rung) and its held-out largest rung (module
@@ -333,6 +369,9 @@ def fit_ladder(
         raise FitError("no points to fit: a ladder needs its runs' final losses")
     if isinstance(bootstrap, bool) or not isinstance(bootstrap, int) or bootstrap < 0:
         raise FitError(f"bootstrap {bootstrap!r}: expected a whole number of resamples ≥ 0")
+    if resampling not in RESAMPLING:
+        raise FitError(f"resampling {resampling!r}{did_you_mean(resampling, RESAMPLING)}: "
+                       f"expected {' or '.join(RESAMPLING)}")  # fmt: skip
     if not 0 < confidence < 1:
         raise FitError(f"confidence {confidence!r}: expected a level between 0 and 1, e.g. 0.95")
     ladder = _by_variant(points)
@@ -351,9 +390,9 @@ def fit_ladder(
             laws[v] = fit_power_law(*_arrays(ladder[v]))
         except FitError as e:
             raise FitError(f"variant {v!r}: {e}") from None
-    draws = resamples({r: sorted(s) for r, s in base.items()}, bootstrap, seed)
+    draws = resamples({r: sorted(s) for r, s in base.items()}, bootstrap, seed, resampling)
     interval = any(len(s) > 1 for s in base.values())  # one seed a rung: every resample alike
-    refits = {v: [_refit(ladder[v], d, laws[v]) for d in draws] if interval else []
+    refits = {v: [_refit(ladder[v], d, laws[v], correct) for d in draws] if interval else []
               for v in names}  # fmt: skip
 
     out = []
@@ -377,7 +416,8 @@ def fit_ladder(
             chinchilla=_chinchilla(ladder[v]),
             replicates=tuple(reps),
         ))  # fmt: skip
-    return LadderFit(baseline, float(target_flops), bootstrap, seed, confidence, tuple(out))
+    return LadderFit(baseline, float(target_flops), bootstrap, seed, confidence, tuple(out),
+                     resampling if interval and bootstrap else None, correct)  # fmt: skip
 
 
 # --------------------------------------------------------------------------- the table
@@ -393,6 +433,8 @@ class LadderFit:
     seed: int
     confidence: float
     variants: tuple[VariantFit, ...]
+    resampling: str | None = "pooled"  # None: no intervals
+    correct: bool = True
 
     def variant(self, name: str) -> VariantFit:
         for v in self.variants:
@@ -433,15 +475,15 @@ class LadderFit:
                 f"`{v.variant}`", f"{v.law.E:.3f}", f"{v.law.A:.3g}",
                 _with_interval(v.alpha, "{:.3f}"), _with_interval(v.loss_at_target, "{:.3f}"),
                 mult, held]) + " |")  # fmt: skip
-        seeds = max(len(r) for r in _seeds_by_rung(self.variants[0].points).values())
         note = (f"L(C) = E + A·C^−α per variant, C in FLOPs; C* = {self.target_flops:.3g} FLOPs. "
                 "Multiplier: the compute the baseline needs to reach the variant's loss at C*, "
                 "over C* (> 1: the variant is worth more compute). ")  # fmt: skip
-        if seeds > 1 and self.bootstrap:
-            note += (
-                f"Intervals: {pct} percentile bootstrap, {self.bootstrap} resamples of "
-                f"the seeds within each rung (paired across variants; seed {self.seed})."
-            )
+        if self.resampling is not None:
+            how = ("each rung's seeds' deviations from their mean, pooled over the rungs"
+                   if self.resampling == "pooled" else "the seeds within each rung")  # fmt: skip
+            note += (f"Intervals: {pct} percentile bootstrap, {self.bootstrap} resamples of "
+                     f"{how}{', scaled by √(n/(n−1))' if self.correct else ''} (paired across "
+                     f"variants; seed {self.seed}).")  # fmt: skip
         else:
             note += "No intervals: they need 2 or more seeds a rung and --bootstrap N."
         note += (" Held-out: the law fitted without the largest rung predicts its mean loss; "
@@ -463,14 +505,8 @@ class LadderFit:
     def to_json(self, sort: str | None = None) -> dict[str, Any]:
         return {"baseline": self.baseline, "target_flops": self.target_flops,
                 "bootstrap": self.bootstrap, "seed": self.seed, "confidence": self.confidence,
+                "resampling": self.resampling, "correct": self.correct,
                 "variants": [v.to_json() for v in self.ranked(sort)]}  # fmt: skip
-
-
-def _seeds_by_rung(points: Iterable[Point]) -> dict[int, set[int]]:
-    out: dict[int, set[int]] = {}
-    for p in points:
-        out.setdefault(p.rung, set()).add(p.seed)
-    return out
 
 
 def _with_interval(e: Estimate, fmt: str) -> str:
