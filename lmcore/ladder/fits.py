@@ -16,12 +16,18 @@ training compute C (the declared FLOPs per token × tokens) and final validation
   `m = C_b / C*`. m > 1: the variant is worth m× the compute; m = k exactly when the variant's
   law is the baseline's with compute scaled by k. A loss the baseline never reaches (≤ its E)
   gives m = ∞.
-* **The bootstrap.** A resample draws, within each rung, as many seeds as the rung has, with
-  replacement (`resamples`); every variant refits its law to the runs of the drawn seeds. The
-  variants share each resample, so seed k of a variant stays paired with the baseline's seed k
-  (the same batches in the same order) and the multiplier's interval is a paired one. Each
-  refit starts from the full fit. The interval is the percentile interval from the order
-  statistics, no interpolation (`percentile_interval`); with one seed per rung there is none.
+* **The bootstrap.** A resample keeps each rung's mean loss and redraws its seeds'
+  deviations from it, as many as the rung has, with replacement (`resamples`,
+  `resampled_losses`): by default from the deviations of every rung (`resampling="pooled"`:
+  seed noise taken as alike across rungs, so 2 seeds a rung still give the bootstrap 2 × rungs
+  deviations to draw from), or from the rung's own seeds (`"rung"`: a plain resample of the
+  seeds within each rung). Each deviation is scaled by `√(n / (n − 1))` (`correct`), without
+  which a resampled mean of n seeds varies by `(n − 1)/n` of what the seeds' sample variance
+  says: half at 2 seeds. Every variant refits its law to each resample, starting from its full
+  fit. The variants share each resample's draws, so seed k of a variant stays paired with the
+  baseline's seed k (the same batches in the same order) and the multiplier's interval is a
+  paired one. The interval is the percentile interval from the order statistics, no
+  interpolation (`percentile_interval`); with one seed a rung there is none.
 * **The held-out rung.** Each variant's law is refitted without its largest rung and predicts
   that rung's mean loss over seeds; the error (predicted − observed) and its ratio to the
   observed loss say how far the law can be trusted one rung out. It needs 4 rungs.
