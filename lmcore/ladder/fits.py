@@ -104,6 +104,7 @@ class HeldOut:
     observed: float  # the rung's mean loss over its seeds
     predicted: float
     law: PowerLaw  # fitted to the other rungs
+    spread: float | None = None  # the rung's seeds' sample standard deviation (None: one seed)
 
     @property
     def error(self) -> float:
@@ -116,7 +117,7 @@ class HeldOut:
     def to_json(self) -> dict[str, Any]:
         return {"rung": self.rung, "flops": self.flops, "observed": self.observed,
                 "predicted": self.predicted, "error": self.error, "relative": self.relative,
-                "law": self.law.to_json()}  # fmt: skip
+                "spread": self.spread, "law": self.law.to_json()}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -344,8 +345,10 @@ def _held_out(variant: str, runs: Runs, top: int) -> HeldOut | None:
     except FitError as e:
         raise FitError(f"variant {variant!r} without rung {top}: {e}") from None
     flops = next(iter(runs[top].values())).flops
-    observed = math.fsum(p.loss for p in runs[top].values()) / len(runs[top])
-    return HeldOut(top, flops, observed, law.predict(flops), law)
+    losses = [p.loss for p in runs[top].values()]
+    observed = math.fsum(losses) / len(losses)
+    spread = float(np.std(losses, ddof=1)) if len(losses) > 1 else None
+    return HeldOut(top, flops, observed, law.predict(flops), law, spread)
 
 
 def _chinchilla(runs: Runs) -> Chinchilla | None:
@@ -474,7 +477,8 @@ class LadderFit:
             h = v.held_out
             held = ("– (needs 4 rungs)" if h is None else
                     f"rung {h.rung}: {h.predicted:.3f} / {h.observed:.3f} "
-                    f"({h.error:+.3f}, {h.relative:+.1%})")  # fmt: skip
+                    f"({h.error:+.3f}, {h.relative:+.1%}"
+                    f"{'' if h.spread is None else f'; seeds ±{h.spread:.3f}'})")  # fmt: skip
             mult = ("1 (baseline)" if v.variant == self.baseline
                     else _with_interval(v.multiplier, "{:.3g}×"))  # fmt: skip
             lines.append("| " + " | ".join([
@@ -493,7 +497,8 @@ class LadderFit:
         else:
             note += "No intervals: they need 2 or more seeds a rung and --bootstrap N."
         note += (" Held-out: the law fitted without the largest rung predicts its mean loss; "
-                 "error = predicted − observed.")  # fmt: skip
+                 "error = predicted − observed; ± the seeds' standard deviation "
+                 "there.")  # fmt: skip
         failed = [f"`{v.variant}` {v.multiplier.failed}" for v in self.variants
                   if v.multiplier.failed]  # fmt: skip
         if failed:

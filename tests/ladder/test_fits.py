@@ -210,6 +210,9 @@ def test_the_held_out_rung_is_predicted_by_the_law_fitted_without_it() -> None:
         assert h.predicted == pytest.approx(predicted, rel=1e-9)
         assert h.error == pytest.approx(predicted - observed, abs=1e-9)
         assert h.relative == pytest.approx((predicted - observed) / observed, abs=1e-9)
+        assert h.spread == pytest.approx(
+            abs(mine[-2].loss - mine[-1].loss) / math.sqrt(2), rel=1e-9
+        )
         assert abs(h.relative) < 0.01  # 0.1 % noise: the law extrapolates one decade within 1 %
 
 
@@ -232,7 +235,9 @@ def test_the_table_sorts_by_multiplier_and_its_json_is_strict() -> None:
     assert [r.split(" | ")[0] for r in rows] == ["| `below`", "| `better`", "| `base`", "| `worse`"]
     assert "1 (baseline)" in rows[2] and "∞" in rows[0]  # `below` is under the baseline's E
     h = fit.variant("better").held_out
-    assert h is not None and f"rung 3: {h.predicted:.3f} / {h.observed:.3f}" in rows[1]
+    assert h is not None and h.spread is not None
+    assert f"rung 3: {h.predicted:.3f} / {h.observed:.3f} ({h.error:+.3f}, " in rows[1]
+    assert f"; seeds ±{h.spread:.3f})" in rows[1]
     assert "C* = 1e+15 FLOPs" in text and "20 resamples" in text
     data = json.loads(json.dumps(fit.to_json("multiplier"), allow_nan=False))
     assert [v["variant"] for v in data["variants"]] == ["below", "better", "base", "worse"]
