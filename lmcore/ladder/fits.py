@@ -16,12 +16,18 @@ training compute C (the declared FLOPs per token × tokens) and final validation
   `m = C_b / C*`. m > 1: the variant is worth m× the compute; m = k exactly when the variant's
   law is the baseline's with compute scaled by k. A loss the baseline never reaches (≤ its E)
   gives m = ∞.
-* **The bootstrap.** A resample draws, within each rung, as many seeds as the rung has, with
-  replacement (`resamples`); every variant refits its law to the runs of the drawn seeds. The
-  variants share each resample, so seed k of a variant stays paired with the baseline's seed k
-  (the same batches in the same order) and the multiplier's interval is a paired one. Each
-  refit starts from the full fit. The interval is the percentile interval from the order
-  statistics, no interpolation (`percentile_interval`); with one seed per rung there is none.
+* **The bootstrap.** A resample keeps each rung's mean loss and redraws its seeds'
+  deviations from it, as many as the rung has, with replacement (`resamples`,
+  `resampled_losses`): by default from the deviations of every rung (`resampling="pooled"`:
+  seed noise taken as alike across rungs, so 2 seeds a rung still give the bootstrap 2 × rungs
+  deviations to draw from), or from the rung's own seeds (`"rung"`: a plain resample of the
+  seeds within each rung). Each deviation is scaled by `√(n / (n − 1))` (`correct`), without
+  which a resampled mean of n seeds varies by `(n − 1)/n` of what the seeds' sample variance
+  says: half at 2 seeds. Every variant refits its law to each resample, starting from its full
+  fit. The variants share each resample's draws, so seed k of a variant stays paired with the
+  baseline's seed k (the same batches in the same order) and the multiplier's interval is a
+  paired one. The interval is the percentile interval from the order statistics, no
+  interpolation (`percentile_interval`); with one seed a rung there is none.
 * **The held-out rung.** Each variant's law is refitted without its largest rung and predicts
   that rung's mean loss over seeds; the error (predicted − observed) and its ratio to the
   observed loss say how far the law can be trusted one rung out. It needs 4 rungs.
@@ -47,9 +53,9 @@ from lmcore.ladder.laws import (
 )
 
 __all__ = [
-    "Chinchilla", "Estimate", "HeldOut", "LadderFit", "Point", "PowerLaw", "VariantFit",
-    "fit_chinchilla", "fit_ladder", "fit_power_law", "interval_ranks", "multiplier",
-    "percentile_interval", "resamples",
+    "RESAMPLING", "Chinchilla", "Estimate", "HeldOut", "LadderFit", "Point", "PowerLaw",
+    "VariantFit", "fit_chinchilla", "fit_ladder", "fit_power_law", "interval_ranks", "multiplier",
+    "percentile_interval", "resampled_losses", "resamples",
 ]  # fmt: skip
 
 MIN_RUNGS: Final = POWER_LAW_PARAMETERS  # one compute value per parameter of the law
@@ -98,6 +104,7 @@ class HeldOut:
     observed: float  # the rung's mean loss over its seeds
     predicted: float
     law: PowerLaw  # fitted to the other rungs
+    spread: float | None = None  # the rung's seeds' sample standard deviation (None: one seed)
 
     @property
     def error(self) -> float:
@@ -110,7 +117,7 @@ class HeldOut:
     def to_json(self) -> dict[str, Any]:
         return {"rung": self.rung, "flops": self.flops, "observed": self.observed,
                 "predicted": self.predicted, "error": self.error, "relative": self.relative,
-                "law": self.law.to_json()}  # fmt: skip
+                "spread": self.spread, "law": self.law.to_json()}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -173,20 +180,37 @@ def interval_ranks(n: int, confidence: float) -> tuple[int, int]:
     return math.floor(q * (n - 1) + 1e-9), math.ceil((1 - q) * (n - 1) - 1e-9)
 
 
+Draw = dict[int, tuple[tuple[int, int], ...]]  # {rung: the (rung, seed) of each drawn run}
+RESAMPLING: Final = ("pooled", "rung")
+
+
 def resamples(
-    seeds: Mapping[int, Sequence[int]], count: int, seed: int
-) -> list[dict[int, tuple[int, ...]]]:
-    """`count` bootstrap resamples of the seeds of each rung of `seeds` ({rung: its seeds}):
-    each resample draws, rung by rung in ascending order, as many seeds as the rung has, with
-    replacement, from `numpy.random.default_rng(seed)`."""
+    seeds: Mapping[int, Sequence[int]], count: int, seed: int, scheme: str = "pooled"
+) -> list[Draw]:
+    """`count` bootstrap resamples of a ladder whose rungs have `seeds` ({rung: its seeds}),
+    drawn from `numpy.random.default_rng(seed)`, resample by resample, rung by rung in
+    ascending order, as many runs for each rung as it has seeds, with replacement:
+
+    * `"rung"`: from the rung's own seeds;
+    * `"pooled"`: from the runs of every rung with 2 or more seeds, in (rung, seed) order: a
+      rung's resample is its mean plus deviations drawn from all rungs (`resampled_losses`);
+      with no such rung, from its own seeds.
+
+    Each drawn run is named by its (rung, seed)."""
+    if scheme not in RESAMPLING:
+        raise FitError(
+            f"resampling {scheme!r}{did_you_mean(scheme, RESAMPLING)}: expected "
+            f"{' or '.join(RESAMPLING)}"
+        )
     rng = np.random.default_rng(seed)
     rungs = sorted(seeds)
+    pool = [(r, s) for r in rungs if len(seeds[r]) > 1 for s in seeds[r]]
     out = []
     for _ in range(count):
         draw = {}
         for r in rungs:
-            s = list(seeds[r])
-            draw[r] = tuple(s[i] for i in rng.integers(0, len(s), size=len(s)))
+            among = pool if scheme == "pooled" and pool else [(r, s) for s in seeds[r]]
+            draw[r] = tuple(among[i] for i in rng.integers(0, len(among), size=len(seeds[r])))
         out.append(draw)
     return out
 
@@ -268,21 +292,38 @@ def _check_ladder(ladder: Mapping[str, Runs], baseline: str) -> None:
 # --------------------------------------------------------------------------- the fit
 
 
-def _arrays(runs: Runs, draw: Mapping[int, Sequence[int]] | None = None,
-            skip: int | None = None) -> tuple[list[float], list[float]]:  # fmt: skip
-    flops, losses = [], []
-    for r in sorted(runs):
-        if r == skip:
-            continue
-        for s in draw[r] if draw is not None else sorted(runs[r]):
-            flops.append(runs[r][s].flops)
-            losses.append(runs[r][s].loss)
-    return flops, losses
+def resampled_losses(
+    losses: Mapping[int, Mapping[int, float]], draw: Draw, correct: bool = True
+) -> dict[int, list[float]]:
+    """The losses of one resample ({rung: {seed: loss}} in `losses`, the runs drawn for each
+    rung in `draw`): a rung's are its mean plus each drawn run's deviation from its own rung's
+    mean, times `√(n / (n − 1))` with `correct` (n that rung's seeds). A plain resample's mean
+    varies by `(n − 1) / n` of the seeds' sample variance over n, half of it at 2 seeds; the
+    factor restores the whole (the usual adjustment of resampled residuals: Davison and
+    Hinkley 1997, "Bootstrap methods and their application")."""
+    mean = {r: math.fsum(ls.values()) / len(ls) for r, ls in losses.items()}
+    out = {}
+    for r, drawn in draw.items():
+        values = []
+        for src, s in drawn:
+            n = len(losses[src])
+            scale = math.sqrt(n / (n - 1)) if correct and n > 1 else 1.0
+            values.append(mean[r] + scale * (losses[src][s] - mean[src]))
+        out[r] = values
+    return out
 
 
-def _refit(runs: Runs, draw: Mapping[int, Sequence[int]], start: PowerLaw) -> PowerLaw | None:
+def _arrays(runs: Runs, skip: int | None = None) -> tuple[list[float], list[float]]:
+    ps = [p for r in sorted(runs) if r != skip for _, p in sorted(runs[r].items())]
+    return [p.flops for p in ps], [p.loss for p in ps]
+
+
+def _refit(runs: Runs, draw: Draw, start: PowerLaw, correct: bool) -> PowerLaw | None:
+    losses = resampled_losses({r: {s: p.loss for s, p in runs[r].items()} for r in runs}, draw,
+                              correct)  # fmt: skip
+    flops = [next(iter(runs[r].values())).flops for r in sorted(runs) for _ in losses[r]]
     try:
-        return fit_power_law(*_arrays(runs, draw), start=start)
+        return fit_power_law(flops, [x for r in sorted(runs) for x in losses[r]], start=start)
     except FitError:
         return None
 
@@ -304,8 +345,10 @@ def _held_out(variant: str, runs: Runs, top: int) -> HeldOut | None:
     except FitError as e:
         raise FitError(f"variant {variant!r} without rung {top}: {e}") from None
     flops = next(iter(runs[top].values())).flops
-    observed = math.fsum(p.loss for p in runs[top].values()) / len(runs[top])
-    return HeldOut(top, flops, observed, law.predict(flops), law)
+    losses = [p.loss for p in runs[top].values()]
+    observed = math.fsum(losses) / len(losses)
+    spread = float(np.std(losses, ddof=1)) if len(losses) > 1 else None
+    return HeldOut(top, flops, observed, law.predict(flops), law, spread)
 
 
 def _chinchilla(runs: Runs) -> Chinchilla | None:
@@ -324,6 +367,8 @@ def fit_ladder(
     bootstrap: int = 1000,
     seed: int = 0,
     confidence: float = 0.95,
+    resampling: str = "pooled",
+    correct: bool = True,
 ) -> LadderFit:
     """Each variant's law, its bootstrap over seeds, its multiplier over `baseline` at
     `target_flops` (None: the baseline's largest rung) and its held-out largest rung (module
@@ -333,6 +378,9 @@ def fit_ladder(
         raise FitError("no points to fit: a ladder needs its runs' final losses")
     if isinstance(bootstrap, bool) or not isinstance(bootstrap, int) or bootstrap < 0:
         raise FitError(f"bootstrap {bootstrap!r}: expected a whole number of resamples ≥ 0")
+    if resampling not in RESAMPLING:
+        raise FitError(f"resampling {resampling!r}{did_you_mean(resampling, RESAMPLING)}: "
+                       f"expected {' or '.join(RESAMPLING)}")  # fmt: skip
     if not 0 < confidence < 1:
         raise FitError(f"confidence {confidence!r}: expected a level between 0 and 1, e.g. 0.95")
     ladder = _by_variant(points)
@@ -351,9 +399,9 @@ def fit_ladder(
             laws[v] = fit_power_law(*_arrays(ladder[v]))
         except FitError as e:
             raise FitError(f"variant {v!r}: {e}") from None
-    draws = resamples({r: sorted(s) for r, s in base.items()}, bootstrap, seed)
+    draws = resamples({r: sorted(s) for r, s in base.items()}, bootstrap, seed, resampling)
     interval = any(len(s) > 1 for s in base.values())  # one seed a rung: every resample alike
-    refits = {v: [_refit(ladder[v], d, laws[v]) for d in draws] if interval else []
+    refits = {v: [_refit(ladder[v], d, laws[v], correct) for d in draws] if interval else []
               for v in names}  # fmt: skip
 
     out = []
@@ -377,7 +425,8 @@ def fit_ladder(
             chinchilla=_chinchilla(ladder[v]),
             replicates=tuple(reps),
         ))  # fmt: skip
-    return LadderFit(baseline, float(target_flops), bootstrap, seed, confidence, tuple(out))
+    return LadderFit(baseline, float(target_flops), bootstrap, seed, confidence, tuple(out),
+                     resampling if interval and bootstrap else None, correct)  # fmt: skip
 
 
 # --------------------------------------------------------------------------- the table
@@ -393,6 +442,8 @@ class LadderFit:
     seed: int
     confidence: float
     variants: tuple[VariantFit, ...]
+    resampling: str | None = "pooled"  # None: no intervals
+    correct: bool = True
 
     def variant(self, name: str) -> VariantFit:
         for v in self.variants:
@@ -426,26 +477,28 @@ class LadderFit:
             h = v.held_out
             held = ("– (needs 4 rungs)" if h is None else
                     f"rung {h.rung}: {h.predicted:.3f} / {h.observed:.3f} "
-                    f"({h.error:+.3f}, {h.relative:+.1%})")  # fmt: skip
+                    f"({h.error:+.3f}, {h.relative:+.1%}"
+                    f"{'' if h.spread is None else f'; seeds ±{h.spread:.3f}'})")  # fmt: skip
             mult = ("1 (baseline)" if v.variant == self.baseline
                     else _with_interval(v.multiplier, "{:.3g}×"))  # fmt: skip
             lines.append("| " + " | ".join([
                 f"`{v.variant}`", f"{v.law.E:.3f}", f"{v.law.A:.3g}",
                 _with_interval(v.alpha, "{:.3f}"), _with_interval(v.loss_at_target, "{:.3f}"),
                 mult, held]) + " |")  # fmt: skip
-        seeds = max(len(r) for r in _seeds_by_rung(self.variants[0].points).values())
         note = (f"L(C) = E + A·C^−α per variant, C in FLOPs; C* = {self.target_flops:.3g} FLOPs. "
                 "Multiplier: the compute the baseline needs to reach the variant's loss at C*, "
                 "over C* (> 1: the variant is worth more compute). ")  # fmt: skip
-        if seeds > 1 and self.bootstrap:
-            note += (
-                f"Intervals: {pct} percentile bootstrap, {self.bootstrap} resamples of "
-                f"the seeds within each rung (paired across variants; seed {self.seed})."
-            )
+        if self.resampling is not None:
+            how = ("each rung's seeds' deviations from their mean, pooled over the rungs"
+                   if self.resampling == "pooled" else "the seeds within each rung")  # fmt: skip
+            note += (f"Intervals: {pct} percentile bootstrap, {self.bootstrap} resamples of "
+                     f"{how}{', scaled by √(n/(n−1))' if self.correct else ''} (paired across "
+                     f"variants; seed {self.seed}).")  # fmt: skip
         else:
             note += "No intervals: they need 2 or more seeds a rung and --bootstrap N."
         note += (" Held-out: the law fitted without the largest rung predicts its mean loss; "
-                 "error = predicted − observed.")  # fmt: skip
+                 "error = predicted − observed; ± the seeds' standard deviation "
+                 "there.")  # fmt: skip
         failed = [f"`{v.variant}` {v.multiplier.failed}" for v in self.variants
                   if v.multiplier.failed]  # fmt: skip
         if failed:
@@ -463,14 +516,8 @@ class LadderFit:
     def to_json(self, sort: str | None = None) -> dict[str, Any]:
         return {"baseline": self.baseline, "target_flops": self.target_flops,
                 "bootstrap": self.bootstrap, "seed": self.seed, "confidence": self.confidence,
+                "resampling": self.resampling, "correct": self.correct,
                 "variants": [v.to_json() for v in self.ranked(sort)]}  # fmt: skip
-
-
-def _seeds_by_rung(points: Iterable[Point]) -> dict[int, set[int]]:
-    out: dict[int, set[int]] = {}
-    for p in points:
-        out.setdefault(p.rung, set()).add(p.seed)
-    return out
 
 
 def _with_interval(e: Estimate, fmt: str) -> str:

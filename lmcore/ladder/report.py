@@ -98,7 +98,7 @@ def plot_ladder(fit: LadderFit, path: str | os.PathLike[str], title: str = "") -
     ax.yaxis.set_minor_formatter(plain)
     ax.set_xlabel("training compute C (FLOPs)")
     ax.set_ylabel("final validation loss (nats per token)")
-    bands = f"; bands: {fit.confidence:.0%} bootstrap over seeds" if fit.bootstrap else ""
+    bands = f"; bands: {fit.confidence:.0%} bootstrap over seeds" if fit.resampling else ""
     ax.set_title(textwrap.fill(title or f"L(C) = E + A·C^−α per variant{bands}", 80), fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7)

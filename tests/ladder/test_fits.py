@@ -18,6 +18,7 @@ from lmcore.ladder.fits import (
     fit_power_law,
     multiplier,
     percentile_interval,
+    resampled_losses,
     resamples,
 )
 from tests.helpers.errors import raises_naming
@@ -75,31 +76,95 @@ def test_percentile_interval_takes_order_statistics_as_numpy_lower_and_higher() 
         percentile_interval([], 0.95)
 
 
-def test_resamples_draw_each_rungs_seeds_with_replacement_from_the_seeded_generator() -> None:
-    draws = resamples({0: [3, 5], 1: [3, 5, 7]}, 50, seed=11)
+def test_resamples_draw_with_replacement_from_the_seeded_generator() -> None:
+    seeds = {0: [3, 5], 1: [3, 5, 7], 2: [4]}
+    rung = resamples(seeds, 50, seed=11, scheme="rung")
     rng = np.random.default_rng(11)  # the documented order: resample by resample, rung by rung
-    for d in draws:
-        assert d[0] == tuple([3, 5][i] for i in rng.integers(0, 2, size=2))
-        assert d[1] == tuple([3, 5, 7][i] for i in rng.integers(0, 3, size=3))
-    assert resamples({0: [3, 5], 1: [3, 5, 7]}, 50, seed=11) == draws
+    for d in rung:
+        assert d[0] == tuple((0, [3, 5][i]) for i in rng.integers(0, 2, size=2))
+        assert d[1] == tuple((1, [3, 5, 7][i]) for i in rng.integers(0, 3, size=3))
+        assert d[2] == tuple((2, 4) for _ in rng.integers(0, 1, size=1))
+    pooled = resamples(seeds, 50, seed=11)
+    pool = [(0, 3), (0, 5), (1, 3), (1, 5), (1, 7)]  # rung 2's one seed has no deviation to lend
+    rng = np.random.default_rng(11)
+    for d in pooled:
+        for r, n in ((0, 2), (1, 3), (2, 1)):
+            assert d[r] == tuple(pool[i] for i in rng.integers(0, 5, size=n))
+    assert resamples(seeds, 50, seed=11) == pooled
+    with raises_naming(FitError, "resampling 'pool'", "did you mean 'pooled'", "pooled or rung"):
+        resamples(seeds, 1, 0, scheme="pool")
 
 
-def test_the_bootstrap_interval_is_the_hand_computation_over_enumerated_resamples() -> None:
+def test_corrected_resamples_give_the_rung_mean_the_seeds_sample_variance_over_n() -> None:
+    """Every one of the 3³ equally likely draws of a rung's 3 seeds, enumerated: the resampled
+    mean's variance is (n − 1)/n · s²/n plain, and s²/n corrected (s² with n − 1 below)."""
+    losses = {0: {0: 3.10, 4: 3.13, 9: 3.05}}
+    s2 = float(np.var(list(losses[0].values()), ddof=1))
+    for correct, want in ((False, 2 / 3 * s2 / 3), (True, s2 / 3)):
+        means = [np.mean(resampled_losses(losses, {0: ((0, a), (0, b), (0, c))}, correct)[0])
+                 for a in losses[0] for b in losses[0] for c in losses[0]]  # fmt: skip
+        assert np.mean(means) == pytest.approx(np.mean(list(losses[0].values())), rel=1e-12)
+        assert np.var(means) == pytest.approx(want, rel=1e-9)
+    assert resampled_losses(losses, {0: ((0, 4), (0, 4), (0, 0))}, correct=False) == {
+        0: [3.13, 3.13, 3.10]}  # fmt: skip
+    # pooled: rung 1's mean plus rung 0's deviations (rung 0: mean 3.0, n = 2, scale √2)
+    two = {0: {0: 2.9, 1: 3.1}, 1: {0: 2.0, 1: 2.2}}
+    got = resampled_losses(two, {1: ((0, 0), (0, 1))})[1]
+    assert got == pytest.approx([2.1 - 0.1 * math.sqrt(2), 2.1 + 0.1 * math.sqrt(2)], rel=1e-12)
+
+
+def test_the_pooled_bootstrap_interval_is_the_hand_computation() -> None:
+    """2 seeds × 3 rungs, pooled: each rung's two resampled losses are its mean plus √2 times
+    the deviations of two runs drawn from all six; both variants take the same runs."""
+    points = ladder({"base": law, "v": lambda c: law(c, 1.3)}, rungs=RUNG_FLOPS[:3], noise=4e-3,
+                    rng=3)  # fmt: skip
+    fit = fit_ladder(points, baseline="base", bootstrap=100, seed=5)
+    assert fit.resampling == "pooled" and "pooled over the rungs" in fit.table()
+    loss = {(p.variant, p.rung, p.seed): p.loss for p in points}
+    mean = {(v, r): (loss[v, r, 0] + loss[v, r, 1]) / 2 for v, r, _ in loss}
+    full = {v: fit_power_law([p.flops for p in points if p.variant == v],
+                             [p.loss for p in points if p.variant == v])
+            for v in ("base", "v")}  # fmt: skip
+    pool = [(r, s) for r in range(3) for s in range(2)]
+    rng = np.random.default_rng(5)
+    values = []
+    for _ in range(100):
+        drawn = {r: [pool[i] for i in rng.integers(0, 6, size=2)] for r in range(3)}
+        refit = {v: fit_power_law(
+            [RUNG_FLOPS[r] for r in range(3) for _ in range(2)],
+            [mean[v, r] + math.sqrt(2) * (loss[v, q, s] - mean[v, q])
+             for r in range(3) for q, s in drawn[r]], start=full[v]) for v in ("base", "v")}  # fmt: skip
+        values.append(multiplier(refit["v"], refit["base"], RUNG_FLOPS[2]))
+    values.sort()
+    m = fit.variant("v").multiplier  # ranks ⌊0.025·99⌋ = 2 and ⌈0.975·99⌉ = 97
+    assert (m.low, m.high) == (
+        pytest.approx(values[2], rel=1e-6),
+        pytest.approx(values[97], rel=1e-6),
+    )
+
+
+@pytest.mark.parametrize("correct", [True, False])
+def test_the_bootstrap_interval_is_the_hand_computation_over_enumerated_resamples(
+    correct: bool,
+) -> None:
     """2 seeds × 3 rungs: each rung's resample is one of {0, 0}, {0, 1}, {1, 1}, so every
     resample is one of 27 data sets. Fit each once by hand, read the 200 resamples off the
-    seeded generator, pair baseline and variant on each, take the order statistics."""
+    seeded generator, pair baseline and variant on each, take the order statistics. Corrected,
+    a drawn seed's loss is its rung's mean plus √2 times its deviation from it (n = 2)."""
     points = ladder({"base": law, "v": lambda c: law(c, 1.3)}, rungs=RUNG_FLOPS[:3], noise=4e-3,
                     rng=2)  # fmt: skip
-    fit = fit_ladder(points, baseline="base", bootstrap=200, seed=7)
+    fit = fit_ladder(points, baseline="base", bootstrap=200, seed=7, resampling="rung",
+                     correct=correct)  # fmt: skip
     loss = {(p.variant, p.rung, p.seed): p.loss for p in points}
-    full = {
-        v: fit_power_law(
-            [p.flops for p in points if p.variant == v], [p.loss for p in points if p.variant == v]
-        )
-        for v in ("base", "v")
-    }
+    if correct:
+        mean = {(v, r): (loss[v, r, 0] + loss[v, r, 1]) / 2 for v, r, _ in loss}
+        loss = {(v, r, s): mean[v, r] + math.sqrt(2) * (x - mean[v, r])
+                for (v, r, s), x in loss.items()}  # fmt: skip
+    full = {v: fit_power_law([p.flops for p in points if p.variant == v],
+                             [p.loss for p in points if p.variant == v])
+            for v in ("base", "v")}  # fmt: skip
     rng = np.random.default_rng(7)
-    hand: dict[tuple[tuple[int, ...], ...], float] = {}
+    hand: dict[tuple[tuple[int, ...], ...], tuple[float, float]] = {}
     values, alphas = [], []
     for _ in range(200):
         draw = tuple(tuple(sorted(int(i) for i in rng.integers(0, 2, size=2))) for _ in range(3))
@@ -145,6 +210,9 @@ def test_the_held_out_rung_is_predicted_by_the_law_fitted_without_it() -> None:
         assert h.predicted == pytest.approx(predicted, rel=1e-9)
         assert h.error == pytest.approx(predicted - observed, abs=1e-9)
         assert h.relative == pytest.approx((predicted - observed) / observed, abs=1e-9)
+        assert h.spread == pytest.approx(
+            abs(mine[-2].loss - mine[-1].loss) / math.sqrt(2), rel=1e-9
+        )
         assert abs(h.relative) < 0.01  # 0.1 % noise: the law extrapolates one decade within 1 %
 
 
@@ -167,7 +235,9 @@ def test_the_table_sorts_by_multiplier_and_its_json_is_strict() -> None:
     assert [r.split(" | ")[0] for r in rows] == ["| `below`", "| `better`", "| `base`", "| `worse`"]
     assert "1 (baseline)" in rows[2] and "∞" in rows[0]  # `below` is under the baseline's E
     h = fit.variant("better").held_out
-    assert h is not None and f"rung 3: {h.predicted:.3f} / {h.observed:.3f}" in rows[1]
+    assert h is not None and h.spread is not None
+    assert f"rung 3: {h.predicted:.3f} / {h.observed:.3f} ({h.error:+.3f}, " in rows[1]
+    assert f"; seeds ±{h.spread:.3f})" in rows[1]
     assert "C* = 1e+15 FLOPs" in text and "20 resamples" in text
     data = json.loads(json.dumps(fit.to_json("multiplier"), allow_nan=False))
     assert [v["variant"] for v in data["variants"]] == ["below", "better", "base", "worse"]
