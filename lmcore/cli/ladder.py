@@ -190,9 +190,9 @@ def _ladder(args: argparse.Namespace) -> int:
     if result.interrupted is not None:
         print("interrupted; run the same command again to continue the ladder")
         return exit_code("interrupted", result.interrupted)
-    code = _fit(args, Path(args.out), result.points)
-    for row in result.failed:
+    for row in result.failed:  # before the fit, which may refuse a variant missing a rung
         print(f"lmcore ladder: error: {row.label}, seed {row.seed}: {row.error}", file=sys.stderr)
+    code = _fit(args, Path(args.out), result.points)
     return 1 if result.failed else code
 
 
