@@ -215,6 +215,8 @@ def collect_points(
                 status = read_run(run).get("status", {})
                 state, loss = status.get("state"), status.get("val_loss")
                 if state != "done" or not isinstance(loss, int | float):
+                    # a run that raised still says `running`: its sweep's table knows better
+                    state = _failures(rung_dir(root, k)).get(run.name, state)
                     missing.append(f"{where}: {state or 'no status'}")
                     continue
                 tokens = int(status.get("tokens") or 0)
@@ -223,6 +225,21 @@ def collect_points(
                                     flops=float(m["flops_per_token"]) * tokens,
                                     loss=float(loss)))  # fmt: skip
     return points, missing
+
+
+def _failures(sweep_dir: Path) -> dict[str, str]:
+    """The runs its comparison (`compare.json`) reports failed, by directory name, each as
+    `failed: REASON`."""
+    import json
+
+    from lmcore.train.sweep import TABLE_JSON
+
+    try:
+        rows = json.loads((sweep_dir / TABLE_JSON).read_text(encoding="utf-8")).get("runs", [])
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return {Path(str(r.get("run"))).name: f"failed: {r.get('error')}" for r in rows
+            if isinstance(r, dict) and r.get("state") == "failed"}  # fmt: skip
 
 
 def write_points(points: Sequence[Point], path: Path) -> None:

@@ -5,11 +5,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
+import torch
+from torch import nn
 
+from lmcore import Component, scoped_registry
 from lmcore.cli.main import main
 from lmcore.ladder.sizing import size_ladder
+from lmcore.model.roles import GAIN, Role
 from tests.helpers.models import TINY_SPEC
 from tests.helpers.runs import one_line_error
 
@@ -109,3 +114,36 @@ def test_what_is_not_a_ladder_or_not_a_ladder_command_exits_2(
     assert "--data DIR and --out LADDER are needed to train a ladder" in err
     err = one_line_error(capsys, ["ladder", "--tokens-per-param", "1"])
     assert "give a BASE spec (rung 0) and --vary ITEMS" in err
+
+
+class BoomNorm(nn.Module):
+    """A norm whose forward raises: every run of its variant fails."""
+
+    def __init__(self, d_model: int, device: Any = None, dtype: Any = None):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(d_model, device=device, dtype=dtype))
+
+    def parameter_roles(self) -> dict[str, Role]:
+        return {"weight": GAIN}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError("boom in the norm")
+
+
+def test_failed_runs_are_reported_and_the_baseline_still_fitted(
+    tiny_data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with scoped_registry() as registry:
+        registry.add(
+            Component(kind="norm", name="boom", build=BoomNorm, params=lambda d_model: d_model)
+        )
+        argv = ["ladder", TINY_SPEC, "--vary", "norm=boom", *SIZES[2:], *TRAIN, "--data",
+                str(tiny_data), "--out", str(tmp_path / "l"), "--bootstrap", "0"]  # fmt: skip
+        assert main(argv) == 1
+    captured = capsys.readouterr()
+    assert captured.err.count("lmcore ladder: error: norm=boom, seed 0: ") == 3
+    assert "boom in the norm" in captured.err
+    assert "rung 2, norm=boom, seed 0: failed: RuntimeError: boom in the norm: no point" in (
+        captured.out
+    )
+    assert "| `baseline` |" in captured.out  # the fit of what finished
