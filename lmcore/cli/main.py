@@ -13,6 +13,7 @@ lmcore quickstart           train a small model on this Python's standard librar
 lmcore generate SPEC|CKPT   write text (or token ids) from a prompt, streaming, with a KV cache
 lmcore chat CKPT            an interactive chat in the model's template, KV cache kept
 lmcore eval MODEL           loss, perplexity, bits per byte; lm-evaluation-harness tasks
+lmcore coordcheck SPEC      muP's coordinate check: activation updates by width, muP beside SP
 lmcore --version            lmcore's, torch's and Python's versions
 
 Each command is a module of this package (`add_parser(sub)`, `run(args) -> int`), listed in
@@ -49,6 +50,7 @@ from lmcore.cli import (
     chat,
     compare,
     convert,
+    coordcheck,
     data,
     describe,
     eval,
@@ -65,7 +67,7 @@ from lmcore.errors import LmcoreError, LmcoreWarning, SlowPluginWarning, SpecErr
 # The commands, in the order `lmcore --help` lists them.
 COMMANDS: tuple[ModuleType, ...] = (
     build, describe, run, plugins, convert, data, train, sweep, compare, quickstart, generate, chat,
-    eval,
+    eval, coordcheck,
 )  # fmt: skip
 
 
