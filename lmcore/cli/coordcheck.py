@@ -20,7 +20,7 @@ def widths(text: str) -> tuple[int, ...]:
     """argparse's type for ``64,128,256,512``: at least two increasing widths, each at most
     `MAX_WIDTH`."""
     parts = [p.strip() for p in text.split(",")]
-    if len(parts) < 2 or not all(re.fullmatch(r"\d{1,6}", p) for p in parts):
+    if len(parts) < 2 or not all(re.fullmatch(r"\d{1,12}", p) for p in parts):
         raise argparse.ArgumentTypeError(
             f"expected two or more comma-separated widths, e.g. 64,128,256,512; got {text!r}"
         )
