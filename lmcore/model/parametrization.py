@@ -115,7 +115,7 @@ def apply_parametrization(model: nn.Module, part: Part, found: Parametrization) 
         role = roles[name]
         if role.name == "packed":  # each logical matrix drawn for its own shape
             axis = role.fan_out % p.dim()  # type: ignore[operator]
-            for chunk in p.data.split(list(role.splits), dim=axis):
+            for chunk in torch.split(p.data, list(role.splits), dim=axis):
                 _draw(chunk, found.init_std(role, tuple(chunk.shape)), name, part)
             continue
         _draw(p.data, found.init_std(role, tuple(p.shape)), name, part)

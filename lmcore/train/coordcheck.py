@@ -147,7 +147,7 @@ def train_and_measure(
     for _ in range(steps):
         opt.zero_grad(set_to_none=True)
         logits = model(x)
-        cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1)).backward()
+        torch.autograd.backward(cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1)))
         opt.step()
     after = _activations(model, x)
     return {name: (after[name] - before[name]).abs().mean().item() for name in after}

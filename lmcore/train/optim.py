@@ -15,6 +15,7 @@ from lmcore.errors import PluginError
 from lmcore.model.parametrization import check_optimizer, lr_multipliers
 from lmcore.model.roles import roles_of
 from lmcore.parts import Part
+from lmcore.spec import ModelSpec
 from lmcore.train.recipe import build_optimizer, check_offer, param_groups, resolve_recipe
 
 if TYPE_CHECKING:
@@ -55,7 +56,8 @@ def make_optimizer(
     default = TrainConfig()
     check_offer(part, "betas", config.betas, default.betas)
     check_offer(part, "eps", config.eps, default.eps)
-    check_optimizer(getattr(model, "spec", None) and model.spec.parametrization, part)
+    spec = getattr(model, "spec", None)  # muP's rules are Adam's
+    check_optimizer(spec.parametrization if isinstance(spec, ModelSpec) else None, part)
     groups, _ = role_groups(model, config)
     optimizer = build_optimizer(part, groups, lr=config.lr, weight_decay=config.weight_decay,
                                 betas=config.betas, eps=config.eps)  # fmt: skip
