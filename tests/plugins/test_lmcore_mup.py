@@ -5,6 +5,7 @@ rule, the spec's canonical form, a checkpoint round trip, and the optimizer it r
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -155,3 +156,23 @@ def test_an_optimizer_without_entrywise_updates_is_refused() -> None:
                        "'entrywise'", "adamw or lion"):  # fmt: skip
         make_optimizer(model, TrainConfig(optimizer="sgd"), resolve_recipe("optimizer", "sgd"))
     make_optimizer(model, TrainConfig(optimizer="lion"), resolve_recipe("optimizer", "lion"))
+
+
+def test_a_run_records_the_parametrization_and_resumes_with_it(
+    tiny_data: Path, tmp_path: Path
+) -> None:
+    from lmcore.train.trainer import resume, train
+
+    spec = "vocab_size=300, context_length=16, d_model=64, num_layers=1, num_heads=2, parametrization=mup(base_width=32)"
+    config = TrainConfig(steps=4, batch_size=2, lr=1e-3, eval_every=2, eval_batches=1, save_every=2)
+    train(spec, tiny_data, tmp_path / "run", config, echo=None, stop_after=2)
+    info = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert info["spec"] == str(parse_spec(spec))
+    assert info["roles"]["matrix"]["lr_scale"] == 0.5 and info["roles"]["head"]["lr_scale"] == 1.0
+    result = resume(tmp_path / "run", echo=None)
+    assert result.status == "done" and result.step == 4
+    model = lmcore.load(tmp_path / "run")
+    assert model.logit_scale == 0.5 and model.spec == parse_spec(spec)
+    with raises_naming(TrainError, "--optimizer sgd", "'entrywise'"):
+        train(spec, tiny_data, tmp_path / "sgd", TrainConfig(steps=1, optimizer="sgd"), echo=None)
+    assert not (tmp_path / "sgd").exists()  # refused before the run directory
