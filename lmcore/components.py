@@ -66,7 +66,11 @@ RECIPE_KINDS: Final = ("optimizer", "schedule")
 # The kinds that change a built model after it is assembled: an adapter (LoRA) adds a small
 # trainable update to each targeted matrix and freezes the rest (`lmcore.model.adapters`).
 ADAPTER_KINDS: Final = ("adapter",)
-ALL_KINDS: Final = (*KINDS, *ADAPTER_KINDS, *RECIPE_KINDS)
+# How a built model's widths set its initialisation, per-role learning rates and output and
+# attention multipliers (muP): a spec key, resolved like the model's components, whose factory
+# gives rules, not a module (`lmcore.model.parametrization`).
+PARAMETRIZATION_KINDS: Final = ("parametrization",)
+ALL_KINDS: Final = (*KINDS, *ADAPTER_KINDS, *RECIPE_KINDS, *PARAMETRIZATION_KINDS)
 
 # The roles a component declares for the parameters it creates (`lmcore.model.roles`): a
 # hidden matrix, several packed in one tensor, the embedding, the output head, a norm's gain,
@@ -90,6 +94,9 @@ DIMS: Final[Mapping[str, tuple[str, ...]]] = {
     # What the runner offers the recipe kinds (see `lmcore.train.recipe`).
     "optimizer": ("groups", "lr", "weight_decay", "betas", "eps"),
     "schedule": ("lr", "min_lr", "warmup", "decay_steps", "steps"),
+    # What a parametrization's factory gets: the model's width, its vocabulary and whether
+    # the head is the embedding (`lmcore.model.parametrization`).
+    "parametrization": ("d_model", "vocab_size", "tie_embeddings"),
 }
 # What a block's factory receives besides its dimensions and arguments: the attention sub-layer,
 # the feed-forward network, and `norm()`, which builds one more norm of the model's kind per call.
@@ -132,8 +139,11 @@ FEATURES: Final[Mapping[str, frozenset[str]]] = {
     # nofsdp (optimizer): needs whole tensors (Muon's matrices), not FSDP's shards of them:
     # `lmcore train --parallel fsdp` refuses it before the run starts.
     "adapter": frozenset(),
-    "optimizer": frozenset({"nofsdp"}),
+    # entrywise (optimizer): its update is normalised entry by entry (Adam, Lion), so the
+    # per-role learning-rate rules of muP for Adam hold (`parametrization=mup` needs it).
+    "optimizer": frozenset({"nofsdp", "entrywise"}),
     "schedule": frozenset(),
+    "parametrization": frozenset(),
 }
 
 NAME_RE: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]*\Z")

@@ -133,11 +133,13 @@ def lmcore_components() -> list[Component]:
             name="adamw",
             build=build,
             help="AdamW (CS336's, from scratch): the run's betas and eps, decoupled weight decay",
+            features=frozenset({"entrywise"}),
         ),
         Component(
             kind="optimizer",
             name="torch_adamw",
             build=build_torch,
             help="torch.optim.AdamW, fused where torch has the kernel (else foreach)",
+            features=frozenset({"entrywise"}),
         ),
     ]

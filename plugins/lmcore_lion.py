@@ -100,5 +100,6 @@ def lmcore_components() -> list[Component]:
             validate=_check,
             help="Lion (Chen et al., 2023, from scratch): sign of interpolated momentum, "
             "decoupled weight decay; its own betas, no eps",
+            features=frozenset({"entrywise"}),  # a sign per entry: muP's Adam rules hold
         )
     ]

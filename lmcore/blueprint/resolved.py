@@ -17,6 +17,7 @@ from lmcore.spec import SLOTS, ModelSpec, format_layers
 # The kind of component each slot holds; `qk_norm` is a norm; `adapter` an adapter.
 SLOT_KINDS: Mapping[str, str] = {
     **{slot: slot for slot in SLOTS}, "qk_norm": "norm", "adapter": "adapter",
+    "parametrization": "parametrization",
 }
 
 

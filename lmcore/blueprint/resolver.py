@@ -77,10 +77,16 @@ class _Resolver:
         adapter = self.lookup.optional("adapter", origins.values.get("adapter"), "adapter")
         if adapter is not None:
             parts["adapter"] = adapter
+        rules = self.lookup.optional(
+            "parametrization", origins.values.get("parametrization"), "parametrization"
+        )
+        if rules is not None:
+            parts["parametrization"] = rules
         values.update(derived(origins, values, parts["ffn"], preset))
         values.update({slot: part.spec for slot, part in parts.items()})
         values.setdefault("qk_norm", None)
         values.setdefault("adapter", None)
+        values.setdefault("parametrization", None)
         layers, layer_parts = PerLayer(origins, self.lookup).apply(values, parts)
         spec = ModelSpec(**values, layers=layers)
         bp = Blueprint(spec, parts, self.registry, layer_parts)

@@ -14,6 +14,7 @@ lmcore quickstart           train a small model on this Python's standard librar
 lmcore generate SPEC|CKPT   write text (or token ids) from a prompt, streaming, with a KV cache
 lmcore chat CKPT            an interactive chat in the model's template, KV cache kept
 lmcore eval MODEL           loss, perplexity, bits per byte; lm-evaluation-harness tasks
+lmcore coordcheck SPEC      muP's coordinate check: activation updates by width, muP beside SP
 lmcore --version            lmcore's, torch's and Python's versions
 
 Each command is a module of this package (`add_parser(sub)`, `run(args) -> int`), listed in
@@ -50,6 +51,7 @@ from lmcore.cli import (
     chat,
     compare,
     convert,
+    coordcheck,
     data,
     describe,
     eval,
@@ -67,7 +69,7 @@ from lmcore.errors import LmcoreError, LmcoreWarning, SlowPluginWarning, SpecErr
 # The commands, in the order `lmcore --help` lists them.
 COMMANDS: tuple[ModuleType, ...] = (
     build, describe, run, plugins, convert, data, train, sweep, ladder, compare, quickstart,
-    generate, chat, eval,
+    generate, chat, eval, coordcheck,
 )  # fmt: skip
 
 

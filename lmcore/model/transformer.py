@@ -46,6 +46,7 @@ from lmcore.model.inputs import (
     check_positions,
 )
 from lmcore.model.nn import Embedding, Linear
+from lmcore.model.parametrization import parametrize, query_factor
 from lmcore.model.roles import EMBEDDING, HEAD, SCALAR, Role
 from lmcore.registry import Registry
 from lmcore.spec import ModelSpec, default_query_scale
@@ -211,11 +212,12 @@ def build_attention(bp: Blueprint, **factory: Any) -> CausalSelfAttention:
     spec = bp.spec
     options: dict[str, Any] = {}
     q_factor = None
-    if spec.query_scale != default_query_scale(spec.head_dim):
+    query_scale = spec.query_scale * query_factor(bp)  # muP's 1/d attention (else × 1.0)
+    if query_scale != default_query_scale(spec.head_dim):
         if "scale" in bp.features("attn"):
-            options["scale"] = spec.query_scale
+            options["scale"] = query_scale
         else:
-            q_factor = spec.query_scale * math.sqrt(spec.head_dim)
+            q_factor = query_scale * math.sqrt(spec.head_dim)
     if spec.attn_softcap:
         options["softcap"] = spec.attn_softcap
     if spec.window:
@@ -365,6 +367,7 @@ class TransformerLM(nn.Module):
             # logits sqrt(d_model) times too large.
             self.token_embeddings.weight = self.lm_head.weight
             self.register_load_state_dict_pre_hook(refuse_untied_state_dict)  # type: ignore[no-untyped-call]
+        self.logit_scale = spec.logit_scale * parametrize(self)  # muP: draws, × base/width
         if "adapter" in bp.parts:  # after the base is whole: it targets the base's matrices
             apply_adapter(self, bp.parts["adapter"], **factory)
 
@@ -567,8 +570,8 @@ class TransformerLM(nn.Module):
         if cache is not None:
             cache.advance(ids.shape[1])
         logits: Tensor = self.lm_head(self.ln_final(x))  # (B, T, vocab_size)
-        if spec.logit_scale != 1.0:  # Falcon-H1's lm_head_multiplier, a constant
-            logits = logits * spec.logit_scale
+        if self.logit_scale != 1.0:  # Falcon-H1's lm_head_multiplier; muP's output multiplier
+            logits = logits * self.logit_scale
         if self.logit_cap is not None:
             logits = self.logit_cap(logits)
         return logits

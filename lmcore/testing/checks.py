@@ -17,7 +17,9 @@
   optimizer's groups, learning rates, resume, a quadratic and bfloat16; a schedule's values,
   edges, warmup and purity;
 - `adapter_checks`: the adapter kind's, in a small model: init (logits unchanged), trainable
-  (gradients reach only the adapter), merge (merged = unmerged) and state (a round trip).
+  (gradients reach only the adapter), merge (merged = unmerged) and state (a round trip);
+- `coord_checks`: muP's coordinate check on every model component and parametrization: how
+  far a few training steps move each activation does not depend on the width.
 
 Each check builds the component at the kit's small test shapes, runs it on seeded random inputs
 and raises `ConformanceError` with a sentence naming what broke and how to fix it.
@@ -36,5 +38,6 @@ from lmcore.testing import (  # noqa: F401  (imported for the checks they regist
     mixer_checks,
     recipe_checks,
     adapter_checks,
+    coord_checks,
 )
 # isort: on

@@ -12,8 +12,10 @@ import torch
 from torch import Tensor, nn
 
 from lmcore.errors import PluginError
+from lmcore.model.parametrization import check_optimizer, lr_multipliers
 from lmcore.model.roles import roles_of
 from lmcore.parts import Part
+from lmcore.spec import ModelSpec
 from lmcore.train.recipe import build_optimizer, check_offer, param_groups, resolve_recipe
 
 if TYPE_CHECKING:
@@ -25,16 +27,20 @@ __all__ = ["clip_gradients", "make_optimizer", "role_groups"]
 def role_groups(
     model: nn.Module, config: TrainConfig
 ) -> tuple[list[dict[str, Any]], list[list[str]]]:
-    """The run's parameter groups by role, and each group's parameter names."""
+    """The run's parameter groups by role, and each group's parameter names: `--role-lr`'s
+    multipliers times the model's parametrization's (muP's 1/m on hidden matrices)."""
     from lmcore.train.config import decay_roles, role_multipliers
 
+    multipliers = role_multipliers(config.role_lr)
+    for role, scale in lr_multipliers(model).items():
+        multipliers[role] = multipliers.get(role, 1.0) * scale
     return param_groups(
         model,
         roles_of(model),
         decay=decay_roles(config.decay),
         weight_decay=config.weight_decay,
         lr=config.lr,
-        multipliers=role_multipliers(config.role_lr),
+        multipliers=multipliers,
     )
 
 
@@ -50,6 +56,8 @@ def make_optimizer(
     default = TrainConfig()
     check_offer(part, "betas", config.betas, default.betas)
     check_offer(part, "eps", config.eps, default.eps)
+    spec = getattr(model, "spec", None)  # muP's rules are Adam's
+    check_optimizer(spec.parametrization if isinstance(spec, ModelSpec) else None, part)
     groups, _ = role_groups(model, config)
     optimizer = build_optimizer(part, groups, lr=config.lr, weight_decay=config.weight_decay,
                                 betas=config.betas, eps=config.eps)  # fmt: skip

@@ -61,6 +61,7 @@ from lmcore.data.tokens import TokenData
 from lmcore.errors import TrainError
 from lmcore.model.inputs import resolve_device
 from lmcore.model.nn import IGNORE, cross_entropy
+from lmcore.model.parametrization import check_optimizer
 from lmcore.model.recompute import apply_recompute
 from lmcore.registry import Registry
 from lmcore.sources import Source, source_of
@@ -291,6 +292,7 @@ def train(
     check_trackers(cfg.loggers)
     recipe = Recipe.of(cfg.optimizer, cfg.schedule, registry, z_loss=cfg.z_loss)  # in run.json
     recipe.check_parallel(par.mode)
+    check_optimizer(bp.spec.parametrization, recipe.optimizer)  # before the run directory
     cfg = dataclasses.replace(
         cfg, optimizer=str(recipe.optimizer.spec), schedule=str(recipe.schedule.spec)
     )

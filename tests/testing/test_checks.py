@@ -33,6 +33,7 @@ def test_every_check_is_shown_failing_by_some_planted_bug() -> None:
     caught |= {name for name, *_ in PLANTED_BESIDE_BUILTINS}  # the tests beside the builtins
     caught |= {check for check, *_ in RECIPE_PLANTED}  # test_recipe_checks: optimizers, schedules
     caught |= {check for check, *_ in ADAPTER_PLANTED}  # test_adapter_checks: adapters
+    caught.add("coordinates")  # test_coord_checks: a hidden matrix declared a scalar
     assert caught == {c.name for c in CHECKS}
     # Each planted bug is run by the tests of the one module of checks that catches it.
     modules = {c.fn.__module__.rsplit(".", 1)[-1] for c in CHECKS}
@@ -44,12 +45,13 @@ def test_every_check_is_shown_failing_by_some_planted_bug() -> None:
 def test_correct_components_pass_every_check(pytester: pytest.Pytester, component: str) -> None:
     outcomes = run_kit(pytester, "--lmcore-component", component)
     # The activations check needs a declaration, which these components leave out (optional);
-    # the cache and documents checks a model around them, which the planted-only registry
-    # cannot build.
+    # the cache, coordinates and documents checks a model around them, which the planted-only
+    # registry cannot build.
     skipped = {k for k, v in outcomes.items() if v == "skipped"}
     assert sorted(k.split("[")[0] for k in skipped) == [
         NODE + "test_activations",
         NODE + "test_cache",
+        NODE + "test_coordinates",
         *([] if component == "good-norm" else [NODE + "test_documents"]),  # attn, pos, mixer
     ]
     assert outcomes and {v for k, v in outcomes.items() if k not in skipped} == {"passed"}, (

@@ -84,7 +84,7 @@ def test_failure_report_leads_with_the_broken_contract(pytester: pytest.Pytester
         *QUIET, "--lmcore-conformance", "--lmcore-compile-backend", "eager", "--lmcore-component", "wrong-dtype",
         plugins=[PlantedRegistry()],
     )  # fmt: skip
-    result.assert_outcomes(failed=1, passed=10, skipped=2)  # activations, cache: see above
+    result.assert_outcomes(failed=1, passed=10, skipped=3)  # activations, cache, coordinates
     result.stdout.fnmatch_lines([
         "*_ lmcore-conformance::test_forward[[]norm:wrong-dtype-bfloat16[]] _*",
         "the output is shape (2, 3, 8, 64) float32 for bfloat16 input; return the input's dtype*",

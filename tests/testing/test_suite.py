@@ -21,7 +21,8 @@ def test_ids_name_the_check_the_component_and_the_variant(pytester: pytest.Pytes
     assert sorted(outcomes) == [
         NODE + f"test_{t}[norm:good-norm{v}]"
         for t, v in sorted([
-            ("activations", ""), ("build", ""), ("cache", ""), ("compile", ""), ("flops", ""),
+            ("activations", ""), ("build", ""), ("cache", ""), ("compile", ""),
+            ("coordinates", ""), ("flops", ""),
             ("forward", "-bfloat16"),
             ("forward", "-float32"), ("gradients", ""), ("meta", ""), ("params", ""),
             ("per_token", ""), ("roles", ""), ("state_dict", ""),
@@ -45,7 +46,7 @@ def test_a_required_argument_without_default_skips_with_the_reason(
         *QUIET, "--lmcore-conformance", "--lmcore-component", "needs-arg", "-rs",
         plugins=[PlantedRegistry()],
     )  # fmt: skip
-    result.assert_outcomes(skipped=13)
+    result.assert_outcomes(skipped=14)
     result.stdout.fnmatch_lines(
         [
             "*norm:needs-arg has required argument(s) unused with no default; the conformance kit builds components from their declared defaults*"
@@ -87,7 +88,7 @@ def test_dist_qualified_selection_and_ambiguous_names(pytester: pytest.Pytester)
         (
             ["--lmcore-kind", "nrom"],
             ("--lmcore-kind 'nrom' is not a component kind", "(did you mean 'norm'?)",
-             "kinds are adapter, attn, block, ffn, mixer, norm, optimizer, pos, schedule"),
+             "kinds are adapter, attn, block, ffn, mixer, norm, optimizer, parametrization, pos, schedule"),
         ),
         (
             ["--lmcore-component", "leaki"],
