@@ -66,7 +66,10 @@ RECIPE_KINDS: Final = ("optimizer", "schedule")
 # The kinds that change a built model after it is assembled: an adapter (LoRA) adds a small
 # trainable update to each targeted matrix and freezes the rest (`lmcore.model.adapters`).
 ADAPTER_KINDS: Final = ("adapter",)
-ALL_KINDS: Final = (*KINDS, *ADAPTER_KINDS, *RECIPE_KINDS)
+# The kinds that store a built model's matrices another way: a weight format (`quant=int8`)
+# keeps each targeted matrix quantized and multiplies by it so (`lmcore.model.quant`).
+WEIGHT_KINDS: Final = ("quant",)
+ALL_KINDS: Final = (*KINDS, *ADAPTER_KINDS, *WEIGHT_KINDS, *RECIPE_KINDS)
 
 # The roles a component declares for the parameters it creates (`lmcore.model.roles`): a
 # hidden matrix, several packed in one tensor, the embedding, the output head, a norm's gain,
@@ -87,6 +90,10 @@ DIMS: Final[Mapping[str, tuple[str, ...]]] = {
     # widths, and the logical matrices a packed one holds (their rows; `(out_features,)` for
     # a plain matrix). See `lmcore.model.adapters`.
     "adapter": ("in_features", "out_features", "splits"),
+    # What lmcore offers a weight format's factory and declarations, once per stored matrix:
+    # its widths and its role (matrix, packed, embedding, head); `buffers` gives the bytes
+    # the stored matrix holds, which describe and the size check count in its weight's place.
+    "quant": ("in_features", "out_features", "role"),
     # What the runner offers the recipe kinds (see `lmcore.train.recipe`).
     "optimizer": ("groups", "lr", "weight_decay", "betas", "eps"),
     "schedule": ("lr", "min_lr", "warmup", "decay_steps", "steps"),
@@ -132,6 +139,7 @@ FEATURES: Final[Mapping[str, frozenset[str]]] = {
     # nofsdp (optimizer): needs whole tensors (Muon's matrices), not FSDP's shards of them:
     # `lmcore train --parallel fsdp` refuses it before the run starts.
     "adapter": frozenset(),
+    "quant": frozenset(),
     "optimizer": frozenset({"nofsdp"}),
     "schedule": frozenset(),
 }

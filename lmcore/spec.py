@@ -127,6 +127,7 @@ class ModelSpec:
     attn_gate: bool = False
     attn_sinks: bool = False
     adapter: ComponentSpec | None = None  # lmcore.model.adapters: none, or e.g. lora(rank=8)
+    quant: ComponentSpec | None = None  # lmcore.model.quant: none, or a weight format (int8)
     layers: tuple[LayerValue, ...] = ()
 
     def __post_init__(self) -> None:
@@ -216,6 +217,8 @@ MODEL_KEYS: Final[tuple[Arg, ...]] = (
         written="changed"),
     Arg("adapter", "adapter", None, "a trainable update of the targeted matrices, the rest "
         "frozen (lora(rank=8)); none: a plain model", written="changed"),
+    Arg("quant", "quant", None, "the matrices stored quantized, in a weight format (int8, "
+        "q4_1, ...); none: in the model's dtype", written="changed"),
 )  # fmt: skip
 # The component slots (each of the kind it is named after) and the component each defaults to.
 SLOTS: Final[Mapping[str, str]] = {
@@ -234,7 +237,7 @@ ORDER: Final = (
     "logit_scale",
     "norm", "ffn", "pos", "mixer", "attn",
     "qkv_bias", "out_bias", "qk_norm", "qk_norm_scope", "query_scale", "window", "attn_softcap",
-    "attn_gate", "attn_sinks", "adapter",
+    "attn_gate", "attn_sinks", "adapter", "quant",
 )  # fmt: skip
 # The keys of the first release: written in every canonical string, default or not.
 ALWAYS: Final = frozenset(

@@ -45,11 +45,16 @@ class Linear(nn.Module):
         )
 
     def forward(self, x: Float[Tensor, "... d_in"]) -> Float[Tensor, "... d_out"]:
-        # Plain matmul: einsum("...i,oi->...o") is the same maths but slower on CPU (benchmarks/).
-        y = x @ self.weight.T
+        if "quant" in self._modules:  # stored in a weight format (lmcore.model.quant)
+            y = self.quant(x)
+        else:
+            # Plain matmul: einsum("...i,oi->...o") is the same maths but slower on CPU.
+            y = x @ self.weight.T
         return y if self.bias is None else y + self.bias
 
     def parameter_roles(self) -> dict[str, Role]:
+        if "quant" in self._modules:  # its weight is the format's tensors, theirs the roles
+            return {"bias": BIAS}
         return {"weight": self.role, "bias": BIAS}
 
     def extra_repr(self) -> str:
@@ -75,10 +80,13 @@ class Embedding(nn.Module):
         nn.init.trunc_normal_(self.weight, mean=0.0, std=1.0, a=-3.0, b=3.0)
 
     def forward(self, token_ids: Int[Tensor, "..."]) -> Float[Tensor, "... d"]:
+        if "quant" in self._modules:  # stored in a weight format (lmcore.model.quant)
+            rows: Tensor = self.quant.rows(token_ids)
+            return rows
         return self.weight[token_ids]
 
     def parameter_roles(self) -> dict[str, Role]:
-        return {"weight": EMBEDDING}
+        return {} if "quant" in self._modules else {"weight": EMBEDDING}
 
     def extra_repr(self) -> str:
         return f"num_embeddings={self.num_embeddings}, embedding_dim={self.embedding_dim}"

@@ -35,6 +35,7 @@ from lmcore.interfaces import LayerContext
 from lmcore.model import generate as decoding
 from lmcore.model import saving
 from lmcore.model.adapters import adapted, adapter_state, apply_adapter
+from lmcore.model.quant import apply_quant
 from lmcore.model.cache import DecodingCache, KVState
 from lmcore.model.counting import check_size
 from lmcore.model.documents import document_positions
@@ -365,6 +366,8 @@ class TransformerLM(nn.Module):
             # logits sqrt(d_model) times too large.
             self.token_embeddings.weight = self.lm_head.weight
             self.register_load_state_dict_pre_hook(refuse_untied_state_dict)  # type: ignore[no-untyped-call]
+        if "quant" in bp.parts:  # after the base is whole: it stores the base's matrices
+            apply_quant(self, bp.parts["quant"], device=device)
         if "adapter" in bp.parts:  # after the base is whole: it targets the base's matrices
             apply_adapter(self, bp.parts["adapter"], **factory)
 
@@ -575,6 +578,8 @@ class TransformerLM(nn.Module):
 
     def parameter_roles(self) -> dict[str, Role]:
         """The output head's role; a tied matrix is the embedding (never a hidden matrix)."""
+        if "quant" in self.lm_head._modules:  # stored in a weight format: its own roles
+            return {}
         if self.spec.tie_embeddings:
             return {"token_embeddings.weight": EMBEDDING}
         return {"lm_head.weight": HEAD}

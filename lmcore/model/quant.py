@@ -1,0 +1,131 @@
+"""Quantized weights: a model's matrices stored in a weight format (`quant=...`).
+
+A spec names one with its `quant` key (``tinystories, quant=int8``, ``quant=q4_1(embedding=
+q8_0)``; `none`, the default, keeps the matrices in the model's dtype and its canonical string
+unchanged). After the model is assembled, `apply_quant` gives every `Linear` whose weight is a
+hidden matrix, a packed one or the head, and the token `Embedding`, a `quant` child built by
+the format's factory for that matrix (`in_features`, `out_features`, `role`); the weight
+parameter is removed (its place in the state dict taken by the child's tensors,
+``….quant.codes``, ``….quant.scales``, ...; `weight` stays, an empty non-persistent buffer of
+the model's dtype and device, for code that asks a module for them), and `Linear` and
+`Embedding` go through the child (`lmcore.model.nn`). A tied head shares the embedding's child. Everything else (norm
+gains, biases, routers, convolutions) keeps the model's dtype.
+
+The format's `buffers` declaration gives the bytes each stored matrix holds: `stored_bytes`
+counts them for `describe` and the size check, before anything is built. `quantize` turns a
+float model into a quantized one (`lmcore quantize`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any, Final
+
+import torch
+from torch import nn
+
+from lmcore.errors import PluginError, SpecError
+from lmcore.model.nn import Embedding, Linear
+from lmcore.parts import Part
+
+__all__ = ["ATTR", "TARGET_ROLES", "apply_quant", "quantized", "quantize_from", "stored"]
+
+ATTR: Final = "quant"  # the child of each stored Linear / Embedding holding its format
+# The roles of the matrices a weight format stores (the embedding: its table).
+TARGET_ROLES: Final = ("matrix", "packed", "head", "embedding")
+
+
+def targets(model: nn.Module) -> list[tuple[str, nn.Module, str]]:
+    """`(name, module, role)` of every Linear and Embedding a format stores, in model order,
+    each shared weight once (a tied head is the embedding's)."""
+    seen: set[int] = set()
+    out = []
+    for name, m in model.named_modules():
+        if isinstance(m, Embedding):
+            role = "embedding"
+        elif isinstance(m, Linear):
+            role = m.role.name
+            if name == "lm_head":
+                role = "head"
+        else:
+            continue
+        w = m.weight
+        if ATTR in m._modules or role not in TARGET_ROLES or id(w) in seen:
+            continue
+        seen.add(id(w))
+        out.append((name, m, role))
+    return out
+
+
+def _tied(model: nn.Module) -> dict[str, str]:
+    """Modules whose weight is another's: alias -> owner (the tied head -> the embedding)."""
+    first: dict[int, str] = {}
+    out = {}
+    for name, m in model.named_modules():
+        w = getattr(m, "weight", None) if isinstance(m, Linear | Embedding) else None
+        if w is None:
+            continue
+        if id(w) in first:
+            out[name] = first[id(w)]
+        else:
+            first[id(w)] = name
+    return out
+
+
+def apply_quant(model: nn.Module, part: Part, *, device: Any = None) -> list[str]:
+    """Store the model's matrices in the format `part` names (in place); returns the stored
+    modules' names. Each child starts empty (zeros): a checkpoint's tensors fill it, or
+    `quantize_from` a float model's weights. A matrix the format cannot hold (rows not in
+    blocks of 32) is a `SpecError` naming it."""
+    aliases = _tied(model)
+    built: dict[str, nn.Module] = {}
+    for name, m, role in targets(model):
+        n, k = m.weight.shape
+        dims = {"in_features": k, "out_features": n, "role": role}
+        on = device if device is not None else m.weight.device
+        try:
+            child = part.create(**dims, device=on)
+        except PluginError as e:  # the format's own sentence, when it refuses this shape
+            if not isinstance(e.__cause__, ValueError):
+                raise
+            raise SpecError(f"quant={part.spec}: {name}.weight ({n} x {k}): {e.__cause__}"
+                            ) from None  # fmt: skip
+        _swap(m, child)
+        built[name] = child
+    for alias, owner in aliases.items():
+        _swap(model.get_submodule(alias), built[owner])
+    return list(built)
+
+
+def _swap(m: nn.Module, child: nn.Module) -> None:
+    """`m`'s weight parameter replaced by `child`, an empty buffer keeping its dtype/device."""
+    w = m.weight
+    del m.weight
+    m.register_buffer("weight", torch.empty(0, dtype=w.dtype, device=w.device), persistent=False)
+    setattr(m, ATTR, child)
+
+
+def stored(model: nn.Module) -> Iterator[tuple[str, nn.Module]]:
+    """`(name of the stored Linear / Embedding, its format's module)`, each once."""
+    seen: set[int] = set()
+    for name, m in model.named_modules():
+        child = getattr(m, ATTR, None) if isinstance(m, Linear | Embedding) else None
+        if isinstance(child, nn.Module) and id(child) not in seen:
+            seen.add(id(child))
+            yield name, child
+
+
+def quantized(model: nn.Module) -> bool:
+    """Whether `model` stores its matrices in a weight format."""
+    return next(stored(model), None) is not None
+
+
+def quantize_from(model: nn.Module, source: nn.Module) -> None:
+    """Fill the quantized `model`'s formats from the float `source` (the same spec without
+    `quant`): each stored matrix rounded as its format does; every other tensor copied."""
+    weights = dict(source.named_parameters(remove_duplicate=False))
+    for name, child in stored(model):
+        child.quantize_(weights[f"{name}.weight"])  # type: ignore[operator]
+    state = source.state_dict()
+    rest = {k: v for k, v in state.items() if k in model.state_dict()}
+    model.load_state_dict(rest, strict=False)
