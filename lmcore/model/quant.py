@@ -28,7 +28,10 @@ from lmcore.errors import PluginError, SpecError
 from lmcore.model.nn import Embedding, Linear
 from lmcore.parts import Part
 
-__all__ = ["ATTR", "TARGET_ROLES", "apply_quant", "quantized", "quantize_from", "stored"]
+__all__ = [
+    "ATTR", "TARGET_ROLES", "apply_quant", "quantize_from", "quantize_model", "quantized",
+    "stored",
+]  # fmt: skip
 
 ATTR: Final = "quant"  # the child of each stored Linear / Embedding holding its format
 # The roles of the matrices a weight format stores (the embedding: its table).
@@ -129,3 +132,25 @@ def quantize_from(model: nn.Module, source: nn.Module) -> None:
     state = source.state_dict()
     rest = {k: v for k, v in state.items() if k in model.state_dict()}
     model.load_state_dict(rest, strict=False)
+
+
+def quantize_model(model: Any, text: str) -> Any:
+    """A new model: `model` (a float `TransformerLM`) with its matrices stored in the format
+    `text` names (``int8``, ``q4_1(embedding=q8_0)``), resolved in the model's registry; its
+    tokenizer kept. A model that is quantized already, or has an adapter, is refused."""
+    from lmcore.blueprint import resolve
+    from lmcore.model.transformer import TransformerLM
+
+    bp = model.blueprint
+    if bp.spec.quant is not None:
+        raise SpecError(f"this model is quantized already (quant={bp.spec.quant}); quantize "
+                        "the float model it came from")  # fmt: skip
+    if bp.spec.adapter is not None:
+        raise SpecError(f"this model has an adapter (adapter={bp.spec.adapter}); merge it "
+                        "first (lmcore convert --merge)")  # fmt: skip
+    new = resolve(f"{bp.spec},quant={text}", bp.registry)
+    weight = model.lm_head.weight
+    out = TransformerLM(new, device=weight.device, dtype=weight.dtype)
+    quantize_from(out, model)
+    out.tokenizer = model.tokenizer
+    return out
