@@ -128,6 +128,21 @@ class Int8(_Format):
         self.scales.data = torch.where(scale > 0, scale, torch.ones_like(scale))
 
 
+def _blocks(module: _Format, kind: str, want: str, raw: Tensor, size: int) -> Tensor:
+    """GGUF rows `raw` (uint8) as `(N, K / 32, size)` blocks, or ValueError naming the type
+    or the length that is wrong."""
+    if kind != want:
+        raise ValueError(f"{module.name} keeps GGUF {want} blocks, not {kind}")
+    n, k = module.out_features, module.in_features
+    expected = (n, k // GROUP * size)
+    if raw.dtype != torch.uint8 or tuple(raw.shape) != expected:
+        raise ValueError(
+            f"GGUF {want} rows of {k} weights take {expected[1]} bytes each ({n} rows), got "
+            f"{tuple(raw.shape)} {raw.dtype}: the tensor's data is damaged or of another type"
+        )
+    return raw.view(n, k // GROUP, size)
+
+
 class Q8_0(_Format):
     """GGML's Q8_0: ``w = codes · d``, one float16 d per 32 weights of a row."""
 
@@ -153,6 +168,18 @@ class Q8_0(_Format):
     def _rows(self, ids: Tensor) -> Tensor:
         codes = self.codes[ids].float().view(len(ids), -1, GROUP)
         return (codes * self.scales[ids][:, :, None].float()).view(len(ids), -1)
+
+    def from_ggml(self, kind: str, raw: Tensor) -> None:
+        """Keep GGUF Q8_0 rows `(N, K / 32 · 34)` bytes as they are: a float16 d, 32 int8."""
+        blocks = _blocks(self, kind, "Q8_0", raw, 34)
+        self.scales.data = blocks[..., :2].contiguous().view(torch.float16).squeeze(-1)
+        self.codes.data = blocks[..., 2:].contiguous().view(torch.int8).view(self.out_features, -1)
+
+    def to_ggml(self) -> tuple[str, Tensor]:
+        """The rows as GGUF Q8_0 bytes, `(N, K / 32 · 34)`."""
+        d = self.scales.data.contiguous().view(torch.uint8).view(self.out_features, -1, 2)
+        qs = self.codes.data.view(torch.uint8).view(self.out_features, -1, GROUP)
+        return "Q8_0", torch.cat([d, qs], dim=-1).view(self.out_features, -1)
 
     def quantize_(self, w: Float[Tensor, "d_out d_in"]) -> None:
         blocks = w.detach().float().to(self.codes.device).view(self.out_features, -1, GROUP)
@@ -227,6 +254,39 @@ class _Four(_Format):
         sz[:, : self.out_features, 1] = zero.T
         self.scale_zero.data = sz
 
+    def from_ggml(self, kind: str, raw: Tensor) -> None:
+        """Keep GGUF Q4_0 / Q4_1 rows as they are: per 32 weights a float16 d (and m), then
+        16 bytes, weight j in the low nibble of byte j and weight 16 + j in the high one."""
+        size = 18 if self.ggml == "Q4_0" else 20
+        blocks = _blocks(self, kind, self.ggml, raw, size)
+        d = blocks[..., :2].contiguous().view(torch.float16).squeeze(-1).float()
+        qs = blocks[..., size - 16:]
+        codes = torch.cat([qs & 15, qs >> 4], dim=-1).view(self.out_features, -1)
+        if self.ggml == "Q4_0":
+            self.store(codes, d, torch.zeros_like(d))
+            return
+        m16 = blocks[..., 2:4].contiguous().view(torch.float16).squeeze(-1)
+        zero = m16.float() + 8 * d
+        if not torch.equal((zero - 8 * d).to(torch.float16), m16):  # kept exact, or refused
+            raise ValueError(
+                "a block's m + 8·d does not hold m exactly in float32 (m is tiny beside d), so "
+                "it cannot be kept quantized without loss"
+            )
+        self.store(codes, d, zero)
+
+    def to_ggml(self) -> tuple[str, Tensor]:
+        """The rows as GGUF bytes of this format's type, `(N, K / 32 · 18 or 20)`."""
+        n = self.out_features
+        codes = unpack4(self.codes.data, n).view(n, -1, GROUP)
+        sz = self.scale_zero.data[:, :n].transpose(0, 1)
+        d = sz[..., 0]
+        qs = codes[..., :16] | (codes[..., 16:] << 4)
+        parts = [d.to(torch.float16)]
+        if self.ggml == "Q4_1":
+            parts.append((sz[..., 1] - 8 * d).to(torch.float16))
+        head = [p.contiguous().view(torch.uint8).view(n, -1, 2) for p in parts]
+        return self.ggml, torch.cat([*head, qs.to(torch.uint8)], dim=-1).view(n, -1)
+
     def blocks_of(self, w: Tensor) -> Tensor:
         return w.detach().float().to(self.codes.device).view(self.out_features, -1, GROUP)
 
@@ -235,6 +295,7 @@ class Q4_0(_Four):
     """GGML's Q4_0: ``w = (c - 8)·d``, d = the block's value of largest magnitude / -8."""
 
     name = "q4_0"
+    ggml = "Q4_0"
 
     def quantize_(self, w: Float[Tensor, "d_out d_in"]) -> None:
         blocks = self.blocks_of(w)
@@ -250,6 +311,7 @@ class Q4_1(_Four):
     """GGML's Q4_1: ``w = c·d + m``, m the block's least value, d its range / 15."""
 
     name = "q4_1"
+    ggml = "Q4_1"
 
     def quantize_(self, w: Float[Tensor, "d_out d_in"]) -> None:
         blocks = self.blocks_of(w)

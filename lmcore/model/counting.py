@@ -28,6 +28,7 @@ from lmcore.components import count_state
 from lmcore.errors import LmcoreError, LmcoreKeyError, ModelInputError, ModelTooLargeError
 from lmcore.registry import Entry, Registry
 from lmcore.spec import ModelSpec, format_layers
+from lmcore.model.quant import row_bytes
 
 
 class AccountingError(LmcoreError, ValueError):
@@ -150,6 +151,16 @@ class Accounting:
     @property
     def params(self) -> int:
         return sum(r.params for r in self.rows)
+
+    def weight_bytes(self) -> dict[str, int]:
+        """The bytes each row's weights take: parameters × the dtype's size, or, with a weight
+        format (`quant=`), its stored matrices as the format declares (`lmcore.model.quant`)."""
+        size = self.dtype.itemsize
+        if "quant" not in self.blueprint.parts:
+            return {r.name: r.params * size for r in self.rows}
+        cache: dict[object, int] = {}
+        return {r.name: r.count * row_bytes(self.blueprint, r, self.dtype, cache)
+                for r in self.rows}  # fmt: skip
 
     @property
     def active_params(self) -> int:
@@ -507,8 +518,8 @@ class Footprint:
 
     @property
     def parts(self) -> dict[str, int]:
-        size = self.accounting.dtype.itemsize
-        return {r.name: r.params * size + (r.buffers or 0) for r in self.accounting.rows}
+        weights = self.accounting.weight_bytes()
+        return {r.name: weights[r.name] + (r.buffers or 0) for r in self.accounting.rows}
 
     @property
     def total(self) -> int:

@@ -154,3 +154,55 @@ def quantize_model(model: Any, text: str) -> Any:
     quantize_from(out, model)
     out.tokenizer = model.tokenizer
     return out
+
+
+def _stored(part: Part, k: int, n: int, role: str) -> int:
+    """Bytes the format `part` keeps for one `n` x `k` matrix of `role` (its declaration)."""
+    return part.entry.count("buffers", {"in_features": k, "out_features": n, "role": role,
+                                        **part.kwargs()})  # fmt: skip
+
+
+def module_bytes(part: Part, module: nn.Module, dtype: torch.dtype) -> int:
+    """Bytes `module` (built, e.g. on meta) holds once its matrices are stored in `part`'s
+    format: each targeted matrix as the format declares it, every other parameter in `dtype`."""
+    total = 0
+    done: set[int] = set()
+    for _, m, role in targets(module):
+        n, k = m.weight.shape
+        total += _stored(part, k, n, role)
+        done.add(id(m.weight))
+    for p in module.parameters():
+        if id(p) not in done:
+            total += p.numel() * dtype.itemsize
+    return total
+
+
+def row_bytes(bp: Any, row: Any, dtype: torch.dtype, cache: dict[Any, int] | None = None
+              ) -> int:  # fmt: skip
+    """The weight bytes of one instance of `row` (`lmcore.model.counting.Row`) of a model
+    whose spec has `quant`: lmcore's own matrices from their widths, a component's by building
+    it on the meta device (no memory) and storing its matrices as the format declares. A
+    component that cannot be built alone (a block, a mixer: they take modules) counts its
+    parameters in `dtype`."""
+    part: Part = bp.parts["quant"]
+    size = dtype.itemsize
+    if row.params_each == 0:
+        return 0
+    if row.name == "token_embeddings":
+        return _stored(part, bp.spec.d_model, bp.spec.vocab_size, "embedding")
+    if row.entry is None and row.module.startswith("linear "):
+        k, _, rest = row.module.removeprefix("linear ").partition("->")
+        n = int(rest.split(" ")[0])
+        bias = row.params_each - int(k) * n
+        role = "head" if row.name == "lm_head" else "matrix"
+        return _stored(part, int(k), n, role) + bias * size
+    if row.entry is None or row.entry.kind in ("block", "mixer"):
+        return int(row.params_each * size)
+    key = (row.module, row.kwargs, dtype)
+    if cache is not None and key in cache:
+        return cache[key]
+    module = row.entry.component.create(**dict(row.kwargs), device="meta", dtype=dtype)
+    found = module_bytes(part, module, dtype)
+    if cache is not None:
+        cache[key] = found
+    return found
