@@ -93,18 +93,20 @@ def apply_quant(model: nn.Module, part: Part, *, device: Any = None) -> list[str
                 raise
             raise SpecError(f"quant={part.spec}: {name}.weight ({n} x {k}): {e.__cause__}"
                             ) from None  # fmt: skip
-        _swap(m, child)
+        _swap(m, child, device)
         built[name] = child
     for alias, owner in aliases.items():
-        _swap(model.get_submodule(alias), built[owner])
+        _swap(model.get_submodule(alias), built[owner], device)
     return list(built)
 
 
-def _swap(m: nn.Module, child: nn.Module) -> None:
-    """`m`'s weight parameter replaced by `child`, an empty buffer keeping its dtype/device."""
+def _swap(m: nn.Module, child: nn.Module, device: Any) -> None:
+    """`m`'s weight parameter replaced by `child`; `weight` becomes an empty buffer of its
+    dtype on the model's `device` (not on meta where the parameter waited to be loaded)."""
     w = m.weight
     del m.weight
-    m.register_buffer("weight", torch.empty(0, dtype=w.dtype, device=w.device), persistent=False)
+    empty = torch.empty(0, dtype=w.dtype, device=device if device is not None else "cpu")
+    m.register_buffer("weight", empty, persistent=False)
     setattr(m, ATTR, child)
 
 
