@@ -38,7 +38,7 @@ from lmcore.gguf.reading import GGUFFile, read_gguf
 from lmcore.gguf.rows import Architecture
 from lmcore.gguf.tensors import check_shapes, from_gguf_tensors
 from lmcore.gguf.tokenizer import from_gguf_metadata
-from lmcore.gguf.writing import write_gguf
+from lmcore.gguf.writing import KEEP, write_gguf
 from lmcore.hf.weights import from_hf_state_dict
 from lmcore.model.empty import shared_parameters
 from lmcore.model.transformer import TransformerLM, unwrap
@@ -202,7 +202,7 @@ def save_gguf(
     model: torch.nn.Module,
     path: str | os.PathLike[str],
     *,
-    type: str = "f32",
+    type: str = KEEP,
     architecture: str | None = None,
 ) -> Path:
     """Write `model` (a `TransformerLM`) and its tokenizer as a GGUF file (`write_gguf`):
@@ -214,7 +214,7 @@ def convert_to_gguf(
     checkpoint: str | os.PathLike[str],
     out: str | os.PathLike[str],
     *,
-    type: str = "f32",
+    type: str = KEEP,
     architecture: str | None = None,
 ) -> Path:
     """`lmcore convert --to-gguf CKPT OUT`: an lmcore checkpoint (and its tokenizer) to GGUF,
