@@ -38,7 +38,7 @@ from lmcore.model.recompute import plan, targets
 from lmcore.model.roles import ROLES, roles_of
 from lmcore.model.transformer import TransformerLM, build_model
 from lmcore.model.adapters import adapters
-from lmcore.model.quant import stored
+from lmcore.model.quant import stored, weight_bytes
 from lmcore.registry import Registry
 from lmcore.spec import ModelSpec
 
@@ -494,7 +494,7 @@ def describe(
         saved, activations = activations, recomputed_activations(act, by_row, recompute)
     memory = TrainingMemory(
         dtype=str(dtype).removeprefix("torch."),
-        weights=sum(acc.weight_bytes().values()),
+        weights=sum(weight_bytes(acc).values()),
         gradients=acc.params * size,
         optimizer=acc.params * ADAMW_STATE_BYTES,
         buffers=buffers,

@@ -35,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
 
     from lmcore.checkpoint import read_info
     from lmcore.hf.convert import refuse_same
-    from lmcore.model.quant import quantize_model
+    from lmcore.quantizing import quantize_model
     from lmcore.runfiles import find_checkpoint
     from lmcore.sources import load
 

@@ -53,8 +53,6 @@ class Linear(nn.Module):
         return y if self.bias is None else y + self.bias
 
     def parameter_roles(self) -> dict[str, Role]:
-        if "quant" in self._modules:  # its weight is the format's tensors, theirs the roles
-            return {"bias": BIAS}
         return {"weight": self.role, "bias": BIAS}
 
     def extra_repr(self) -> str:
@@ -86,7 +84,7 @@ class Embedding(nn.Module):
         return self.weight[token_ids]
 
     def parameter_roles(self) -> dict[str, Role]:
-        return {} if "quant" in self._modules else {"weight": EMBEDDING}
+        return {"weight": EMBEDDING}
 
     def extra_repr(self) -> str:
         return f"num_embeddings={self.num_embeddings}, embedding_dim={self.embedding_dim}"

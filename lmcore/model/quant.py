@@ -13,7 +13,7 @@ gains, biases, routers, convolutions) keeps the model's dtype.
 
 The format's `buffers` declaration gives the bytes each stored matrix holds: `stored_bytes`
 counts them for `describe` and the size check, before anything is built. `quantize` turns a
-float model into a quantized one (`lmcore quantize`).
+float model's weights into a quantized one (`lmcore.quantizing`, `lmcore quantize`).
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from lmcore.model.nn import Embedding, Linear
 from lmcore.parts import Part
 
 __all__ = [
-    "ATTR", "TARGET_ROLES", "apply_quant", "quantize_from", "quantize_model", "quantized",
-    "stored",
+    "ATTR", "TARGET_ROLES", "apply_quant", "module_bytes", "quantize_from", "quantized",
+    "row_bytes", "stored", "targets", "weight_bytes",
 ]  # fmt: skip
 
 ATTR: Final = "quant"  # the child of each stored Linear / Embedding holding its format
@@ -136,28 +136,6 @@ def quantize_from(model: nn.Module, source: nn.Module) -> None:
     model.load_state_dict(rest, strict=False)
 
 
-def quantize_model(model: Any, text: str) -> Any:
-    """A new model: `model` (a float `TransformerLM`) with its matrices stored in the format
-    `text` names (``int8``, ``q4_1(embedding=q8_0)``), resolved in the model's registry; its
-    tokenizer kept. A model that is quantized already, or has an adapter, is refused."""
-    from lmcore.blueprint import resolve
-    from lmcore.model.transformer import TransformerLM
-
-    bp = model.blueprint
-    if bp.spec.quant is not None:
-        raise SpecError(f"this model is quantized already (quant={bp.spec.quant}); quantize "
-                        "the float model it came from")  # fmt: skip
-    if bp.spec.adapter is not None:
-        raise SpecError(f"this model has an adapter (adapter={bp.spec.adapter}); merge it "
-                        "first (lmcore convert --merge)")  # fmt: skip
-    new = resolve(f"{bp.spec},quant={text}", bp.registry)
-    weight = model.lm_head.weight
-    out = TransformerLM(new, device=weight.device, dtype=weight.dtype)
-    quantize_from(out, model)
-    out.tokenizer = model.tokenizer
-    return out
-
-
 def _stored(part: Part, k: int, n: int, role: str) -> int:
     """Bytes the format `part` keeps for one `n` x `k` matrix of `role` (its declaration)."""
     return part.entry.count("buffers", {"in_features": k, "out_features": n, "role": role,
@@ -208,3 +186,14 @@ def row_bytes(bp: Any, row: Any, dtype: torch.dtype, cache: dict[Any, int] | Non
     if cache is not None:
         cache[key] = found
     return found
+
+
+def weight_bytes(acc: Any) -> dict[str, int]:
+    """The bytes each row of `acc` (`lmcore.model.counting.Accounting`) takes for its weights:
+    parameters × the dtype's size, or, with a weight format (`quant=`), its stored matrices
+    as the format declares (`row_bytes`)."""
+    size = acc.dtype.itemsize
+    if "quant" not in acc.blueprint.parts:
+        return {r.name: r.params * size for r in acc.rows}
+    cache: dict[Any, int] = {}
+    return {r.name: r.count * row_bytes(acc.blueprint, r, acc.dtype, cache) for r in acc.rows}

@@ -578,8 +578,6 @@ class TransformerLM(nn.Module):
 
     def parameter_roles(self) -> dict[str, Role]:
         """The output head's role; a tied matrix is the embedding (never a hidden matrix)."""
-        if "quant" in self.lm_head._modules:  # stored in a weight format: its own roles
-            return {}
         if self.spec.tie_embeddings:
             return {"token_embeddings.weight": EMBEDDING}
         return {"lm_head.weight": HEAD}
