@@ -91,7 +91,7 @@ DIMS: Final[Mapping[str, tuple[str, ...]]] = {
     # a plain matrix). See `lmcore.model.adapters`.
     "adapter": ("in_features", "out_features", "splits"),
     # What lmcore offers a weight format's factory and declarations, once per stored matrix:
-    # its widths and its role (matrix, packed, embedding, head); `buffers` gives the bytes
+    # its widths and its role (matrix, packed, embedding, head); `stored` gives the bytes
     # the stored matrix holds, which describe and the size check count in its weight's place.
     "quant": ("in_features", "out_features", "role"),
     # What the runner offers the recipe kinds (see `lmcore.train.recipe`).
@@ -152,7 +152,7 @@ _ARG_TYPES: Final = (int, float, bool, str)
 # Declarations a component may leave out (None).
 OPTIONAL_DECLARATIONS: Final = (
     "activations", "default_d_ff", "validate", "buffers", "norms", "shared_input",
-    "active_params", "temporaries", "modules", "state", "attention",
+    "active_params", "temporaries", "modules", "state", "attention", "stored",
 )  # fmt: skip
 # How an argument appears in the canonical form: every value ("always", the rule since the
 # first release), or only a value other than the default ("changed": for arguments added to a
@@ -303,6 +303,9 @@ class Component:
         `attention` mixer; ``"first"``: its attribute `first`). lmcore accounts each one's
         projections, kernel and norms itself, so the mixer's own declarations leave them out.
         None (the default): it builds none.
+    stored(in_features, out_features, role, **args) -> int: for weight formats (quant), the
+        bytes one stored matrix holds (its tensors and what its kernel keeps), which describe
+        and the size check count in its weight's place.
 
     `activations` and `buffers` may also give None for particular arguments, meaning unknown
     (e.g. a mixture whose expert declares none): they are then measured as if undeclared.
@@ -331,6 +334,7 @@ class Component:
     modules: Callable[..., int] | None = None
     state: Callable[..., tuple[int, int]] | None = None
     attention: Callable[..., Sequence[str]] | None = None
+    stored: Callable[..., int] | None = None
 
     def arg(self, name: str) -> Arg | None:
         return next((a for a in self.args if a.name == name), None)
@@ -379,6 +383,7 @@ _ROLES: Final[Mapping[str, str]] = {
     "modules": "modules declaration",
     "state": "state declaration",
     "attention": "attention declaration",
+    "stored": "stored declaration",
 }
 
 

@@ -452,7 +452,7 @@ def lmcore_components() -> list[lmcore.Component]:
             build=_factory(name),
             params=lambda: 0,  # the matrix's count is its weight's; the format adds none
             flops=lambda: 0,
-            buffers=_bytes(name),
+            stored=_bytes(name),
             args=(lmcore.Arg("embedding", str, "same", "the format of the token embeddings "
                              "(and a tied head); same: this one", choices=_EMBEDDING),),
             help=row.help,

@@ -11,7 +11,7 @@ the model's dtype and device, for code that asks a module for them), and `Linear
 `Embedding` go through the child (`lmcore.model.nn`). A tied head shares the embedding's child. Everything else (norm
 gains, biases, routers, convolutions) keeps the model's dtype.
 
-The format's `buffers` declaration gives the bytes each stored matrix holds: `stored_bytes`
+The format's `stored` declaration gives the bytes each stored matrix holds: `stored_bytes`
 counts them for `describe` and the size check, before anything is built. `quantize` turns a
 float model's weights into a quantized one (`lmcore.quantizing`, `lmcore quantize`).
 """
@@ -138,7 +138,7 @@ def quantize_from(model: nn.Module, source: nn.Module) -> None:
 
 def _stored(part: Part, k: int, n: int, role: str) -> int:
     """Bytes the format `part` keeps for one `n` x `k` matrix of `role` (its declaration)."""
-    return part.entry.count("buffers", {"in_features": k, "out_features": n, "role": role,
+    return part.entry.count("stored", {"in_features": k, "out_features": n, "role": role,
                                         **part.kwargs()})  # fmt: skip
 
 
