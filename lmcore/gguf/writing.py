@@ -85,7 +85,7 @@ a quantized model's blocks as they are (`lmcore.gguf.quantized`), a float model'
     if quantized(model):
         tensors, kept, file_type = _quantized_tensors(model, type, architecture, prefer)
         arch, config, metadata = choose(_plain(model), architecture, prefer)
-        matrix_type = "F32"
+        matrix_type = "F32" if type == KEEP else TYPES[type][0]  # kept: only the norms left
     else:
         arch, config, metadata = choose(model, architecture, prefer)
         fam = family(arch)
@@ -168,7 +168,7 @@ def _quantized_tensors(
         to_ggml = getattr(child, "to_ggml", None)
         if to_ggml is None:
             raise ConversionError(
-                f"{key} is stored {getattr(child, 'name', type(child).__name__)}, which has no "
+                f"{key} is stored {getattr(child, 'name', child.__class__.__name__)}, which has no "
                 f"GGUF type; pass --type ({one_of(TYPES)}): q8_0 rounds it again per 32 weights"
             )
         kind, raw = to_ggml()
