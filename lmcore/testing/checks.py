@@ -17,7 +17,9 @@
   optimizer's groups, learning rates, resume, a quadratic and bfloat16; a schedule's values,
   edges, warmup and purity;
 - `adapter_checks`: the adapter kind's, in a small model: init (logits unchanged), trainable
-  (gradients reach only the adapter), merge (merged = unmerged) and state (a round trip).
+  (gradients reach only the adapter), merge (merged = unmerged) and state (a round trip);
+- `quant_checks`: the weight formats': the matmul against the float reference within the
+  tolerance it declares, rounding, the stored bytes, and a model's state round trip.
 
 Each check builds the component at the kit's small test shapes, runs it on seeded random inputs
 and raises `ConformanceError` with a sentence naming what broke and how to fix it.
@@ -36,5 +38,6 @@ from lmcore.testing import (  # noqa: F401  (imported for the checks they regist
     mixer_checks,
     recipe_checks,
     adapter_checks,
+    quant_checks,
 )
 # isort: on
