@@ -6,6 +6,7 @@ from typing import Any
 
 from lmcore.blueprint import resolve
 from lmcore.errors import SpecError
+from lmcore.model.empty import parameters_on_meta
 from lmcore.model.quant import quantize_from
 from lmcore.model.transformer import TransformerLM
 
@@ -25,7 +26,8 @@ def quantize_model(model: Any, text: str) -> Any:
                         "first (lmcore convert --merge)")  # fmt: skip
     new = resolve(f"{bp.spec},quant={text}", bp.registry)
     weight = model.lm_head.weight
-    out = TransformerLM(new, device=weight.device, dtype=weight.dtype)
+    with parameters_on_meta():  # nothing allocated that the rounding replaces
+        out = TransformerLM(new, device=weight.device, dtype=weight.dtype)
     quantize_from(out, model)
     out.tokenizer = model.tokenizer
     return out

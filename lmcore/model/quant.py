@@ -127,13 +127,17 @@ def quantized(model: nn.Module) -> bool:
 
 def quantize_from(model: nn.Module, source: nn.Module) -> None:
     """Fill the quantized `model`'s formats from the float `source` (the same spec without
-    `quant`): each stored matrix rounded as its format does; every other tensor copied."""
+    `quant`): each stored matrix rounded as its format does; every other tensor copied (and
+    assigned: `model`'s parameters may wait on the meta device)."""
     weights = dict(source.named_parameters(remove_duplicate=False))
     for name, child in stored(model):
         child.quantize_(weights[f"{name}.weight"])  # type: ignore[operator]
-    state = source.state_dict()
-    rest = {k: v for k, v in state.items() if k in model.state_dict()}
-    model.load_state_dict(rest, strict=False)
+    own = model.state_dict()
+    rest = {k: v.detach().clone() for k, v in source.state_dict().items() if k in own}
+    missing = [k for k in own if k not in rest and ".quant." not in f".{k}"]
+    if missing:
+        raise SpecError(f"the float model has no {missing[0]} for the quantized one")
+    model.load_state_dict(rest, strict=False, assign=True)  # its parameters may wait on meta
 
 
 def _stored(part: Part, k: int, n: int, role: str) -> int:
