@@ -26,6 +26,7 @@ from torch import Tensor, nn
 
 from lmcore.blueprint import Blueprint
 from lmcore.errors import LmcoreError
+from lmcore.model.adapters import adapters
 from lmcore.model.counting import (
     Accounting,
     AccountingError,
@@ -34,11 +35,10 @@ from lmcore.model.counting import (
     account,
 )
 from lmcore.model.nn import cross_entropy
+from lmcore.model.quant import stored, weight_bytes
 from lmcore.model.recompute import plan, targets
 from lmcore.model.roles import ROLES, roles_of
 from lmcore.model.transformer import TransformerLM, build_model
-from lmcore.model.adapters import adapters
-from lmcore.model.quant import stored, weight_bytes
 from lmcore.registry import Registry
 from lmcore.spec import ModelSpec
 

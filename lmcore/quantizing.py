@@ -31,4 +31,3 @@ def quantize_model(model: Any, text: str) -> Any:
     quantize_from(out, model)
     out.tokenizer = model.tokenizer
     return out
-

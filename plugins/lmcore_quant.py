@@ -328,7 +328,7 @@ class _Four(_Format):
         size = 18 if self.ggml == "Q4_0" else 20
         blocks = _blocks(self, kind, self.ggml, raw, size)
         d = blocks[..., :2].contiguous().view(torch.float16).squeeze(-1)
-        qs = blocks[..., size - 16:]
+        qs = blocks[..., size - 16 :]
         codes = torch.cat([qs & 15, qs >> 4], dim=-1).view(self.out_features, -1)
         m = blocks[..., 2:4].contiguous().view(torch.float16).squeeze(-1)
         self.store(codes, d, m if self.ggml == "Q4_1" else None)
@@ -397,8 +397,10 @@ def _q8_bytes(k: int, n: int) -> int:
 def _four_bytes(mins: bool) -> Callable[[int, int], int]:
     def stored(k: int, n: int) -> int:
         groups = k // GROUP  # codes, float16 d (and m), the kernel's bfloat16 (s, z)
-        return _padded(n) * k // 2 + (2 if mins else 1) * 2 * n * groups + (
-            groups * _padded(n) * 2 * 2
+        return (
+            _padded(n) * k // 2
+            + (2 if mins else 1) * 2 * n * groups
+            + (groups * _padded(n) * 2 * 2)
         )
 
     return stored
@@ -453,8 +455,15 @@ def lmcore_components() -> list[lmcore.Component]:
             params=lambda: 0,  # the matrix's count is its weight's; the format adds none
             flops=lambda: 0,
             stored=_bytes(name),
-            args=(lmcore.Arg("embedding", str, "same", "the format of the token embeddings "
-                             "(and a tied head); same: this one", choices=_EMBEDDING),),
+            args=(
+                lmcore.Arg(
+                    "embedding",
+                    str,
+                    "same",
+                    "the format of the token embeddings (and a tied head); same: this one",
+                    choices=_EMBEDDING,
+                ),
+            ),
             help=row.help,
         )
         for name, row in FORMATS.items()

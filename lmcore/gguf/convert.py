@@ -32,8 +32,16 @@ import torch
 from lmcore.checkpoint import build_empty, save
 from lmcore.errors import ConversionError
 from lmcore.gguf.architectures import architecture, family, metadata_to_config, spec_of
-from lmcore.gguf.quantized import float_blueprint, kept_targets, numbered, quant_text, row_sources
-from lmcore.gguf.quantized import refused, rows_of, thin
+from lmcore.gguf.quantized import (
+    float_blueprint,
+    kept_targets,
+    numbered,
+    quant_text,
+    refused,
+    row_sources,
+    rows_of,
+    thin,
+)
 from lmcore.gguf.reading import GGUFFile, read_gguf
 from lmcore.gguf.rows import Architecture
 from lmcore.gguf.tensors import check_shapes, from_gguf_tensors

@@ -52,7 +52,9 @@ def quant_text(types: Mapping[str, str], where: object) -> str:
             )
     others = {k for n, k in types.items() if n != _EMBEDDING}
     if len(others) > 1:
-        listed = ", ".join(f"{next(n for n, t in types.items() if t == k)} {k}" for k in sorted(others))
+        listed = ", ".join(
+            f"{next(n for n, t in types.items() if t == k)} {k}" for k in sorted(others)
+        )
         raise ConversionError(
             f"{where}: its matrices are of {len(others)} types ({listed}), and a model keeps "
             f"one format for its matrices (and one for its embedding); {fix}"

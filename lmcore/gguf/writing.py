@@ -72,10 +72,10 @@ def write_gguf(
 ) -> Path:
     """Write `model` (and `tokenizer`, default: the model's own) to one GGUF file,
     atomically. `type`: how the matrices are stored, one of `TYPES`, or `KEEP` (the default):
-a quantized model's blocks as they are (`lmcore.gguf.quantized`), a float model's F32; `architecture`: the GGUF
-    architecture to write (default: the first of `WRITE_ORDER` that holds the model, trying
-    first the one of `prefer`, a Hugging Face model_type or GGUF architecture the model came
-    from)."""
+    a quantized model's blocks as they are (`lmcore.gguf.quantized`), a float model's F32;
+    `architecture`: the GGUF architecture to write (default: the first of `WRITE_ORDER` that
+    holds the model, trying first the one of `prefer`, a Hugging Face model_type or GGUF
+    architecture the model came from)."""
     gguf = import_gguf()
     if type not in TYPES and type != KEEP:
         raise ConversionError(f"--type {type!r}: GGUF types lmcore writes are {one_of(TYPES)}")

@@ -45,11 +45,9 @@ class Linear(nn.Module):
         )
 
     def forward(self, x: Float[Tensor, "... d_in"]) -> Float[Tensor, "... d_out"]:
-        if "quant" in self._modules:  # stored in a weight format (lmcore.model.quant)
-            y = self.quant(x)
-        else:
-            # Plain matmul: einsum("...i,oi->...o") is the same maths but slower on CPU.
-            y = x @ self.weight.T
+        # Stored in a weight format (lmcore.model.quant), or a plain matmul: einsum("...i,oi->
+        # ...o") is the same maths but slower on CPU (benchmarks/).
+        y = self.quant(x) if "quant" in self._modules else x @ self.weight.T
         return y if self.bias is None else y + self.bias
 
     def parameter_roles(self) -> dict[str, Role]:

@@ -8,10 +8,10 @@ the format's factory for that matrix (`in_features`, `out_features`, `role`); th
 parameter is removed (its place in the state dict taken by the child's tensors,
 ``….quant.codes``, ``….quant.scales``, ...; `weight` stays, an empty non-persistent buffer of
 the model's dtype and device, for code that asks a module for them), and `Linear` and
-`Embedding` go through the child (`lmcore.model.nn`). A tied head shares the embedding's child. Everything else (norm
-gains, biases, routers, convolutions) keeps the model's dtype.
+`Embedding` go through the child (`lmcore.model.nn`). A tied head shares the embedding's
+child. Everything else (norm gains, biases, routers, convolutions) keeps the model's dtype.
 
-The format's `stored` declaration gives the bytes each stored matrix holds: `stored_bytes`
+The format's `stored` declaration gives the bytes each stored matrix holds: `weight_bytes`
 counts them for `describe` and the size check, before anything is built. `quantize` turns a
 float model's weights into a quantized one (`lmcore.quantizing`, `lmcore quantize`).
 """

@@ -196,4 +196,5 @@ def _declared_none(module: nn.Module, path: str) -> bool:
         holder = module.get_submodule(owner) if owner else module
     except AttributeError:
         return False
-    return hasattr(holder, local) and (getattr(holder, local) is None or local in holder._buffers)
+    value = getattr(holder, local, ...)
+    return value is None or (value is not ... and local in holder._buffers)

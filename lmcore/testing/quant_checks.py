@@ -87,7 +87,8 @@ def quantized_rounding(target: Target, variant: str, settings: Settings) -> None
     worst = ((back - w).abs().max() / w.abs().max()).item()
     if not worst <= ROUND_TOL:
         fail(f"{who(target)}: quantize_(w) then dequantize() is {worst:.3g} of w's largest "
-             f"value away from w (tolerance {ROUND_TOL}): it does not keep what it is given")  # fmt: skip
+             f"value away from w (tolerance {ROUND_TOL}): it does not keep what it is "
+             "given")  # fmt: skip
 
 
 @check("stored_bytes", ("quant",))

@@ -31,7 +31,9 @@ def test_writes_int8_and_int4_beside_the_checkpoint(
     out = capsys.readouterr().out
     assert "quant=int8(embedding=same)" in out and "m-int8.safetensors" in out
     assert read_info(tmp_path / "m-int8.safetensors").spec.endswith(",quant=int8(embedding=same)")
-    assert main(["quantize", str(plain), "--int4", "--out", str(tmp_path / "four.safetensors")]) == 0
+    assert (
+        main(["quantize", str(plain), "--int4", "--out", str(tmp_path / "four.safetensors")]) == 0
+    )
     info = read_info(tmp_path / "four.safetensors")
     assert info.spec.endswith(",quant=q4_1(embedding=same)")
     assert info.size < read_info(plain).size / 4  # 0.69 bytes a parameter instead of 4

@@ -84,5 +84,5 @@ def test_refusals_name_the_format() -> None:
                        r"q4_1 stores blocks of 32 weights of a row, and this matrix's rows have "
                        r"72; use int8"):  # fmt: skip
         lmcore.build_model("cs336-tiny, d_model=72, num_heads=4, quant=q4_1", device="meta")
-    with pytest.raises(SpecError, match="embedding.*must be one of.*did you mean 'q8_0'"):
+    with pytest.raises(SpecError, match=r"embedding.*must be one of.*did you mean 'q8_0'"):
         lmcore.build_model("cs336-tiny, quant=q4_1(embedding=q8)", device="meta")

@@ -27,7 +27,7 @@ def _reference(fmt: str, raw: object) -> torch.Tensor:
     d = b[..., :2].contiguous().view(torch.float16).float()  # (N, G, 1)
     if fmt == "q8_0":
         return (b[..., 2:].contiguous().view(torch.int8).float() * d).view(N, K)
-    qs = b[..., size - 16:].int()
+    qs = b[..., size - 16 :].int()
     q = torch.cat([qs & 15, qs >> 4], dim=-1).float()
     if fmt == "q4_0":
         return ((q - 8) * d).view(N, K)
@@ -105,7 +105,6 @@ def test_refuses_damaged_blocks_and_other_types() -> None:
     with pytest.raises(ValueError, match="q8_0 keeps GGUF Q8_0 blocks, not Q4_1"):
         m.from_ggml("Q4_1", torch.zeros(N, 136, dtype=torch.uint8))
     with pytest.raises(ValueError, match="rows have 100; use int8"):
-        Q.FORMATS["q4_1"].module  # the factory, through the component, says so:
         next(c for c in Q.lmcore_components() if c.name == "q4_1").build(
             in_features=100, out_features=8, role="matrix"
         )
