@@ -380,7 +380,7 @@ class Q4_1(_Four):
 
 @dataclass(frozen=True)
 class _Row:
-    module: type[_Format]
+    module: Callable[..., _Format]
     help: str
     bytes: Callable[[int, int], int]  # (in_features, out_features) -> bytes stored
 

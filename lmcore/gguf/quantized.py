@@ -132,4 +132,8 @@ def rows_of(raw: Any, rows: Tensor) -> Tensor:
 
 def kept_targets(model: Any) -> list[tuple[str, int, int, str]]:
     """`(key, out, in, role)` of each matrix a weight format stores in the float `model`."""
-    return [(f"{name}.weight", *m.weight.shape, role) for name, m, role in targets(model)]
+    out = []
+    for name, m, role in targets(model):
+        n, k = m.weight.shape
+        out.append((f"{name}.weight", int(n), int(k), role))
+    return out

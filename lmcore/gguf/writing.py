@@ -81,7 +81,7 @@ def write_gguf(
         raise ConversionError(f"--type {type!r}: GGUF types lmcore writes are {one_of(TYPES)}")
     if type == KEEP and not quantized(model):
         type = "f32"  # a float model: its own dtype is not a GGML block type; f32 as before
-    kept: dict[str, Tensor] = {}
+    kept: dict[str, tuple[str, Tensor]] = {}
     if quantized(model):
         tensors, kept, file_type = _quantized_tensors(model, type, architecture, prefer)
         arch, config, metadata = choose(_plain(model), architecture, prefer)
@@ -141,7 +141,7 @@ def _quantized_tensors(
     (`lmcore.gguf.quantized`); and general.file_type."""
     arch, config, _ = choose(_plain(model), architecture, prefer)
     fam, plain = family(arch), float_blueprint(model.blueprint)
-    formats = dict(stored(model))
+    formats: dict[str, Any] = dict(stored(model))
     state: dict[str, Tensor] = {}
     for key, v in model.state_dict().items():
         if ".quant." not in f".{key}":
@@ -150,7 +150,7 @@ def _quantized_tensors(
     if type != KEEP:  # every matrix dequantized, then written as `type` says
         for name, child in formats.items():
             for key in [f"{name}.weight", *aliases.get(name, [])]:
-                state[key] = child.dequantize().cpu()  # type: ignore[operator]
+                state[key] = child.dequantize().cpu()
         tensors = to_gguf_tensors(to_hf_state_dict(fam, state, plain), arch, config)
         return tensors, {}, TYPES[type][1]
     shapes = {f"{n}.weight": (c.out_features, c.in_features) for n, c in formats.items()}

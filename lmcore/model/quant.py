@@ -38,7 +38,7 @@ ATTR: Final = "quant"  # the child of each stored Linear / Embedding holding its
 TARGET_ROLES: Final = ("matrix", "packed", "head", "embedding")
 
 
-def targets(model: nn.Module) -> list[tuple[str, nn.Module, str]]:
+def targets(model: nn.Module) -> list[tuple[str, Any, str]]:
     """`(name, module, role)` of every Linear and Embedding a format stores, in model order,
     each shared weight once (a tied head is the embedding's)."""
     seen: set[int] = set()
@@ -103,7 +103,7 @@ def apply_quant(model: nn.Module, part: Part, *, device: Any = None) -> list[str
 def _swap(m: nn.Module, child: nn.Module, device: Any) -> None:
     """`m`'s weight parameter replaced by `child`; `weight` becomes an empty buffer of its
     dtype on the model's `device` (not on meta where the parameter waited to be loaded)."""
-    w = m.weight
+    w: torch.Tensor = m.weight  # type: ignore[assignment]
     del m.weight
     empty = torch.empty(0, dtype=w.dtype, device=device if device is not None else "cpu")
     m.register_buffer("weight", empty, persistent=False)
@@ -142,8 +142,12 @@ def quantize_from(model: nn.Module, source: nn.Module) -> None:
 
 def _stored(part: Part, k: int, n: int, role: str) -> int:
     """Bytes the format `part` keeps for one `n` x `k` matrix of `role` (its declaration)."""
-    return part.entry.count("stored", {"in_features": k, "out_features": n, "role": role,
-                                        **part.kwargs()})  # fmt: skip
+    found = part.entry.count("stored", {"in_features": k, "out_features": n, "role": role,
+                                         **part.kwargs()})  # fmt: skip
+    if found is None:
+        raise PluginError(f"quant {part.name!r} from {part.provenance}: it declares no stored= "
+                          "bytes; a weight format says what one stored matrix holds")  # fmt: skip
+    return found
 
 
 def module_bytes(part: Part, module: nn.Module, dtype: torch.dtype) -> int:
@@ -177,7 +181,7 @@ def row_bytes(bp: Any, row: Any, dtype: torch.dtype, cache: dict[Any, int] | Non
     if row.entry is None and row.module.startswith("linear "):
         k, _, rest = row.module.removeprefix("linear ").partition("->")
         n = int(rest.split(" ")[0])
-        bias = row.params_each - int(k) * n
+        bias = int(row.params_each) - int(k) * n
         role = "head" if row.name == "lm_head" else "matrix"
         return _stored(part, int(k), n, role) + bias * size
     if row.entry is None or row.entry.kind in ("block", "mixer"):
@@ -189,7 +193,7 @@ def row_bytes(bp: Any, row: Any, dtype: torch.dtype, cache: dict[Any, int] | Non
     found = module_bytes(part, module, dtype)
     if cache is not None:
         cache[key] = found
-    return found
+    return int(found)
 
 
 def weight_bytes(acc: Any) -> dict[str, int]:
