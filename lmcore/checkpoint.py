@@ -38,7 +38,7 @@ import torch
 from torch import Tensor, nn
 
 from lmcore.blueprint import Blueprint, resolve
-from lmcore.components import ADAPTER_KINDS, KINDS, PARAMETRIZATION_KINDS
+from lmcore.components import ADAPTER_KINDS, KINDS, PARAMETRIZATION_KINDS, WEIGHT_KINDS
 from lmcore.errors import CheckpointError, CheckpointWarning, RegistryError, SpecError, clip
 from lmcore.model.empty import parameters_on_meta, shared_parameters
 from lmcore.model.inputs import check_device
@@ -185,7 +185,9 @@ def read_info(path: str | os.PathLike[str]) -> CheckpointInfo:
                 dist=None if row["dist"] is None else str(row["dist"]),
                 version=None if row["version"] is None else str(row["version"]),
             )
-            if components[key].kind not in (*KINDS, *ADAPTER_KINDS, *PARAMETRIZATION_KINDS):
+            if components[key].kind not in (
+                *KINDS, *ADAPTER_KINDS, *WEIGHT_KINDS, *PARAMETRIZATION_KINDS
+            ):
                 raise KeyError(f"kind {components[key].kind!r}")
     except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
         raise bad(KEYS["components"], f"cannot be read ({type(e).__name__}: {e})") from None

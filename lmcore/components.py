@@ -70,7 +70,12 @@ ADAPTER_KINDS: Final = ("adapter",)
 # attention multipliers (muP): a spec key, resolved like the model's components, whose factory
 # gives rules, not a module (`lmcore.model.parametrization`).
 PARAMETRIZATION_KINDS: Final = ("parametrization",)
-ALL_KINDS: Final = (*KINDS, *ADAPTER_KINDS, *RECIPE_KINDS, *PARAMETRIZATION_KINDS)
+# The kinds that store a built model's matrices another way: a weight format (`quant=int8`)
+# keeps each targeted matrix quantized and multiplies by it so (`lmcore.model.quant`).
+WEIGHT_KINDS: Final = ("quant",)
+ALL_KINDS: Final = (
+    *KINDS, *ADAPTER_KINDS, *WEIGHT_KINDS, *RECIPE_KINDS, *PARAMETRIZATION_KINDS
+)
 
 # The roles a component declares for the parameters it creates (`lmcore.model.roles`): a
 # hidden matrix, several packed in one tensor, the embedding, the output head, a norm's gain,
@@ -91,6 +96,10 @@ DIMS: Final[Mapping[str, tuple[str, ...]]] = {
     # widths, and the logical matrices a packed one holds (their rows; `(out_features,)` for
     # a plain matrix). See `lmcore.model.adapters`.
     "adapter": ("in_features", "out_features", "splits"),
+    # What lmcore offers a weight format's factory and declarations, once per stored matrix:
+    # its widths and its role (matrix, packed, embedding, head); `stored` gives the bytes
+    # the stored matrix holds, which describe and the size check count in its weight's place.
+    "quant": ("in_features", "out_features", "role"),
     # What the runner offers the recipe kinds (see `lmcore.train.recipe`).
     "optimizer": ("groups", "lr", "weight_decay", "betas", "eps"),
     "schedule": ("lr", "min_lr", "warmup", "decay_steps", "steps"),
@@ -139,6 +148,7 @@ FEATURES: Final[Mapping[str, frozenset[str]]] = {
     # nofsdp (optimizer): needs whole tensors (Muon's matrices), not FSDP's shards of them:
     # `lmcore train --parallel fsdp` refuses it before the run starts.
     "adapter": frozenset(),
+    "quant": frozenset(),
     # entrywise (optimizer): its update is normalised entry by entry (Adam, Lion), so the
     # per-role learning-rate rules of muP for Adam hold (`parametrization=mup` needs it).
     "optimizer": frozenset({"nofsdp", "entrywise"}),
@@ -154,7 +164,7 @@ _ARG_TYPES: Final = (int, float, bool, str)
 # Declarations a component may leave out (None).
 OPTIONAL_DECLARATIONS: Final = (
     "activations", "default_d_ff", "validate", "buffers", "norms", "shared_input",
-    "active_params", "temporaries", "modules", "state", "attention",
+    "active_params", "temporaries", "modules", "state", "attention", "stored",
 )  # fmt: skip
 # How an argument appears in the canonical form: every value ("always", the rule since the
 # first release), or only a value other than the default ("changed": for arguments added to a
@@ -305,6 +315,9 @@ class Component:
         `attention` mixer; ``"first"``: its attribute `first`). lmcore accounts each one's
         projections, kernel and norms itself, so the mixer's own declarations leave them out.
         None (the default): it builds none.
+    stored(in_features, out_features, role, **args) -> int: for weight formats (quant), the
+        bytes one stored matrix holds (its tensors and what its kernel keeps), which describe
+        and the size check count in its weight's place.
 
     `activations` and `buffers` may also give None for particular arguments, meaning unknown
     (e.g. a mixture whose expert declares none): they are then measured as if undeclared.
@@ -333,6 +346,7 @@ class Component:
     modules: Callable[..., int] | None = None
     state: Callable[..., tuple[int, int]] | None = None
     attention: Callable[..., Sequence[str]] | None = None
+    stored: Callable[..., int] | None = None
 
     def arg(self, name: str) -> Arg | None:
         return next((a for a in self.args if a.name == name), None)
@@ -381,6 +395,7 @@ _ROLES: Final[Mapping[str, str]] = {
     "modules": "modules declaration",
     "state": "state declaration",
     "attention": "attention declaration",
+    "stored": "stored declaration",
 }
 
 

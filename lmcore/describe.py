@@ -26,6 +26,7 @@ from torch import Tensor, nn
 
 from lmcore.blueprint import Blueprint
 from lmcore.errors import LmcoreError
+from lmcore.model.adapters import adapters
 from lmcore.model.counting import (
     Accounting,
     AccountingError,
@@ -34,10 +35,10 @@ from lmcore.model.counting import (
     account,
 )
 from lmcore.model.nn import cross_entropy
+from lmcore.model.quant import stored, weight_bytes
 from lmcore.model.recompute import plan, targets
 from lmcore.model.roles import ROLES, roles_of
 from lmcore.model.transformer import TransformerLM, build_model
-from lmcore.model.adapters import adapters
 from lmcore.registry import Registry
 from lmcore.spec import ModelSpec
 
@@ -70,11 +71,18 @@ def _claim(
     # An adapter's tensors (`lmcore.model.adapters`) are not the base's rows': counted apart.
     seen: set[int] = {id(t) for _, m in adapters(model)
                       for t in (m.buffers() if buffers else m.parameters())}  # fmt: skip
+    # A stored matrix (`lmcore.model.quant`) counts as the parameters of its weight.
+    formats = {id(m): m for _, m in stored(model)}
     out: dict[str, int] = {}
     for row in acc.rows:
         total = 0
         for path in row.paths(len(model.layers)):
             module = model.get_submodule(path)
+            for sub in module.modules() if formats and not buffers else ():
+                if id(sub) in formats and id(sub) not in seen:
+                    seen.add(id(sub))
+                    seen.update(id(t) for t in sub.parameters())
+                    total += sub.in_features * sub.out_features
             for t in module.buffers() if buffers else module.parameters():
                 if id(t) not in seen:
                     seen.add(id(t))
@@ -486,7 +494,7 @@ def describe(
         saved, activations = activations, recomputed_activations(act, by_row, recompute)
     memory = TrainingMemory(
         dtype=str(dtype).removeprefix("torch."),
-        weights=acc.params * size,
+        weights=sum(weight_bytes(acc).values()),
         gradients=acc.params * size,
         optimizer=acc.params * ADAMW_STATE_BYTES,
         buffers=buffers,

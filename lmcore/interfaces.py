@@ -194,6 +194,23 @@ class Adapter(Protocol):
     def delta(self) -> Float[Tensor, "d_out d_in"]: ...
 
 
+@runtime_checkable
+class QuantizedMatrix(Protocol):
+    """One matrix W (`out_features`, `in_features`) stored in a weight format
+    (`lmcore.model.quant`): `x ↦ x @ Wᵀ` from the stored form, `dequantize()` gives W in
+    float32, `quantize_(w)` stores a float matrix (rounding as the format does) and `rows(ids)`
+    gives W's rows `ids` in float32 (an embedding's lookup). Its tensors are parameters that
+    need no gradient, stored in a checkpoint as they are held."""
+
+    def __call__(self, x: Float[Tensor, "... d_in"]) -> Float[Tensor, "... d_out"]: ...
+
+    def dequantize(self) -> Float[Tensor, "d_out d_in"]: ...
+
+    def quantize_(self, w: Float[Tensor, "d_out d_in"]) -> None: ...
+
+    def rows(self, ids: Tensor) -> Float[Tensor, "... d_in"]: ...
+
+
 PROTOCOLS: dict[str, type] = {
     "norm": Norm,
     "ffn": FeedForward,
@@ -202,4 +219,5 @@ PROTOCOLS: dict[str, type] = {
     "block": Block,
     "mixer": Mixer,
     "adapter": Adapter,
+    "quant": QuantizedMatrix,
 }

@@ -107,7 +107,7 @@ def checked_module(entry: Entry, module: Any) -> Any:
             f"{where}: its factory returned {got}, not a torch.nn.Module implementing "
             f"lmcore.interfaces.{protocol.__name__}"
         )
-    if entry.kind not in ("pos", "adapter"):  # an adapter's output is W's, not x's, shape
+    if entry.kind not in ("pos", "adapter", "quant"):  # W's output shape, not x's
         module.register_forward_hook(_OutputCheck(where, entry.kind))
     return module
 

@@ -129,6 +129,7 @@ class ModelSpec:
     adapter: ComponentSpec | None = None  # lmcore.model.adapters: none, or e.g. lora(rank=8)
     # lmcore.model.parametrization: none (the standard one), or e.g. mup(base_width=256)
     parametrization: ComponentSpec | None = None
+    quant: ComponentSpec | None = None  # lmcore.model.quant: none, or a weight format (int8)
     layers: tuple[LayerValue, ...] = ()
 
     def __post_init__(self) -> None:
@@ -221,6 +222,8 @@ MODEL_KEYS: Final[tuple[Arg, ...]] = (
     Arg("parametrization", "parametrization", None, "how widths set init, per-role learning "
         "rates and multipliers (mup(base_width=256)); none: the standard one",
         written="changed"),
+    Arg("quant", "quant", None, "the matrices stored quantized, in a weight format (int8, "
+        "q4_1, ...); none: in the model's dtype", written="changed"),
 )  # fmt: skip
 # The component slots (each of the kind it is named after) and the component each defaults to.
 SLOTS: Final[Mapping[str, str]] = {
@@ -239,7 +242,7 @@ ORDER: Final = (
     "logit_scale",
     "norm", "ffn", "pos", "mixer", "attn",
     "qkv_bias", "out_bias", "qk_norm", "qk_norm_scope", "query_scale", "window", "attn_softcap",
-    "attn_gate", "attn_sinks", "adapter", "parametrization",
+    "attn_gate", "attn_sinks", "adapter", "parametrization", "quant",
 )  # fmt: skip
 # The keys of the first release: written in every canonical string, default or not.
 ALWAYS: Final = frozenset(

@@ -51,6 +51,7 @@ FLOORS: dict[str, int] = {
     "lmcore.checkpoint": 6,
     "lmcore.hf": 7,
     "lmcore.sources": 8,  # what a command's model argument names (it reads Hugging Face configs)
+    "lmcore.quantizing": 6,  # a float model to a quantized one: builds it (lmcore.model)
     "lmcore.adapting": 8,  # adapters on checkpoints: it loads bases (lmcore.sources)
     "lmcore.gguf": 9,
     "lmcore.train": 10,

@@ -18,6 +18,7 @@ from lmcore.spec import SLOTS, ModelSpec, format_layers
 SLOT_KINDS: Mapping[str, str] = {
     **{slot: slot for slot in SLOTS}, "qk_norm": "norm", "adapter": "adapter",
     "parametrization": "parametrization",
+    "quant": "quant",
 }
 
 
@@ -63,7 +64,7 @@ class Blueprint:
         `feed_forward`: False when the layer's ffn declares 'empty' (`ffn=none`, `lmcore_blocks`).
         """
         part = self.parts[kind]
-        if kind == "adapter":  # built per targeted matrix, for its widths (model.adapters)
+        if kind in ("adapter", "quant"):  # built per targeted matrix, for its widths (model.adapters)
             return part.kwargs()
         if kind == "qk_norm":
             width = self.spec.head_dim

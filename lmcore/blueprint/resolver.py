@@ -82,11 +82,15 @@ class _Resolver:
         )
         if rules is not None:
             parts["parametrization"] = rules
+        quant = self.lookup.optional("quant", origins.values.get("quant"), "quant")
+        if quant is not None:
+            parts["quant"] = quant
         values.update(derived(origins, values, parts["ffn"], preset))
         values.update({slot: part.spec for slot, part in parts.items()})
         values.setdefault("qk_norm", None)
         values.setdefault("adapter", None)
         values.setdefault("parametrization", None)
+        values.setdefault("quant", None)
         layers, layer_parts = PerLayer(origins, self.lookup).apply(values, parts)
         spec = ModelSpec(**values, layers=layers)
         bp = Blueprint(spec, parts, self.registry, layer_parts)

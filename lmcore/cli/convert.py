@@ -79,6 +79,12 @@ def add_parser(sub: Any) -> None:
         help="--to-hf: replace DIR whole when it is not empty (without it, that is an error)",
     )
     p.add_argument(
+        "--keep-quantized",
+        action="store_true",
+        help="--from-gguf: keep Q8_0, Q4_0 and Q4_1 matrices as their blocks (spec key "
+        "quant=), not dequantized to float32; --to-gguf writes them back as they were",
+    )
+    p.add_argument(
         "--ignore-field",
         action="append",
         default=[],
@@ -112,6 +118,10 @@ def run(args: argparse.Namespace) -> int:
         for given in (args.to_hf, args.to_gguf):
             if given is not None:
                 _refuse_adapter(given[0])
+        if args.keep_quantized and args.from_gguf is None:
+            raise UsageError("--keep-quantized applies to --from-gguf only")
+        if args.to_hf is not None:
+            _refuse_quantized(args.to_hf[0])
         if args.from_gguf is not None or args.to_gguf is not None:
             return _gguf(args)
         if args.type is not None or args.architecture is not None:
@@ -195,7 +205,8 @@ def _gguf(args: argparse.Namespace) -> int:
         source, out = args.from_gguf
         refuse_same(source, out, "the GGUF file")
         dtype = None if args.dtype is None else getattr(torch, args.dtype)
-        written = convert_from_gguf(source, out, dtype=dtype, ignore=args.ignore_field)
+        written = convert_from_gguf(source, out, dtype=dtype, ignore=args.ignore_field,
+                                    keep_quantized=args.keep_quantized)  # fmt: skip
         info = read_info(written)
         tok = info.tokenizer
         print(f"spec: {info.spec}")
@@ -213,12 +224,14 @@ def _gguf(args: argparse.Namespace) -> int:
     checkpoint, out = args.to_gguf
     refuse_same(checkpoint, out, "the lmcore checkpoint")
     written = convert_to_gguf(
-        checkpoint, out, type=args.type or "f32", architecture=args.architecture
+        checkpoint, out, type=args.type or "kept", architecture=args.architecture
     )
+    file = read_gguf(written)
+    kinds = sorted({e.type for e in file.tensors.values() if len(e.shape) > 1})
     print(f"spec: {read_info(checkpoint).spec}")
     print(
         f"wrote: {written} ({show_bytes(written.stat().st_size)}, GGUF "
-        f"{read_gguf(written).architecture}, {args.type or 'f32'}) in "
+        f"{file.architecture}, matrices {'/'.join(kinds)}) in "
         f"{time.perf_counter() - start:.1f} s"
     )
     return 0
@@ -234,6 +247,21 @@ def _refuse_adapter(checkpoint: str) -> None:
         raise UsageError(
             f"{checkpoint} has an adapter; merge it into a plain checkpoint first: lmcore "
             f"convert --merge {checkpoint} --out merged.safetensors"
+        )
+
+
+def _refuse_quantized(checkpoint: str) -> None:
+    """--to-hf writes float safetensors: a quantized checkpoint is refused, naming the ways."""
+    from lmcore.checkpoint import read_info
+    from lmcore.runfiles import find_checkpoint
+
+    info = read_info(find_checkpoint(checkpoint))
+    held = [c.name for c in info.components.values() if c.kind == "quant"]
+    if held:
+        raise UsageError(
+            f"{checkpoint} is quantized ({held[0]}), and a Hugging Face directory holds float "
+            "weights: convert the float checkpoint it came from, or write GGUF instead "
+            f"(lmcore convert --to-gguf {checkpoint} OUT.gguf keeps the blocks)"
         )
 
 

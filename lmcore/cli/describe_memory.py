@@ -16,11 +16,15 @@ def memory_lines(found: Description) -> list[str]:
     by part (the forward's, without recompute)."""
     acc, mem = found.accounting, found.memory
     lines: list[str] = []
-    size = mem.weights // acc.params if acc.params else 0
+    quant = acc.blueprint.spec.quant
+    if quant is not None:  # a weight format: its bytes per parameter, on average
+        each = f"{mem.weights / acc.params:.3f}" if acc.params else "0"
+        said = f"{acc.params:,} parameters × {each} bytes on average, quant={quant}"
+    else:
+        said = f"{acc.params:,} parameters × {mem.weights // max(acc.params, 1)} bytes"
     lines += [
         "",
-        f"weights: {show_bytes(mem.weights)} ({acc.params:,} parameters × {size} bytes, "
-        f"{mem.dtype})",
+        f"weights: {show_bytes(mem.weights)} ({said}, {mem.dtype})",
         "",
         f"training memory estimate (AdamW, {mem.dtype}, batch {acc.batch} × seq {acc.seq_len}"
         + (f" in micro-batches of {mem.micro_batch}" if mem.micro_batch else "")

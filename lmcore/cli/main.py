@@ -5,6 +5,7 @@ lmcore describe SPEC        parameters, FLOPs and memory by component, before an
 lmcore run SPEC             forward+backward steps on random tokens: tokens/s and peak memory
 lmcore plugins              list components, presets and plugins with provenance and status
 lmcore convert              Hugging Face directory or GGUF file <-> lmcore checkpoint
+lmcore quantize CKPT        a checkpoint with its matrices stored int8 or int4
 lmcore data prepare SRC...  train a BPE tokenizer and write token ids for training
 lmcore train SPEC           train a model on prepared data: checkpoints, metrics, loss curve
 lmcore sweep BASE --vary    train a baseline and its variants alike; compare them
@@ -58,6 +59,7 @@ from lmcore.cli import (
     generate,
     ladder,
     plugins,
+    quantize,
     quickstart,
     run,
     sweep,
@@ -68,8 +70,8 @@ from lmcore.errors import LmcoreError, LmcoreWarning, SlowPluginWarning, SpecErr
 
 # The commands, in the order `lmcore --help` lists them.
 COMMANDS: tuple[ModuleType, ...] = (
-    build, describe, run, plugins, convert, data, train, sweep, ladder, compare, quickstart,
-    generate, chat, eval, coordcheck,
+    build, describe, run, plugins, convert, quantize, data, train, sweep, ladder, compare,
+    quickstart, generate, chat, eval, coordcheck,
 )  # fmt: skip
 
 

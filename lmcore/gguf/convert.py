@@ -25,18 +25,30 @@ import json
 import os
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 import torch
 
 from lmcore.checkpoint import build_empty, save
 from lmcore.errors import ConversionError
 from lmcore.gguf.architectures import architecture, family, metadata_to_config, spec_of
+from lmcore.gguf.quantized import (
+    float_blueprint,
+    kept_targets,
+    numbered,
+    quant_text,
+    refused,
+    row_sources,
+    rows_of,
+    thin,
+)
 from lmcore.gguf.reading import GGUFFile, read_gguf
+from lmcore.gguf.rows import Architecture
 from lmcore.gguf.tensors import check_shapes, from_gguf_tensors
 from lmcore.gguf.tokenizer import from_gguf_metadata
-from lmcore.gguf.writing import write_gguf
+from lmcore.gguf.writing import KEEP, write_gguf
 from lmcore.hf.weights import from_hf_state_dict
+from lmcore.model.empty import shared_parameters
 from lmcore.model.transformer import TransformerLM, unwrap
 from lmcore.model.weights import check_finite, load_strict
 from lmcore.registry import Registry
@@ -77,10 +89,16 @@ def load_gguf(
     registry: Registry | None = None,
     *,
     ignore: Iterable[str] = (),
+    keep_quantized: bool = False,
 ) -> TransformerLM:
     """An lmcore model (with its tokenizer, `model.tokenizer`) from a GGUF file. `ignore`:
-    metadata keys lmcore does not know that you know do not change the model."""
-    model, _ = _load(Path(path), device, dtype, registry, ignore, buffers=True)
+    metadata keys lmcore does not know that you know do not change the model.
+    `keep_quantized`: Q8_0 / Q4_0 / Q4_1 matrices kept as their blocks (`quant=`,
+    `lmcore.gguf.quantized`), not dequantized."""
+    if keep_quantized and dtype is not None:
+        raise ConversionError("keep_quantized keeps the file's blocks; it takes no dtype")
+    model, _ = _load(Path(path), device, dtype, registry, ignore, buffers=True,
+                     keep=keep_quantized)  # fmt: skip
     return model
 
 
@@ -92,6 +110,7 @@ def _load(
     ignore: Iterable[str],
     *,
     buffers: bool,
+    keep: bool = False,
 ) -> tuple[TransformerLM, GGUFFile]:
     """`load_gguf`, and the file it read. `buffers=False`: a model only to be saved, whose
     buffers outside the state dict are never built (`build_empty`)."""
@@ -105,17 +124,64 @@ def _load(
     tokenizer = from_gguf_metadata(
         file.metadata, where, ignore=ignore, vocab_size=vocab if isinstance(vocab, int) else None
     )
-    stored = dtype or _stored_dtype(file)
-    model = build_empty(spec, device, stored, registry=registry, buffers=buffers)
-    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    tensors = from_gguf_tensors(file.tensors_float(), arch, config)
-    state = from_hf_state_dict(family(arch), tensors, model.blueprint, expected, str(where))
+    if keep:
+        model, state = _kept(file, arch, config, spec, device, registry, buffers, where)
+    else:
+        stored = dtype or _stored_dtype(file)
+        model = build_empty(spec, device, stored, registry=registry, buffers=buffers)
+        expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+        tensors = from_gguf_tensors(file.tensors_float(), arch, config)
+        state = from_hf_state_dict(family(arch), tensors, model.blueprint, expected, str(where))
     load_strict(model, state, where, f"the model of {model.spec}")
     check_finite(state, where)
     if tokenizer is not None:
         tokenizer.check_vocab(model.spec.vocab_size, where)
         model.tokenizer = tokenizer
     return model, file
+
+
+def _kept(
+    file: GGUFFile, arch: Architecture, config: dict[str, Any], spec: str,
+    device: torch.device | str | None, registry: Registry | None, buffers: bool, where: Path,
+) -> tuple[TransformerLM, dict[str, torch.Tensor]]:  # fmt: skip
+    """The model of `spec` with the file's quantized matrices kept as their blocks
+    (`lmcore.gguf.quantized`), and its state dict: each kept matrix's rows found by sending
+    row numbers through the float path, then read as the file's bytes."""
+    matrices = {n: e.shape for n, e in file.tensors.items() if len(e.shape) == 2}
+    text = quant_text({n: file.tensors[n].type for n in matrices}, where)
+    model = build_empty(f"{spec},quant={text}", device, torch.float32, registry=registry,
+                        buffers=buffers)  # fmt: skip
+    plain = float_blueprint(model.blueprint)
+    skeleton = TransformerLM(plain, device="meta")
+    expected = {k: tuple(v.shape) for k, v in skeleton.state_dict().items()}
+    wanted = kept_targets(skeleton)
+    keys = [key for key, *_ in wanted]
+    index, starts, names = numbered(matrices)
+    floats = {n: file.tensor(n) for n in file.tensors if n not in index}
+    tensors = from_gguf_tensors({**floats, **index}, arch, config)
+    try:
+        aliases = [a for a, owner in shared_parameters(skeleton).items() if owner in keys]
+        converted = from_hf_state_dict(family(arch), tensors, plain,
+                                       thin(expected, [*keys, *aliases]), str(where))  # fmt: skip
+    except ConversionError as e:  # a transposed matrix no longer fits its one-column shape
+        raise refused(keys[0] if len(keys) == 1 else "a matrix", where, f": {e}") from None
+    sources = row_sources(converted, keys, starts, names, where)
+    own = model.state_dict()
+    state = {k: v for k, v in converted.items() if k in own}
+    fmt = model.blueprint.parts["quant"]
+    raw = {t.name: t.data for t in file.reader.tensors}
+    for key, n, k, role in wanted:
+        name, rows = sources[key]
+        child = fmt.create(in_features=k, out_features=n, role=role, device="meta")
+        try:
+            child.from_ggml(file.tensors[name].type, rows_of(raw[name], rows))
+        except ValueError as e:
+            raise ConversionError(f"{where}: tensor {name}: {e}") from None
+        prefix = key.removesuffix("weight") + "quant."
+        state.update({prefix + p: t.data for p, t in child.named_parameters()})
+    for alias, owner in shared_parameters(model).items():  # a tied head: the embedding's
+        state[alias] = state[owner]
+    return model, state
 
 
 def convert_from_gguf(
@@ -125,12 +191,17 @@ def convert_from_gguf(
     dtype: torch.dtype | None = None,
     registry: Registry | None = None,
     ignore: Iterable[str] = (),
+    keep_quantized: bool = False,
 ) -> Path:
     """`lmcore convert --from-gguf FILE OUT`: a GGUF file to an lmcore checkpoint holding the
     model, its tokenizer and chat template, and the file's own metadata (`gguf.metadata`:
     general.*, the architecture's keys). Only the weights are built: memory follows the file,
-    not the context length its metadata names (RoPE's tables are never computed)."""
-    model, file = _load(Path(path), None, dtype, registry, ignore, buffers=False)
+    not the context length its metadata names (RoPE's tables are never computed).
+    `keep_quantized`: as `load_gguf`'s."""
+    if keep_quantized and dtype is not None:
+        raise ConversionError("--keep-quantized keeps the file's blocks; it takes no --dtype")
+    model, file = _load(Path(path), None, dtype, registry, ignore, buffers=False,
+                        keep=keep_quantized)  # fmt: skip
     kept = {k: v for k, v in file.metadata.items() if k not in _LARGE}
     return save(model, out, metadata={METADATA_KEY: json.dumps(kept, sort_keys=True)})
 
@@ -139,7 +210,7 @@ def save_gguf(
     model: torch.nn.Module,
     path: str | os.PathLike[str],
     *,
-    type: str = "f32",
+    type: str = KEEP,
     architecture: str | None = None,
 ) -> Path:
     """Write `model` (a `TransformerLM`) and its tokenizer as a GGUF file (`write_gguf`):
@@ -151,7 +222,7 @@ def convert_to_gguf(
     checkpoint: str | os.PathLike[str],
     out: str | os.PathLike[str],
     *,
-    type: str = "f32",
+    type: str = KEEP,
     architecture: str | None = None,
 ) -> Path:
     """`lmcore convert --to-gguf CKPT OUT`: an lmcore checkpoint (and its tokenizer) to GGUF,

@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Final
 
 import numpy as np
@@ -33,16 +34,18 @@ from lmcore.gguf.architectures import (
     family,
     writable,
 )
+from lmcore.gguf.quantized import FILE_TYPES, float_blueprint, numbered, row_sources
 from lmcore.gguf.reading import import_gguf
 from lmcore.gguf.tensors import to_gguf_tensors
 from lmcore.gguf.tokenizer import to_gguf_metadata
 from lmcore.hf.family import spec_to_config
 from lmcore.hf.weights import to_hf_state_dict
+from lmcore.model.quant import quantized, stored
 from lmcore.model.transformer import TransformerLM
 from lmcore.tokenizer import SavedTokenizer
 from lmcore.version import __version__
 
-__all__ = ["TYPES", "choose", "write_gguf"]
+__all__ = ["KEEP", "TYPES", "choose", "write_gguf"]
 
 # --type -> (GGML type of the matrices, general.file_type)
 TYPES: Final[Mapping[str, tuple[str, int]]] = {
@@ -53,29 +56,42 @@ TYPES: Final[Mapping[str, tuple[str, int]]] = {
 }
 
 
+# --type for a quantized model: its formats' blocks as they are (the default for one).
+KEEP: Final = "kept"
+
+
 def write_gguf(
     model: TransformerLM,
     path: str | os.PathLike[str],
     *,
-    type: str = "f32",
+    type: str = KEEP,
     tokenizer: SavedTokenizer | None = None,
     name: str | None = None,
     architecture: str | None = None,
     prefer: str | None = None,
 ) -> Path:
     """Write `model` (and `tokenizer`, default: the model's own) to one GGUF file,
-    atomically. `type`: how the matrices are stored, one of `TYPES`; `architecture`: the GGUF
-    architecture to write (default: the first of `WRITE_ORDER` that holds the model, trying
-    first the one of `prefer`, a Hugging Face model_type or GGUF architecture the model came
-    from)."""
+    atomically. `type`: how the matrices are stored, one of `TYPES`, or `KEEP` (the default):
+    a quantized model's blocks as they are (`lmcore.gguf.quantized`), a float model's F32;
+    `architecture`: the GGUF architecture to write (default: the first of `WRITE_ORDER` that
+    holds the model, trying first the one of `prefer`, a Hugging Face model_type or GGUF
+    architecture the model came from)."""
     gguf = import_gguf()
-    if type not in TYPES:
+    if type not in TYPES and type != KEEP:
         raise ConversionError(f"--type {type!r}: GGUF types lmcore writes are {one_of(TYPES)}")
-    arch, config, metadata = choose(model, architecture, prefer)
-    fam = family(arch)
-    state = {k: v.detach().to("cpu", torch.float32) for k, v in model.state_dict().items()}
-    tensors = to_gguf_tensors(to_hf_state_dict(fam, state, model.blueprint), arch, config)
-    matrix_type, file_type = TYPES[type]
+    if type == KEEP and not quantized(model):
+        type = "f32"  # a float model: its own dtype is not a GGML block type; f32 as before
+    kept: dict[str, tuple[str, Tensor]] = {}
+    if quantized(model):
+        tensors, kept, file_type = _quantized_tensors(model, type, architecture, prefer)
+        arch, config, metadata = choose(_plain(model), architecture, prefer)
+        matrix_type = "F32" if type == KEEP else TYPES[type][0]  # kept: only the norms left
+    else:
+        arch, config, metadata = choose(model, architecture, prefer)
+        fam = family(arch)
+        state = {k: v.detach().to("cpu", torch.float32) for k, v in model.state_dict().items()}
+        tensors = to_gguf_tensors(to_hf_state_dict(fam, state, model.blueprint), arch, config)
+        matrix_type, file_type = TYPES[type]
     out = Path(path)
     with atomic_path(out) as tmp:
         writer = gguf.GGUFWriter(str(tmp), arch.name)
@@ -91,6 +107,8 @@ def write_gguf(
         if saved is not None:
             for key, value in to_gguf_metadata(saved, model.spec.vocab_size).items():
                 _add(writer, key, value)
+        for tensor_name, (kind, raw) in kept.items():  # a kept format's blocks, as they are
+            writer.add_tensor(tensor_name, raw.numpy(), raw_dtype=gguf.GGMLQuantizationType[kind])
         for tensor_name, t in tensors.items():
             qtype = matrix_type if t.dim() > 1 else "F32"
             if qtype == "Q8_0" and t.shape[-1] % 32:
@@ -105,6 +123,70 @@ def write_gguf(
         writer.write_kv_data_to_file()
         writer.write_tensors_to_file()
         writer.close()
+    return out
+
+
+def _plain(model: TransformerLM) -> Any:
+    """A stand-in for `choose`: the quantized model's float blueprint, its dtype (float32)."""
+    return SimpleNamespace(blueprint=float_blueprint(model.blueprint),
+                           lm_head=SimpleNamespace(weight=model.lm_head.weight))  # fmt: skip
+
+
+def _quantized_tensors(
+    model: TransformerLM, type: str, architecture: str | None, prefer: str | None
+) -> tuple[dict[str, Tensor], dict[str, tuple[str, Tensor]], int]:
+    """A quantized model's GGUF tensors: the float ones (norms, biases; or every matrix
+    dequantized, when `type` names a GGML type to write instead), and each kept matrix's
+    blocks under its GGUF name, the rows found by sending row numbers through the float path
+    (`lmcore.gguf.quantized`); and general.file_type."""
+    arch, config, _ = choose(_plain(model), architecture, prefer)
+    fam, plain = family(arch), float_blueprint(model.blueprint)
+    formats: dict[str, Any] = dict(stored(model))
+    state: dict[str, Tensor] = {}
+    for key, v in model.state_dict().items():
+        if ".quant." not in f".{key}":
+            state[key] = v.detach().to("cpu", torch.float32)
+    aliases = _aliases(model, formats)
+    if type != KEEP:  # every matrix dequantized, then written as `type` says
+        for name, child in formats.items():
+            for key in [f"{name}.weight", *aliases.get(name, [])]:
+                state[key] = child.dequantize().cpu()
+        tensors = to_gguf_tensors(to_hf_state_dict(fam, state, plain), arch, config)
+        return tensors, {}, TYPES[type][1]
+    shapes = {f"{n}.weight": (c.out_features, c.in_features) for n, c in formats.items()}
+    index, starts, names = numbered(shapes)
+    for name in formats:
+        for alias in aliases.get(name, []):
+            index[alias] = index[f"{name}.weight"]
+    tensors = to_gguf_tensors(to_hf_state_dict(fam, {**state, **index}, plain), arch, config)
+    matrices = [k for k, t in tensors.items() if t.dtype == torch.int64]
+    sources = row_sources(tensors, matrices, starts, names, "this model")
+    kept: dict[str, tuple[str, Tensor]] = {}
+    kinds = set()
+    for gguf_name, (key, rows) in sources.items():
+        child = formats[key.removesuffix(".weight")]
+        to_ggml = getattr(child, "to_ggml", None)
+        if to_ggml is None:
+            raise ConversionError(
+                f"{key} is stored {getattr(child, 'name', child.__class__.__name__)}, which has no "
+                f"GGUF type; pass --type ({one_of(TYPES)}): q8_0 rounds it again per 32 weights"
+            )
+        kind, raw = to_ggml()
+        kept[gguf_name] = (kind, raw.cpu()[rows])
+        kinds.add(kind)
+    rest = {k: t for k, t in tensors.items() if k not in kept}
+    main = max(kinds, key=lambda k: sum(1 for v in kept.values() if v[0] == k))
+    return rest, kept, FILE_TYPES[main]
+
+
+def _aliases(model: TransformerLM, formats: Mapping[str, Any]) -> dict[str, list[str]]:
+    """The state-dict keys of the matrices that share a kept one's format (a tied head)."""
+    out: dict[str, list[str]] = {}
+    owners = {id(c): n for n, c in formats.items()}
+    for name, m in model.named_modules():
+        child = getattr(m, "_modules", {}).get("quant")
+        if child is not None and name not in formats and id(child) in owners:
+            out.setdefault(owners[id(child)], []).append(f"{name}.weight")
     return out
 
 

@@ -26,6 +26,7 @@ import torch
 from lmcore.blueprint import Blueprint, Part, resolve
 from lmcore.components import count_state
 from lmcore.errors import LmcoreError, LmcoreKeyError, ModelInputError, ModelTooLargeError
+from lmcore.model.quant import weight_bytes
 from lmcore.registry import Entry, Registry
 from lmcore.spec import ModelSpec, format_layers
 
@@ -469,8 +470,7 @@ def account(
 def _check_shape(spec: ModelSpec, batch: int, seq: int) -> None:
     if batch < 1:
         raise ModelInputError(f"batch size must be at least 1, got {batch}")
-    if not 1 <= seq <= spec.context_length:
-        ctx = spec.context_length
+    if not 1 <= seq <= (ctx := spec.context_length):
         raise ModelInputError(
             f"sequence length {seq} does not fit context_length={ctx}; use 1..{ctx} "
             f"or raise context_length in the spec (e.g. '..., context_length={seq}')"
@@ -501,14 +501,14 @@ MAX_MODULES: Final = 2**20
 @dataclass(frozen=True)
 class Footprint:
     """What building a blueprint allocates, from the declarations alone: per row, the weights
-    (parameters × the dtype's size) and the declared buffers of all its modules."""
+    (`lmcore.model.quant.weight_bytes`) and the declared buffers of all its modules."""
 
     accounting: Accounting
 
     @property
     def parts(self) -> dict[str, int]:
-        size = self.accounting.dtype.itemsize
-        return {r.name: r.params * size + (r.buffers or 0) for r in self.accounting.rows}
+        weights = weight_bytes(self.accounting)
+        return {r.name: weights[r.name] + (r.buffers or 0) for r in self.accounting.rows}
 
     @property
     def total(self) -> int:

@@ -45,8 +45,9 @@ class Linear(nn.Module):
         )
 
     def forward(self, x: Float[Tensor, "... d_in"]) -> Float[Tensor, "... d_out"]:
-        # Plain matmul: einsum("...i,oi->...o") is the same maths but slower on CPU (benchmarks/).
-        y = x @ self.weight.T
+        # Stored in a weight format (lmcore.model.quant), or a plain matmul: einsum("...i,oi->
+        # ...o") is the same maths but slower on CPU (benchmarks/).
+        y = self.quant(x) if "quant" in self._modules else x @ self.weight.T
         return y if self.bias is None else y + self.bias
 
     def parameter_roles(self) -> dict[str, Role]:
@@ -75,6 +76,9 @@ class Embedding(nn.Module):
         nn.init.trunc_normal_(self.weight, mean=0.0, std=1.0, a=-3.0, b=3.0)
 
     def forward(self, token_ids: Int[Tensor, "..."]) -> Float[Tensor, "... d"]:
+        if "quant" in self._modules:  # stored in a weight format (lmcore.model.quant)
+            rows: Tensor = self.quant.rows(token_ids)
+            return rows
         return self.weight[token_ids]
 
     def parameter_roles(self) -> dict[str, Role]:

@@ -189,10 +189,12 @@ def _has(module: nn.Module, path: str) -> bool:
 
 
 def _declared_none(module: nn.Module, path: str) -> bool:
-    """Whether `path` names an attribute set to None (an optional parameter not created)."""
+    """Whether `path` names an attribute set to None (an optional parameter not created) or
+    a buffer in a parameter's place (a matrix a weight format stores: `lmcore.model.quant`)."""
     owner, _, local = path.rpartition(".")
     try:
         holder = module.get_submodule(owner) if owner else module
     except AttributeError:
         return False
-    return hasattr(holder, local) and getattr(holder, local) is None
+    value = getattr(holder, local, ...)
+    return value is None or (value is not ... and local in holder._buffers)

@@ -228,10 +228,12 @@ def store_once(state: Mapping[str, Tensor]) -> tuple[dict[str, Tensor], dict[str
 
 
 def dtype_of(tensors: Mapping[str, Tensor]) -> str:
-    """The floating dtype holding most of the elements ("float32" when there is none)."""
+    """The floating dtype holding most of the elements ("float32" when there is none); a
+    weight format's tensors (``….quant.*``, `lmcore.model.quant`) keep their own dtypes and
+    do not count."""
     counts: Counter[torch.dtype] = Counter()
-    for t in tensors.values():
-        if t.is_floating_point():
+    for key, t in tensors.items():
+        if t.is_floating_point() and ".quant." not in f".{key}":
             counts[t.dtype] += t.numel()
     dtype = counts.most_common(1)[0][0] if counts else torch.float32
     return str(dtype).removeprefix("torch.")

@@ -22,15 +22,8 @@ from torch import Tensor, nn
 
 from lmcore.blueprint import Blueprint, resolve
 from lmcore.components import KINDS, Component
-from lmcore.errors import (
-    CheckpointError,
-    GenerationError,
-    ModelInputError,
-    ModelTooLargeError,
-    PluginError,
-    StateDictError,
-    one_of,
-)
+from lmcore.errors import (CheckpointError, GenerationError, ModelInputError,
+                           ModelTooLargeError, PluginError, StateDictError, one_of)  # fmt: skip
 from lmcore.interfaces import LayerContext
 from lmcore.model import generate as decoding
 from lmcore.model import saving
@@ -38,15 +31,11 @@ from lmcore.model.adapters import adapted, adapter_state, apply_adapter
 from lmcore.model.cache import DecodingCache, KVState
 from lmcore.model.counting import check_size
 from lmcore.model.documents import document_positions
-from lmcore.model.inputs import (
-    check_device,
-    check_documents,
-    check_dtype,
-    check_ids,
-    check_positions,
-)
+from lmcore.model.inputs import (check_device, check_documents, check_dtype, check_ids,
+                                 check_positions)  # fmt: skip
 from lmcore.model.nn import Embedding, Linear
 from lmcore.model.parametrization import parametrize, query_factor
+from lmcore.model.quant import apply_quant
 from lmcore.model.roles import EMBEDDING, HEAD, SCALAR, Role
 from lmcore.registry import Registry
 from lmcore.spec import ModelSpec, default_query_scale
@@ -368,6 +357,8 @@ class TransformerLM(nn.Module):
             self.token_embeddings.weight = self.lm_head.weight
             self.register_load_state_dict_pre_hook(refuse_untied_state_dict)  # type: ignore[no-untyped-call]
         self.logit_scale = spec.logit_scale * parametrize(self)  # muP: draws, × base/width
+        if "quant" in bp.parts:  # after the base is whole: it stores the base's matrices
+            apply_quant(self, bp.parts["quant"], device=device)
         if "adapter" in bp.parts:  # after the base is whole: it targets the base's matrices
             apply_adapter(self, bp.parts["adapter"], **factory)
 

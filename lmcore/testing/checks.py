@@ -20,6 +20,8 @@
   (gradients reach only the adapter), merge (merged = unmerged) and state (a round trip);
 - `coord_checks`: muP's coordinate check on every model component and parametrization: how
   far a few training steps move each activation does not depend on the width.
+- `quant_checks`: the weight formats': the matmul against the float reference within the
+  tolerance it declares, rounding, the stored bytes, and a model's state round trip.
 
 Each check builds the component at the kit's small test shapes, runs it on seeded random inputs
 and raises `ConformanceError` with a sentence naming what broke and how to fix it.
@@ -39,5 +41,6 @@ from lmcore.testing import (  # noqa: F401  (imported for the checks they regist
     recipe_checks,
     adapter_checks,
     coord_checks,
+    quant_checks,
 )
 # isort: on

@@ -93,7 +93,7 @@ def test_a_plugin_that_fails_to_import_is_isolated(make_dist, registry: Registry
             """,
             (
                 "component 'x' has kind 'nrom'",
-                "kinds are adapter, attn, block, ffn, mixer, norm, optimizer, parametrization, pos, schedule",
+                "kinds are adapter, attn, block, ffn, mixer, norm, optimizer, parametrization, pos, quant, schedule",
                 "(did you mean 'norm'?)",
             ),
         ),

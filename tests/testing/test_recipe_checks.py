@@ -270,7 +270,7 @@ def test_the_kinds_are_selectable_and_only_recipe_checks_apply() -> None:
     names = {c.check.name for c in cases(registry, kinds=["optimizer", "schedule"])}
     assert names == {*RECIPE_CHECKS["optimizer"], *RECIPE_CHECKS["schedule"]}
     with raises_naming(SelectionError, "'optimiser' is not a component kind",
-                       "(did you mean 'optimizer'?)", "optimizer, parametrization, pos, schedule"):  # fmt: skip
+                       "(did you mean 'optimizer'?)", "optimizer, parametrization, pos, quant, schedule"):  # fmt: skip
         cases(registry, kinds=["optimiser"])
 
 

@@ -88,7 +88,7 @@ def test_dist_qualified_selection_and_ambiguous_names(pytester: pytest.Pytester)
         (
             ["--lmcore-kind", "nrom"],
             ("--lmcore-kind 'nrom' is not a component kind", "(did you mean 'norm'?)",
-             "kinds are adapter, attn, block, ffn, mixer, norm, optimizer, parametrization, pos, schedule"),
+             "kinds are adapter, attn, block, ffn, mixer, norm, optimizer, parametrization, pos, quant, schedule"),
         ),
         (
             ["--lmcore-component", "leaki"],

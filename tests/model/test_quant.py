@@ -1,0 +1,88 @@
+"""Weight formats on a built model (`lmcore.model.quant`): every matrix and the embedding
+stored, the tied head sharing it, the logits those of the dequantized float model, saved and
+loaded with checksums, and the bytes describe declares equal to the built model's."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import lmcore
+from lmcore.checkpoint import read_info
+from lmcore.describe import describe
+from lmcore.errors import CheckpointError, SpecError
+from lmcore.model.generate import GREEDY
+from lmcore.model.quant import stored
+from lmcore.quantizing import quantize_model
+
+SPEC = "cs336-tiny, tie_embeddings=true"
+FORMATS = ("int8", "q8_0", "q4_0", "q4_1", "q4_1(embedding=q8_0)")
+
+
+def _float() -> lmcore.TransformerLM:
+    torch.manual_seed(0)
+    return lmcore.build_model(SPEC)
+
+
+def _dequantized(model: lmcore.TransformerLM) -> lmcore.TransformerLM:
+    """The float model whose weights are the quantized model's, dequantized (the reference)."""
+    plain = _float()
+    state = plain.state_dict()
+    for name, child in stored(model):
+        state[f"{name}.weight"] = child.dequantize()
+    state["lm_head.weight"] = state["token_embeddings.weight"]
+    plain.load_state_dict(state)
+    return plain
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_quantized_model_computes_its_dequantized_weights(fmt: str) -> None:
+    q = quantize_model(_float(), fmt)
+    assert str(q.spec).endswith(f"quant={fmt if '(' in fmt else fmt + '(embedding=same)'}")
+    names = [n for n, _ in stored(q)]
+    assert names[0] == "token_embeddings" and "lm_head" not in names  # tied: one, shared
+    assert q.lm_head.quant is q.token_embeddings.quant
+    ref = _dequantized(q)
+    ids = torch.randint(0, 10000, (2, 12), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():  # 24 rows: the exact float32 path
+        torch.testing.assert_close(q(ids), ref(ids), rtol=1e-5, atol=1e-5)
+        out, want = q(ids[:1, :4]), ref(ids[:1, :4])  # 4 rows: torch's bfloat16 kernels
+    assert (out - want).abs().max() <= 3e-2 * want.abs().max()
+
+
+@pytest.mark.parametrize("fmt", ["int8", "q4_1(embedding=q8_0)"])
+def test_saved_loaded_checksummed_and_described(tmp_path: Path, fmt: str) -> None:
+    q = quantize_model(_float(), fmt)
+    path = q.save(tmp_path / "q.safetensors")
+    info = read_info(path)
+    assert info.spec == str(q.spec) and info.dtype == "float32"
+    assert any(c.kind == "quant" for c in info.components.values())
+    loaded = lmcore.load(path)
+    for (a, x), (b, y) in zip(q.state_dict().items(), loaded.state_dict().items(), strict=True):
+        assert a == b and x.dtype == y.dtype and torch.equal(x, y)
+    ids = torch.tensor([[1, 2, 3]])
+    assert torch.equal(loaded.generate(ids, 4, GREEDY), q.generate(ids, 4, GREEDY))
+    for child in dict(stored(loaded)).values():
+        child(torch.zeros(1, child.in_features))  # the kernels' scales, counted as declared
+    held = {id(t): t.numel() * t.element_size() for t in loaded.parameters()}
+    held_bytes = sum(held.values()) + sum(c.kernel_bytes() for _, c in stored(loaded))
+    assert describe(str(q.spec), seq_len=1).memory.weights == held_bytes
+    raw = bytearray(path.read_bytes())
+    raw[-5] ^= 0xFF  # a flipped bit in the last tensor
+    path.write_bytes(bytes(raw))
+    with pytest.raises(CheckpointError, match="checksum"):
+        lmcore.load(path)
+
+
+def test_refusals_name_the_format() -> None:
+    q = quantize_model(_float(), "int8")
+    with pytest.raises(SpecError, match=r"quantized already \(quant=int8\(embedding=same\)\)"):
+        quantize_model(q, "q4_1")
+    with pytest.raises(SpecError, match=r"quant=q4_1.*token_embeddings.weight \(10000 x 72\): "
+                       r"q4_1 stores blocks of 32 weights of a row, and this matrix's rows have "
+                       r"72; use int8"):  # fmt: skip
+        lmcore.build_model("cs336-tiny, d_model=72, num_heads=4, quant=q4_1", device="meta")
+    with pytest.raises(SpecError, match=r"embedding.*must be one of.*did you mean 'q8_0'"):
+        lmcore.build_model("cs336-tiny, quant=q4_1(embedding=q8)", device="meta")

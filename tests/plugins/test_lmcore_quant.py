@@ -1,0 +1,118 @@
+"""The weight formats of `lmcore_quant`: GGML's blocks decoded as the gguf package decodes
+them, rounded as its quantizer rounds, written back byte for byte; torch's kernels against
+an independent dequantize formula; torch's int4 layout."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import lmcore_quant as Q
+
+gguf = pytest.importorskip("gguf")
+
+N, K = 96, 128  # 96 rows: not a multiple of the int4 layout's 64, so padding is exercised
+
+
+def _weights() -> torch.Tensor:
+    g = torch.Generator().manual_seed(0)
+    return torch.randn(N, K, generator=g)
+
+
+def _reference(fmt: str, raw: object) -> torch.Tensor:
+    """GGML's own dequantize formula, written out here on the block bytes."""
+    raw_t = torch.from_numpy(raw)  # type: ignore[arg-type]
+    size = {"q8_0": 34, "q4_0": 18, "q4_1": 20}[fmt]
+    b = raw_t.view(N, K // 32, size)
+    d = b[..., :2].contiguous().view(torch.float16).float()  # (N, G, 1)
+    if fmt == "q8_0":
+        return (b[..., 2:].contiguous().view(torch.int8).float() * d).view(N, K)
+    qs = b[..., size - 16 :].int()
+    q = torch.cat([qs & 15, qs >> 4], dim=-1).float()
+    if fmt == "q4_0":
+        return ((q - 8) * d).view(N, K)
+    m = b[..., 2:4].contiguous().view(torch.float16).float()
+    return (q * d + m).view(N, K)
+
+
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_0", "q4_1"])
+def test_blocks_decode_as_gguf_and_write_back_byte_identical(fmt: str) -> None:
+    kind = gguf.GGMLQuantizationType[fmt.upper()]
+    raw = gguf.quants.quantize(_weights().numpy(), kind)
+    theirs = torch.from_numpy(gguf.quants.dequantize(raw, kind))
+    assert torch.equal(_reference(fmt, raw), theirs)  # the formula above is GGML's
+    m = Q.FORMATS[fmt].module(K, N, "matrix")
+    m.from_ggml(fmt.upper(), torch.from_numpy(raw))
+    assert torch.equal(m.dequantize(), theirs)
+    assert torch.equal(m.rows(torch.tensor([0, 33, 95])), theirs[[0, 33, 95]])
+    name, back = m.to_ggml()
+    assert name == fmt.upper() and torch.equal(back, torch.from_numpy(raw))
+    fresh = Q.FORMATS[fmt].module(K, N, "matrix")
+    fresh.quantize_(_weights())  # lmcore's rounding is the gguf package's, byte for byte
+    assert torch.equal(fresh.to_ggml()[1], torch.from_numpy(raw))
+
+
+@pytest.mark.parametrize("fmt", ["int8", "q8_0", "q4_0", "q4_1"])
+@pytest.mark.parametrize("rows", [1, 3, 8, 9, 20])
+def test_matmul_matches_the_dequantized_matrix(fmt: str, rows: int) -> None:
+    """Up to KERNEL_ROWS rows, torch's kernels with bfloat16 x and scales: within bfloat16's
+    rounding of the float64 product; more rows, the float32 product of the exact matrix."""
+    m = Q.FORMATS[fmt].module(K, N, "matrix")
+    m.quantize_(_weights())
+    w = m.dequantize()
+    x = torch.randn(2, rows, K, generator=torch.Generator().manual_seed(1))
+    ref = (x.double() @ w.double().T).float()
+    if rows <= Q.KERNEL_ROWS:
+        scale = ref.abs().max()
+        assert (m(x) - ref).abs().max() <= 2e-2 * scale  # bfloat16: 8 bits of mantissa
+        assert (m(x) - ref).abs().max() > 0  # the kernel ran, not the float path
+    else:
+        torch.testing.assert_close(m(x), ref, rtol=1e-5, atol=1e-4)
+
+
+def test_kernel_columns_not_a_multiple_of_64() -> None:
+    k = 96
+    w = torch.randn(N, k, generator=torch.Generator().manual_seed(3))
+    for fmt in ("q8_0", "q4_1"):
+        m = Q.FORMATS[fmt].module(k, N, "matrix")
+        m.quantize_(w)
+        x = torch.randn(1, k, generator=torch.Generator().manual_seed(4))
+        ref = x @ m.dequantize().T
+        assert (m(x) - ref).abs().max() <= 2e-2 * ref.abs().max()
+
+
+def test_int8_rounds_each_row_to_its_largest_magnitude() -> None:
+    w = _weights()
+    m = Q.FORMATS["int8"].module(K, N, "matrix")
+    m.quantize_(w)
+    scale = w.abs().amax(dim=1) / 127
+    assert torch.equal(m.scales, scale)
+    assert torch.equal(m.codes, torch.round(w / scale[:, None]).to(torch.int8))
+    assert (m.dequantize() - w).abs().max() <= scale.max() / 2 + 1e-6
+
+
+def test_pack4_is_torchs_int4_layout() -> None:
+    codes = torch.randint(0, 16, (128, K), dtype=torch.int32,
+                          generator=torch.Generator().manual_seed(2))  # fmt: skip
+    assert torch.equal(Q.pack4(codes), torch._convert_weight_to_int4pack_for_cpu(codes, 1))
+    assert torch.equal(Q.unpack4(Q.pack4(codes[:N]), torch.arange(N)).int(), codes[:N])
+
+
+def test_refuses_damaged_blocks_and_other_types() -> None:
+    m = Q.FORMATS["q8_0"].module(K, N, "matrix")
+    with pytest.raises(ValueError, match=r"take 136 bytes each \(96 rows\), got \(96, 135\)"):
+        m.from_ggml("Q8_0", torch.zeros(N, 135, dtype=torch.uint8))
+    with pytest.raises(ValueError, match="q8_0 keeps GGUF Q8_0 blocks, not Q4_1"):
+        m.from_ggml("Q4_1", torch.zeros(N, 136, dtype=torch.uint8))
+    with pytest.raises(ValueError, match="rows have 100; use int8"):
+        next(c for c in Q.lmcore_components() if c.name == "q4_1").build(
+            in_features=100, out_features=8, role="matrix"
+        )
+
+
+def test_declared_bytes_are_the_held_bytes() -> None:
+    for fmt, row in Q.FORMATS.items():
+        m = row.module(K, N, "matrix")
+        m(torch.zeros(1, K))  # the kernel's scales, made on first use, are counted too
+        held = sum(p.numel() * p.element_size() for p in m.parameters()) + m.kernel_bytes()
+        assert row.bytes(K, N) == held, fmt
