@@ -347,8 +347,10 @@ class Decoder:
     def lm_head(self) -> HasWeight:
         return self.model.lm_head
 
-    def decoding_states(self, batch: int) -> Sequence[tuple[str, DecodingState]]:
-        return self.model.decoding_states(batch)
+    def decoding_states(
+        self, batch: int, slots: int | None = None
+    ) -> Sequence[tuple[str, DecodingState]]:
+        return self.model.decoding_states(batch, slots)
 
     def forward_unchecked(
         self, ids: Tensor, positions: Tensor, cache: KVCache | None = None
@@ -455,6 +457,9 @@ def _steps(
     # Grad mode is set around each step, never across a yield (it would leak to the caller).
     with torch.inference_mode():
         kv = kv_cache if kv_cache is not None else KVCache.for_model(model, batch)
+        # Room for the request, once: its last token is sampled, never fed back (without a
+        # cache, every step refills it from slot 0).
+        kv.reserve((kv.length if use_cache else 0) + prompt_len + max(max_new_tokens - 1, 0))
         if not use_cache:  # the whole sequence so far, refilled at every step
             tokens = torch.zeros(
                 batch, prompt_len + max_new_tokens, dtype=torch.long, device=ids.device

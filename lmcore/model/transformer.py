@@ -122,8 +122,9 @@ class CausalSelfAttention(nn.Module):
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> KVState:
-        """The keys and values of `batch` sequences, for the whole context (after the rotation
-        and the query-independent norms, before any repeat for a kernel without 'gqa')."""
+        """The keys and values of `batch` sequences, `context_length` slots (the cache's
+        capacity; after the rotation and the query-independent norms, before any repeat for a
+        kernel without 'gqa')."""
         return KVState.empty(
             batch=batch,
             num_kv_heads=self.num_kv_heads,
@@ -431,10 +432,10 @@ class TransformerLM(nn.Module):
             kv_cache=kv_cache,
         )
 
-    def decoding_states(self, batch: int) -> list[tuple[str, Any]]:
+    def decoding_states(self, batch: int, slots: int | None = None) -> list[tuple[str, Any]]:
         """Each layer's decoding state for `batch` sequences, as its mixer makes it (on the
-        model's device, in its dtype, for its whole context), with the mixer's name; a
-        `GenerationError` naming a mixer that has none."""
+        model's device, in its dtype, for `slots` positions: default its whole context), with
+        the mixer's name; a `GenerationError` naming a mixer that has none."""
         weight = self.lm_head.weight
         out = []
         for i, layer in enumerate(self.layers):
@@ -448,7 +449,7 @@ class TransformerLM(nn.Module):
                 )
             state = make(
                 batch=batch,
-                context_length=self.spec.context_length,
+                context_length=self.spec.context_length if slots is None else slots,
                 device=weight.device,
                 dtype=weight.dtype,
             )
