@@ -231,10 +231,12 @@ def run_worker(engine: str, job: dict[str, Any]) -> dict[str, Any]:
     try:
         out = subprocess.run(
             [sys.executable, __file__, "--worker", engine, "--job", f.name],
-            check=True, capture_output=True, text=True,
+            capture_output=True, text=True,
         )  # fmt: skip
     finally:
         os.unlink(f.name)
+    if out.returncode != 0:
+        raise SystemExit(f"the {engine} worker failed (rc {out.returncode}):\n{out.stderr[-2000:]}")
     result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
     return result
 

@@ -48,7 +48,7 @@ NOCACHE = "nocache"  # the feature a component declares when it cannot work with
 
 Prompt = Tensor | Sequence[int] | Sequence[Tensor | Sequence[int]]
 # One forward without input checks: (ids (B, T), positions (B or 1, T), cache) -> logits.
-Step = Callable[[Tensor, Tensor, KVCache | None], Tensor]
+Step = Callable[..., Tensor]  # (ids, positions, cache, *, last) -> logits
 
 
 class DecodingModel(SizedModel, Protocol):
@@ -60,7 +60,7 @@ class DecodingModel(SizedModel, Protocol):
     def blueprint(self) -> Blueprint: ...
 
     def forward_unchecked(
-        self, ids: Tensor, positions: Tensor, cache: KVCache | None = None
+        self, ids: Tensor, positions: Tensor, cache: KVCache | None = None, *, last: bool = False
     ) -> Tensor: ...
 
 
@@ -353,9 +353,9 @@ class Decoder:
         return self.model.decoding_states(batch, slots)
 
     def forward_unchecked(
-        self, ids: Tensor, positions: Tensor, cache: KVCache | None = None
+        self, ids: Tensor, positions: Tensor, cache: KVCache | None = None, *, last: bool = False
     ) -> Tensor:
-        return self.step(ids, positions, cache)
+        return self.step(ids, positions, cache, last=last)
 
     def generate(
         self,
@@ -472,13 +472,17 @@ def _steps(
             if use_cache:  # the prompt first, then one token at a time
                 if real is not None and step == 0:
                     kv.pad(real)
-                logits = model.forward_unchecked(new, kv.next_positions(new.shape[1]), kv)
+                logits = model.forward_unchecked(
+                    new, kv.next_positions(new.shape[1]), kv, last=True
+                )
             else:
                 kv.reset()
                 if real is not None:
                     kv.pad(real)
                 seq = tokens[:, : prompt_len + step]
-                logits = model.forward_unchecked(seq, kv.next_positions(seq.shape[1]), kv)
+                logits = model.forward_unchecked(
+                    seq, kv.next_positions(seq.shape[1]), kv, last=True
+                )
             tok = sample(logits[:, -1], sampling, generator)  # (B,)
             if stops is not None:
                 tok = torch.where(finished, stops[0], tok)

@@ -205,3 +205,14 @@ def test_the_cache_holds_bytes_for_its_capacity_not_the_context() -> None:
     bare = KVCache(KVCache.for_model(model, 1, 3).states, batch=1, context_length=24, capacity=3)
     with raises_naming(ModelInputError, "holds 3 slots and cannot grow to 4", "for_model"):
         bare.reserve(4)
+
+
+def test_generation_computes_the_head_for_the_last_position_only() -> None:
+    model = decoding_model("num_kv_heads=2")
+    ids = torch.randint(0, 97, (2, 6))
+    positions = torch.arange(6)[None]
+    with torch.no_grad():
+        every = model.forward_unchecked(ids, positions)
+        last = model.forward_unchecked(ids, positions, last=True)
+    assert last.shape == (2, 1, 97)
+    torch.testing.assert_close(last, every[:, -1:], rtol=1e-6, atol=1e-6)
