@@ -122,9 +122,8 @@ class CausalSelfAttention(nn.Module):
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> KVState:
-        """The keys and values of `batch` sequences, `context_length` slots (the cache's
-        capacity; after the rotation and the query-independent norms, before any repeat for a
-        kernel without 'gqa')."""
+        """The keys and values of `batch` sequences in `context_length` slots (the cache's
+        capacity), after the rotation and the query-independent norms, before any repeat."""
         return KVState.empty(
             batch=batch,
             num_kv_heads=self.num_kv_heads,
@@ -532,15 +531,13 @@ class TransformerLM(nn.Module):
         positions: Int[Tensor, "B_or_1 T"],
         cache: DecodingCache | None = None,
         documents: Int[Tensor, "B T"] | None = None,
-        *,
         last: bool = False,
     ) -> Float[Tensor, "B T_or_1 vocab_size"]:
         """`forward` without its input checks, for callers that checked once (generation
         checks a prompt's ids up front, then feeds back ids it sampled itself): no value
         check, so no device synchronisation per step. `documents` as `forward` takes them
-        (checked; `positions` already within each document). `last`: the logits of the last
-        position only, `(B, 1, vocab_size)` (a prompt's forward in generation skips the
-        head's product for every other position)."""
+        (checked; `positions` already within each document). `last`: the last position's
+        logits only, `(B, 1, vocab_size)` (generation's: no head product for the others)."""
         spec = self.spec
         x = self.token_embeddings(ids)  # (B, T, d_model)
         if spec.embed_scale != 1.0:  # Gemma: the scale rounded to the model's dtype, as there
@@ -571,8 +568,7 @@ class TransformerLM(nn.Module):
             x = layer(x, context)
         if cache is not None:
             cache.advance(ids.shape[1])
-        if last:  # generation samples from the last position only: one row of the head
-            x = x[:, -1:]
+        x = x[:, -1:] if last else x  # generation samples from the last position only
         logits: Tensor = self.lm_head(self.ln_final(x))  # (B, T or 1, vocab_size)
         if spec.logit_scale != 1.0:  # Falcon-H1's lm_head_multiplier, a constant
             logits = logits * spec.logit_scale
