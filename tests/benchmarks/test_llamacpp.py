@@ -102,3 +102,12 @@ def test_both_engines_fed_the_same_ids_give_the_same_greedy_tokens(tmp_path: Pat
     for r in (ours, theirs):
         assert r["prefill"] > 0 and r["decode"] > 0 and r["peak_kib"] > 0
     assert bench.bound_worker({"threads": 1, "mib": 8})["gbps"] > 0
+
+
+def test_quantize_writes_the_precision_asked_for(tmp_path: Path) -> None:
+    pytest.importorskip("llama_cpp", reason="needs llama-cpp-python: pip install llama-cpp-python")
+    f32 = tiny_gguf(tmp_path / "tiny-f32.gguf")
+    (q8,) = bench.quantize(f32, ["Q8_0"], tmp_path / "q")
+    assert q8.name == "tiny-q8_0.gguf" and bench.precision(q8) == "Q8_0"
+    # 34 bytes a block of 32 for the matrices against 4 a number (a few stay float)
+    assert bench.bytes_per_token(q8) < 0.4 * bench.bytes_per_token(f32)
