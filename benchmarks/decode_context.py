@@ -33,7 +33,7 @@ SHAPE = "vocab_size=10000, d_model=512, num_layers=4, num_heads=8, d_ff=1344"
 def step_time(model: TransformerLM, context: int, steps: int) -> float:
     """The median seconds of a cached single-token step after a prompt of `context - 4`
     tokens."""
-    cache = DecodingCache.for_model(model, 1)
+    cache = DecodingCache.for_model(model, 1, model.spec.context_length)  # never grown while timed
     prompt = torch.randint(0, model.spec.vocab_size, (1, context - 4))
     token = torch.randint(0, model.spec.vocab_size, (1, 1))
     times = []

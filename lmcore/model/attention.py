@@ -54,6 +54,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 from torch.utils.flop_counter import register_flop_formula
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from lmcore.model.tiling import (  # noqa: F401  (the tiling constants: re-exported)
     QUERY_BLOCK,
@@ -65,6 +66,9 @@ from lmcore.model.tiling import (  # noqa: F401  (the tiling constants: re-expor
 )
 
 T = TypeVar("T")
+# Below torch's grain size (at::internal::GRAIN_SIZE) an elementwise op runs on the calling
+# thread: a product of fewer multiplications runs as one (`_attend_whole`).
+SERIAL_ELEMENTS = 32768
 
 if TYPE_CHECKING:
     from functools import _lru_cache_wrapper
@@ -204,12 +208,17 @@ def _scores(
     softcap: float = 0.0,
     tanh: list[Tensor] | None = None,
     spans: _Spans | None = None,
+    small: bool = False,
 ) -> Tensor:
     """One tile's scores `(scale·q) kᵀ`, capped (`cap·tanh(s / cap)`, with `softcap`), plus
     the bias, in float32 (or wider), -inf where masked (or, with `spans`, in another
     document): `(bb·Hkv, n·G, kb)`. With a capped tile, `tanh` (a list) receives
-    `tanh(s / cap)`, whose `1 - tanh²` the backward needs."""
-    s = torch.bmm(qt, kt.transpose(1, 2))
+    `tanh(s / cap)`, whose `1 - tanh²` the backward needs. `small`: the product as a broadcast
+    multiply-and-sum (no thread pool; see `_attend_whole`)."""
+    if small:
+        s = (qt[:, :, None] * kt[:, None]).sum(dim=-1)  # (N, q, 1, D) · (N, 1, kb, D)
+    else:
+        s = torch.bmm(qt, kt.transpose(1, 2))
     if s.dtype != (acc := accumulator(s.dtype)):
         s = s.to(acc)
     if softcap:
@@ -368,7 +377,19 @@ def _attend_whole(
     guard = mask is not None or bias is not None or plan.window > 0
     rows, queries, keys = (0, B), (0, Sq), (0, plan.k_len)
     qt = q5.reshape(B * Hkv, Sq * G, D) * scale
-    s = _scores(qt, k.reshape(B * Hkv, -1, D), bias, mask, plan, rows, queries, keys, softcap)
+    kt, vt = k.reshape(B * Hkv, -1, D), v.reshape(B * Hkv, -1, D)
+    # A decoding step's few queries against a short cache: products this small run as
+    # broadcast multiply-and-sum, on the calling thread; a BLAS batched matmul would wake the
+    # thread pool for a few microseconds of work, and on a loaded machine the wake-up costs far
+    # more than the arithmetic (hundreds of microseconds measured on 2 shared cores). Under a
+    # dispatch mode (a FLOP counter) the matmuls run, which torch counts; under torch.compile
+    # too (its own kernels decide).
+    small = (
+        qt.numel() * plan.k_len < SERIAL_ELEMENTS
+        and not torch.compiler.is_compiling()
+        and _get_current_dispatch_mode() is None
+    )
+    s = _scores(qt, kt, bias, mask, plan, rows, queries, keys, softcap, small=small)
     top = s.amax(dim=-1, keepdim=True)
     sink = None
     if sinks is not None:  # (B·Hkv, Sq·G, 1): the sink of each row's head
@@ -381,7 +402,10 @@ def _attend_whole(
         total = total + torch.exp(sink - shift)
     if guard:  # rows with every key masked: divide by 1, return zeros
         total = torch.where(total == 0, 1.0, total)
-    o = torch.bmm(p.to(v.dtype), v.reshape(B * Hkv, -1, D)).to(acc).div_(total)
+    if small:  # (N, q, Sk, 1) · (N, 1, Sk, D), summed over the keys
+        o = (p.to(v.dtype)[..., None] * vt[:, None]).sum(dim=2).to(acc).div_(total)
+    else:
+        o = torch.bmm(p.to(v.dtype), vt).to(acc).div_(total)
     return o.view(B, Hkv, Sq, G, D).transpose(2, 3).reshape(B, Hkv * G, Sq, D).to(q5.dtype)
 
 

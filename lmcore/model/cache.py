@@ -1,5 +1,5 @@
 """The decoding cache of incremental decoding: each layer's state, as its mixer declares it,
-preallocated for the whole context.
+sized to the tokens asked for and grown in chunks when more follow.
 
 `DecodingCache` (also `KVCache`, its first name) holds one state per layer for `batch`
 sequences, made once by the layer's mixer (`Mixer.decoding_state`) on the model's device and in
@@ -7,7 +7,16 @@ its dtype: the keys and values of attention (`KVState`, two `(B, Hkv, context_le
 tensors), a latent per token (`ContextState`, latent attention), or a recurrent state and a
 convolution's tail whose size does not grow with the context (`RecurrentState`). Each forward
 writes its tokens' state in place (no reallocation per token, so the storage never moves under
-`torch.compile`). Attention hands its kernel the filled prefix, `Sq` new queries against
+`torch.compile` while the cache has room).
+
+Capacity: a cache holds `capacity` slots, at most the model's `context_length`. `generate`
+reserves what a request needs (prompt + new tokens - 1: the last token sampled is never fed
+back) before its first step, rounded up to a multiple of `chunk` (64 slots: a compiled step
+sees the same shapes across requests of similar length); a cache that must take more (a chat's
+next turn, a forward beyond its room) grows to at least twice its capacity, capped at the
+context, so n tokens fed one at a time reallocate O(log n) times. Growing makes each layer's state afresh from its mixer and copies
+the filled slots across; the slots beyond are left as allocated (`torch.empty`: never read,
+since attention sees the filled prefix only). Attention hands its kernel the filled prefix, `Sq` new queries against
 `Sk = filled + Sq` keys; keys are cached after the positional rotation, so RoPE rotates only
 the new q and k.
 
@@ -24,7 +33,7 @@ and its layers' states), so the cache depends on no model class.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
@@ -46,8 +55,9 @@ class HasWeight(Protocol):
 
 class SizedModel(Protocol):
     """What a decoding cache is sized from: the model's spec (layers, context), its `lm_head`,
-    whose weight has the model's device and dtype, and `decoding_states(batch)`, each layer's
-    state (what its mixer declares) with the name of the mixer that made it."""
+    whose weight has the model's device and dtype, and `decoding_states(batch, slots)`, each
+    layer's state for `slots` positions (what its mixer declares) with the name of the mixer
+    that made it."""
 
     @property
     def spec(self) -> ModelSpec: ...
@@ -55,7 +65,14 @@ class SizedModel(Protocol):
     @property
     def lm_head(self) -> HasWeight: ...
 
-    def decoding_states(self, batch: int) -> Sequence[tuple[str, DecodingState]]: ...
+    def decoding_states(
+        self, batch: int, slots: int | None = None
+    ) -> Sequence[tuple[str, DecodingState]]: ...
+
+
+# (batch, slots) -> every layer's state afresh
+StateMaker = Callable[[int, int], Sequence["DecodingState"]]
+CHUNK = 64  # slots: a cache's capacity is a multiple of it (or the whole context)
 
 
 # ------------------------------------------------------------------------------ states
@@ -112,10 +129,11 @@ class KVState(ContextState):
         shape = (batch, num_kv_heads, context_length, head_dim)
         # One tensor each per layer (not one for all): under torch.compile a write into a
         # view of a shared tensor is replayed as a copy of the whole tensor, per layer and step.
+        # Not zero-filled: a slot is read only once a forward has written it.
         return cls(
             {
-                "k": torch.zeros(shape, device=device, dtype=dtype),
-                "v": torch.zeros(shape, device=device, dtype=dtype),
+                "k": torch.empty(shape, device=device, dtype=dtype),
+                "v": torch.empty(shape, device=device, dtype=dtype),
             }
         )
 
@@ -188,10 +206,11 @@ class LayerCache:
 class DecodingCache:
     """Every layer's decoding state and the positions of `batch` sequences.
 
-    Build it with `DecodingCache.for_model(model, batch)` and pass it to
+    Build it with `DecodingCache.for_model(model, batch, capacity)` and pass it to
     `model(ids, cache=cache)`: each call appends its tokens (positions continue from the filled
-    slots unless given). `length` is the number of tokens fed (pads included); `reset()`
-    empties it for reuse. `states[i]` is layer i's state, `names[i]` the mixer that made it.
+    slots unless given). `length` is the number of tokens fed (pads included); `capacity` the
+    slots held (grown by `reserve`, never beyond `context_length`); `reset()` empties it for
+    reuse. `states[i]` is layer i's state, `names[i]` the mixer that made it.
     """
 
     def __init__(
@@ -202,28 +221,82 @@ class DecodingCache:
         context_length: int,
         names: Sequence[str] | None = None,
         device: torch.device | str | None = None,
+        capacity: int | None = None,
+        make: StateMaker | None = None,
+        chunk: int = CHUNK,
     ):
+        """`states` hold `capacity` slots each (default: `context_length`); `make(batch,
+        slots)` makes every layer's state afresh for `slots` positions, for `reserve` to grow
+        into (None: the cache cannot grow)."""
         self.states = list(states)
         self.names = list(names) if names is not None else ["?"] * len(self.states)
+        self.capacity = context_length if capacity is None else capacity
         # Absolute position of each slot's token: the keys' positions for attention biases.
-        self.positions = torch.zeros(batch, context_length, dtype=torch.long, device=device)
+        self.positions = torch.empty(batch, self.capacity, dtype=torch.long, device=device)
         self.valid: Bool[Tensor, "B C"] | None = None  # None: no pads
         self.pads: Int[Tensor, "B 1"] | None = None  # pad slots at the start of each row
         self.batch, self.context_length = batch, context_length
         self.length = 0
+        self.make, self.chunk = make, chunk
+        self.grown = 0  # reallocations so far (a test counts them)
 
     @classmethod
-    def for_model(cls, model: SizedModel, batch: int) -> DecodingCache:
+    def for_model(
+        cls, model: SizedModel, batch: int, capacity: int | None = None, *, chunk: int = CHUNK
+    ) -> DecodingCache:
         """An empty cache for `batch` sequences of `model`, on its device and in its dtype,
-        for its whole context_length."""
-        named = model.decoding_states(batch)
+        holding `capacity` slots (default 0: nothing is allocated until a forward or `reserve`
+        asks for room), at most the model's context_length; it grows in multiples of `chunk`
+        slots."""
+        context = model.spec.context_length
+        slots = 0 if capacity is None else capacity
+        if isinstance(slots, bool) or not isinstance(slots, int) or not 0 <= slots <= context:
+            raise ModelInputError(
+                f"capacity={capacity!r}: a cache holds 0..{context} slots "
+                f"(context_length={context})"
+            )
+        named = model.decoding_states(batch, slots)
+
+        def make(rows: int, slots: int) -> list[DecodingState]:
+            return [state for _, state in model.decoding_states(rows, slots)]
+
         return cls(
             [state for _, state in named],
             batch=batch,
-            context_length=model.spec.context_length,
+            context_length=context,
             names=[name for name, _ in named],
             device=model.lm_head.weight.device,
+            capacity=slots,
+            make=make,
+            chunk=chunk,
         )
+
+    def reserve(self, total: int) -> None:
+        """Room for `total` tokens in all (those held included): when the capacity is less,
+        grow to `max(total, 2 × capacity)` rounded up to a multiple of `chunk`, capped at
+        context_length (amortised: a sequence fed one token at a time reallocates O(log n)
+        times), copying the filled slots."""
+        if total <= self.capacity:
+            return
+        if total > self.context_length:
+            self.check_room(total - self.length)  # raises, naming the numbers
+        if self.make is None:
+            raise ModelInputError(
+                f"the KV cache holds {self.capacity} slots and cannot grow to {total}: it was "
+                "built from states alone; build it with DecodingCache.for_model(model, batch, "
+                "capacity)"
+            )
+        wanted = max(total, 2 * self.capacity)
+        slots = min(self.context_length, -(-wanted // self.chunk) * self.chunk)
+        fresh = list(self.make(self.batch, slots))
+        for old, new in zip(self.states, fresh, strict=True):
+            _copy_filled(old.tensors(), new.tensors(), self.length)
+        self.states = fresh
+        self.positions = _grown(self.positions, slots, self.length)
+        if self.valid is not None:
+            self.valid = _grown(self.valid, slots, self.length, fill=True)
+        self.capacity = slots
+        self.grown += 1
 
     @property
     def k(self) -> list[Tensor]:
@@ -281,21 +354,22 @@ class DecodingCache:
                 f"pad() got a mask of shape {tuple(real.shape)} for a cache of batch "
                 f"{self.batch} and context_length={self.context_length}"
             )
+        self.reserve(seq)
         real = real.to(self.positions.device, torch.bool)
-        self.valid = torch.ones(
-            self.batch, self.context_length, dtype=torch.bool, device=real.device
-        )
+        self.valid = torch.ones(self.batch, self.capacity, dtype=torch.bool, device=real.device)
         self.valid[:, :seq] = real
         self.pads = (~real).sum(dim=1, keepdim=True)  # (B, 1): left padding is a prefix
 
     def check_room(self, new: int) -> None:
-        """Raise when `new` more tokens would not fit in context_length."""
+        """Raise when `new` more tokens would not fit in context_length; grow the cache when
+        they fit the context but not its capacity."""
         if self.length + new > self.context_length:
             raise ModelInputError(
                 f"the KV cache holds {self.length} tokens; {new} more make "
                 f"{self.length + new}, beyond context_length={self.context_length}; "
                 "start a new sequence (cache.reset()) or build with a larger context_length"
             )
+        self.reserve(self.length + new)
 
     def next_positions(self, seq: int) -> Int[Tensor, "B_or_1 T"]:
         """The positions of the next `seq` tokens: counting each row's real tokens only."""
@@ -344,7 +418,28 @@ class DecodingCache:
         new.valid = None if self.valid is None else self.valid.index_select(0, rows)
         new.pads = None if self.pads is None else self.pads.index_select(0, rows)
         new.batch, new.context_length, new.length = len(rows), self.context_length, self.length
+        new.capacity, new.make, new.chunk, new.grown = self.capacity, self.make, self.chunk, 0
         return new
+
+
+def _copy_filled(old: dict[str, Tensor], new: dict[str, Tensor], length: int) -> None:
+    """Copy a state's held values into its grown twin: a tensor of the same shape (a
+    recurrent state) whole, one with more slots its first `length` along the dimension that
+    grew."""
+    for name, before in old.items():
+        after = new[name]
+        grew = [d for d, (a, b) in enumerate(zip(before.shape, after.shape, strict=True)) if a != b]
+        if not grew:
+            after.copy_(before)
+        else:  # a state holds one dimension of slots
+            after.narrow(grew[0], 0, length).copy_(before.narrow(grew[0], 0, length))
+
+
+def _grown(t: Tensor, slots: int, length: int, fill: bool | None = None) -> Tensor:
+    """`(B, slots)` holding `t`'s first `length` columns (the rest `fill`, or unset)."""
+    out = t.new_empty(t.shape[0], slots) if fill is None else t.new_full((t.shape[0], slots), fill)
+    out[:, :length] = t[:, :length]
+    return out
 
 
 KVCache = DecodingCache  # its name while every layer's state was keys and values

@@ -48,7 +48,7 @@ NOCACHE = "nocache"  # the feature a component declares when it cannot work with
 
 Prompt = Tensor | Sequence[int] | Sequence[Tensor | Sequence[int]]
 # One forward without input checks: (ids (B, T), positions (B or 1, T), cache) -> logits.
-Step = Callable[[Tensor, Tensor, KVCache | None], Tensor]
+Step = Callable[..., Tensor]  # (ids, positions, cache, *, last) -> logits
 
 
 class DecodingModel(SizedModel, Protocol):
@@ -60,7 +60,7 @@ class DecodingModel(SizedModel, Protocol):
     def blueprint(self) -> Blueprint: ...
 
     def forward_unchecked(
-        self, ids: Tensor, positions: Tensor, cache: KVCache | None = None
+        self, ids: Tensor, positions: Tensor, cache: KVCache | None = None, *, last: bool = False
     ) -> Tensor: ...
 
 
@@ -347,13 +347,15 @@ class Decoder:
     def lm_head(self) -> HasWeight:
         return self.model.lm_head
 
-    def decoding_states(self, batch: int) -> Sequence[tuple[str, DecodingState]]:
-        return self.model.decoding_states(batch)
+    def decoding_states(
+        self, batch: int, slots: int | None = None
+    ) -> Sequence[tuple[str, DecodingState]]:
+        return self.model.decoding_states(batch, slots)
 
     def forward_unchecked(
-        self, ids: Tensor, positions: Tensor, cache: KVCache | None = None
+        self, ids: Tensor, positions: Tensor, cache: KVCache | None = None, *, last: bool = False
     ) -> Tensor:
-        return self.step(ids, positions, cache)
+        return self.step(ids, positions, cache, last=last)
 
     def generate(
         self,
@@ -455,6 +457,9 @@ def _steps(
     # Grad mode is set around each step, never across a yield (it would leak to the caller).
     with torch.inference_mode():
         kv = kv_cache if kv_cache is not None else KVCache.for_model(model, batch)
+        # Room for the request, once: its last token is sampled, never fed back (without a
+        # cache, every step refills it from slot 0).
+        kv.reserve((kv.length if use_cache else 0) + prompt_len + max(max_new_tokens - 1, 0))
         if not use_cache:  # the whole sequence so far, refilled at every step
             tokens = torch.zeros(
                 batch, prompt_len + max_new_tokens, dtype=torch.long, device=ids.device
@@ -467,13 +472,17 @@ def _steps(
             if use_cache:  # the prompt first, then one token at a time
                 if real is not None and step == 0:
                     kv.pad(real)
-                logits = model.forward_unchecked(new, kv.next_positions(new.shape[1]), kv)
+                logits = model.forward_unchecked(
+                    new, kv.next_positions(new.shape[1]), kv, last=True
+                )
             else:
                 kv.reset()
                 if real is not None:
                     kv.pad(real)
                 seq = tokens[:, : prompt_len + step]
-                logits = model.forward_unchecked(seq, kv.next_positions(seq.shape[1]), kv)
+                logits = model.forward_unchecked(
+                    seq, kv.next_positions(seq.shape[1]), kv, last=True
+                )
             tok = sample(logits[:, -1], sampling, generator)  # (B,)
             if stops is not None:
                 tok = torch.where(finished, stops[0], tok)

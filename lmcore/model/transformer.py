@@ -112,8 +112,8 @@ class CausalSelfAttention(nn.Module):
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> KVState:
-        """The keys and values of `batch` sequences, for the whole context (after the rotation
-        and the query-independent norms, before any repeat for a kernel without 'gqa')."""
+        """The keys and values of `batch` sequences in `context_length` slots (the cache's
+        capacity), after the rotation and the query-independent norms, before any repeat."""
         return KVState.empty(
             batch=batch,
             num_kv_heads=self.num_kv_heads,
@@ -425,10 +425,10 @@ class TransformerLM(nn.Module):
             kv_cache=kv_cache,
         )
 
-    def decoding_states(self, batch: int) -> list[tuple[str, Any]]:
+    def decoding_states(self, batch: int, slots: int | None = None) -> list[tuple[str, Any]]:
         """Each layer's decoding state for `batch` sequences, as its mixer makes it (on the
-        model's device, in its dtype, for its whole context), with the mixer's name; a
-        `GenerationError` naming a mixer that has none."""
+        model's device, in its dtype, for `slots` positions: default its whole context), with
+        the mixer's name; a `GenerationError` naming a mixer that has none."""
         weight = self.lm_head.weight
         out = []
         for i, layer in enumerate(self.layers):
@@ -442,7 +442,7 @@ class TransformerLM(nn.Module):
                 )
             state = make(
                 batch=batch,
-                context_length=self.spec.context_length,
+                context_length=self.spec.context_length if slots is None else slots,
                 device=weight.device,
                 dtype=weight.dtype,
             )
@@ -525,11 +525,13 @@ class TransformerLM(nn.Module):
         positions: Int[Tensor, "B_or_1 T"],
         cache: DecodingCache | None = None,
         documents: Int[Tensor, "B T"] | None = None,
-    ) -> Float[Tensor, "B T vocab_size"]:
+        last: bool = False,
+    ) -> Float[Tensor, "B T_or_1 vocab_size"]:
         """`forward` without its input checks, for callers that checked once (generation
         checks a prompt's ids up front, then feeds back ids it sampled itself): no value
         check, so no device synchronisation per step. `documents` as `forward` takes them
-        (checked; `positions` already within each document)."""
+        (checked; `positions` already within each document). `last`: the last position's
+        logits only, `(B, 1, vocab_size)` (generation's: no head product for the others)."""
         spec = self.spec
         x = self.token_embeddings(ids)  # (B, T, d_model)
         if spec.embed_scale != 1.0:  # Gemma: the scale rounded to the model's dtype, as there
@@ -560,7 +562,8 @@ class TransformerLM(nn.Module):
             x = layer(x, context)
         if cache is not None:
             cache.advance(ids.shape[1])
-        logits: Tensor = self.lm_head(self.ln_final(x))  # (B, T, vocab_size)
+        x = x[:, -1:] if last else x  # generation samples from the last position only
+        logits: Tensor = self.lm_head(self.ln_final(x))  # (B, T or 1, vocab_size)
         if self.logit_scale != 1.0:  # Falcon-H1's lm_head_multiplier; muP's output multiplier
             logits = logits * self.logit_scale
         if self.logit_cap is not None:

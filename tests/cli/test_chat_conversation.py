@@ -39,3 +39,6 @@ def test_chat_continues_its_kv_cache_as_a_fresh_run_would(tmp_path: Path, extra:
     ).ids
     fresh = model.generate(torch.tensor(prompt), 8, GREEDY, stop_token=[2, 0])
     assert second == fresh.tolist()
+    # The cache was sized to the first turn, then grown once for the second, not to the context
+    assert chat.kv is not None and chat.kv.grown == 2
+    assert chat.kv.length <= chat.kv.capacity < model.spec.context_length

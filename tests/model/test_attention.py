@@ -425,3 +425,22 @@ def test_every_attention_kernel_is_stable_for_large_logits(name: str) -> None:
     )
     assert torch.isfinite(out).all()
     torch.testing.assert_close(out, expected.float(), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("sk", [3, 40, 400])
+def test_a_decoding_step_on_either_side_of_the_serial_size_gives_the_formula(sk) -> None:
+    """One query per head against a cache, in a view of a larger buffer as the cache holds it:
+    below SERIAL_ELEMENTS multiplications the products are broadcast sums, above them bmm."""
+    from lmcore.model.attention import SERIAL_ELEMENTS
+
+    torch.manual_seed(0)
+    q = torch.randn(1, 6, 1, 16, dtype=torch.float64)
+    buffer = torch.randn(2, 1, 2, 512, 16, dtype=torch.float64)
+    k, v = buffer[0, :, :, :sk], buffer[1, :, :, :sk]
+    assert (q.numel() * sk < SERIAL_ELEMENTS) == (sk < 400)
+    with torch.no_grad():
+        out = tiled_attention(q, k, v, causal=True)
+        keep = torch.ones(1, 1, 1, sk, dtype=torch.bool)
+        masked = tiled_attention(q, k, v, causal=True, mask=keep)
+    torch.testing.assert_close(out, formula(q, k, v, True))
+    torch.testing.assert_close(masked, out)

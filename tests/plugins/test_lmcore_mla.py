@@ -210,7 +210,7 @@ def test_the_state_is_kv_lora_rank_plus_qk_rope_head_dim_numbers_a_token(
     assert per_token == (36 if not args else 12) * dtype.itemsize
     kwargs = {"head_dim": 8, "kv_lora_rank": m.kv_lora_rank, "qk_rope_head_dim": m.rope}
     assert lmcore_mla.state(**kwargs, dtype=dtype) == (per_token, 0)
-    cache = DecodingCache.for_model(model, batch=2)
+    cache = DecodingCache.for_model(model, batch=2, capacity=24)  # the whole context
     assert cache.nbytes() - cache.positions.nbytes == 3 * 2 * 24 * per_token
 
 

@@ -1,0 +1,346 @@
+"""lmcore against llama.cpp on the same GGUF file: prefill and decode speed, peak memory, tokens.
+
+    pip install llama-cpp-python          # builds llama.cpp from source: ~20+ min on 2 cores
+    lmcore convert --from-gguf SmolLM2-135M-Instruct.Q4_1.gguf smol.safetensors
+    lmcore convert --to-gguf smol.safetensors smol-f32.gguf
+    python benchmarks/llamacpp.py smol-f32.gguf [MORE.gguf ...] [--threads 2]
+                                  [--prompts 16 512] [--new 64] [--rounds 3]
+    python benchmarks/llamacpp.py --quantize smol-f32.gguf --precision Q8_0 Q4_0 --out DIR
+
+Each GGUF file is one precision (its rows are labelled by the file's type: F32, F16, Q8_0,
+Q4_0, ...; `--precision` with `--quantize` writes the quantized files from an F32 one with
+llama.cpp's own quantizer, `llama_cpp.llama_model_quantize`, so the peer runs its own format).
+For every file and prompt length, lmcore (`lmcore.gguf.load_gguf`, `model.stream`, greedy) and
+llama.cpp (`llama_cpp.Llama`, `eval` and the argmax of its logits) each run in a fresh process,
+`--rounds` times, interleaved; the table gives medians. Both are fed the same token ids: those of
+lmcore's tokenizer for the text (the Apache-2.0 licence text, cut to the prompt length), which
+the llama.cpp worker checks against its own tokenization of the same text. Prefill tokens/s is
+the prompt's length over the time to the first new token; decode tokens/s is the remaining
+`new - 1` tokens over their time. Peak memory is the process's VmHWM (resident high-water mark:
+model, cache, interpreter; llama.cpp maps the file, its pages counted once touched). The first 32
+greedy tokens (of the shortest prompt) are compared: equal for F32/F16 files, agreement reported
+for quantized ones.
+
+The bound: weights read per token (every tensor of the file once, the tied embedding/head
+counted once as the head; the embedding of an untied model is one row, not counted) over the
+rate of a plain read of a 1 GiB float32 tensor (`torch.sum`, best of 5, the same threads).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+LICENSE = Path("/usr/share/common-licenses/Apache-2.0")
+INSTALL = (
+    "llama-cpp-python is not installed: pip install llama-cpp-python (it builds llama.cpp from "
+    "source, ~20+ min on 2 cores; a wheel built once installs with pip install --no-deps "
+    "llama_cpp_python-*.whl)"
+)
+COMPARED = 32  # greedy tokens compared between the two
+# llama.cpp's file types (llama_ftype) that --quantize writes
+FTYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7}
+ENGINES = ("lmcore", "llama.cpp")
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("files", type=Path, nargs="*", help="GGUF files, one precision each")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--prompts", type=int, nargs="+", default=[16, 512])
+    parser.add_argument("--new", type=int, default=64, help="new tokens per run (>= 32)")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--text", type=Path, default=LICENSE, help="the prompt's source text")
+    parser.add_argument("--quantize", type=Path, help="an F32 GGUF file to quantize")
+    parser.add_argument("--precision", nargs="+", default=[], choices=sorted(FTYPES))
+    parser.add_argument("--out", type=Path, default=Path("."), help="for --quantize's files")
+    parser.add_argument("--bound-mib", type=int, default=1024, help="the read timed for the bound")
+    parser.add_argument("--worker", choices=[*ENGINES, "bound"], help=argparse.SUPPRESS)
+    parser.add_argument("--job", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker is None:
+        if args.quantize is None and not args.files:
+            parser.error("give GGUF files to compare, or --quantize F32.gguf --precision ...")
+        if args.quantize is not None and not args.precision:
+            parser.error(f"--quantize needs --precision, one or more of {sorted(FTYPES)}")
+        if args.new < COMPARED:
+            parser.error(f"--new {args.new}: at least {COMPARED}, the tokens compared")
+        if args.threads < 1 or args.rounds < 1 or min(args.prompts) < 1:
+            parser.error("--threads, --rounds and every --prompts length must be >= 1")
+    return args
+
+
+# ----------------------------------------------------------------------------- the file
+
+
+def precision(path: Path) -> str:
+    """The file's type as llama.cpp names it (`general.file_type`), else the type of most of
+    its tensor bytes."""
+    from gguf import GGUFReader, LlamaFileType
+
+    reader = GGUFReader(path)
+    field = reader.get_field("general.file_type")
+    if field is not None:
+        name = LlamaFileType(int(field.parts[-1][0])).name  # e.g. MOSTLY_Q8_0, ALL_F32
+        return name.removeprefix("MOSTLY_").removeprefix("ALL_")
+    by_type: dict[str, int] = {}
+    for t in reader.tensors:
+        by_type[t.tensor_type.name] = by_type.get(t.tensor_type.name, 0) + int(t.n_bytes)
+    return max(by_type, key=by_type.__getitem__)
+
+
+def bytes_per_token(path: Path) -> int:
+    """Weights a decoded token reads: every tensor once, except the token embedding of a model
+    with its own output matrix (one row of it is read). A tied model reads token_embd as the
+    head: once."""
+    from gguf import GGUFReader
+
+    sizes = {t.name: int(t.n_bytes) for t in GGUFReader(path).tensors}
+    if "output.weight" in sizes:
+        sizes.pop("token_embd.weight", None)
+    return sum(sizes.values())
+
+
+def quantize(source: Path, kinds: Sequence[str], out: Path) -> list[Path]:
+    """`source` (F32) written as each of `kinds` by llama.cpp's own quantizer."""
+    import llama_cpp
+
+    out.mkdir(parents=True, exist_ok=True)
+    made = []
+    for kind in kinds:
+        target = out / f"{source.stem.removesuffix('-f32')}-{kind.lower()}.gguf"
+        params = llama_cpp.llama_model_quantize_default_params()
+        params.ftype = FTYPES[kind]
+        params.nthread = os.cpu_count() or 1
+        rc = llama_cpp.llama_model_quantize(str(source).encode(), str(target).encode(), params)
+        if rc != 0:
+            raise SystemExit(f"llama_model_quantize to {kind} failed (rc {rc})")
+        made.append(target)
+        print(f"wrote {target} ({target.stat().st_size / 2**20:,.1f} MiB, {kind})")
+    return made
+
+
+# ----------------------------------------------------------------------------- workers
+
+
+def peak_kib() -> int:
+    """This process's VmHWM, KiB."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    return 0
+
+
+def lmcore_worker(job: dict[str, Any]) -> dict[str, Any]:
+    import torch
+
+    from lmcore.gguf import load_gguf
+    from lmcore.model.generate import GREEDY
+
+    torch.set_num_threads(job["threads"])
+    start = time.perf_counter()
+    model = load_gguf(job["file"])
+    model.eval()
+    loaded = time.perf_counter() - start
+    ids = torch.tensor(job["ids"])
+    times, tokens = [], []
+    t0 = time.perf_counter()
+    for tok in model.stream(ids, job["new"], GREEDY):  # prefill, then one token a step
+        times.append(time.perf_counter())
+        tokens.append(int(tok))
+    return _result(job, t0, times, tokens, loaded, None)
+
+
+def llamacpp_worker(job: dict[str, Any]) -> dict[str, Any]:
+    import llama_cpp
+    import numpy as np
+
+    start = time.perf_counter()
+    llm = llama_cpp.Llama(
+        job["file"], n_ctx=len(job["ids"]) + job["new"] + 8, n_batch=512, n_ubatch=512,
+        n_threads=job["threads"], n_threads_batch=job["threads"], verbose=False,
+    )  # fmt: skip
+    loaded = time.perf_counter() - start
+    own = llm.tokenize(job["text"].encode(), add_bos=False, special=False)
+    same = own[: len(job["full"])] == job["full"]
+    vocab = llm.n_vocab()
+
+    def argmax() -> int:
+        logits = llama_cpp.llama_get_logits_ith(llm._ctx.ctx, -1)
+        return int(np.ctypeslib.as_array(logits, shape=(vocab,)).argmax())
+
+    times, tokens = [], []
+    t0 = time.perf_counter()
+    llm.eval(job["ids"])
+    for step in range(job["new"]):
+        tok = argmax()
+        times.append(time.perf_counter())
+        tokens.append(tok)
+        if step + 1 < job["new"]:  # the last token is never fed back, as lmcore's
+            llm.eval([tok])
+    return _result(job, t0, times, tokens, loaded, same)
+
+
+def _result(
+    job: dict[str, Any], t0: float, times: list[float], tokens: list[int], loaded: float,
+    same: bool | None,
+) -> dict[str, Any]:  # fmt: skip
+    return {
+        "prefill": len(job["ids"]) / (times[0] - t0),
+        "decode": (len(times) - 1) / (times[-1] - times[0]),
+        "tokens": tokens,
+        "peak_kib": peak_kib(),
+        "load_s": loaded,
+        "tokenized_same": same,
+    }
+
+
+def bound_worker(job: dict[str, Any]) -> dict[str, Any]:
+    """GB/s of a plain read of a `mib` MiB float32 tensor (1 GiB: far beyond any cache), best
+    of 5."""
+    import torch
+
+    torch.set_num_threads(job["threads"])
+    x = torch.ones(job["mib"] * 2**18)
+    x.sum()
+    best = min(_timed(x.sum) for _ in range(5))
+    return {"gbps": x.nbytes / best / 1e9}
+
+
+def _timed(fn: Any) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def run_worker(engine: str, job: dict[str, Any]) -> dict[str, Any]:
+    """`job` run by `engine` in a fresh process of this script."""
+    import tempfile
+
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(job, f)
+    try:
+        out = subprocess.run(
+            [sys.executable, __file__, "--worker", engine, "--job", f.name],
+            capture_output=True, text=True,
+        )  # fmt: skip
+    finally:
+        os.unlink(f.name)
+    if out.returncode != 0:
+        raise SystemExit(f"the {engine} worker failed (rc {out.returncode}):\n{out.stderr[-2000:]}")
+    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
+
+
+# ----------------------------------------------------------------------------- the table
+
+
+@dataclass
+class Row:
+    precision: str
+    prompt: int
+    runs: dict[str, list[dict[str, Any]]]
+
+    def median(self, engine: str, key: str) -> float:
+        return statistics.median(r[key] for r in self.runs[engine])
+
+    def agreement(self) -> tuple[int, int | None]:
+        """How many of the first COMPARED greedy tokens agree, and the first that differs."""
+        a, b = (self.runs[e][0]["tokens"][:COMPARED] for e in ENGINES)
+        equal = sum(x == y for x, y in zip(a, b, strict=True))
+        first = next((i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y), None)
+        return equal, first
+
+
+def table(rows: Sequence[Row], compared: int | None = None) -> list[str]:
+    """The markdown table: per precision and prompt length, each engine's medians and lmcore's
+    ratio to llama.cpp; the tokens compared on the shortest prompt of each precision."""
+    lines = [
+        "| precision | prompt | prefill tok/s lmcore | llama.cpp | ratio | decode tok/s lmcore "
+        "| llama.cpp | ratio | peak MiB lmcore | llama.cpp | first 32 tokens |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
+    shortest = {r.precision: min(x.prompt for x in rows if x.precision == r.precision)
+                for r in rows}  # fmt: skip
+    for r in rows:
+        p = [r.median(e, "prefill") for e in ENGINES]
+        d = [r.median(e, "decode") for e in ENGINES]
+        m = [r.median(e, "peak_kib") / 1024 for e in ENGINES]
+        agree = ""
+        if r.prompt == shortest[r.precision]:
+            equal, first = r.agreement()
+            agree = "equal" if first is None else f"{equal}/{COMPARED}, first differs at {first}"
+        lines.append(
+            f"| {r.precision} | {r.prompt} | {p[0]:,.1f} | {p[1]:,.1f} | {p[0] / p[1]:.2f}× "
+            f"| {d[0]:,.1f} | {d[1]:,.1f} | {d[0] / d[1]:.2f}× | {m[0]:,.0f} | {m[1]:,.0f} "
+            f"| {agree} |"
+        )
+    return lines
+
+
+def prompt_ids(path: Path, text: str) -> list[int]:
+    """lmcore's tokenization of `text` with the file's tokenizer (no special tokens)."""
+    from lmcore.gguf import load_gguf
+
+    tok = load_gguf(path).tokenizer.tokenizer()  # type: ignore[union-attr]
+    ids: list[int] = tok.encode(text, add_special_tokens=False).ids
+    return ids
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    if args.worker is not None:
+        job = json.loads(args.job.read_text())
+        fn = {"lmcore": lmcore_worker, "llama.cpp": llamacpp_worker, "bound": bound_worker}
+        print(json.dumps(fn[args.worker](job)))
+        return
+    try:
+        import llama_cpp  # noqa: F401
+    except ImportError:
+        raise SystemExit(INSTALL) from None
+    if args.quantize is not None:
+        args.files = [*args.files, *quantize(args.quantize, args.precision, args.out)]
+        if not args.files:
+            return
+    text = args.text.read_text()
+    rows = []
+    for path in args.files:
+        full = prompt_ids(path, text)
+        if len(full) < max(args.prompts):
+            raise SystemExit(f"{args.text} gives {len(full)} tokens, fewer than {max(args.prompts)}")
+        kind = precision(path)
+        for length in args.prompts:
+            job = {"file": str(path), "ids": full[:length], "full": full, "text": text,
+                   "new": args.new, "threads": args.threads}  # fmt: skip
+            runs: dict[str, list[dict[str, Any]]] = {e: [] for e in ENGINES}
+            for _ in range(args.rounds):  # interleaved: load falls on both alike
+                for engine in ENGINES:
+                    runs[engine].append(run_worker(engine, job))
+            rows.append(Row(kind, length, runs))
+            if not all(r["tokenized_same"] for r in runs["llama.cpp"]):
+                print(f"note: llama.cpp tokenizes {args.text} differently from lmcore ({path})")
+    bound = run_worker("bound", {"threads": args.threads, "mib": args.bound_mib})["gbps"]
+    print("\n".join(table(rows)))
+    print(f"\nmemory read: {bound:.1f} GB/s ({args.threads} threads, torch.sum of "
+          f"{args.bound_mib} MiB)")  # fmt: skip
+    for path in args.files:
+        per = bytes_per_token(path)
+        decode = [r.median("lmcore", "decode") for r in rows if r.precision == precision(path)]
+        print(
+            f"{precision(path)}: {per / 1e6:,.1f} MB of weights a token, bound "
+            f"{bound * 1e9 / per:,.1f} tokens/s; lmcore decodes at "
+            f"{decode[0] / (bound * 1e9 / per):.2f} of it (prompt {min(args.prompts)})"
+        )
+
+
+if __name__ == "__main__":
+    main()
