@@ -138,7 +138,10 @@ FEATURES: Final[Mapping[str, frozenset[str]]] = {
     ),
     # residual: with both sub-layers giving zeros the block returns its input unchanged (the
     # stream passes through; the kit checks it).
-    "block": frozenset({"residual", "compile", "nocache"}),
+    # nomup: its residual stream is not Θ(1) per coordinate by design (nGPT's unit sphere), so
+    # muP's rules do not hold for it: `parametrization=mup` refuses it by name, and the kit's
+    # coordinate check skips it saying so.
+    "block": frozenset({"residual", "compile", "nocache", "nomup"}),
     # mask: takes left-padded batches (a pad token changes no state and no real token's
     # output: attention masks pad keys, a recurrent mixer leaves its state as it was);
     # documents: takes packed rows (`context.documents`): no information crosses a document

@@ -95,6 +95,7 @@ def lmcore_components() -> list[Component]:
             activations=ngpt_activations,
             norms=lambda: (),  # builds none of the model's norms
             buffers=lambda: 0,
-            features=frozenset({"compile"}),
+            # nomup: the stream lives on the unit sphere, each coordinate ~1/sqrt(d_model)
+            features=frozenset({"compile", "nomup"}),
         )
     ]

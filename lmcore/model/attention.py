@@ -384,8 +384,12 @@ def _attend_whole(
     # more than the arithmetic (hundreds of microseconds measured on 2 shared cores). Under a
     # dispatch mode (a FLOP counter) the matmuls run, which torch counts; under torch.compile
     # too (its own kernels decide).
+    # Only for one new query a row (decoding), judged per row: the broadcast sum's order of
+    # addition follows the tensor's shape, so a window scored in a batch (`lmcore eval`) would
+    # otherwise differ in the last bits from the same window alone.
     small = (
-        qt.numel() * plan.k_len < SERIAL_ELEMENTS
+        Sq == 1
+        and qt.numel() // B * plan.k_len < SERIAL_ELEMENTS
         and not torch.compiler.is_compiling()
         and _get_current_dispatch_mode() is None
     )

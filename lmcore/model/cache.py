@@ -15,8 +15,8 @@ back) before its first step, rounded up to a multiple of `chunk` (64 slots: a co
 sees the same shapes across requests of similar length); a cache that must take more (a chat's
 next turn, a forward beyond its room) grows to at least twice its capacity, capped at the
 context, so n tokens fed one at a time reallocate O(log n) times. Growing makes each layer's state afresh from its mixer and copies
-the filled slots across; the slots beyond are left as allocated (`torch.empty`: never read,
-since attention sees the filled prefix only). Attention hands its kernel the filled prefix, `Sq` new queries against
+the filled slots across; the slots beyond are zeros (never read, since attention sees the
+filled prefix only, but a state is then a function of the tokens fed alone). Attention hands its kernel the filled prefix, `Sq` new queries against
 `Sk = filled + Sq` keys; keys are cached after the positional rotation, so RoPE rotates only
 the new q and k.
 
@@ -129,11 +129,13 @@ class KVState(ContextState):
         shape = (batch, num_kv_heads, context_length, head_dim)
         # One tensor each per layer (not one for all): under torch.compile a write into a
         # view of a shared tensor is replayed as a copy of the whole tensor, per layer and step.
-        # Not zero-filled: a slot is read only once a forward has written it.
+        # Zero-filled, though a slot is read only once a forward has written it: the state is
+        # then the same however the tokens came (the kit compares prefill with one at a time),
+        # and sized to the request, the fill costs next to nothing.
         return cls(
             {
-                "k": torch.empty(shape, device=device, dtype=dtype),
-                "v": torch.empty(shape, device=device, dtype=dtype),
+                "k": torch.zeros(shape, device=device, dtype=dtype),
+                "v": torch.zeros(shape, device=device, dtype=dtype),
             }
         )
 
@@ -232,7 +234,7 @@ class DecodingCache:
         self.names = list(names) if names is not None else ["?"] * len(self.states)
         self.capacity = context_length if capacity is None else capacity
         # Absolute position of each slot's token: the keys' positions for attention biases.
-        self.positions = torch.empty(batch, self.capacity, dtype=torch.long, device=device)
+        self.positions = torch.zeros(batch, self.capacity, dtype=torch.long, device=device)
         self.valid: Bool[Tensor, "B C"] | None = None  # None: no pads
         self.pads: Int[Tensor, "B 1"] | None = None  # pad slots at the start of each row
         self.batch, self.context_length = batch, context_length
@@ -436,8 +438,8 @@ def _copy_filled(old: dict[str, Tensor], new: dict[str, Tensor], length: int) ->
 
 
 def _grown(t: Tensor, slots: int, length: int, fill: bool | None = None) -> Tensor:
-    """`(B, slots)` holding `t`'s first `length` columns (the rest `fill`, or unset)."""
-    out = t.new_empty(t.shape[0], slots) if fill is None else t.new_full((t.shape[0], slots), fill)
+    """`(B, slots)` holding `t`'s first `length` columns (the rest `fill`, or zeros)."""
+    out = t.new_zeros(t.shape[0], slots) if fill is None else t.new_full((t.shape[0], slots), fill)
     out[:, :length] = t[:, :length]
     return out
 

@@ -202,11 +202,11 @@ class MultiHeadLatentAttention(nn.Module):
         dtype: torch.dtype | None = None,
     ) -> ContextState:
         """Per sequence and token, the normalised latent `c` then the rotated `k_pe`:
-        `(batch, context_length, kv_lora_rank + qk_rope_head_dim)`, not zero-filled (a slot
-        is read once written)."""
+        `(batch, context_length, kv_lora_rank + qk_rope_head_dim)`, zero-filled (a slot is read
+        only once written; zeros keep the state a function of the tokens fed)."""
         width = self.kv_lora_rank + self.rope
         return ContextState(
-            {"latent": torch.empty(batch, context_length, width, device=device, dtype=dtype)}
+            {"latent": torch.zeros(batch, context_length, width, device=device, dtype=dtype)}
         )
 
     def forward(

@@ -91,6 +91,14 @@ def parametrize(model: Any) -> float:
     if "parametrization" not in bp.parts:
         return 1.0
     part = bp.parts["parametrization"]
+    for _, lbp in bp.groups():
+        block = lbp.parts["block"]
+        if "nomup" in block.component.features:
+            raise PluginError(
+                f"parametrization={part.spec}: block {block.name!r} from {block.provenance} "
+                "declares 'nomup' (its residual stream is not of unit scale per coordinate, "
+                "which muP's rules assume); leave out parametrization= or use another block"
+            )
     found = rules(part, bp.spec.dims("parametrization"))
     apply_parametrization(model, part, found)
     model.parametrization = found

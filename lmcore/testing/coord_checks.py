@@ -41,6 +41,8 @@ def _needs(target: Target) -> str | None:
     reason = model_buildable(target) if target.kind in KINDS else None
     if reason:
         return reason
+    if "nomup" in target.component.features:
+        return f"{target.label} declares 'nomup': muP's rules do not hold for it, and it refuses them"
     registry = target.registry or get_registry()
     wanted = [("optimizer", "torch_adamw")]
     if target.kind != "parametrization":

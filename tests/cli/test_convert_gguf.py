@@ -114,12 +114,12 @@ def test_to_gguf_writes_the_architecture_asked_for_or_names_why_not(
     assert "qkv_bias=false: a Qwen2ForCausalLM has qkv_bias=true" in err
     assert not out.exists()
     assert main(["convert", "--to-gguf", str(ckpt), str(out), "--architecture", "llama"]) == 0
-    assert "GGUF llama, f32" in capsys.readouterr().out
+    assert "GGUF llama, matrices F32" in capsys.readouterr().out
     biased = lmcore.build_model(f"{spec},qkv_bias=true")
     biased.tokenizer = model.tokenizer
     biased.save(tmp_path / "b.safetensors")
     assert main(["convert", "--to-gguf", str(tmp_path / "b.safetensors"), str(out)]) == 0
-    assert "GGUF qwen2, f32" in capsys.readouterr().out  # the first architecture that holds it
+    assert "GGUF qwen2, matrices F32" in capsys.readouterr().out  # the first architecture that holds it
     assert gguf.GGUFReader(str(out)).fields["general.architecture"].contents() == "qwen2"
     assert main(["convert", "--to-gguf", str(ckpt), str(out), "--architecture", "lama"]) == 2
     err = capsys.readouterr().err

@@ -90,3 +90,19 @@ def test_a_broken_parametrization_is_named(build: Any, facts: tuple[str, ...]) -
 def test_without_a_parametrization_any_optimizer_is_fine() -> None:
     check_optimizer(None, resolve_recipe("optimizer", "sgd"))
     assert lr_multipliers(TransformerLM(SPEC)) == {}
+
+
+def test_a_block_that_declares_nomup_is_refused_naming_it() -> None:
+    import dataclasses
+
+    from lmcore.registry import get_registry
+
+    prenorm = get_registry().get("block", "prenorm").component
+    sphere = dataclasses.replace(prenorm, name="sphere", features=prenorm.features | {"nomup"})
+    with scoped_registry() as registry:
+        registry.add(sphere, name="planted")
+        TransformerLM(f"{SPEC}, block=sphere")  # without muP it builds
+        with raises_naming(PluginError, "parametrization=mup(base_width=16,zero_head=false)",
+                           "block 'sphere'", "declares 'nomup'",
+                           "leave out parametrization= or use another block"):  # fmt: skip
+            TransformerLM(f"{SPEC}, block=sphere, parametrization=mup(base_width=16)")

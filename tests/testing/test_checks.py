@@ -14,6 +14,7 @@ from tests.helpers.kit import (
     run_kit,
 )
 from tests.testing.test_adapter_checks import PLANTED as ADAPTER_PLANTED
+from tests.testing.test_quant_checks import PLANTED as QUANT_PLANTED
 from tests.testing.test_recipe_checks import PLANTED as RECIPE_PLANTED
 
 pytest_plugins = ["pytester"]
@@ -34,6 +35,7 @@ def test_every_check_is_shown_failing_by_some_planted_bug() -> None:
     caught |= {check for check, *_ in RECIPE_PLANTED}  # test_recipe_checks: optimizers, schedules
     caught |= {check for check, *_ in ADAPTER_PLANTED}  # test_adapter_checks: adapters
     caught.add("coordinates")  # test_coord_checks: a hidden matrix declared a scalar
+    caught |= {check for check, *_ in QUANT_PLANTED}  # test_quant_checks: weight formats
     assert caught == {c.name for c in CHECKS}
     # Each planted bug is run by the tests of the one module of checks that catches it.
     modules = {c.fn.__module__.rsplit(".", 1)[-1] for c in CHECKS}

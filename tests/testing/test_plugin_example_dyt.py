@@ -119,8 +119,10 @@ def test_the_conformance_kit_passes_on_it(site: Path, tmp_path: Path) -> None:
         "test_cache[norm:dyt]",
     ):  # fmt: skip
         assert f"lmcore-conformance::{test} PASSED" in out, out
-    # 13 checks with the defaults, 11 with bias=false (no compile, no cache), 6 unit tests.
-    assert "30 passed" in out.splitlines()[-1]
+    # 14 checks with the defaults, 11 with bias=false (no compile, cache or coordinates), 6 unit
+    # tests.
+    assert "test_coordinates[norm:dyt] PASSED" in out, out
+    assert "31 passed" in out.splitlines()[-1]
 
 
 def test_once_removed_it_is_gone(tmp_path: Path) -> None:

@@ -54,6 +54,19 @@ class Sloppy(Halves):
         super().quantize_(w.sign())  # keeps only the signs
 
 
+class Forgetful(Halves):
+    """Stores w / 2 and remembers the 2 in a plain attribute, which no state dict holds."""
+
+    factor = 1.0
+
+    def quantize_(self, w: Tensor) -> None:
+        super().quantize_(w / 2)
+        self.factor = 2.0
+
+    def dequantize(self) -> Tensor:
+        return self.w.float() * self.factor
+
+
 def fmt(name: str, build: Any, per_param: int = 2) -> Component:
     return Component(kind="quant", name=name, build=build, help="planted",
                      params=lambda: 0, flops=lambda: 0,
@@ -80,6 +93,9 @@ PLANTED = [
      ("quant 'sloppy'", "it does not keep what it is given")),
     ("stored_bytes", fmt("miscounted", Halves, per_param=1),
      ("quant 'miscounted'", "declares stored=6144 bytes", "holds 12,288")),
+    ("quantized_state", fmt("forgetful", Forgetful),
+     ("quant 'forgetful'", "a model loaded from its state dict gives other logits",
+      "the module's tensors must be all it needs")),
 ]  # fmt: skip
 
 

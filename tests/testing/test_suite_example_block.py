@@ -42,6 +42,10 @@ def test_the_example_block_passes_every_check_of_the_kit(ngpt) -> None:
         assert {"build", "forward", "gradients", "keys", "residual", "cache", "params",
                 "flops", "activations", "compile", "state_dict", "meta"} <= names  # fmt: skip
         for case in found:
+            if case.check.name == "coordinates":  # nGPT's stream is on the unit sphere: no muP
+                assert case.skip_reason == ("block:ngpt declares 'nomup': muP's rules do not "
+                                            "hold for it, and it refuses them")  # fmt: skip
+                continue
             case.run(Settings(compile_backend="aot_eager"))
 
 
