@@ -172,10 +172,29 @@ def lmcore_worker(job: dict[str, Any]) -> dict[str, Any]:
     return _result(job, t0, times, tokens, loaded, None)
 
 
+def _no_extra_buffers() -> None:
+    """llama.cpp loads without its extra weight buffers (AMX int8, repacked blocks): with them,
+    llama-cpp-python 0.3.36 crashes (SIGSEGV in `llama_decode`) on any batch of 2+ tokens of a
+    Q8_0 or Q4_0 file on this project's AMX-reporting VM. `Llama` takes no such argument, so
+    the default parameters it starts from are changed."""
+    import llama_cpp
+    import llama_cpp.llama
+
+    default = llama_cpp.llama_model_default_params
+
+    def params() -> Any:
+        p = default()
+        p.use_extra_bufts = False
+        return p
+
+    llama_cpp.llama.llama_cpp.llama_model_default_params = params  # type: ignore[attr-defined]
+
+
 def llamacpp_worker(job: dict[str, Any]) -> dict[str, Any]:
     import llama_cpp
     import numpy as np
 
+    _no_extra_buffers()
     start = time.perf_counter()
     llm = llama_cpp.Llama(
         job["file"], n_ctx=len(job["ids"]) + job["new"] + 8, n_batch=512, n_ubatch=512,
@@ -219,11 +238,12 @@ def lmcore_nll(job: dict[str, Any]) -> dict[str, Any]:
 
 
 def llamacpp_nll(job: dict[str, Any]) -> dict[str, Any]:
-    """llama.cpp's, one token an `eval` (its decode path; `logits_all=True` crashes
-    llama-cpp-python 0.3.36's `decode`), from the last position's logits each time."""
+    """llama.cpp's, one token an `eval` (its decode path, as lmcore's mean is over one
+    forward: both exact, the two differ in rounding only), from the last position's logits."""
     import llama_cpp
     import numpy as np
 
+    _no_extra_buffers()
     llm = llama_cpp.Llama(
         job["file"], n_ctx=len(job["ids"]) + 8, n_batch=512, n_ubatch=512,
         n_threads=job["threads"], n_threads_batch=job["threads"], verbose=False,
