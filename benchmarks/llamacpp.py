@@ -9,7 +9,12 @@
 
 Each GGUF file is one precision (its rows are labelled by the file's type: F32, F16, Q8_0,
 Q4_0, ...; `--precision` with `--quantize` writes the quantized files from an F32 one with
-llama.cpp's own quantizer, `llama_cpp.llama_model_quantize`, so the peer runs its own format).
+llama.cpp's own quantizer, `llama_cpp.llama_model_quantize`, so the peer runs its own format;
+for Q8_0, Q4_0 and Q4_1 its `token_embedding_type` is Q8_0 and its `output_tensor_type` the
+matrices' type, where its defaults would write Q6_K, which lmcore does not keep quantized).
+lmcore loads a Q8_0, Q4_0 or Q4_1 file kept quantized (`load_gguf(keep_quantized=True)`), others
+dequantized. llama.cpp loads without its extra weight buffers (AMX, repacked blocks:
+`use_extra_bufts=False`); with them llama-cpp-python 0.3.36 crashes on batched quantized decode.
 For every file and prompt length, lmcore (`lmcore.gguf.load_gguf`, `model.stream`, greedy) and
 llama.cpp (`llama_cpp.Llama`, `eval` and the argmax of its logits) each run in a fresh process,
 `--rounds` times, interleaved; the table gives medians. Both are fed the same token ids: those of
@@ -20,6 +25,9 @@ the prompt's length over the time to the first new token; decode tokens/s is the
 model, cache, interpreter; llama.cpp maps the file, its pages counted once touched). The first 32
 greedy tokens (of the shortest prompt) are compared: equal for F32/F16 files, agreement reported
 for quantized ones.
+
+Perplexity: each engine's mean negative log-likelihood of the first `--ppl-tokens` (1024) ids
+of `--ppl-text` (Python's LICENSE.txt), lmcore in one forward, llama.cpp one token an `eval`.
 
 The bound: weights read per token (every tensor of the file once, the tied embedding/head
 counted once as the head; the embedding of an untied model is one row, not counted) over the
