@@ -9,7 +9,12 @@
 
 Each GGUF file is one precision (its rows are labelled by the file's type: F32, F16, Q8_0,
 Q4_0, ...; `--precision` with `--quantize` writes the quantized files from an F32 one with
-llama.cpp's own quantizer, `llama_cpp.llama_model_quantize`, so the peer runs its own format).
+llama.cpp's own quantizer, `llama_cpp.llama_model_quantize`, so the peer runs its own format;
+for Q8_0, Q4_0 and Q4_1 its `token_embedding_type` is Q8_0 and its `output_tensor_type` the
+matrices' type, where its defaults would write Q6_K, which lmcore does not keep quantized).
+lmcore loads a Q8_0, Q4_0 or Q4_1 file kept quantized (`load_gguf(keep_quantized=True)`), others
+dequantized. llama.cpp loads without its extra weight buffers (AMX, repacked blocks:
+`use_extra_bufts=False`); with them llama-cpp-python 0.3.36 crashes on batched quantized decode.
 For every file and prompt length, lmcore (`lmcore.gguf.load_gguf`, `model.stream`, greedy) and
 llama.cpp (`llama_cpp.Llama`, `eval` and the argmax of its logits) each run in a fresh process,
 `--rounds` times, interleaved; the table gives medians. Both are fed the same token ids: those of
@@ -21,6 +26,9 @@ model, cache, interpreter; llama.cpp maps the file, its pages counted once touch
 greedy tokens (of the shortest prompt) are compared: equal for F32/F16 files, agreement reported
 for quantized ones.
 
+Perplexity: each engine's mean negative log-likelihood of the first `--ppl-tokens` (1024) ids
+of `--ppl-text` (Python's LICENSE.txt), lmcore in one forward, llama.cpp one token an `eval`.
+
 The bound: weights read per token (every tensor of the file once, the tied embedding/head
 counted once as the head; the embedding of an untied model is one row, not counted) over the
 rate of a plain read of a 1 GiB float32 tensor (`torch.sum`, best of 5, the same threads).
@@ -30,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -49,7 +58,13 @@ INSTALL = (
 COMPARED = 32  # greedy tokens compared between the two
 # llama.cpp's file types (llama_ftype) that --quantize writes
 FTYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7}
+# the block formats lmcore keeps quantized (`load_gguf(keep_quantized=True)`), as ggml_type
+KEPT = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 8}
+EMBEDDING_TYPE = KEPT["Q8_0"]  # llama.cpp's default for the embedding/head is Q6_K: not kept
+PPL_TEXT = Path(sys.base_prefix, "lib", f"python{sys.version_info[0]}.{sys.version_info[1]}",
+                "LICENSE.txt")  # fmt: skip
 ENGINES = ("lmcore", "llama.cpp")
+NLL = {"lmcore": "lmcore-nll", "llama.cpp": "llama.cpp-nll"}  # the perplexity workers
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -63,8 +78,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--quantize", type=Path, help="an F32 GGUF file to quantize")
     parser.add_argument("--precision", nargs="+", default=[], choices=sorted(FTYPES))
     parser.add_argument("--out", type=Path, default=Path("."), help="for --quantize's files")
+    parser.add_argument("--ppl-text", type=Path, default=PPL_TEXT, help="perplexity's text")
+    parser.add_argument("--ppl-tokens", type=int, default=1024, help="its first tokens, 0: none")
     parser.add_argument("--bound-mib", type=int, default=1024, help="the read timed for the bound")
-    parser.add_argument("--worker", choices=[*ENGINES, "bound"], help=argparse.SUPPRESS)
+    parser.add_argument("--worker", choices=[*ENGINES, *NLL.values(), "bound"], help=argparse.SUPPRESS)
     parser.add_argument("--job", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker is None:
@@ -120,6 +137,9 @@ def quantize(source: Path, kinds: Sequence[str], out: Path) -> list[Path]:
         target = out / f"{source.stem.removesuffix('-f32')}-{kind.lower()}.gguf"
         params = llama_cpp.llama_model_quantize_default_params()
         params.ftype = FTYPES[kind]
+        if kind in KEPT:  # a file lmcore keeps quantized: matrices one type, embedding Q8_0
+            params.token_embedding_type = EMBEDDING_TYPE
+            params.output_tensor_type = KEPT[kind]
         params.nthread = os.cpu_count() or 1
         rc = llama_cpp.llama_model_quantize(str(source).encode(), str(target).encode(), params)
         if rc != 0:
@@ -148,7 +168,7 @@ def lmcore_worker(job: dict[str, Any]) -> dict[str, Any]:
 
     torch.set_num_threads(job["threads"])
     start = time.perf_counter()
-    model = load_gguf(job["file"])
+    model = load_gguf(job["file"], keep_quantized=job["keep_quantized"])
     model.eval()
     loaded = time.perf_counter() - start
     ids = torch.tensor(job["ids"])
@@ -160,10 +180,29 @@ def lmcore_worker(job: dict[str, Any]) -> dict[str, Any]:
     return _result(job, t0, times, tokens, loaded, None)
 
 
+def _no_extra_buffers() -> None:
+    """llama.cpp loads without its extra weight buffers (AMX int8, repacked blocks): with them,
+    llama-cpp-python 0.3.36 crashes (SIGSEGV in `llama_decode`) on any batch of 2+ tokens of a
+    Q8_0 or Q4_0 file on this project's AMX-reporting VM. `Llama` takes no such argument, so
+    the default parameters it starts from are changed."""
+    import llama_cpp
+    import llama_cpp.llama
+
+    default = llama_cpp.llama_model_default_params
+
+    def params() -> Any:
+        p = default()
+        p.use_extra_bufts = False
+        return p
+
+    llama_cpp.llama.llama_cpp.llama_model_default_params = params  # type: ignore[attr-defined]
+
+
 def llamacpp_worker(job: dict[str, Any]) -> dict[str, Any]:
     import llama_cpp
     import numpy as np
 
+    _no_extra_buffers()
     start = time.perf_counter()
     llm = llama_cpp.Llama(
         job["file"], n_ctx=len(job["ids"]) + job["new"] + 8, n_batch=512, n_ubatch=512,
@@ -188,6 +227,43 @@ def llamacpp_worker(job: dict[str, Any]) -> dict[str, Any]:
         if step + 1 < job["new"]:  # the last token is never fed back, as lmcore's
             llm.eval([tok])
     return _result(job, t0, times, tokens, loaded, same)
+
+
+def lmcore_nll(job: dict[str, Any]) -> dict[str, Any]:
+    """lmcore's mean negative log-likelihood of `ids[1:]`, one forward over all of them."""
+    import torch
+
+    from lmcore.gguf import load_gguf
+
+    torch.set_num_threads(job["threads"])
+    model = load_gguf(job["file"], keep_quantized=job["keep_quantized"])
+    model.eval()
+    ids = torch.tensor(job["ids"])
+    with torch.no_grad():
+        logits = model(ids[None])[0, :-1].double()
+    nll = logits.logsumexp(-1) - logits.gather(-1, ids[1:, None])[:, 0]
+    return {"nll": float(nll.mean())}
+
+
+def llamacpp_nll(job: dict[str, Any]) -> dict[str, Any]:
+    """llama.cpp's, one token an `eval` (its decode path, as lmcore's mean is over one
+    forward: both exact, the two differ in rounding only), from the last position's logits."""
+    import llama_cpp
+    import numpy as np
+
+    _no_extra_buffers()
+    llm = llama_cpp.Llama(
+        job["file"], n_ctx=len(job["ids"]) + 8, n_batch=512, n_ubatch=512,
+        n_threads=job["threads"], n_threads_batch=job["threads"], verbose=False,
+    )  # fmt: skip
+    vocab, ids, total = llm.n_vocab(), job["ids"], 0.0
+    for i in range(len(ids) - 1):
+        llm.eval([ids[i]])
+        raw = llama_cpp.llama_get_logits_ith(llm._ctx.ctx, -1)
+        logits = np.ctypeslib.as_array(raw, shape=(vocab,)).astype(np.float64)
+        top = logits.max()
+        total += top + math.log(np.exp(logits - top).sum()) - logits[ids[i + 1]]
+    return {"nll": total / (len(ids) - 1)}
 
 
 def _result(
@@ -300,7 +376,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     if args.worker is not None:
         job = json.loads(args.job.read_text())
-        fn = {"lmcore": lmcore_worker, "llama.cpp": llamacpp_worker, "bound": bound_worker}
+        fn = {"lmcore": lmcore_worker, "llama.cpp": llamacpp_worker, "bound": bound_worker,
+              NLL["lmcore"]: lmcore_nll, NLL["llama.cpp"]: llamacpp_nll}  # fmt: skip
         print(json.dumps(fn[args.worker](job)))
         return
     try:
@@ -312,15 +389,21 @@ def main(argv: Sequence[str] | None = None) -> None:
         if not args.files:
             return
     text = args.text.read_text()
-    rows = []
+    rows, nll = [], {}
     for path in args.files:
         full = prompt_ids(path, text)
         if len(full) < max(args.prompts):
             raise SystemExit(f"{args.text} gives {len(full)} tokens, fewer than {max(args.prompts)}")
         kind = precision(path)
+        kept = kind in KEPT
+        if args.ppl_tokens:
+            ppl_ids = prompt_ids(path, args.ppl_text.read_text())[: args.ppl_tokens]
+            job = {"file": str(path), "ids": ppl_ids, "threads": args.threads,
+                   "keep_quantized": kept}  # fmt: skip
+            nll[kind] = {e: run_worker(NLL[e], job)["nll"] for e in ENGINES}
         for length in args.prompts:
             job = {"file": str(path), "ids": full[:length], "full": full, "text": text,
-                   "new": args.new, "threads": args.threads}  # fmt: skip
+                   "new": args.new, "threads": args.threads, "keep_quantized": kept}  # fmt: skip
             runs: dict[str, list[dict[str, Any]]] = {e: [] for e in ENGINES}
             for _ in range(args.rounds):  # interleaved: load falls on both alike
                 for engine in ENGINES:
@@ -330,6 +413,11 @@ def main(argv: Sequence[str] | None = None) -> None:
                 print(f"note: llama.cpp tokenizes {args.text} differently from lmcore ({path})")
     bound = run_worker("bound", {"threads": args.threads, "mib": args.bound_mib})["gbps"]
     print("\n".join(table(rows)))
+    for kind, by in nll.items():
+        ppl = {e: math.exp(v) for e, v in by.items()}
+        print(f"perplexity {kind} ({args.ppl_tokens} tokens of {args.ppl_text}): lmcore "
+              f"{ppl['lmcore']:.4f}, llama.cpp {ppl['llama.cpp']:.4f}, "
+              f"{ppl['lmcore'] / ppl['llama.cpp'] - 1:+.2%}")  # fmt: skip
     print(f"\nmemory read: {bound:.1f} GB/s ({args.threads} threads, torch.sum of "
           f"{args.bound_mib} MiB)")  # fmt: skip
     for path in args.files:
