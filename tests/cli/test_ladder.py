@@ -5,16 +5,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import pytest
-import torch
-from torch import nn
 
 from lmcore import Component, scoped_registry
 from lmcore.cli.main import main
 from lmcore.ladder.sizing import size_ladder
-from lmcore.model.roles import GAIN, Role
+from tests.cli.test_sweep import BoomNorm  # a norm whose forward raises
 from tests.helpers.models import TINY_SPEC
 from tests.helpers.runs import one_line_error
 
@@ -114,20 +111,6 @@ def test_what_is_not_a_ladder_or_not_a_ladder_command_exits_2(
     assert "--data DIR and --out LADDER are needed to train a ladder" in err
     err = one_line_error(capsys, ["ladder", "--tokens-per-param", "1"])
     assert "give a BASE spec (rung 0) and --vary ITEMS" in err
-
-
-class BoomNorm(nn.Module):
-    """A norm whose forward raises: every run of its variant fails."""
-
-    def __init__(self, d_model: int, device: Any = None, dtype: Any = None):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(d_model, device=device, dtype=dtype))
-
-    def parameter_roles(self) -> dict[str, Role]:
-        return {"weight": GAIN}
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        raise RuntimeError("boom in the norm")
 
 
 def test_failed_runs_are_reported_and_the_baseline_still_fitted(
