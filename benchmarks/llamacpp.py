@@ -78,6 +78,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--quantize", type=Path, help="an F32 GGUF file to quantize")
     parser.add_argument("--precision", nargs="+", default=[], choices=sorted(FTYPES))
     parser.add_argument("--out", type=Path, default=Path("."), help="for --quantize's files")
+    parser.add_argument("--int8", action="store_true",
+                        help="also lmcore's int8 (per-row scales, from --quantize's F32 file) "
+                        "against llama.cpp's Q8_0 file")  # fmt: skip
     parser.add_argument("--ppl-text", type=Path, default=PPL_TEXT, help="perplexity's text")
     parser.add_argument("--ppl-tokens", type=int, default=1024, help="its first tokens, 0: none")
     parser.add_argument("--bound-mib", type=int, default=1024, help="the read timed for the bound")
@@ -89,6 +92,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             parser.error("give GGUF files to compare, or --quantize F32.gguf --precision ...")
         if args.quantize is not None and not args.precision:
             parser.error(f"--quantize needs --precision, one or more of {sorted(FTYPES)}")
+        if args.int8 and (args.quantize is None or "Q8_0" not in args.precision):
+            parser.error("--int8 needs --quantize F32.gguf --precision Q8_0 ... (lmcore's int8 "
+                         "is made from the F32 file, llama.cpp runs its Q8_0)")  # fmt: skip
         if args.new < COMPARED:
             parser.error(f"--new {args.new}: at least {COMPARED}, the tokens compared")
         if args.threads < 1 or args.rounds < 1 or min(args.prompts) < 1:
@@ -149,13 +155,44 @@ def quantize(source: Path, kinds: Sequence[str], out: Path) -> list[Path]:
     return made
 
 
+INT8 = "int8(embedding=q8_0)"  # the tied embedding/head as Q8_0 blocks, as llama.cpp's file
+
+
+def int8_checkpoint(source: Path, out: Path) -> Path:
+    """lmcore's int8 of the F32 file `source` (`lmcore.quantizing.quantize_model`, `INT8`),
+    saved once in `out`: the worker loads it as a user would load `lmcore quantize`'s file."""
+    from lmcore.gguf import load_gguf
+    from lmcore.quantizing import quantize_model
+
+    target = out / f"{source.stem.removesuffix('-f32')}-int8.safetensors"
+    quantize_model(load_gguf(source), INT8).save(target)
+    print(f"wrote {target} ({target.stat().st_size / 2**20:,.1f} MiB, lmcore {INT8})")
+    return target
+
+
+def checkpoint_bytes(path: Path) -> int:
+    """Weights a decoded token reads from an lmcore checkpoint: every tensor once (the tied
+    head is the embedding's)."""
+    from safetensors import safe_open
+
+    total = 0
+    with safe_open(str(path), "pt") as f:
+        for key in f.keys():
+            sl = f.get_slice(key)
+            shape, dtype = sl.get_shape(), sl.get_dtype()
+            size = {"F32": 4, "F16": 2, "BF16": 2, "I8": 1, "U8": 1, "I64": 8}[dtype]
+            total += math.prod(shape) * size
+    return total
+
+
 # ----------------------------------------------------------------------------- workers
 
 
-def peak_kib() -> int:
-    """This process's VmHWM, KiB."""
+def vm_kib(field: str) -> int:
+    """This process's `field` of /proc/self/status (VmHWM: the resident high-water mark;
+    VmRSS: the resident set now), KiB."""
     for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
+        if line.startswith(field + ":"):
             return int(line.split()[1])
     return 0
 
@@ -163,13 +200,12 @@ def peak_kib() -> int:
 def lmcore_worker(job: dict[str, Any]) -> dict[str, Any]:
     import torch
 
-    from lmcore.gguf import load_gguf
     from lmcore.model.generate import GREEDY
 
     torch.set_num_threads(job["threads"])
+    base = vm_kib("VmRSS")
     start = time.perf_counter()
-    model = load_gguf(job["file"], keep_quantized=job["keep_quantized"])
-    model.eval()
+    model = _lmcore_model(job)
     loaded = time.perf_counter() - start
     ids = torch.tensor(job["ids"])
     times, tokens = [], []
@@ -177,7 +213,20 @@ def lmcore_worker(job: dict[str, Any]) -> dict[str, Any]:
     for tok in model.stream(ids, job["new"], GREEDY):  # prefill, then one token a step
         times.append(time.perf_counter())
         tokens.append(int(tok))
-    return _result(job, t0, times, tokens, loaded, None)
+    return _result(job, t0, times, tokens, loaded, None, base)
+
+
+def _lmcore_model(job: dict[str, Any]) -> Any:
+    """The GGUF file (kept quantized where it can be), or `job["checkpoint"]`: an lmcore
+    checkpoint made from it (`--int8`)."""
+    import lmcore
+    from lmcore.gguf import load_gguf
+
+    if job.get("checkpoint"):
+        model = lmcore.load(job["checkpoint"])
+    else:
+        model = load_gguf(job["file"], keep_quantized=job["keep_quantized"])
+    return model.eval()
 
 
 def _no_extra_buffers() -> None:
@@ -203,6 +252,7 @@ def llamacpp_worker(job: dict[str, Any]) -> dict[str, Any]:
     import numpy as np
 
     _no_extra_buffers()
+    base = vm_kib("VmRSS")
     start = time.perf_counter()
     llm = llama_cpp.Llama(
         job["file"], n_ctx=len(job["ids"]) + job["new"] + 8, n_batch=512, n_ubatch=512,
@@ -226,18 +276,15 @@ def llamacpp_worker(job: dict[str, Any]) -> dict[str, Any]:
         tokens.append(tok)
         if step + 1 < job["new"]:  # the last token is never fed back, as lmcore's
             llm.eval([tok])
-    return _result(job, t0, times, tokens, loaded, same)
+    return _result(job, t0, times, tokens, loaded, same, base)
 
 
 def lmcore_nll(job: dict[str, Any]) -> dict[str, Any]:
     """lmcore's mean negative log-likelihood of `ids[1:]`, one forward over all of them."""
     import torch
 
-    from lmcore.gguf import load_gguf
-
     torch.set_num_threads(job["threads"])
-    model = load_gguf(job["file"], keep_quantized=job["keep_quantized"])
-    model.eval()
+    model = _lmcore_model(job)
     ids = torch.tensor(job["ids"])
     with torch.no_grad():
         logits = model(ids[None])[0, :-1].double()
@@ -268,13 +315,15 @@ def llamacpp_nll(job: dict[str, Any]) -> dict[str, Any]:
 
 def _result(
     job: dict[str, Any], t0: float, times: list[float], tokens: list[int], loaded: float,
-    same: bool | None,
+    same: bool | None, base_kib: int,
 ) -> dict[str, Any]:  # fmt: skip
+    peak = vm_kib("VmHWM")
     return {
         "prefill": len(job["ids"]) / (times[0] - t0),
         "decode": (len(times) - 1) / (times[-1] - times[0]),
         "tokens": tokens,
-        "peak_kib": peak_kib(),
+        "peak_kib": peak,
+        "model_kib": peak - base_kib,
         "load_s": loaded,
         "tokenized_same": same,
     }
@@ -325,6 +374,7 @@ class Row:
     precision: str
     prompt: int
     runs: dict[str, list[dict[str, Any]]]
+    sizes: tuple[int, int]  # the bytes of each engine's file (lmcore's checkpoint for int8)
 
     def median(self, engine: str, key: str) -> float:
         return statistics.median(r[key] for r in self.runs[engine])
@@ -342,8 +392,10 @@ def table(rows: Sequence[Row], compared: int | None = None) -> list[str]:
     ratio to llama.cpp; the tokens compared on the shortest prompt of each precision."""
     lines = [
         "| precision | prompt | prefill tok/s lmcore | llama.cpp | ratio | decode tok/s lmcore "
-        "| llama.cpp | ratio | peak MiB lmcore | llama.cpp | first 32 tokens |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+        "| llama.cpp | ratio | peak MiB lmcore | llama.cpp | model MiB lmcore (÷ file) | "
+        "llama.cpp (÷ file) | first 32 tokens |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
+        "| --- |",
     ]
     shortest = {r.precision: min(x.prompt for x in rows if x.precision == r.precision)
                 for r in rows}  # fmt: skip
@@ -351,6 +403,8 @@ def table(rows: Sequence[Row], compared: int | None = None) -> list[str]:
         p = [r.median(e, "prefill") for e in ENGINES]
         d = [r.median(e, "decode") for e in ENGINES]
         m = [r.median(e, "peak_kib") / 1024 for e in ENGINES]
+        own = [r.median(e, "model_kib") * 1024 for e in ENGINES]
+        fits = [f"{b / 2**20:,.0f} ({b / size:.2f}×)" for b, size in zip(own, r.sizes, strict=True)]
         agree = ""
         if r.prompt == shortest[r.precision]:
             equal, first = r.agreement()
@@ -358,7 +412,7 @@ def table(rows: Sequence[Row], compared: int | None = None) -> list[str]:
         lines.append(
             f"| {r.precision} | {r.prompt} | {p[0]:,.1f} | {p[1]:,.1f} | {p[0] / p[1]:.2f}× "
             f"| {d[0]:,.1f} | {d[1]:,.1f} | {d[0] / d[1]:.2f}× | {m[0]:,.0f} | {m[1]:,.0f} "
-            f"| {agree} |"
+            f"| {fits[0]} | {fits[1]} | {agree} |"
         )
     return lines
 
@@ -390,25 +444,29 @@ def main(argv: Sequence[str] | None = None) -> None:
             return
     text = args.text.read_text()
     rows, nll = [], {}
-    for path in args.files:
+    runs_of = [(path, precision(path), None) for path in args.files]
+    if args.int8:
+        q8 = next(p for p, kind, _ in runs_of if kind == "Q8_0")
+        runs_of.append((q8, "int8 / Q8_0", int8_checkpoint(args.quantize, args.out)))
+    for path, kind, checkpoint in runs_of:
         full = prompt_ids(path, text)
         if len(full) < max(args.prompts):
             raise SystemExit(f"{args.text} gives {len(full)} tokens, fewer than {max(args.prompts)}")
-        kind = precision(path)
         kept = kind in KEPT
+        sizes = ((checkpoint or path).stat().st_size, path.stat().st_size)
+        own = {"keep_quantized": kept, "checkpoint": str(checkpoint) if checkpoint else None}
         if args.ppl_tokens:
             ppl_ids = prompt_ids(path, args.ppl_text.read_text())[: args.ppl_tokens]
-            job = {"file": str(path), "ids": ppl_ids, "threads": args.threads,
-                   "keep_quantized": kept}  # fmt: skip
+            job = {"file": str(path), "ids": ppl_ids, "threads": args.threads, **own}
             nll[kind] = {e: run_worker(NLL[e], job)["nll"] for e in ENGINES}
         for length in args.prompts:
             job = {"file": str(path), "ids": full[:length], "full": full, "text": text,
-                   "new": args.new, "threads": args.threads, "keep_quantized": kept}  # fmt: skip
+                   "new": args.new, "threads": args.threads, **own}  # fmt: skip
             runs: dict[str, list[dict[str, Any]]] = {e: [] for e in ENGINES}
             for _ in range(args.rounds):  # interleaved: load falls on both alike
                 for engine in ENGINES:
                     runs[engine].append(run_worker(engine, job))
-            rows.append(Row(kind, length, runs))
+            rows.append(Row(kind, length, runs, sizes))
             if not all(r["tokenized_same"] for r in runs["llama.cpp"]):
                 print(f"note: llama.cpp tokenizes {args.text} differently from lmcore ({path})")
     bound = run_worker("bound", {"threads": args.threads, "mib": args.bound_mib})["gbps"]
@@ -420,11 +478,11 @@ def main(argv: Sequence[str] | None = None) -> None:
               f"{ppl['lmcore'] / ppl['llama.cpp'] - 1:+.2%}")  # fmt: skip
     print(f"\nmemory read: {bound:.1f} GB/s ({args.threads} threads, torch.sum of "
           f"{args.bound_mib} MiB)")  # fmt: skip
-    for path in args.files:
-        per = bytes_per_token(path)
-        decode = [r.median("lmcore", "decode") for r in rows if r.precision == precision(path)]
+    for path, kind, checkpoint in runs_of:
+        per = checkpoint_bytes(checkpoint) if checkpoint else bytes_per_token(path)
+        decode = [r.median("lmcore", "decode") for r in rows if r.precision == kind]
         print(
-            f"{precision(path)}: {per / 1e6:,.1f} MB of weights a token, bound "
+            f"{kind}: {per / 1e6:,.1f} MB of weights a token (lmcore's), bound "
             f"{bound * 1e9 / per:,.1f} tokens/s; lmcore decodes at "
             f"{decode[0] / (bound * 1e9 / per):.2f} of it (prompt {min(args.prompts)})"
         )

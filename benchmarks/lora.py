@@ -15,6 +15,12 @@ torch's AdamW over the trainable tensors:
   the matrices lmcore's default targets (``matrix,packed``) pick in a Llama; skipped when peft
   is not installed.
 
+`--kernels SPEC_ITEMS` runs both lmcore modes with those spec items replacing the checkpoint's
+(the weights are the same tensors), e.g. the kernels transformers itself calls, from the
+`lmcore-torch` example plugin (``pip install -e examples/lmcore-torch``):
+``--kernels "attn=torch_sdpa,norm=torch_rmsnorm(eps=1e-05),ffn=torch_swiglu"``, so that the
+comparison with PEFT is of the adapters and the loop around them, not of attention kernels.
+
 Reported: median seconds per step (after warm-up steps), tokens/s, VmHWM and the peak above the
 loaded model; ratios full/LoRA (memory, time) and PEFT/lmcore (time: ≥ 1.0 is lmcore as fast or
 faster). `tests/benchmarks/test_lora.py` checks, on a tiny model, that both LoRAs given the same
@@ -61,6 +67,25 @@ def lmcore_model(checkpoint: str, mode: str, rank: int) -> torch.nn.Module:
     if mode == "lmcore-lora":
         return adapt(checkpoint, f"lora(rank={rank}, alpha={2 * rank})")
     return lmcore.load(checkpoint)
+
+
+def with_kernels(checkpoint: str, items: str, out: Path) -> str:
+    """`checkpoint` rebuilt with the spec `items` in place of its own (same keys replaced,
+    new ones added) and its weights loaded strictly, saved to `out`."""
+    import lmcore
+    from lmcore.syntax import parse_items
+
+    base = lmcore.load(checkpoint)
+    text = str(base.spec)
+    own = {i.key: text[i.start : i.value.end] for i in parse_items(text)}
+    for item in parse_items(items):
+        if item.key is None:
+            raise SystemExit(f"--kernels {items!r}: give key=value items, not a preset")
+        own[item.key] = items[item.start : item.value.end]
+    model = lmcore.build_model(",".join(own.values()))
+    model.load_state_dict(base.state_dict(), strict=True)
+    model.tokenizer = base.tokenizer
+    return str(model.save(out))
 
 
 def peft_model(hf_dir: str, rank: int) -> torch.nn.Module:
@@ -182,6 +207,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--context", type=int, default=128)
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--kernels", metavar="SPEC_ITEMS",
+                   help="spec items replacing the checkpoint's for the lmcore runs")  # fmt: skip
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--hf", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -201,14 +228,17 @@ def main(argv: list[str] | None = None) -> int:
         hf = os.path.join(tmp, "hf")
         modes = ["lmcore-lora", "lmcore-full"]
         if importlib.util.find_spec("peft") is not None:
-            convert_to_hf(checkpoint, hf)
+            convert_to_hf(checkpoint, hf)  # the checkpoint's own weights, before --kernels
             modes.append("peft-lora")
         else:
             print("peft is not installed: the PEFT comparison is skipped (pip install peft)")
+        if args.kernels:
+            checkpoint = with_kernels(checkpoint, args.kernels, Path(tmp) / "kernels.safetensors")
         rows = {m: run_worker(m, args, checkpoint, hf) for m in modes}
     print(f"checkpoint {args.checkpoint or 'random ' + SMOL_SPEC}; batch {args.batch} × "
           f"context {args.context}, rank {args.rank}, {args.steps} timed steps after "
-          f"{args.warmup}; torch {torch.__version__}, {torch.get_num_threads()} threads")
+          f"{args.warmup}; torch {torch.__version__}, {torch.get_num_threads()} threads"
+          + (f"; lmcore with {args.kernels}" if args.kernels else ""))
     print("| run | trainable | s/step | tokens/s | peak memory (VmHWM) | above the loaded model |")
     print("| --- | --- | --- | --- | --- | --- |")
     for m, r in rows.items():

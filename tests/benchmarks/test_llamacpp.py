@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.helpers.gguf import TINY_SHAPES, tiny_gguf
 from tests.helpers.runs import load_benchmark
@@ -30,6 +31,7 @@ def test_arguments_and_their_refusals(capsys: pytest.CaptureFixture[str]) -> Non
         (["a.gguf", "--new", "8"], "--new 8: at least 32"),
         (["a.gguf", "--threads", "0"], "must be >= 1"),
         (["--quantize", "f.gguf", "--precision", "Q5_9"], "invalid choice: 'Q5_9'"),
+        (["--quantize", "f.gguf", "--precision", "Q4_0", "--int8"], "--int8 needs --quantize"),
     ):
         with pytest.raises(SystemExit) as e:
             bench.parse_args(argv)
@@ -37,7 +39,8 @@ def test_arguments_and_their_refusals(capsys: pytest.CaptureFixture[str]) -> Non
 
 
 def run(prefill: float, decode: float, peak: int, tokens: list[int]) -> dict[str, object]:
-    return {"prefill": prefill, "decode": decode, "peak_kib": peak, "tokens": tokens}
+    return {"prefill": prefill, "decode": decode, "peak_kib": peak, "model_kib": peak // 2,
+            "tokens": tokens}  # fmt: skip
 
 
 def test_the_table_gives_medians_ratios_and_the_tokens_compared() -> None:
@@ -47,18 +50,19 @@ def test_the_table_gives_medians_ratios_and_the_tokens_compared() -> None:
         bench.Row("F32", 16, {
             "lmcore": [run(100, 8, 1024, same), run(300, 10, 2048, same), run(200, 12, 3072, same)],
             "llama.cpp": [run(400, 20, 512, same), run(400, 20, 512, same), run(400, 20, 512, same)],
-        }),
+        }, (2**20, 2**19)),
         bench.Row("F32", 512, {"lmcore": [run(90, 9, 1024, same)],
-                               "llama.cpp": [run(100, 10, 1024, differ)]}),
+                               "llama.cpp": [run(100, 10, 1024, differ)]}, (2**20, 2**20)),
         bench.Row("Q8_0", 16, {"lmcore": [run(50, 5, 1024, same)],
-                               "llama.cpp": [run(100, 10, 1024, differ)]}),
+                               "llama.cpp": [run(100, 10, 1024, differ)]}, (2**20, 2**20)),
     ]  # fmt: skip
     lines = bench.table(rows)
     assert len(lines) == 2 + 3
     cells = [[c.strip() for c in line.strip("|").split("|")] for line in lines[2:]]
-    # medians: prefill 200 / 400, decode 10 / 20, peak 2 MiB / 0.5 MiB
+    # medians: prefill 200 / 400, decode 10 / 20, peak 2 MiB / 0.5 MiB; the model's part of
+    # it (half, here) over each engine's file: 1 MiB / 1 MiB, 0.25 MiB / 0.5 MiB
     assert cells[0] == ["F32", "16", "200.0", "400.0", "0.50×", "10.0", "20.0", "0.50×",
-                        "2", "0", "equal"]  # fmt: skip
+                        "2", "0", "1 (1.00×)", "0 (0.50×)", "equal"]  # fmt: skip
     assert cells[1][-1] == ""  # compared on the shortest prompt only
     assert cells[1][4] == "0.90×" and cells[1][7] == "0.90×"
     assert cells[2][-1] == "31/32, first differs at 5"
@@ -143,3 +147,26 @@ def test_a_quantized_file_runs_kept_quantized_in_lmcore_and_agrees(
     nll = {e: fn({**job, "ids": ids[:24]})["nll"]
            for e, fn in (("lmcore", bench.lmcore_nll), ("llama.cpp", bench.llamacpp_nll))}  # fmt: skip
     assert abs(nll["lmcore"] - nll["llama.cpp"]) < 0.05 * nll["llama.cpp"]
+
+
+def test_int8_is_made_from_the_f32_file_and_read_by_the_lmcore_workers(tmp_path: Path) -> None:
+    """`--int8`: lmcore's int8 of the F32 file, saved once, is what the lmcore workers load;
+    its bytes a token are its tensors' (the tied head once)."""
+    import lmcore
+
+    f32 = tiny_gguf(tmp_path / "tiny-f32.gguf", tensors={n: lambda x: x * 40 for n in TINY_SHAPES})
+    ckpt = bench.int8_checkpoint(f32, tmp_path)
+    assert ckpt.name == "tiny-int8.safetensors"
+    model = lmcore.load(ckpt)
+    assert str(model.spec).endswith("quant=int8(embedding=q8_0)")
+    held = {id(t): t.numel() * t.element_size() for t in model.state_dict().values()}
+    assert bench.checkpoint_bytes(ckpt) == sum(held.values())
+    ids = bench.prompt_ids(f32, TEXT)
+    job = {"file": str(f32), "ids": ids[:8], "full": ids, "text": TEXT, "new": 32, "threads": 1,
+           "keep_quantized": False, "checkpoint": str(ckpt)}  # fmt: skip
+    ours = bench.lmcore_worker(job)
+    assert len(ours["tokens"]) == 32 and 0 < ours["model_kib"] <= ours["peak_kib"]
+    with torch.no_grad():
+        want = model(torch.tensor([ids[:24]]))[0, :-1].double()
+    nll = (want.logsumexp(-1) - want.gather(-1, torch.tensor(ids[1:24])[:, None])[:, 0]).mean()
+    assert bench.lmcore_nll({**job, "ids": ids[:24]})["nll"] == pytest.approx(float(nll))

@@ -61,3 +61,23 @@ def test_the_benchmark_runs_tiny(tiny: Path, capsys: pytest.CaptureFixture[str])
         assert "the PEFT comparison is skipped" in out
     else:
         assert "| peft-lora |" in out and "PEFT / lmcore LoRA time:" in out
+
+
+def test_kernels_replace_the_checkpoints_items_and_keep_its_weights(tiny: Path,
+                                                                     tmp_path: Path) -> None:
+    bench = load_benchmark("lora")
+    out = bench.with_kernels(str(tiny), "attn=chunked, norm=rmsnorm(eps=1e-06)",
+                             tmp_path / "k.safetensors")  # fmt: skip
+    base, swapped = lmcore.load(tiny), lmcore.load(out)
+    spec = str(swapped.spec)
+    assert str(base.spec).replace("attn=sdpa", "attn=chunked(block_size=128)").replace(
+        "norm=rmsnorm(eps=1e-05)", "norm=rmsnorm(eps=1e-06)") == spec  # nothing else changed
+    for (k, a), (j, b) in zip(base.state_dict().items(), swapped.state_dict().items(),
+                              strict=True):  # fmt: skip
+        assert k == j and torch.equal(a, b)
+    kernel = lmcore.load(bench.with_kernels(str(tiny), "attn=chunked", tmp_path / "c.safetensors"))
+    ids = torch.tensor([[1, 2, 3, 4, 5]])
+    with torch.no_grad():  # another kernel of the same attention: the same logits
+        torch.testing.assert_close(kernel(ids), base(ids), rtol=1e-4, atol=1e-5)
+    with pytest.raises(SystemExit, match="give key=value items, not a preset"):
+        bench.with_kernels(str(tiny), "tinystories", tmp_path / "x.safetensors")
