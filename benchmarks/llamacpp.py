@@ -172,17 +172,11 @@ def int8_checkpoint(source: Path, out: Path) -> Path:
 
 def checkpoint_bytes(path: Path) -> int:
     """Weights a decoded token reads from an lmcore checkpoint: every tensor once (the tied
-    head is the embedding's)."""
-    from safetensors import safe_open
+    head is the embedding's), as its safetensors header lays them out."""
+    from lmcore.model.reading import read_header
 
-    total = 0
-    with safe_open(str(path), "pt") as f:
-        for key in f.keys():
-            sl = f.get_slice(key)
-            shape, dtype = sl.get_shape(), sl.get_dtype()
-            size = {"F32": 4, "F16": 2, "BF16": 2, "I8": 1, "U8": 1, "I64": 8}[dtype]
-            total += math.prod(shape) * size
-    return total
+    spans = (t.offsets for t in read_header(path).tensors.values())
+    return sum(stop - start for start, stop in spans)
 
 
 # ----------------------------------------------------------------------------- workers
@@ -404,7 +398,8 @@ def table(rows: Sequence[Row], compared: int | None = None) -> list[str]:
         d = [r.median(e, "decode") for e in ENGINES]
         m = [r.median(e, "peak_kib") / 1024 for e in ENGINES]
         own = [r.median(e, "model_kib") * 1024 for e in ENGINES]
-        fits = [f"{b / 2**20:,.0f} ({b / size:.2f}×)" for b, size in zip(own, r.sizes, strict=True)]
+        fits = [f"{b / 2**20:,.0f} ({b / size:.2f}×)"
+                for b, size in zip(own, r.sizes, strict=True)]  # fmt: skip
         agree = ""
         if r.prompt == shortest[r.precision]:
             equal, first = r.agreement()
