@@ -12,7 +12,7 @@ a GGUF converts exactly as the Hugging Face directory it was made from. The chec
 in float32, or in F16 / BF16 when those hold the file's matrices, unless `dtype` says otherwise;
 the tokenizer (`lmcore.gguf.tokenizer`), chat template and special ids are stored with it.
 
-Everything the file says is checked before it is used: its layout (`reading.check_layout`), its
+Everything the file says is checked before it is used: its layout (`reading.read_gguf`), its
 metadata (`architectures.metadata_to_config`), every tensor's shape against the metadata
 (`architectures.check_shapes`, before any tensor is read or un-permuted) and its tokenizer. GGUF
 has no checksum, so flipped bits inside a tensor's data cannot be seen (`NO_CHECKSUM`); the
@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Final
 
@@ -112,7 +113,8 @@ def _load(
     buffers: bool,
     keep: bool = False,
 ) -> tuple[TransformerLM, GGUFFile]:
-    """`load_gguf`, and the file it read. `buffers=False`: a model only to be saved, whose
+    """`load_gguf`, and the file it read (its metadata without the vocabulary's lists,
+    `_LARGE`). `buffers=False`: a model only to be saved, whose
     buffers outside the state dict are never built (`build_empty`)."""
     file = read_gguf(where)
     arch = architecture(file.architecture, where, file.metadata)
@@ -124,6 +126,8 @@ def _load(
     tokenizer = from_gguf_metadata(
         file.metadata, where, ignore=ignore, vocab_size=vocab if isinstance(vocab, int) else None
     )
+    # the vocabulary's lists are the tokenizer's now: not held beside the weights being read
+    file = replace(file, metadata={k: v for k, v in file.metadata.items() if k not in _LARGE})
     if keep:
         model, state = _kept(file, arch, config, spec, device, registry, buffers, where)
     else:
@@ -169,16 +173,20 @@ def _kept(
     own = model.state_dict()
     state = {k: v for k, v in converted.items() if k in own}
     fmt = model.blueprint.parts["quant"]
-    raw = {t.name: t.data for t in file.reader.tensors}
+    users: dict[str, list[tuple[str, int, int, str]]] = {}  # a file tensor -> the matrices of it
     for key, n, k, role in wanted:
-        name, rows = sources[key]
-        child = fmt.create(in_features=k, out_features=n, role=role, device="meta")
-        try:
-            child.from_ggml(file.tensors[name].type, rows_of(raw[name], rows))
-        except ValueError as e:
-            raise ConversionError(f"{where}: tensor {name}: {e}") from None
-        prefix = key.removesuffix("weight") + "quant."
-        state.update({prefix + p: t.data for p, t in child.named_parameters()})
+        users.setdefault(sources[key][0], []).append((key, n, k, role))
+    for name, matrices in users.items():  # one tensor's bytes read at a time
+        raw = file.raw(name)
+        for key, n, k, role in matrices:
+            child = fmt.create(in_features=k, out_features=n, role=role, device="meta")
+            try:
+                child.from_ggml(file.tensors[name].type, rows_of(raw, sources[key][1]))
+            except ValueError as e:
+                raise ConversionError(f"{where}: tensor {name}: {e}") from None
+            prefix = key.removesuffix("weight") + "quant."
+            state.update({prefix + p: t.data for p, t in child.named_parameters()})
+        del raw
     for alias, owner in shared_parameters(model).items():  # a tied head: the embedding's
         state[alias] = state[owner]
     return model, state

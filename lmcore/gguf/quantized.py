@@ -125,8 +125,11 @@ def refused(key: str, where: object, why: str = "") -> ConversionError:
 
 
 def rows_of(raw: Any, rows: Tensor) -> Tensor:
-    """Rows `rows` of a GGUF tensor's raw bytes (a numpy uint8 array, one row per weight row)."""
+    """Rows `rows` of a GGUF tensor's raw bytes (a numpy uint8 array, one row per weight row,
+    `GGUFFile.raw`'s own buffer): all of them in order are that buffer, not a copy."""
     data = np.asarray(raw)
+    if len(rows) == len(data) and bool((rows == torch.arange(len(rows))).all()):
+        return torch.from_numpy(np.ascontiguousarray(data))
     return torch.from_numpy(np.ascontiguousarray(data[rows.numpy()]))
 
 
