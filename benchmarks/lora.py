@@ -185,7 +185,10 @@ def run_worker(mode: str, args: argparse.Namespace, checkpoint: str, hf: str) ->
            "--steps", str(args.steps), "--warmup", str(args.warmup)]  # fmt: skip
 
     def one(env: dict[str, str]) -> dict[str, Any]:
-        out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env)
+        out = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        if out.returncode != 0:  # the worker's own last words, not only its exit status
+            sys.stderr.write(out.stderr)
+            raise SystemExit(f"benchmarks/lora.py: the {mode} worker exited {out.returncode}")
         result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
         return result
 

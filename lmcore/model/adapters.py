@@ -13,9 +13,11 @@ Targets: the adapter's `targets` argument (default ``matrix,packed``), a comma-s
 of parameter roles (`lmcore.model.roles`: the Linear whose weight has that role) and module
 names (a Linear whose last name is the word, ``q_proj``, or whose dotted path matches it as a
 glob, ``layers.0.*``). A packed matrix (fused q/k/v, Mamba's in_proj) gets `splits`, one entry
-per logical matrix, so an adapter may update each on its own (`lora` does). Only a `Linear`
-can be targeted (its forward is ``x @ W.T``, which the hook extends); a targeted parameter of
-another module (stacked experts) or a tied one is refused by name.
+per logical matrix, so an adapter may update each on its own (`lora` does). Only a linear
+layer can be targeted: lmcore's `Linear` or torch's `nn.Linear`, which plugins on torch's
+kernels use (`examples/lmcore-torch`); both compute ``x @ W.T`` (nn.Linear plus its bias),
+which the hook extends. A targeted parameter of another module (stacked experts) or a tied
+one is refused by name.
 
 `lmcore.adapting` saves an adapter on its own (with its base checkpoint's identity), loads it
 back onto its base, and merges it (``W + delta()``) into a plain model.
@@ -37,6 +39,7 @@ from lmcore.parts import Part
 
 __all__ = [
     "ATTR",
+    "LINEARS",
     "DEFAULT_TARGETS",
     "adapted",
     "adapter_state",
@@ -49,6 +52,8 @@ __all__ = [
 ]
 
 ATTR: Final = "adapter"  # the child of each targeted Linear holding its adapter
+# the modules whose output is x @ W.T (+ bias), the only ones the hook's update is right for
+LINEARS: Final = (Linear, nn.Linear)
 DEFAULT_TARGETS: Final = "matrix,packed"
 
 
@@ -75,7 +80,7 @@ def select_targets(model: nn.Module, words: list[str]) -> list[str]:
     order. A word that targets nothing, a targeted parameter outside a Linear and a tied one
     are `SpecError`s naming it and the choices."""
     roles = roles_of(model)
-    linears = {name: m for name, m in model.named_modules() if isinstance(m, Linear)}
+    linears = {name: m for name, m in model.named_modules() if isinstance(m, LINEARS)}
     linears = {n: m for n, m in linears.items() if f".{ATTR}." not in f".{n}."}
     named = {}
     for name, p in model.named_parameters(remove_duplicate=False):
@@ -163,7 +168,7 @@ def freeze_base(model: nn.Module) -> None:
 def adapters(model: nn.Module) -> Iterator[tuple[str, nn.Module]]:
     """`(name of the targeted Linear, its adapter)` for each one."""
     for name, m in model.named_modules():
-        if isinstance(m, Linear) and isinstance(getattr(m, ATTR, None), nn.Module):
+        if isinstance(m, LINEARS) and isinstance(getattr(m, ATTR, None), nn.Module):
             yield name, getattr(m, ATTR)
 
 

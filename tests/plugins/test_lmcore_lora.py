@@ -140,6 +140,43 @@ def test_a_packed_matrix_gets_one_pair_per_logical_matrix() -> None:
     torch.testing.assert_close(merged(model)(ids()), model(ids()), rtol=1e-5, atol=1e-5)
 
 
+class NNLinearSwiGLU(torch.nn.Module):
+    """SwiGLU on torch's nn.Linear, as plugins on torch's kernels (examples/lmcore-torch's
+    torch_swiglu) hold it; nn.Linear declares no roles, so its owner does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w1 = torch.nn.Linear(32, 64, bias=False)
+        self.w2 = torch.nn.Linear(64, 32, bias=False)
+        self.w3 = torch.nn.Linear(32, 64, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a = self.w1(x)
+        return self.w2(a * torch.sigmoid(a) * self.w3(x))
+
+    def parameter_roles(self) -> dict[str, object]:
+        from lmcore.model.roles import MATRIX
+
+        return {f"{w}.weight": MATRIX for w in ("w1", "w2", "w3")}
+
+
+def test_torchs_nn_linear_is_targeted_like_lmcores_linear() -> None:
+    from lmcore.model.adapters import with_adapter
+
+    torch.manual_seed(0)
+    ours, theirs = lmcore.build_model(TINY), lmcore.build_model(TINY)
+    for layer in theirs.layers:
+        layer.ffn = NNLinearSwiGLU()
+    theirs.load_state_dict(ours.state_dict())
+    assert with_adapter(theirs, "lora(rank=4)") == with_adapter(ours, "lora(rank=4)")
+    assert hasattr(theirs.layers[0].ffn.w1, "adapter")  # the ffn's three matrices too: 7 a layer
+    assert len(adapter_state(theirs)) == len(adapter_state(ours)) == 2 * 7 * 2
+    moved(ours)
+    theirs.load_state_dict(ours.state_dict())
+    torch.testing.assert_close(theirs(ids()), ours(ids()), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(merged(theirs)(ids()), theirs(ids()), rtol=1e-5, atol=1e-5)
+
+
 def test_peft_lora_on_the_same_matrices_gives_the_same_outputs() -> None:
     peft = pytest.importorskip("peft", reason="needs the test extra's peft: pip install -e '.[test]'")
     from torch import nn
