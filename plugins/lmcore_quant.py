@@ -17,13 +17,16 @@ q4_1    4-bit codes, float16 d and m per 32 (GGML's Q4_1)    0.69         Q4_1, 
 Values are GGML's: int8 ``w = c·s``; q8_0 ``w = c·d``; q4_0 ``w = (c - 8)·d``; q4_1
 ``w = c·d + m``, with d and m kept in float16 as the file holds them, so `dequantize`, `rows`
 and writing GGUF back are exact. The 4-bit codes are in torch's int4 layout (`pack4`; Q8_0's
-codes as two 4-bit halves, ``c + 128 = 16·high + low``), so nothing is repacked at load. A
-batch of at most `KERNEL_ROWS` rows (decoding) goes through torch's kernels, which are fast on
-CPU with bfloat16 activations and scales only (float32 ones take another, several times slower
-path): x and the kernel's scales are rounded to bfloat16 there (a relative error of about
-2⁻⁹ each, below GGML's own rounding of x to 8 bits in its dot products). A larger batch (a
-prompt's prefill, an evaluation) is multiplied in float32 by the exactly dequantized matrix,
-in chunks of rows. The kernel's scales are made on first use and counted in the declaration.
+codes as two 4-bit halves, ``c + 128 = 16·high + low``), so nothing is repacked at load. The
+matmul goes through torch's kernels, which are fast on CPU with bfloat16 activations and
+scales only (float32 ones take another, several times slower path): x and the kernel's scales
+are rounded to bfloat16 there (a relative error of about 2⁻⁹ each, below GGML's own rounding
+of x to 8 bits in its dot products). Their time grows with the rows of x as the float
+matmul's does, and they read no dequantized copy, so they serve a prefill and an evaluation
+too (int8: up to 32 rows). x that needs gradients (the kernels have no backward), and int8's
+larger batches, are multiplied in float32 by the exactly dequantized matrix, in chunks of
+rows. The kernel's scales are made on first use and
+counted in the declaration.
 
 `lmcore quantize --int8` rounds as int8 does; `--int4` as Q4_1 (the gguf package's rounding,
 byte for byte). The token embeddings (and a tied head) use the format `embedding=` names
@@ -44,7 +47,6 @@ import lmcore
 from lmcore.model.roles import SCALAR, Role
 
 GROUP: Final = 32  # weights per scale in the block formats (GGML's QK8_0, QK4_0, QK4_1)
-KERNEL_ROWS: Final = 8  # at most this many rows of x go through torch's quantized kernels
 CHUNK: Final = 2048  # rows of W dequantized at a time for a larger batch
 _PAD: Final = 64  # torch's int4 layout holds rows in blocks of 64
 
@@ -63,11 +65,12 @@ def _half(t: Tensor) -> Tensor:
 
 
 class _Format(nn.Module):
-    """What every format shares: the widths, the forward through `_kernel` (at most
-    `KERNEL_ROWS` rows of x: bfloat16 activations, as torch's fast CPU kernels take them) or
-    the exactly dequantized matrix in float32 chunks (a prefill), and the lookup of rows."""
+    """What every format shares: the widths, the forward through `_kernel` (bfloat16
+    activations, as torch's fast CPU kernels take them) or the exactly dequantized matrix in
+    float32 chunks (x that needs gradients), and the lookup of rows."""
 
     name: str = ""
+    kernel_rows: int | None = None  # the most rows of x the kernel takes (None: any)
 
     def __init__(self, in_features: int, out_features: int, role: str):
         super().__init__()
@@ -76,15 +79,22 @@ class _Format(nn.Module):
 
     def forward(self, x: Float[Tensor, "... d_in"]) -> Float[Tensor, "... d_out"]:
         flat = x.reshape(-1, x.shape[-1])
-        if flat.shape[0] <= KERNEL_ROWS and not flat.is_meta:
+        if self._kernel_takes(flat):
             if self._cache is None or self._cache[0].device != flat.device:
                 self._cache = self._kernel_scales()
             y = self._kernel(flat.to(torch.bfloat16), *self._cache).float()
-        else:  # a prefill: compute-bound, so the float matmul of dequantized chunks is faster
+        else:  # gradients to x: the float matmul of the exactly dequantized matrix
             flat = flat.float()
             y = torch.cat([flat @ self._dequantize(i, min(i + CHUNK, self.out_features)).T
                            for i in range(0, self.out_features, CHUNK)], dim=-1)  # fmt: skip
         return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+
+    def _kernel_takes(self, flat: Tensor) -> bool:
+        """Whether torch's kernel multiplies `flat`: it has no backward, so not when x needs
+        gradients; at most `kernel_rows` rows."""
+        if flat.is_meta or (flat.requires_grad and torch.is_grad_enabled()):
+            return False
+        return self.kernel_rows is None or flat.shape[0] <= self.kernel_rows
 
     def dequantize(self) -> Float[Tensor, "d_out d_in"]:
         return self._dequantize(0, self.out_features)
@@ -127,6 +137,9 @@ class Int8(_Format):
     """Per-row int8: ``w = codes · scale``, the scale ``max |w| / 127`` of the row."""
 
     name = "int8"
+    # torch 2.13's `_weight_int8pack_mm` crashes (SIGSEGV) on some batches of ~1,000 rows, and
+    # from 64 rows on the float matmul of the cheaply dequantized matrix is as fast
+    kernel_rows = 32
 
     def __init__(self, in_features: int, out_features: int, role: str, device: Any = None):
         super().__init__(in_features, out_features, role)
@@ -207,7 +220,8 @@ def _int4(x: Tensor, codes: Tensor, sz: Tensor) -> Tensor:
 class Q8_0(_Format):
     """GGML's Q8_0: ``w = c·d``, one float16 d per 32 weights of a row. The codes are held as
     two 4-bit halves in torch's int4 layout, ``c + 128 = 16·high + low``, so the matmul is two
-    of torch's int4 kernels: ``(high - 8)·16d`` plus ``(low - 8)·d + 8d`` is ``c·d``."""
+    of torch's int4 kernels sharing one ``(s, z) = (d, 8d/17)``: ``16·((high - 8)·d + z)``
+    plus ``(low - 8)·d + z`` is ``(16·high + low - 136)·d + 17z``, which is ``c·d``."""
 
     name = "q8_0"
 
@@ -224,19 +238,19 @@ class Q8_0(_Format):
 
     def store(self, codes: Tensor, d: Tensor) -> None:
         """Keep int8 codes `(N, K)` and float16 `d` `(N, K / 32)`."""
-        biased = codes.int() + 128
-        self.high, self.low = _frozen(pack4(biased >> 4)), _frozen(pack4(biased & 15))
+        biased = codes.to(torch.int8).view(torch.uint8) ^ 128  # c + 128, in one byte
+        self.high = _frozen(pack4(biased >> 4))
+        self.low = _frozen(pack4(biased & 15))
         self.scales = _frozen(d.to(torch.float16))
         self._stored()
 
     def _kernel_scales(self) -> tuple[Tensor, ...]:
         d = self.scales.float()
-        rows = self.high.shape[0]
-        return _sz(16 * d, torch.zeros_like(d), rows), _sz(d, 8 * d, rows)
+        return (_sz(d, d * (8 / 17), self.high.shape[0]),)
 
     def _kernel(self, x: Tensor, *scales: Tensor) -> Tensor:
-        y = _int4(x, self.high, scales[0]) + _int4(x, self.low, scales[1])
-        return y[:, : self.out_features]
+        high, low = _int4(x, self.high, scales[0]), _int4(x, self.low, scales[0])
+        return (16 * high.float() + low.float())[:, : self.out_features]
 
     def _expand(self, codes: Tensor, d: Tensor) -> Tensor:
         c = codes.float().view(codes.shape[0], -1, GROUP)
@@ -390,8 +404,8 @@ def _int8_bytes(k: int, n: int) -> int:
 
 
 def _q8_bytes(k: int, n: int) -> int:
-    groups = k // GROUP  # two 4-bit halves, float16 d, the kernel's two bfloat16 (s, z)
-    return _padded(n) * k + 2 * n * groups + 2 * groups * _padded(n) * 2 * 2
+    groups = k // GROUP  # two 4-bit halves, float16 d, the kernel's bfloat16 (s, z)
+    return _padded(n) * k + 2 * n * groups + groups * _padded(n) * 2 * 2
 
 
 def _four_bytes(mins: bool) -> Callable[[int, int], int]:

@@ -53,21 +53,39 @@ def test_blocks_decode_as_gguf_and_write_back_byte_identical(fmt: str) -> None:
 
 
 @pytest.mark.parametrize("fmt", ["int8", "q8_0", "q4_0", "q4_1"])
-@pytest.mark.parametrize("rows", [1, 3, 8, 9, 20])
+@pytest.mark.parametrize("rows", [1, 3, 8, 9, 20, 300])
 def test_matmul_matches_the_dequantized_matrix(fmt: str, rows: int) -> None:
-    """Up to KERNEL_ROWS rows, torch's kernels with bfloat16 x and scales: within bfloat16's
-    rounding of the float64 product; more rows, the float32 product of the exact matrix."""
+    """Up to the format's kernel_rows (any, but int8's 32), torch's kernels with bfloat16 x
+    and scales, within bfloat16's rounding of the float64 product; more, the float32 product
+    of the exact matrix."""
     m = Q.FORMATS[fmt].module(K, N, "matrix")
     m.quantize_(_weights())
     w = m.dequantize()
     x = torch.randn(2, rows, K, generator=torch.Generator().manual_seed(1))
     ref = (x.double() @ w.double().T).float()
-    if rows <= Q.KERNEL_ROWS:
-        scale = ref.abs().max()
-        assert (m(x) - ref).abs().max() <= 2e-2 * scale  # bfloat16: 8 bits of mantissa
-        assert (m(x) - ref).abs().max() > 0  # the kernel ran, not the float path
-    else:
+    if m.kernel_rows is not None and 2 * rows > m.kernel_rows:  # the exact float32 path
         torch.testing.assert_close(m(x), ref, rtol=1e-5, atol=1e-4)
+        return
+    scale = ref.abs().max()
+    assert (m(x) - ref).abs().max() <= 2e-2 * scale  # bfloat16: 8 bits of mantissa
+    assert (m(x) - ref).abs().max() > 0  # the kernel ran, not the float path
+
+
+@pytest.mark.parametrize("fmt", ["int8", "q8_0", "q4_0", "q4_1"])
+def test_x_that_needs_gradients_takes_the_exact_float_path(fmt: str) -> None:
+    """The kernels have no backward: x with requires_grad gets the float32 product of the
+    exactly dequantized matrix, and its gradient is that matrix's."""
+    m = Q.FORMATS[fmt].module(K, N, "matrix")
+    m.quantize_(_weights())
+    x = torch.randn(3, K, generator=torch.Generator().manual_seed(5), requires_grad=True)
+    y = m(x)
+    torch.testing.assert_close(y, x.detach() @ m.dequantize().T, rtol=1e-5, atol=1e-5)
+    y.sum().backward()
+    assert x.grad is not None
+    torch.testing.assert_close(x.grad, m.dequantize().sum(0).expand(3, K), rtol=1e-5,
+                               atol=1e-4)  # fmt: skip
+    with torch.no_grad():  # no gradients wanted: the kernel, bfloat16's rounding
+        assert (m(x) - y.detach()).abs().max() > 0
 
 
 def test_kernel_columns_not_a_multiple_of_64() -> None:
