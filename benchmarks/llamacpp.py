@@ -349,13 +349,15 @@ def run_worker(engine: str, job: dict[str, Any]) -> dict[str, Any]:
         json.dump(job, f)
     try:
         out = subprocess.run(
-            [sys.executable, __file__, "--worker", engine, "--job", f.name],
+            # -X faulthandler: a worker killed by a signal still says where it was
+            [sys.executable, "-X", "faulthandler", __file__, "--worker", engine, "--job", f.name],
             capture_output=True, text=True,
         )  # fmt: skip
     finally:
         os.unlink(f.name)
     if out.returncode != 0:
-        raise SystemExit(f"the {engine} worker failed (rc {out.returncode}):\n{out.stderr[-2000:]}")
+        what = f"{engine} on {Path(job.get('checkpoint') or job.get('file') or '-').name}"
+        raise SystemExit(f"the {what} worker failed (rc {out.returncode}):\n{out.stderr[-2000:]}")
     result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
     return result
 

@@ -137,9 +137,7 @@ class Int8(_Format):
     """Per-row int8: ``w = codes · scale``, the scale ``max |w| / 127`` of the row."""
 
     name = "int8"
-    # torch 2.13's `_weight_int8pack_mm` crashes (SIGSEGV) on some batches of ~1,000 rows, and
-    # from 64 rows on the float matmul of the cheaply dequantized matrix is as fast
-    kernel_rows = 32
+    kernel_rows = 32  # from 64 rows on, the float matmul of the dequantized matrix is as fast
 
     def __init__(self, in_features: int, out_features: int, role: str, device: Any = None):
         super().__init__(in_features, out_features, role)
@@ -148,6 +146,10 @@ class Int8(_Format):
         self.scales = _frozen(torch.ones(out_features, dtype=torch.float32, device=device))
 
     def _kernel_scales(self) -> tuple[Tensor, ...]:
+        if self.codes.data_ptr() % 16:  # e.g. a view at a checkpoint's offset of the codes:
+            # torch 2.13's `_weight_int8pack_mm` reads W with aligned 16-byte loads and crashes
+            # (SIGSEGV) on batches of 4+ rows of any other W, so the codes get a copy of their own
+            self.codes.data = self.codes.data.clone()
         return (self.scales.to(torch.bfloat16),)
 
     def _kernel(self, x: Tensor, *scales: Tensor) -> Tensor:

@@ -214,8 +214,10 @@ def _gguf(args: argparse.Namespace) -> int:
             template = "a chat template" if tok.chat_template else "no chat template"
             print(f"tokenizer: stored, stop ids {list(tok.stop_token_ids)}, {template}")
         print(NO_CHECKSUM.format(out=info.path))
+        held = [c.name for c in info.components.values() if c.kind == "quant"]
+        kind = f"matrices {held[0]}, the rest {info.dtype}" if held else info.dtype
         print(
-            f"wrote: {info.path} ({show_bytes(info.size)}, {info.dtype}, lmcore checkpoint) "
+            f"wrote: {info.path} ({show_bytes(info.size)}, {kind}, lmcore checkpoint) "
             f"in {time.perf_counter() - start:.1f} s"
         )
         return 0

@@ -1,5 +1,6 @@
 """`lmcore describe`'s training-memory estimate as text: the weights, the estimate (following
-`--micro-batch` and `--recompute`) and the activations by part."""
+`--micro-batch` and `--recompute`) and the activations by part; a quantized model's weights
+only (it is not trained)."""
 
 from __future__ import annotations
 
@@ -22,9 +23,11 @@ def memory_lines(found: Description) -> list[str]:
         said = f"{acc.params:,} parameters × {each} bytes on average, quant={quant}"
     else:
         said = f"{acc.params:,} parameters × {mem.weights // max(acc.params, 1)} bytes"
+    lines += ["", f"weights: {show_bytes(mem.weights)} ({said}, {mem.dtype})"]
+    if quant is not None:  # no gradients, no AdamW: training is refused, so none is estimated
+        return [*lines, "", "training: none (the stored quantized matrices take no gradients; "
+                "train the float checkpoint, then quantize it)"]  # fmt: skip
     lines += [
-        "",
-        f"weights: {show_bytes(mem.weights)} ({said}, {mem.dtype})",
         "",
         f"training memory estimate (AdamW, {mem.dtype}, batch {acc.batch} × seq {acc.seq_len}"
         + (f" in micro-batches of {mem.micro_batch}" if mem.micro_batch else "")

@@ -286,6 +286,12 @@ def train(
     par = parallel or Parallel()
     src = source_of(source, registry)  # resolved once, here or by the caller (lmcore train)
     bp, init = src.blueprint, init if src.info is None else src.info
+    if bp.spec.quant is not None:  # its matrices are frozen blocks: only the norms would train
+        raise TrainError(
+            f"{init.path if init is not None else 'the model'} is quantized (quant="
+            f"{bp.spec.quant}), and its stored matrices take no gradients: train the float "
+            "checkpoint it came from, then quantize the result (lmcore quantize)"
+        )
     if config.adapter is not None:  # the checkpoint's model with an adapter, its base frozen
         bp = adapted_blueprint(bp, init, config.adapter)
     cfg = config.resolved(bp.spec.context_length, init.dtype if init is not None else "float32")

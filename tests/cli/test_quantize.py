@@ -54,3 +54,28 @@ def test_refusals(plain: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str
     _refused(capsys, ["convert", "--to-gguf", str(plain), str(tmp_path / "x.gguf"),
                       "--keep-quantized"], "--keep-quantized applies to --from-gguf only")  # fmt: skip
     _refused(capsys, ["quantize", str(plain), "--int8", "--out", str(plain)], str(plain))
+
+
+def test_a_quantized_checkpoint_is_described_and_converted_as_quantized_and_not_trained(
+    plain: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("gguf", reason="needs the gguf extra: pip install 'lmcore-registry[gguf]'")
+    assert main(["quantize", str(plain), "--int4"]) == 0
+    four = str(tmp_path / "m-int4.safetensors")
+    capsys.readouterr()
+    assert main(["describe", four]) == 0
+    out = capsys.readouterr().out
+    assert "bytes on average, quant=q4_1(embedding=same)" in out
+    assert "training: none (the stored quantized matrices take no gradients" in out
+    assert "AdamW" not in out and "gradients  " not in out
+    assert main(["convert", "--to-gguf", four, str(tmp_path / "m.gguf")]) == 0
+    capsys.readouterr()
+    back = tmp_path / "back.safetensors"
+    assert main(["convert", "--from-gguf", str(tmp_path / "m.gguf"), str(back),
+                 "--keep-quantized"]) == 0  # fmt: skip
+    wrote = capsys.readouterr().out.splitlines()[-1]
+    assert "matrices q4_1, the rest float32, lmcore checkpoint" in wrote, wrote
+    _refused(capsys, ["train", four, "--data", str(tmp_path / "data"), "--out",
+                      str(tmp_path / "run")], f"{four} is quantized (quant=q4_1(embedding=same))",
+             "train the float checkpoint it came from")  # fmt: skip
+    assert not (tmp_path / "run").exists()
