@@ -33,6 +33,9 @@ AROUND_THE_MODEL = {
     "lmcore/model/empty.py": (
         "torch.nn.modules.module.register_module_parameter_registration_hook",
     ),
+    # recognized, never built: a plugin's torch.nn.Linear (examples/lmcore-torch) takes an
+    # adapter as lmcore's Linear does
+    "lmcore/model/adapters.py": ("torch.nn.Linear",),
 }
 # Fused ops that would replace what the assignment asks us to write ourselves.
 FUSED = {
