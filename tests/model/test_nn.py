@@ -16,6 +16,7 @@ from lmcore.model.nn import (
     gated_d_ff,
     gelu,
     gelu_derivative,
+    matmul_t,
     scaled_dot_product_attention,
     silu,
     silu_derivative,
@@ -31,6 +32,108 @@ def test_linear_is_x_times_w_transposed_without_bias() -> None:
     x = torch.randn(2, 4, 5)
     torch.testing.assert_close(layer(x), x @ layer.weight.T)
     torch.testing.assert_close(layer(x), F.linear(x, layer.weight))
+
+
+def _ops(f: object) -> set[str]:
+    from torch.profiler import profile
+
+    with profile() as prof:
+        f()  # type: ignore[operator]
+    return {event.key for event in prof.key_averages()}
+
+
+@pytest.mark.parametrize(
+    ("rows", "d_out", "split"),
+    [(1, 12, True), (2, 12, False), (5, 12, False), (1, 13, False)],
+)
+def test_matmul_t_cuts_a_one_row_product_into_one_block_per_thread(
+    rows: int, d_out: int, split: bool
+) -> None:
+    torch.manual_seed(0)
+    x, w = torch.randn(1, rows, 7, dtype=torch.float64), torch.randn(d_out, 7, dtype=torch.float64)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(3)
+    try:
+        y = matmul_t(x, w)
+        ops = _ops(lambda: matmul_t(x, w))
+    finally:
+        torch.set_num_threads(threads)
+    # three blocks of d_out / 3 rows each, one batched product; a plain one otherwise
+    assert ("aten::bmm" in ops) is split and ("aten::mm" in ops) is not split
+    assert y.shape == (1, rows, d_out)
+    torch.testing.assert_close(y, F.linear(x, w), rtol=1e-12, atol=1e-12)
+
+
+def test_matmul_t_passes_gradients_to_x_and_the_weight_when_split() -> None:
+    torch.manual_seed(0)
+    x = torch.randn(1, 6, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(8, 6, dtype=torch.float64, requires_grad=True)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        grads = torch.autograd.grad(matmul_t(x, w).square().sum(), (x, w))
+    finally:
+        torch.set_num_threads(threads)
+    expected = torch.autograd.grad(F.linear(x, w).square().sum(), (x, w))
+    for got, want in zip(grads, expected, strict=True):
+        torch.testing.assert_close(got, want)
+
+
+def test_matmul_t_of_a_transposed_weight_is_the_plain_product() -> None:
+    x, w = torch.randn(1, 5), torch.randn(5, 8).T  # not contiguous: no view into blocks
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        assert "aten::bmm" not in _ops(lambda: matmul_t(x, w))
+        torch.testing.assert_close(matmul_t(x, w), F.linear(x, w))
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("eager_first", [True, False])
+def test_matmul_t_under_compile_cuts_by_the_threads_the_last_eager_call_saw(
+    monkeypatch: pytest.MonkeyPatch, eager_first: bool
+) -> None:
+    """torch.compile cannot call get_num_threads: a traced one-row product cuts its rows by
+    the threads the last eager call saw (three blocks of four rows here), or, before any eager
+    call, not at all."""
+    import lmcore.model.nn as nn_module
+
+    monkeypatch.setattr(nn_module, "_THREADS", [0])
+    torch.manual_seed(0)
+    x, w = torch.randn(1, 1, 7), torch.nn.Parameter(torch.randn(12, 7))
+    graphs: list[torch.fx.GraphModule] = []
+
+    def record(gm: torch.fx.GraphModule, example_inputs: object) -> object:
+        graphs.append(gm)
+        return gm.forward
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(3)
+    try:
+        if eager_first:
+            matmul_t(x, w)
+        torch.compiler.reset()
+        y = torch.compile(matmul_t, backend=record, fullgraph=True)(x, w)
+    finally:
+        torch.set_num_threads(threads)
+        torch.compiler.reset()
+    views = [tuple(n.args[1:]) for n in graphs[0].graph.nodes if n.target == "view"]
+    assert views == ([(3, 4, 7)] if eager_first else [])
+    torch.testing.assert_close(y, F.linear(x, w))
+
+
+def test_matmul_t_leaves_a_tensor_subclass_to_its_own_product() -> None:
+    class Sharded(torch.Tensor):  # e.g. a DTensor shard, whose views follow its own rules
+        pass
+
+    x, w = torch.randn(1, 6), torch.randn(8, 6).as_subclass(Sharded)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        assert "aten::bmm" not in _ops(lambda: matmul_t(x, w))
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_linear_init_is_truncated_normal_with_the_cs336_variance() -> None:
