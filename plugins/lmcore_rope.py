@@ -106,11 +106,16 @@ class RotaryPositionalEmbedding(PositionalEncodingBase):
         return self._rotator(cos, sin)
 
     def _rotator(self, cos: Tensor, sin: Tensor) -> Rotation:
-        if torch.compiler.is_compiling():  # the compiler fuses the real form into one loop
+        # The compiler fuses the real form into one loop; eagerly, the complex form is one pass.
+        # Chosen where it is applied: a rotation made eagerly may be applied in compiled code
+        # (compile_decoding compiles the layers, not the step's positions).
+        if torch.compiler.is_compiling():
             whole: Rotation = lambda x: _rotate_real(x, cos, sin)  # noqa: E731
         else:
             turns = torch.complex(cos, sin)  # the unit complex number each pair is multiplied by
-            whole = lambda x: _rotate(x, turns)  # noqa: E731
+            whole = lambda x: (  # noqa: E731
+                _rotate_real(x, cos, sin) if torch.compiler.is_compiling() else _rotate(x, turns)
+            )
         if self.rotary_dim == self.d_k:
             return whole
         rot = self.rotary_dim

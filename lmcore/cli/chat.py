@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from lmcore.cli.common import (
+    COMPILE_HELP,
     DTYPE_HELP,
     DTYPES,
     UsageError,
@@ -35,7 +36,7 @@ if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
     from lmcore.model.cache import KVCache
-    from lmcore.model.generate import Sampling
+    from lmcore.model.generate import Decoder, Sampling
     from lmcore.model.transformer import TransformerLM
     from lmcore.tokenizer import SavedTokenizer
 
@@ -70,6 +71,7 @@ def add_parser(sub: Any) -> None:
         "--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda:N"
     )
     p.add_argument("--dtype", choices=DTYPES, help=DTYPE_HELP)
+    p.add_argument("--compile", action="store_true", help=COMPILE_HELP)
     p.set_defaults(func=run)
 
 
@@ -77,7 +79,7 @@ def add_parser(sub: Any) -> None:
 class Conversation:
     """A chat with `model`: the messages so far, and the token ids its KV cache holds."""
 
-    model: TransformerLM
+    model: TransformerLM | Decoder
     saved: SavedTokenizer
     tokenizer: Tokenizer
     system: str | None = None
@@ -209,9 +211,10 @@ def run(args: argparse.Namespace) -> int:
             "from a GGUF file or a Hugging Face directory with one (lmcore generate --prompt "
             "works with any)"
         )
-    from lmcore.model.generate import Sampling
+    from lmcore.model.generate import Sampling, compile_decoding
 
-    chat = Conversation(model, saved, saved.tokenizer(), system=args.system)
+    decoder = compile_decoding(model) if args.compile else model
+    chat = Conversation(decoder, saved, saved.tokenizer(), system=args.system)
     try:  # a first rendering: a broken or runaway template is refused before the session
         saved.check_chat_template()
         hello = [*chat.messages, {"role": "user", "content": "Hi"}]

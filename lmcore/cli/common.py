@@ -45,6 +45,11 @@ OR_CHECKPOINT = (
 )
 
 DTYPE_HELP = "default: float32, or a checkpoint's own dtype"
+COMPILE_HELP = (
+    "compile each layer's decoding step with torch.compile (inductor, C++ wrapper): on a "
+    "2-core CPU the first token comes after 10-40 s (inductor's cache on disk cold or warm), "
+    "then SmolLM2-135M decodes 1.6-2x as fast as eager; pays off for long outputs"
+)
 
 
 def source(args: argparse.Namespace) -> Source:

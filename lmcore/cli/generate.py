@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lmcore.cli.common import (
+    COMPILE_HELP,
     DTYPE_HELP,
     DTYPES,
     OR_CHECKPOINT,
@@ -99,13 +100,7 @@ def add_parser(sub: Any) -> None:
         action="store_true",
         help="recompute the whole sequence at every step instead of using a KV cache",
     )
-    p.add_argument(
-        "--compile",
-        action="store_true",
-        help="compile the decoding step with torch.compile (on a 2-core CPU about 10 s before "
-        "the first token, about 50 s the first time inductor runs on a machine; pays off for "
-        "long outputs)",
-    )
+    p.add_argument("--compile", action="store_true", help=COMPILE_HELP)
     p.set_defaults(func=run)
 
 

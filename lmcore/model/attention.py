@@ -388,9 +388,9 @@ def _attend_whole(
     # addition follows the tensor's shape, so a window scored in a batch (`lmcore eval`) would
     # otherwise differ in the last bits from the same window alone.
     small = (
-        Sq == 1
+        not torch.compiler.is_compiling()  # first: no guard on the cache's length
+        and Sq == 1
         and qt.numel() // B * plan.k_len < SERIAL_ELEMENTS
-        and not torch.compiler.is_compiling()
         and _get_current_dispatch_mode() is None
     )
     s = _scores(qt, kt, bias, mask, plan, rows, queries, keys, softcap, small=small)
@@ -627,18 +627,25 @@ def tiled_attention(
     the softmax's denominator of head h; `documents` (the keys' document ids, non-decreasing
     along each row) lets a query see only the keys of its own document. `key_block=None` keeps
     each tile's weights for backward, an int recomputes them. When no gradient is wanted
-    (inference), nothing needs keeping: keys are streamed in blocks of `STREAM_BLOCK` whatever
-    `key_block` says, and memory stays linear in the sequence.
+    (inference), nothing needs keeping: a call whose scores fit one tile (a decoding step's
+    few queries against the whole cache, `Plan.whole`) runs as one, and a larger one streams
+    its keys in blocks of `STREAM_BLOCK` (`key_block`, an int, sets the block: `chunked`'s),
+    so memory stays linear in the sequence.
 
     With `documents` and recomputed weights, each block of queries starts at its first query's
     document and blocks are at most `DOCUMENT_BLOCKS` key blocks long: the tiles wholly in
     other documents are never computed. With kept weights (whose shapes must follow from the
     shapes alone) the documents become a dense `(B, 1, Sq, Sk)` mask."""
     grad = _wants_grad(q, k, v, bias, sinks)
-    if key_block is None and not grad:
-        key_block = STREAM_BLOCK
     B, H, Sq, D = q.shape
     Hkv = k.shape[1]
+    if key_block is None and not grad:
+        # All the keys in one block when that is one tile: a decoding step past STREAM_BLOCK
+        # cached keys would otherwise walk them in blocks, in Python (and under torch.compile
+        # as an opaque call), for a product of a few thousand scores.
+        Sk = k.shape[2]
+        whole = Plan(B, H, Hkv, Sq, Sk, D, causal, max(Sk, 1), int(window or 0)).whole
+        key_block = max(Sk, 1) if whole else STREAM_BLOCK
     q5 = q.view(B, Hkv, H // Hkv, Sq, D).transpose(2, 3)  # (B, Hkv, Sq, G, D), a view
     factor = 1.0 / math.sqrt(D) if scale is None else float(scale)
     options = (factor, float(softcap or 0.0), int(window or 0))

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import os
 import struct
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -526,13 +526,18 @@ class TransformerLM(nn.Module):
         cache: DecodingCache | None = None,
         documents: Int[Tensor, "B T"] | None = None,
         last: bool = False,
+        layers: Sequence[Callable[[Tensor, LayerContext], Tensor]] | None = None,
     ) -> Float[Tensor, "B T_or_1 vocab_size"]:
         """`forward` without its input checks, for callers that checked once (generation
         checks a prompt's ids up front, then feeds back ids it sampled itself): no value
         check, so no device synchronisation per step. `documents` as `forward` takes them
         (checked; `positions` already within each document). `last`: the last position's
-        logits only, `(B, 1, vocab_size)` (generation's: no head product for the others)."""
+        logits only, `(B, 1, vocab_size)` (generation's: no head product for the others).
+        `layers`: callables run in place of `self.layers`, one each, called as the layer is
+        (`compile_decoding`'s compiled layers)."""
         spec = self.spec
+        if layers is not None and len(layers) != len(self.layers):
+            raise ValueError(f"layers: {len(layers)} callables for {len(self.layers)} layers")
         x = self.token_embeddings(ids)  # (B, T, d_model)
         if spec.embed_scale != 1.0:  # Gemma: the scale rounded to the model's dtype, as there
             x = x * self.embed_scales.get(x.dtype, spec.embed_scale)
@@ -555,7 +560,8 @@ class TransformerLM(nn.Module):
             for pos in (self.pos, *self.layer_pos)
         ]
         views = None if cache is None else cache.layers(ids.shape[1])
-        for i, layer in enumerate(self.layers):
+        calls: Sequence[Callable[[Tensor, LayerContext], Tensor]] = layers or list(self.layers)
+        for i, layer in enumerate(calls):
             context = contexts[self.pos_index[i]]
             if views is not None:
                 context = context._replace(cache=views[i])

@@ -72,10 +72,10 @@ def ckpt(tmp_path: Path) -> Path:
 CHAT = ["--seed", "0", "--temperature", "0", "--max-new-tokens", "40"]
 
 
-def _chat(ckpt: Path, stdin: bytes | None, monkeypatch: pytest.MonkeyPatch) -> int:
+def _chat(ckpt: Path, stdin: bytes | None, monkeypatch: pytest.MonkeyPatch, *more: str) -> int:
     stream = None if stdin is None else io.TextIOWrapper(io.BytesIO(stdin), encoding="utf-8")
     monkeypatch.setattr(sys, "stdin", stream)
-    return main(["chat", str(ckpt), *CHAT])
+    return main(["chat", str(ckpt), *CHAT, *more])
 
 
 def test_chat_keeps_the_session_when_the_context_fills(
@@ -139,3 +139,31 @@ def test_a_broken_or_runaway_template_ends_chat_before_the_session(
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("lmcore chat: error: ")  # before the banner
     assert_naming(err, "chat.safetensors", *facts)
+
+
+def test_chat_compile_gives_the_eager_replies_turn_after_turn(
+    ckpt: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--compile`: the conversation runs through `compile_decoding` (dynamo with the eager
+    backend here: the plumbing, not inductor's time), its KV cache kept from turn to turn, and
+    every greedy reply is the eager one."""
+    import lmcore.model.generate as generation
+
+    said = b"Hello\nAnd then?\n/reset\nHi\n"
+    assert _chat(ckpt, said, monkeypatch) == 0
+    eager = capsys.readouterr().out
+    made: list[object] = []
+    compile_decoding = generation.compile_decoding
+
+    def eager_backend(model: object) -> object:
+        made.append(model)
+        return compile_decoding(model, backend="eager", fullgraph=True)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(generation, "compile_decoding", eager_backend)
+    torch.compiler.reset()
+    try:
+        assert _chat(ckpt, said, monkeypatch, "--compile") == 0
+    finally:
+        torch.compiler.reset()
+    assert len(made) == 1
+    assert capsys.readouterr().out == eager and eager.count("\n") == 3

@@ -230,6 +230,26 @@ def test_inference_streams_keys_and_gives_the_same_result() -> None:
         torch.testing.assert_close(tiled_attention(q, k, v, causal=True), formula(q, k, v, True))
 
 
+@pytest.mark.parametrize(
+    ("shape", "one_tile"),
+    [((1, 4, 2, 1, 3 * attention.STREAM_BLOCK), True), ((1, 4, 2, 200, 600), False)],
+    ids=["a decoding step's query against a long cache", "a long prefill"],
+)
+def test_inference_is_one_tile_whenever_the_scores_fit_one_whatever_the_keys(
+    monkeypatch: pytest.MonkeyPatch, shape: tuple[int, ...], one_tile: bool
+) -> None:
+    """Past STREAM_BLOCK keys, a call whose scores fit one tile (1 × 4 heads × 1,536 keys) runs
+    as one, never the key-block walk; one that does not (4 × 200 × 600 scores) streams."""
+    walked: list[int] = []
+    walk = attention._attend
+    monkeypatch.setattr(attention, "_attend", lambda *a, **kw: walked.append(1) or walk(*a, **kw))
+    q, k, v = (t.detach() for t in inputs(*shape))
+    with torch.no_grad():
+        out = tiled_attention(q, k, v, causal=True)
+    assert bool(walked) is not one_tile
+    torch.testing.assert_close(out, formula(q, k, v, True))
+
+
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize(
     ("dtype", "exact", "underflow"),

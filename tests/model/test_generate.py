@@ -370,6 +370,97 @@ def test_compiled_decoding_gives_the_same_tokens_and_compiles_each_kind_of_call_
         torch.compiler.reset()
 
 
+def test_layers_of_one_structure_share_one_compiled_code() -> None:
+    """compile_decoding's regional mode: three layers compile the graphs one layer does (the
+    first prompt, every later step, another prompt's length), each layer whole (fullgraph),
+    and the tokens are eager's."""
+    from torch._dynamo.utils import counters
+
+    from lmcore.model.generate import compile_decoding
+
+    torch.manual_seed(0)
+    model = build_model(
+        "vocab_size=97, context_length=16, d_model=16, num_layers=3, num_heads=2, num_kv_heads=1, d_ff=32"
+    )
+    prompt = torch.randint(0, 97, (2, 5))
+    eager = [model.generate(p, 4, GREEDY) for p in (prompt, prompt[:, 1:])]
+    torch.compiler.reset()
+    counters.clear()
+    try:
+        decoder = compile_decoding(model, backend="eager", fullgraph=True)
+        got = [decoder.generate(p, 4, GREEDY) for p in (prompt, prompt[:, 1:])]
+        assert all(torch.equal(a, b) for a, b in zip(got, eager, strict=True))
+        assert counters["stats"]["unique_graphs"] == 3
+    finally:
+        torch.compiler.reset()
+
+
+def test_the_whole_step_compiles_as_one_graph_with_regional_false() -> None:
+    from torch._dynamo.utils import counters
+
+    from lmcore.model.generate import compile_decoding
+
+    torch.manual_seed(0)
+    model = build_model(
+        "vocab_size=97, context_length=16, d_model=16, num_layers=2, num_heads=2, d_ff=32"
+    )
+    prompt = torch.randint(0, 97, (1, 5))
+    eager = model.generate(prompt, 4, GREEDY)
+    torch.compiler.reset()
+    counters.clear()
+    try:
+        graphs: list[torch.fx.GraphModule] = []
+
+        def record(gm: torch.fx.GraphModule, example_inputs: object) -> object:
+            graphs.append(gm)
+            return gm.forward
+
+        decoder = compile_decoding(model, regional=False, backend=record, fullgraph=True)
+        assert torch.equal(decoder.generate(prompt, 4, GREEDY), eager)
+        assert counters["stats"]["unique_graphs"] == 2  # the prompt, then every step
+        # one graph holds both layers' seven projections each and the head
+        products = [n for n in graphs[0].graph.nodes if "matmul" in str(n.target)]
+        assert len(products) == 2 * 7 + 1, [str(n.target) for n in graphs[0].graph.nodes]
+    finally:
+        torch.compiler.reset()
+
+
+def test_regional_compilation_needs_the_models_layers() -> None:
+    from lmcore.model.generate import compile_decoding
+
+    model = build_model(
+        "vocab_size=97, context_length=16, d_model=16, num_layers=1, num_heads=2, d_ff=32"
+    )
+    decoder = compile_decoding(model, backend="eager")
+    with pytest.raises(TypeError, match=r"Decoder has none: use regional=False"):
+        compile_decoding(decoder, backend="eager")
+    prompt = torch.randint(0, 97, (1, 3))
+    twice = compile_decoding(decoder, regional=False, backend="eager")
+    torch.compiler.reset()
+    try:
+        assert torch.equal(twice.generate(prompt, 3, GREEDY), model.generate(prompt, 3, GREEDY))
+    finally:
+        torch.compiler.reset()
+
+
+def test_compiled_decoding_without_a_cpp_compiler_is_refused_before_tracing() -> None:
+    from torch._inductor import config
+
+    from lmcore.model.generate import compile_decoding
+
+    model = build_model(
+        "vocab_size=97, context_length=16, d_model=16, num_layers=1, num_heads=2, d_ff=32"
+    )
+    with (
+        config.patch({"cpp.cxx": (None, "/nonexistent/g++")}),
+        raises_naming(
+            GenerationError, "no working C++ compiler", "/nonexistent/g++", "without compiling"
+        ),
+    ):
+        compile_decoding(model)
+    compile_decoding(model, backend="eager")  # another backend builds no C++: no check
+
+
 def test_generation_stops_at_any_of_several_stop_tokens() -> None:
     model = decoding_model("")
     free = model.generate(torch.tensor([1, 2, 3]), 12, GREEDY).tolist()

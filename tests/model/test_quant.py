@@ -88,3 +88,22 @@ def test_refusals_name_the_format() -> None:
         lmcore.build_model("cs336-tiny, d_model=72, num_heads=4, quant=q4_1", device="meta")
     with pytest.raises(SpecError, match=r"embedding.*must be one of.*did you mean 'q8_0'"):
         lmcore.build_model("cs336-tiny, quant=q4_1(embedding=q8)", device="meta")
+
+
+@pytest.mark.parametrize("fmt", ["int8", "q8_0", "q4_0"])
+def test_compiled_decoding_of_a_quantized_model_traces_each_layer_whole(fmt: str) -> None:
+    """compile_decoding's first eager step makes the kernel scales (and int8's aligned copy),
+    so each layer's trace finds them made: no graph break (fullgraph), the eager tokens."""
+    from lmcore.model.generate import compile_decoding
+
+    q = quantize_model(_float(), fmt)
+    ids = torch.tensor([[1, 2, 3]])
+    eager = q.generate(ids, 4, GREEDY)
+    fresh = quantize_model(_float(), fmt)  # no kernel scales made yet
+    assert all(child._cache is None for _, child in stored(fresh))
+    torch.compiler.reset()
+    try:
+        decoder = compile_decoding(fresh, backend="eager", fullgraph=True)
+        assert torch.equal(decoder.generate(ids, 4, GREEDY), eager)
+    finally:
+        torch.compiler.reset()

@@ -118,3 +118,16 @@ def test_compiled_rotation_matches_eager() -> None:
     positions = torch.arange(5)[None]
     compiled = torch.compile(lambda x: rope.rotation(positions)(x), backend="aot_eager")
     torch.testing.assert_close(compiled(x), rope.rotation(positions)(x))
+
+
+@pytest.mark.parametrize("rotary_dim", [8, 4])
+def test_a_rotation_made_eagerly_traces_whole_when_applied_under_compile(rotary_dim: int) -> None:
+    """compile_decoding's regional mode gathers the rotation eagerly (once per step) and
+    applies it in each compiled layer: it must trace there without a graph break (fullgraph),
+    in its real form, and give the eager rotation."""
+    torch.manual_seed(0)
+    rope = RotaryPositionalEmbedding(theta=10000.0, d_k=8, max_seq_len=16, rotary_dim=rotary_dim)
+    x = torch.randn(2, 3, 5, 8)
+    rotate = rope.rotation(torch.arange(5)[None])  # made outside the compiled code
+    compiled = torch.compile(lambda x: rotate(x), backend="aot_eager", fullgraph=True)
+    torch.testing.assert_close(compiled(x), rotate(x))
