@@ -9,10 +9,12 @@ a 16-token prompt and 128 new tokens. Each round times every peer once, in turn 
 so load on a shared machine falls on all of them alike); the table gives the median tokens/s
 over the rounds (new tokens × batch / wall time, prompt included) and the ratio to Hugging Face.
 Before timing, all peers must produce the same greedy tokens. `--profile` breaks one cached
-generation down by operator; `--compile` adds lmcore's cached decoding under torch.compile.
-HF is skipped (with a note) when transformers is not installed. The last row is a bound, not a
-decoder: the model's matrix products alone (every Linear once per token, back to back), what
-any float32 decoder of these weights pays before norms, attention and sampling.
+generation down by operator; `--compile` adds lmcore's cached decoding under torch.compile,
+each layer compiled (`compile_decoding`'s default) and the whole step as one graph
+(`regional=False`). HF is skipped (with a note) when transformers is not installed. The last
+row is a bound, not a decoder: the model's matrix products alone (every Linear once per token,
+back to back, as lmcore's `Linear` computes them: `lmcore.model.nn.matmul_t`), what lmcore's
+float32 decoding of these weights pays before norms, attention and sampling.
 """
 
 from __future__ import annotations
@@ -28,11 +30,12 @@ import torch
 
 from lmcore import build_model
 from lmcore.model.generate import GREEDY, compile_decoding
-from lmcore.model.nn import Linear
+from lmcore.model.nn import Linear, matmul_t
 from lmcore.model.transformer import TransformerLM
 
 Peer = Callable[[torch.Tensor], torch.Tensor]
-COMPILED = "lmcore, KV cache, torch.compile"
+COMPILED = "lmcore, KV cache, torch.compile (each layer)"
+WHOLE = "lmcore, KV cache, torch.compile (whole step)"
 BOUND = "matrix products alone (bound)"
 
 
@@ -41,9 +44,10 @@ def lmcore_peer(model: TransformerLM, new: int, cache: bool) -> Peer:
 
 
 def matmul_peer(model: TransformerLM, new: int) -> Peer:
-    """The bound of any decoder that keeps these weights in float32: every `Linear` of the model
+    """The bound of lmcore's float32 decoding of these weights: every `Linear` of the model
     (q, k, v, output, w1, w3, w2 per layer, then lm_head) applied to one token's vector per new
-    token, back to back, and nothing else (no norm, attention, cache or sampling)."""
+    token as `Linear` does (`matmul_t`), back to back, and nothing else (no norm, attention,
+    cache or sampling)."""
     weights = [m.weight.detach() for m in model.modules() if isinstance(m, Linear)]
 
     def run(prompt: torch.Tensor) -> torch.Tensor:
@@ -57,16 +61,16 @@ def matmul_peer(model: TransformerLM, new: int) -> Peer:
         with torch.inference_mode():
             for seq in (length, *[1] * (new - 1)):  # the prompt once, then one token a step
                 for w in weights:
-                    x[seq, w.shape[1]] @ w.T
+                    matmul_t(x[seq, w.shape[1]], w)
         return prompt.new_zeros(batch, new)
 
     return run
 
 
-def compiled_peer(model: TransformerLM, new: int) -> Peer:
+def compiled_peer(model: TransformerLM, new: int, regional: bool = True) -> Peer:
     """The cached decode step under torch.compile (`lmcore.model.generate.compile_decoding`;
     the model itself stays eager for the other peers)."""
-    decoder = compile_decoding(model)
+    decoder = compile_decoding(model, regional=regional)
     return lambda prompt: decoder.generate(prompt, new, GREEDY)
 
 
@@ -140,6 +144,7 @@ def main() -> None:
     peers[BOUND] = matmul_peer(model, args.new)
     if args.compile:
         peers[COMPILED] = compiled_peer(model, args.new)
+        peers[WHOLE] = compiled_peer(model, args.new, regional=False)
     print(
         f"tinystories, {args.dtype}, greedy, prompt {args.prompt}, {args.new} new tokens, "
         f"{args.threads} threads, {args.rounds} interleaved rounds; {note}"
@@ -170,8 +175,9 @@ def main() -> None:
             ratio = f"{r / base:.2f}×" if base else "n/a"
             agree = "n/a" if name not in same else "yes" if same[name] else "NO"
             print(f"| {name} | {r:,.0f} | {ratio} | {agree} |")
-        if COMPILED in warm:
-            print(f"\n(compiling and the first generation: {warm[COMPILED]:.1f} s)")
+        for name in (COMPILED, WHOLE):
+            if name in warm:
+                print(f"\n({name}: compiling and the first generation took {warm[name]:.1f} s)")
     if args.profile:
         profile(peers["lmcore, KV cache"], torch.randint(0, 10000, (1, args.prompt)), args.new)
 

@@ -6,6 +6,7 @@
     python benchmarks/llamacpp.py smol-f32.gguf [MORE.gguf ...] [--threads 2]
                                   [--prompts 16 512] [--new 64] [--rounds 3]
     python benchmarks/llamacpp.py --quantize smol-f32.gguf --precision Q8_0 Q4_0 --out DIR
+                                  [--int8] [--compile]
 
 Each GGUF file is one precision (its rows are labelled by the file's type: F32, F16, Q8_0,
 Q4_0, ...; `--precision` with `--quantize` writes the quantized files from an F32 one with
@@ -25,6 +26,11 @@ the prompt's length over the time to the first new token; decode tokens/s is the
 model, cache, interpreter; llama.cpp maps the file, its pages counted once touched). The first 32
 greedy tokens (of the shortest prompt) are compared: equal for F32/F16 files, agreement reported
 for quantized ones.
+
+`--compile` adds lmcore with its decoding compiled (`lmcore.model.generate.compile_decoding`:
+each layer compiled by inductor with its C++ wrapper, as `lmcore chat --compile` runs it), in a
+row of its own against the same llama.cpp runs: the worker first runs the same request once,
+untimed, which compiles the prompt's graph and the step's (its seconds are printed).
 
 Perplexity: each engine's mean negative log-likelihood of the first `--ppl-tokens` (1024) ids
 of `--ppl-text` (Python's LICENSE.txt), lmcore in one forward, llama.cpp one token an `eval`.
@@ -64,6 +70,7 @@ EMBEDDING_TYPE = KEPT["Q8_0"]  # llama.cpp's default for the embedding/head is Q
 PPL_TEXT = Path(sys.base_prefix, "lib", f"python{sys.version_info[0]}.{sys.version_info[1]}",
                 "LICENSE.txt")  # fmt: skip
 ENGINES = ("lmcore", "llama.cpp")
+COMPILED = "lmcore-compiled"  # --compile: lmcore's decoding compiled (compile_decoding)
 NLL = {"lmcore": "lmcore-nll", "llama.cpp": "llama.cpp-nll"}  # the perplexity workers
 
 
@@ -81,10 +88,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--int8", action="store_true",
                         help="also lmcore's int8 (per-row scales, from --quantize's F32 file) "
                         "against llama.cpp's Q8_0 file")  # fmt: skip
+    parser.add_argument("--compile", action="store_true",
+                        help="also lmcore with its decoding compiled (lmcore.model.generate."
+                        "compile_decoding): one untimed generation first compiles it")  # fmt: skip
     parser.add_argument("--ppl-text", type=Path, default=PPL_TEXT, help="perplexity's text")
     parser.add_argument("--ppl-tokens", type=int, default=1024, help="its first tokens, 0: none")
     parser.add_argument("--bound-mib", type=int, default=1024, help="the read timed for the bound")
-    parser.add_argument("--worker", choices=[*ENGINES, *NLL.values(), "bound"], help=argparse.SUPPRESS)
+    parser.add_argument("--worker", choices=[*ENGINES, COMPILED, *NLL.values(), "bound"],
+                        help=argparse.SUPPRESS)  # fmt: skip
     parser.add_argument("--job", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker is None:
@@ -141,6 +152,11 @@ def quantize(source: Path, kinds: Sequence[str], out: Path) -> list[Path]:
     made = []
     for kind in kinds:
         target = out / f"{source.stem.removesuffix('-f32')}-{kind.lower()}.gguf"
+        if target.resolve() == source.resolve():  # the quantizer would truncate its own input
+            raise SystemExit(
+                f"--precision {kind} would write {target}, the file being quantized: give that "
+                "file as it is (a positional GGUF file), or --out another directory"
+            )
         params = llama_cpp.llama_model_quantize_default_params()
         params.ftype = FTYPES[kind]
         if kind in KEPT:  # a file lmcore keeps quantized: matrices one type, embedding Q8_0
@@ -191,10 +207,12 @@ def vm_kib(field: str) -> int:
     return 0
 
 
-def lmcore_worker(job: dict[str, Any]) -> dict[str, Any]:
+def lmcore_worker(job: dict[str, Any], compiled: bool = False) -> dict[str, Any]:
+    """lmcore's greedy generation, timed; `compiled`: through `compile_decoding`, after one
+    untimed generation of the same request that compiles it (its seconds in `compile_s`)."""
     import torch
 
-    from lmcore.model.generate import GREEDY
+    from lmcore.model.generate import GREEDY, compile_decoding
 
     torch.set_num_threads(job["threads"])
     base = vm_kib("VmRSS")
@@ -202,12 +220,18 @@ def lmcore_worker(job: dict[str, Any]) -> dict[str, Any]:
     model = _lmcore_model(job)
     loaded = time.perf_counter() - start
     ids = torch.tensor(job["ids"])
+    compile_s = None
+    if compiled:
+        start = time.perf_counter()
+        model = compile_decoding(model)
+        list(model.stream(ids, job["new"], GREEDY))  # the prompt's graph, then the step's
+        compile_s = time.perf_counter() - start
     times, tokens = [], []
     t0 = time.perf_counter()
     for tok in model.stream(ids, job["new"], GREEDY):  # prefill, then one token a step
         times.append(time.perf_counter())
         tokens.append(int(tok))
-    return _result(job, t0, times, tokens, loaded, None, base)
+    return {**_result(job, t0, times, tokens, loaded, None, base), "compile_s": compile_s}
 
 
 def _lmcore_model(job: dict[str, Any]) -> Any:
@@ -428,6 +452,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.worker is not None:
         job = json.loads(args.job.read_text())
         fn = {"lmcore": lmcore_worker, "llama.cpp": llamacpp_worker, "bound": bound_worker,
+              COMPILED: lambda job: lmcore_worker(job, compiled=True),
               NLL["lmcore"]: lmcore_nll, NLL["llama.cpp"]: llamacpp_nll}  # fmt: skip
         print(json.dumps(fn[args.worker](job)))
         return
@@ -459,11 +484,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         for length in args.prompts:
             job = {"file": str(path), "ids": full[:length], "full": full, "text": text,
                    "new": args.new, "threads": args.threads, **own}  # fmt: skip
-            runs: dict[str, list[dict[str, Any]]] = {e: [] for e in ENGINES}
-            for _ in range(args.rounds):  # interleaved: load falls on both alike
-                for engine in ENGINES:
+            engines = (*ENGINES, COMPILED) if args.compile else ENGINES
+            runs: dict[str, list[dict[str, Any]]] = {e: [] for e in engines}
+            for _ in range(args.rounds):  # interleaved: load falls on all alike
+                for engine in engines:
                     runs[engine].append(run_worker(engine, job))
-            rows.append(Row(kind, length, runs, sizes))
+            rows.append(Row(kind, length, {e: runs[e] for e in ENGINES}, sizes))
+            if args.compile:  # a row of its own, against the same llama.cpp runs
+                compiled = {"lmcore": runs[COMPILED], "llama.cpp": runs["llama.cpp"]}
+                rows.append(Row(f"{kind}, compiled", length, compiled, sizes))
             if not all(r["tokenized_same"] for r in runs["llama.cpp"]):
                 print(f"note: llama.cpp tokenizes {args.text} differently from lmcore ({path})")
     bound = run_worker("bound", {"threads": args.threads, "mib": args.bound_mib})["gbps"]
@@ -477,12 +506,20 @@ def main(argv: Sequence[str] | None = None) -> None:
           f"{args.bound_mib} MiB)")  # fmt: skip
     for path, kind, checkpoint in runs_of:
         per = checkpoint_bytes(checkpoint) if checkpoint else bytes_per_token(path)
-        decode = [r.median("lmcore", "decode") for r in rows if r.precision == kind]
-        print(
-            f"{kind}: {per / 1e6:,.1f} MB of weights a token (lmcore's), bound "
-            f"{bound * 1e9 / per:,.1f} tokens/s; lmcore decodes at "
-            f"{decode[0] / (bound * 1e9 / per):.2f} of it (prompt {min(args.prompts)})"
-        )
+        for label in (kind, f"{kind}, compiled") if args.compile else (kind,):
+            decode = [r.median("lmcore", "decode") for r in rows if r.precision == label]
+            print(
+                f"{label}: {per / 1e6:,.1f} MB of weights a token (lmcore's), bound "
+                f"{bound * 1e9 / per:,.1f} tokens/s; lmcore decodes at "
+                f"{decode[0] / (bound * 1e9 / per):.2f} of it (prompt {min(args.prompts)})"
+            )
+        if args.compile:
+            seconds = [r.median("lmcore", "compile_s") for r in rows
+                       if r.precision == f"{kind}, compiled"]  # fmt: skip
+            took = ", ".join(f"{t:.1f}" for t in seconds)
+            print(f"{kind}, compiled: compile_decoding and its first generation took {took} s "
+                  f"(prompts {', '.join(map(str, args.prompts))}; inductor's cache on disk as "
+                  "the earlier runs left it)")  # fmt: skip
 
 
 if __name__ == "__main__":

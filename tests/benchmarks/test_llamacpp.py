@@ -170,3 +170,46 @@ def test_int8_is_made_from_the_f32_file_and_read_by_the_lmcore_workers(tmp_path:
         want = model(torch.tensor([ids[:24]]))[0, :-1].double()
     nll = (want.logsumexp(-1) - want.gather(-1, torch.tensor(ids[1:24])[:, None])[:, 0]).mean()
     assert bench.lmcore_nll({**job, "ids": ids[:24]})["nll"] == pytest.approx(float(nll))
+
+
+def test_the_compiled_worker_compiles_first_then_times_the_same_tokens(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--compile`: the lmcore worker's decoding through `compile_decoding` (dynamo with the
+    eager backend here: the plumbing, not inductor's time), its untimed first generation's
+    seconds reported, the tokens those of the eager worker."""
+    import lmcore.model.generate as generation
+
+    made = []
+    compile_decoding = generation.compile_decoding
+
+    def eager_backend(model: object) -> object:
+        made.append(model)
+        return compile_decoding(model, backend="eager")  # type: ignore[arg-type]
+
+    monkeypatch.setattr(generation, "compile_decoding", eager_backend)
+    path = tiny_gguf(tmp_path / "t.gguf", tensors={n: lambda x: x * 40 for n in TINY_SHAPES})
+    ids = bench.prompt_ids(path, TEXT)
+    job = {"file": str(path), "ids": ids[:8], "full": ids, "text": TEXT, "new": 32, "threads": 1,
+           "keep_quantized": False}  # fmt: skip
+    torch.compiler.reset()
+    try:
+        compiled = bench.lmcore_worker(job, compiled=True)
+    finally:
+        torch.compiler.reset()
+    eager = bench.lmcore_worker(job)
+    assert len(made) == 1 and compiled["compile_s"] > 0 and eager["compile_s"] is None
+    assert compiled["tokens"] == eager["tokens"] and len(eager["tokens"]) == 32
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--compile"])  # no files: refused as without it
+
+
+def test_quantize_refuses_to_write_over_its_own_source(tmp_path: Path) -> None:
+    """`--precision F32` of `x-f32.gguf` into its own directory would name the source as the
+    target, which llama.cpp's quantizer truncates while reading it (a bus error)."""
+    pytest.importorskip("llama_cpp", reason="needs llama-cpp-python: pip install llama-cpp-python")
+    f32 = tiny_gguf(tmp_path / "tiny-f32.gguf")
+    before = f32.read_bytes()
+    with pytest.raises(SystemExit, match="the file being quantized"):
+        bench.quantize(f32, ["F32"], tmp_path)
+    assert f32.read_bytes() == before
