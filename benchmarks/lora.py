@@ -23,7 +23,9 @@ comparison with PEFT is of the adapters and the loop around them, not of attenti
 
 Reported: median seconds per step (after warm-up steps), tokens/s, VmHWM and the peak above the
 loaded model; ratios full/LoRA (memory, time) and PEFT/lmcore (time: ≥ 1.0 is lmcore as fast or
-faster). `tests/benchmarks/test_lora.py` checks, on a tiny model, that both LoRAs given the same
+faster). `--rounds N` times every mode N times, interleaved (lmcore LoRA, full, PEFT, lmcore
+LoRA, ...), so that a machine's drift over minutes reaches every mode alike: the table gives
+each mode's median over rounds and the PEFT/lmcore ratio of each round. `tests/benchmarks/test_lora.py` checks, on a tiny model, that both LoRAs given the same
 initial A take the same steps (the losses agree), untimed.
 """
 
@@ -176,26 +178,43 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
             "losses": [loss for loss, _ in steps]}  # fmt: skip
 
 
-def run_worker(mode: str, args: argparse.Namespace, checkpoint: str, hf: str) -> dict[str, Any]:
-    """`mode` measured in two fresh processes: memory with glibc's malloc at a fixed mmap
+def run_worker(
+    mode: str, args: argparse.Namespace, checkpoint: str, hf: str, *, memory: bool
+) -> dict[str, Any]:
+    """`mode` measured in a fresh process: for `memory`, with glibc's malloc at a fixed mmap
     threshold of 64 KiB (every large tensor mapped and unmapped as it lives and dies, so the
-    resident set follows the live tensors, not malloc's cache), time with malloc as it is."""
+    resident set follows the live tensors, not malloc's cache); for time, with malloc as it
+    is."""
     cmd = [sys.executable, __file__, "--worker", mode, "--checkpoint", checkpoint, "--hf", hf,
            "--rank", str(args.rank), "--batch", str(args.batch), "--context", str(args.context),
            "--steps", str(args.steps), "--warmup", str(args.warmup)]  # fmt: skip
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"} if memory else dict(os.environ)
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if out.returncode != 0:  # the worker's own last words, not only its exit status
+        sys.stderr.write(out.stderr)
+        raise SystemExit(f"benchmarks/lora.py: the {mode} worker exited {out.returncode}")
+    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
 
-    def one(env: dict[str, str]) -> dict[str, Any]:
-        out = subprocess.run(cmd, capture_output=True, text=True, env=env)
-        if out.returncode != 0:  # the worker's own last words, not only its exit status
-            sys.stderr.write(out.stderr)
-            raise SystemExit(f"benchmarks/lora.py: the {mode} worker exited {out.returncode}")
-        result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
-        return result
 
-    memory = one({**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"})
-    timed = one(dict(os.environ))
-    return {**timed, "peak_bytes": memory["peak_bytes"],
-            "above_loaded_bytes": memory["above_loaded_bytes"]}  # fmt: skip
+def measure(modes: list[str], args: argparse.Namespace, checkpoint: str,
+            hf: str) -> dict[str, dict[str, Any]]:
+    """Each mode's memory (one run) and time (`args.rounds` runs, interleaved across modes):
+    the median step over rounds, and every round's `step_s` in `rounds`."""
+    memory = {m: run_worker(m, args, checkpoint, hf, memory=True) for m in modes}
+    timed: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
+    for _ in range(args.rounds):
+        for m in modes:
+            timed[m].append(run_worker(m, args, checkpoint, hf, memory=False))
+    rows = {}
+    for m in modes:
+        steps = [r["step_s"] for r in timed[m]]
+        step = statistics.median(steps)
+        rows[m] = {**timed[m][0], "step_s": step, "rounds": steps,
+                   "tokens_per_s": args.batch * args.context / step,
+                   "peak_bytes": memory[m]["peak_bytes"],
+                   "above_loaded_bytes": memory[m]["above_loaded_bytes"]}  # fmt: skip
+    return rows
 
 
 def mib(n: float) -> str:
@@ -210,11 +229,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--context", type=int, default=128)
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=1,
+                   help="time every mode this many times, interleaved (default 1)")  # fmt: skip
     p.add_argument("--kernels", metavar="SPEC_ITEMS",
                    help="spec items replacing the checkpoint's for the lmcore runs")  # fmt: skip
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--hf", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    for name in ("rank", "batch", "context", "steps", "rounds"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name} must be at least 1, got {getattr(args, name)}")
+    if args.warmup < 0:
+        p.error(f"--warmup must be at least 0, got {args.warmup}")
     if args.worker:
         print(json.dumps(worker(args)))
         return 0
@@ -237,10 +263,11 @@ def main(argv: list[str] | None = None) -> int:
             print("peft is not installed: the PEFT comparison is skipped (pip install peft)")
         if args.kernels:
             checkpoint = with_kernels(checkpoint, args.kernels, Path(tmp) / "kernels.safetensors")
-        rows = {m: run_worker(m, args, checkpoint, hf) for m in modes}
+        rows = measure(modes, args, checkpoint, hf)
     print(f"checkpoint {args.checkpoint or 'random ' + SMOL_SPEC}; batch {args.batch} × "
           f"context {args.context}, rank {args.rank}, {args.steps} timed steps after "
-          f"{args.warmup}; torch {torch.__version__}, {torch.get_num_threads()} threads"
+          f"{args.warmup}, {args.rounds} round{'s' if args.rounds > 1 else ''}; torch "
+          f"{torch.__version__}, {torch.get_num_threads()} threads"
           + (f"; lmcore with {args.kernels}" if args.kernels else ""))
     print("| run | trainable | s/step | tokens/s | peak memory (VmHWM) | above the loaded model |")
     print("| --- | --- | --- | --- | --- | --- |")
@@ -255,6 +282,10 @@ def main(argv: list[str] | None = None) -> int:
         peft = rows["peft-lora"]
         print(f"PEFT / lmcore LoRA time: {peft['step_s'] / lora['step_s']:.2f}× (goal ≥ 1.0), "
               f"memory {peft['peak_bytes'] / lora['peak_bytes']:.2f}×")
+        if args.rounds > 1:
+            each = [p / q for p, q in zip(peft["rounds"], lora["rounds"], strict=True)]
+            print("PEFT / lmcore LoRA time, each round: "
+                  + ", ".join(f"{r:.2f}×" for r in each))
     return 0
 
 

@@ -50,17 +50,28 @@ def test_lmcore_and_peft_lora_take_the_same_steps(tiny: Path, tmp_path: Path) ->
 def test_the_benchmark_runs_tiny(tiny: Path, capsys: pytest.CaptureFixture[str]) -> None:
     bench = load_benchmark("lora")
     bench.main(["--checkpoint", str(tiny), "--batch", "2", "--context", "16", "--steps", "1",
-                "--warmup", "1"])  # fmt: skip
+                "--warmup", "1", "--rounds", "2"])  # fmt: skip
     out = capsys.readouterr().out
     assert "| run | trainable | s/step | tokens/s | peak memory (VmHWM) |" in out
     assert "| lmcore-lora |" in out and "| lmcore-full |" in out
-    assert "full / LoRA: memory" in out
+    assert "full / LoRA: memory" in out and "1 timed steps after 1, 2 rounds;" in out
     try:
         import peft  # noqa: F401
     except ImportError:
         assert "the PEFT comparison is skipped" in out
     else:
         assert "| peft-lora |" in out and "PEFT / lmcore LoRA time:" in out
+        each = out.split("PEFT / lmcore LoRA time, each round: ")[1].splitlines()[0]
+        assert len(each.split(", ")) == 2 and all(r.endswith("×") for r in each.split(", "))
+
+
+@pytest.mark.parametrize("flag", ["--rounds", "--steps", "--warmup"])
+def test_counts_below_their_least_are_refused(flag: str,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        load_benchmark("lora").main([flag, "-1"])
+    assert e.value.code == 2
+    assert f"{flag} must be at least" in capsys.readouterr().err
 
 
 def test_kernels_replace_the_checkpoints_items_and_keep_its_weights(tiny: Path,
