@@ -26,7 +26,9 @@ matmul's does, and they read no dequantized copy, so they serve a prefill and an
 too (int8: up to 32 rows). x that needs gradients (the kernels have no backward), and int8's
 larger batches, are multiplied in float32 by the exactly dequantized matrix, in chunks of
 rows. The kernel's scales are made on first use and
-counted in the declaration.
+counted in the declaration. At inference the products that share an input (q, k and v; a gated
+FFN's w1 and w3) run as one (`joined`: their rows stacked, the parts' tensors views of the
+stack), one kernel call in place of three and two.
 
 `lmcore quantize --int8` rounds as int8 does; `--int4` as Q4_1 (the gguf package's rounding,
 byte for byte). The token embeddings (and a tied head) use the format `embedding=` names
@@ -35,7 +37,7 @@ byte for byte). The token embeddings (and a tied head) use the format `embedding
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -95,6 +97,41 @@ class _Format(nn.Module):
         if flat.is_meta or (flat.requires_grad and torch.is_grad_enabled()):
             return False
         return self.kernel_rows is None or flat.shape[0] <= self.kernel_rows
+
+    def joined(self, others: Sequence[_Format]) -> _Format | None:
+        """One format of this type holding the rows of `self` and `others` stacked, for
+        products that share their input (`lmcore.model.nn.join`): every tensor of a format is
+        one per row, so the stack is each tensor's rows concatenated, and the parts' tensors
+        become views of the stack (nothing held twice; their kernel scales are dropped, the
+        stack makes its own). None when the parts differ in type, width or device, or a part's
+        rows are padded (the 4-bit layouts hold rows in blocks of 64)."""
+        parts = [self, *others]
+        names = list(self._parameters)
+        device = next(t.device for t in self.parameters(recurse=False))
+        if device.type == "meta" or any(
+            type(part) is not type(self)
+            or part.in_features != self.in_features
+            or list(part._parameters) != names
+            or any(
+                t is None or t.shape[0] != part.out_features or t.device != device
+                for t in part._parameters.values()
+            )
+            for part in parts
+        ):
+            return None
+        total = sum(part.out_features for part in parts)
+        stack = type(self)(self.in_features, total, self.role, device="meta")
+        for name in names:
+            whole = torch.cat([getattr(part, name).detach() for part in parts])
+            setattr(stack, name, _frozen(whole))
+            start = 0
+            for part in parts:  # the part's own tensor (its Parameter) now a view of the stack
+                t = getattr(part, name)
+                t.data = whole[start : start + part.out_features]
+                start += part.out_features
+        for part in parts:
+            part._cache = None
+        return stack
 
     def dequantize(self) -> Float[Tensor, "d_out d_in"]:
         return self._dequantize(0, self.out_features)

@@ -338,6 +338,7 @@ def compile_decoding(model: DecodingModel, *, regional: bool = True, **options: 
             _check_cpp_compiler()
         if "mode" not in options:
             options["options"] = {"cpp_wrapper": True, **options.get("options", {})}
+    join_products(model)  # before the first step makes kernel scales, and before tracing
     _first_step(model)
     if not regional:
         return Decoder(model, torch.compile(model.forward_unchecked, **options))
@@ -354,6 +355,19 @@ def compile_decoding(model: DecodingModel, *, regional: bool = True, **options: 
     compiled = [functools.partial(call, layer) for layer in layers]
     layered = cast(LayeredModel, model)
     return Decoder(model, functools.partial(layered.forward_unchecked, layers=compiled))
+
+
+def join_products(model: DecodingModel) -> None:
+    """The products that share an input joined into one for inference wherever the weights'
+    format can (`lmcore.model.nn.join`: a quantized model's q, k and v, and a gated FFN's w1
+    and w3): one kernel call in place of three and two. A model that is joined already, or
+    whose format cannot, is left as it is."""
+    inner = model.model if isinstance(model, Decoder) else model
+    if isinstance(inner, torch.nn.Module):
+        for module in inner.modules():
+            join = getattr(module, "join_products", None)
+            if callable(join):
+                join()
 
 
 def _call_layer(layer: torch.nn.Module, x: Tensor, context: Any) -> Tensor:
@@ -515,6 +529,7 @@ def stream(
         listed = [stop_token] if isinstance(stop_token, int) else list(stop_token)
         stops = torch.tensor(listed, dtype=torch.long, device=ids.device)
     generator = sampling.generator(ids.device)
+    join_products(model)
     steps = _steps(model, ids, real, max_new_tokens, sampling, stops, generator, cache, kv_cache)
     return (tok[0] for tok in steps) if single else steps
 

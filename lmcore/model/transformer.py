@@ -33,7 +33,7 @@ from lmcore.model.counting import check_size
 from lmcore.model.documents import document_positions
 from lmcore.model.inputs import (check_device, check_documents, check_dtype, check_ids,
                                  check_positions)  # fmt: skip
-from lmcore.model.nn import Embedding, Linear
+from lmcore.model.nn import Embedding, Joined, Linear, join
 from lmcore.model.parametrization import parametrize, query_factor
 from lmcore.model.quant import apply_quant
 from lmcore.model.roles import EMBEDDING, HEAD, SCALAR, Role
@@ -100,6 +100,13 @@ class CausalSelfAttention(nn.Module):
         self.qk_norm_full = qk_norm_full
         self.kernel_options = dict(kernel_options or {})
         self.q_factor = q_factor
+        self.joined: Joined | None = None  # q, k and v as one product at inference (`join`)
+
+    def join_products(self) -> None:
+        """q, k and v as one product for inference, when their weight format can (`join`)."""
+        parts = (self.q_proj, self.k_proj, self.v_proj)
+        if not (self.joined and self.joined.fresh(*parts)):
+            self.joined = join(*parts)
 
     def parameter_roles(self) -> dict[str, Role]:
         return {"sinks": SCALAR}  # a logit per head: neither a matrix nor a gain
@@ -127,8 +134,15 @@ class CausalSelfAttention(nn.Module):
         self, x: Float[Tensor, "B T d_model"], context: LayerContext
     ) -> Float[Tensor, "B T d_model"]:
         rotation, bias, mask, cache = context.rotation, context.bias, context.mask, context.cache
-        q, k = self.q_proj(x), self.k_proj(x)  # (B, T, H·D), (B, T, Hkv·D)
-        v = split_heads(self.v_proj(x), self.num_kv_heads)  # (B, Hkv, T, D)
+        if (
+            self.joined is not None
+            and not torch.is_grad_enabled()
+            and self.joined.fresh(self.q_proj, self.k_proj, self.v_proj)
+        ):
+            q, k, v = self.joined(x)  # (B, T, H·D), (B, T, Hkv·D) twice
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        v = split_heads(v, self.num_kv_heads)  # (B, Hkv, T, D)
         if self.q_norm is None or self.k_norm is None:
             q, k = split_heads(q, self.num_heads), split_heads(k, self.num_kv_heads)
         elif self.qk_norm_full:  # one norm over all heads (OLMo 2)

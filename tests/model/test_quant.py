@@ -107,3 +107,85 @@ def test_compiled_decoding_of_a_quantized_model_traces_each_layer_whole(fmt: str
         assert torch.equal(decoder.generate(ids, 4, GREEDY), eager)
     finally:
         torch.compiler.reset()
+
+
+def _logits(model: lmcore.TransformerLM, ids: torch.Tensor) -> torch.Tensor:
+    with torch.inference_mode():
+        out: torch.Tensor = model(ids)
+    return out
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_joined_products_are_the_separate_ones_held_once(fmt: str) -> None:
+    """`join_products` stacks q, k, v and w1, w3 of every layer into one product each: the
+    logits are the separate products' bit for bit, the parts' tensors are views of the stack
+    (nothing held twice), and the state dict is unchanged, its keys and values."""
+    from lmcore.model.generate import join_products
+
+    q = quantize_model(_float(), fmt)
+    ids = torch.randint(0, 10000, (2, 12), generator=torch.Generator().manual_seed(1))
+    separate = _logits(q, ids), _logits(q, ids[:1, -1:])
+    before = {k: v.clone() for k, v in q.state_dict().items()}
+    join_products(q)
+    for layer in q.layers:
+        attn, ffn = layer.attn, layer.ffn
+        assert attn.joined is not None and attn.joined.widths == (64, 64, 64)
+        assert ffn.joined is not None and ffn.joined.widths == (128, 128)
+        stack = attn.joined.product
+        for part in (attn.q_proj, attn.k_proj, attn.v_proj):
+            for name, t in part.quant.named_parameters(recurse=False):
+                whole = getattr(stack, name)
+                assert t.untyped_storage().data_ptr() == whole.untyped_storage().data_ptr()
+    assert torch.equal(_logits(q, ids), separate[0])
+    assert torch.equal(_logits(q, ids[:1, -1:]), separate[1])
+    after = q.state_dict()
+    assert list(after) == list(before)
+    assert all(torch.equal(after[k], v) for k, v in before.items())
+
+
+def test_a_part_given_new_tensors_or_a_hook_is_computed_alone_again() -> None:
+    """A joined product is used only while its parts are what was joined: a part re-quantized
+    (new tensors), or hooked, is multiplied on its own, with its new weights."""
+    from lmcore.model.generate import join_products
+
+    q = quantize_model(_float(), "int8")
+    join_products(q)
+    attn = q.layers[0].attn
+    joined = attn.joined
+    assert joined is not None and joined.fresh(attn.q_proj, attn.k_proj, attn.v_proj)
+    attn.k_proj.quant.quantize_(torch.randn(64, 64))  # new codes and scales
+    assert not joined.fresh(attn.q_proj, attn.k_proj, attn.v_proj)
+    ids = torch.randint(0, 10000, (1, 6), generator=torch.Generator().manual_seed(2))
+    want = _logits(_dequantized(q), ids)  # the float model of the new weights
+    got = _logits(q, ids)
+    assert (got - want).abs().max() <= 3e-2 * want.abs().max()
+    join_products(q)  # joins again, the new tensors
+    assert attn.joined is not joined and attn.joined is not None
+    calls: list[int] = []
+    attn.v_proj.register_forward_hook(lambda *_: calls.append(1))
+    _logits(q, ids)
+    assert calls == [1]  # the hooked part ran on its own
+
+
+def test_joined_models_save_load_and_train_as_before(tmp_path: Path) -> None:
+    """Saving writes each part's rows (views of the stack) as its own tensor; a loaded model
+    gives the same logits; with gradients the parts are multiplied one by one."""
+    from lmcore.model.generate import join_products
+
+    q = quantize_model(_float(), "q4_0")
+    ids = torch.randint(0, 10000, (1, 8), generator=torch.Generator().manual_seed(3))
+    join_products(q)
+    path = q.save(tmp_path / "joined.safetensors")
+    loaded = lmcore.load(path)
+    assert torch.equal(_logits(loaded, ids), _logits(q, ids))
+
+    def refuse(x: torch.Tensor) -> torch.Tensor:
+        raise AssertionError("the joined product ran with gradients enabled")
+
+    for layer in q.layers:
+        assert layer.attn.joined is not None and layer.ffn.joined is not None
+        layer.attn.joined.product = layer.ffn.joined.product = refuse
+    with torch.enable_grad():  # x needs no gradient, but autograd is on: the parts, one by one
+        q(ids)
+    with pytest.raises(AssertionError, match="ran with gradients enabled"):
+        _logits(q, ids)

@@ -153,3 +153,44 @@ def test_declared_bytes_are_the_held_bytes() -> None:
         m(torch.zeros(1, K))  # the kernel's scales, made on first use, are counted too
         held = sum(p.numel() * p.element_size() for p in m.parameters()) + m.kernel_bytes()
         assert row.bytes(K, N) == held, fmt
+
+
+@pytest.mark.parametrize("fmt", ["int8", "q8_0", "q4_0", "q4_1"])
+def test_joined_formats_stack_rows_and_the_parts_become_views(fmt: str) -> None:
+    """`joined`: one format of the parts' rows stacked, whose product is theirs side by side
+    (bit for bit, the kernel's and the exact float path's), the parts' tensors views of it."""
+    g = torch.Generator().manual_seed(6)
+    parts = [Q.FORMATS[fmt].module(K, n, "matrix") for n in (128, 64, 64)]
+    for part in parts:
+        part.quantize_(torch.randn(part.out_features, K, generator=g))
+    x = torch.randn(2, 5, K, generator=g)
+    with torch.no_grad():
+        separate = torch.cat([part(x) for part in parts], dim=-1)
+    exact = torch.cat([part.dequantize() for part in parts])
+    stack = parts[0].joined(parts[1:])
+    assert stack is not None and type(stack) is type(parts[0])
+    assert (stack.in_features, stack.out_features) == (K, 256)
+    with torch.no_grad():
+        assert torch.equal(stack(x), separate)
+    assert torch.equal(stack.dequantize(), exact)
+    start = 0
+    for part in parts:
+        for name, t in part.named_parameters(recurse=False):
+            whole = getattr(stack, name)
+            assert t.untyped_storage().data_ptr() == whole.untyped_storage().data_ptr()
+            assert torch.equal(t, whole[start : start + part.out_features])
+        assert part._cache is None  # its own kernel scales dropped: the stack makes its own
+        start += part.out_features
+
+
+def test_joined_refuses_padded_rows_other_formats_and_widths() -> None:
+    def fmt(name: str, k: int, n: int) -> Q._Format:
+        m = Q.FORMATS[name].module(k, n, "matrix")
+        m.quantize_(torch.randn(n, k, generator=torch.Generator().manual_seed(7)))
+        return m
+
+    assert fmt("q4_0", K, N).joined([fmt("q4_0", K, 64)]) is None  # 96 rows: padded to 128
+    assert fmt("int8", K, N).joined([fmt("int8", K, 64)]) is not None  # int8 pads nothing
+    assert fmt("q4_0", K, 64).joined([fmt("q4_1", K, 64)]) is None
+    assert fmt("int8", K, 64).joined([fmt("int8", 64, 64)]) is None
+    assert Q.FORMATS["int8"].module(K, 64, "matrix", device="meta").joined([]) is None
