@@ -38,6 +38,7 @@ from torch import Tensor
 from lmcore.errors import GenerationError, ModelInputError, one_of
 from lmcore.model.cache import HasWeight, KVCache, SizedModel
 from lmcore.model.inputs import check_ids
+from lmcore.model.nn import join_products as join_module_products
 from lmcore.model.nn import softmax
 
 if TYPE_CHECKING:
@@ -359,15 +360,12 @@ def compile_decoding(model: DecodingModel, *, regional: bool = True, **options: 
 
 def join_products(model: DecodingModel) -> None:
     """The products that share an input joined into one for inference wherever the weights'
-    format can (`lmcore.model.nn.join`: a quantized model's q, k and v, and a gated FFN's w1
-    and w3): one kernel call in place of three and two. A model that is joined already, or
-    whose format cannot, is left as it is."""
+    format can (`lmcore.model.nn.join_products`: a quantized model's q, k and v, and a gated
+    FFN's w1 and w3): one kernel call in place of three and two. A model that is joined
+    already, or whose format cannot, is left as it is."""
     inner = model.model if isinstance(model, Decoder) else model
     if isinstance(inner, torch.nn.Module):
-        for module in inner.modules():
-            join = getattr(module, "join_products", None)
-            if callable(join):
-                join()
+        join_module_products(inner)
 
 
 def _call_layer(layer: torch.nn.Module, x: Tensor, context: Any) -> Tensor:

@@ -147,6 +147,30 @@ def join(*parts: Linear) -> Joined | None:
     return None if product is None else Joined(parts, product)
 
 
+def join_products(model: nn.Module) -> None:
+    """Every module of `model` that declares `joinable` (the names of its Linears that take
+    one input, e.g. the attention's q, k and v) gets `joined`, its parts as one product where
+    their weight format can (`join`); a module joined already and still fresh is left as it
+    is, one whose declared part is None (an ungated FFN's w3) is not joined."""
+    for module in model.modules():
+        names = getattr(module, "joinable", ())
+        parts = tuple(getattr(module, name, None) for name in names)
+        if not names or any(part is None for part in parts):
+            continue
+        joined: Joined | None = getattr(module, "joined", None)
+        if joined is None or not joined.fresh(*parts):
+            module.joined = join(*parts)
+
+
+def products(owner: nn.Module, x: Tensor, *parts: Linear) -> tuple[Tensor, ...]:
+    """Each part's product of `x`: `owner`'s joined one (`join_products`) when autograd is off
+    and it is fresh for `parts`, else each part's own."""
+    joined: Joined | None = getattr(owner, "joined", None)
+    if joined is not None and not torch.is_grad_enabled() and joined.fresh(*parts):
+        return joined(x)
+    return tuple(part(x) for part in parts)
+
+
 class Embedding(nn.Module):
     """Row lookup in a `(num_embeddings, embedding_dim)` table initialised N(0, 1) on [-3, 3]."""
 
@@ -214,33 +238,24 @@ class FeedForward(nn.Module):
         self.w3 = Linear(d_model, d_ff, **factory) if gated else None
         # Falcon-H1's mlp_multipliers: w1 x (the activation's input) and the output, scaled.
         self.w1_scale, self.w2_scale = w1_scale, w2_scale
-        self.joined: Joined | None = None  # w1 and w3 as one product at inference (`join`)
 
-    def join_products(self) -> None:
-        """w1 and w3 as one product for inference, when their weight format can (`join`)."""
-        if self.w3 is not None and not (self.joined and self.joined.fresh(self.w1, self.w3)):
-            self.joined = join(self.w1, self.w3)
+    joinable = ("w1", "w3")  # x's products, joined at inference (`join_products`)
 
     def forward(self, x: Float[Tensor, "... d_model"]) -> Float[Tensor, "... d_model"]:
-        if (
-            self.joined is not None
-            and not torch.is_grad_enabled()
-            and self.joined.fresh(self.w1, self.w3)
-        ):
-            a, b = self.joined(x)
-            a = a if self.w1_scale == 1.0 else a * self.w1_scale
-            y: Tensor = self.w2(self.activation(a) * b)
-            return y if self.w2_scale == 1.0 else y * self.w2_scale
-        a = self.w1(x) if self.w1_scale == 1.0 else self.w1(x) * self.w1_scale
         if self.w3 is None:
+            a, b = self.w1(x), None
+        else:
+            a, b = products(self, x, self.w1, self.w3)  # (..., d_ff) each
+        a = a if self.w1_scale == 1.0 else a * self.w1_scale
+        if b is None:
             if self.derivative is not None:
                 hidden = activate(a, self.activation, self.derivative)
             else:
                 hidden = self.activation(a)  # (..., d_ff)
         elif self.derivative is not None:
-            hidden = gate(a, self.w3(x), self.activation, self.derivative)
+            hidden = gate(a, b, self.activation, self.derivative)
         else:
-            hidden = self.activation(a) * self.w3(x)
+            hidden = self.activation(a) * b
         y = self.w2(hidden)
         return y if self.w2_scale == 1.0 else y * self.w2_scale
 

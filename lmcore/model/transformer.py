@@ -33,7 +33,7 @@ from lmcore.model.counting import check_size
 from lmcore.model.documents import document_positions
 from lmcore.model.inputs import (check_device, check_documents, check_dtype, check_ids,
                                  check_positions)  # fmt: skip
-from lmcore.model.nn import Embedding, Joined, Linear, join
+from lmcore.model.nn import Embedding, Linear, products
 from lmcore.model.parametrization import parametrize, query_factor
 from lmcore.model.quant import apply_quant
 from lmcore.model.roles import EMBEDDING, HEAD, SCALAR, Role
@@ -100,13 +100,8 @@ class CausalSelfAttention(nn.Module):
         self.qk_norm_full = qk_norm_full
         self.kernel_options = dict(kernel_options or {})
         self.q_factor = q_factor
-        self.joined: Joined | None = None  # q, k and v as one product at inference (`join`)
 
-    def join_products(self) -> None:
-        """q, k and v as one product for inference, when their weight format can (`join`)."""
-        parts = (self.q_proj, self.k_proj, self.v_proj)
-        if not (self.joined and self.joined.fresh(*parts)):
-            self.joined = join(*parts)
+    joinable = ("q_proj", "k_proj", "v_proj")  # x's products, joined at inference
 
     def parameter_roles(self) -> dict[str, Role]:
         return {"sinks": SCALAR}  # a logit per head: neither a matrix nor a gain
@@ -134,14 +129,7 @@ class CausalSelfAttention(nn.Module):
         self, x: Float[Tensor, "B T d_model"], context: LayerContext
     ) -> Float[Tensor, "B T d_model"]:
         rotation, bias, mask, cache = context.rotation, context.bias, context.mask, context.cache
-        if (
-            self.joined is not None
-            and not torch.is_grad_enabled()
-            and self.joined.fresh(self.q_proj, self.k_proj, self.v_proj)
-        ):
-            q, k, v = self.joined(x)  # (B, T, H·D), (B, T, Hkv·D) twice
-        else:
-            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q, k, v = products(self, x, self.q_proj, self.k_proj, self.v_proj)  # (B, T, width)
         v = split_heads(v, self.num_kv_heads)  # (B, Hkv, T, D)
         if self.q_norm is None or self.k_norm is None:
             q, k = split_heads(q, self.num_heads), split_heads(k, self.num_kv_heads)
@@ -171,9 +159,8 @@ class CausalSelfAttention(nn.Module):
         heads = out.transpose(1, 2)  # (B, T, H, D)
         if torch.is_grad_enabled():
             # A copy, never a view of `out`: a kernel may keep `out` for its backward, and
-            # output_proj (or the gate's product) keeps its input; with a view (one token, or
-            # one head) both would hold the same storage and the activations declared for each
-            # would count it twice.
+            # output_proj (or the gate's product) keeps its input; a view (one token, or one
+            # head) would hold one storage twice in the activations each declares.
             heads = heads.clone(memory_format=torch.contiguous_format)
         flat = heads.flatten(2)  # (B, T, H·D)
         if self.gate_proj is not None:  # after q_proj, which keeps x first
@@ -183,8 +170,7 @@ class CausalSelfAttention(nn.Module):
 
 
 def local(t: Tensor) -> Tensor:
-    """This rank's part of a parameter tensor parallelism shards (a DTensor, e.g. the sinks of
-    the heads the rank holds); any other tensor as it is."""
+    """This rank's part of a parameter tensor parallelism shards (a DTensor); others as is."""
     to_local = getattr(t, "to_local", None)
     return t if to_local is None else to_local()
 
