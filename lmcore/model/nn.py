@@ -140,7 +140,7 @@ def join(*parts: Linear) -> Joined | None:
     bytes they read (one float32 step of SmolLM2-135M measured 0.95-1.03x joined), and for
     biases."""
     formats = [part._modules.get("quant") for part in parts]
-    if any(f is None for f in formats) or any(part.bias is not None for part in parts):
+    if any(f is None for f in formats) or any(getattr(p, "bias", None) is not None for p in parts):
         return None
     joined = getattr(formats[0], "joined", None)
     product = joined(formats[1:]) if joined is not None else None
