@@ -38,8 +38,7 @@ from torch import Tensor
 from lmcore.errors import GenerationError, ModelInputError, one_of
 from lmcore.model.cache import HasWeight, KVCache, SizedModel
 from lmcore.model.inputs import check_ids
-from lmcore.model.nn import join_products as join_module_products
-from lmcore.model.nn import softmax
+from lmcore.model.nn import join_products, softmax
 
 if TYPE_CHECKING:
     from lmcore.blueprint import Blueprint
@@ -339,7 +338,7 @@ def compile_decoding(model: DecodingModel, *, regional: bool = True, **options: 
             _check_cpp_compiler()
         if "mode" not in options:
             options["options"] = {"cpp_wrapper": True, **options.get("options", {})}
-    join_products(model)  # before the first step makes kernel scales, and before tracing
+    _join(model)  # before the first step makes kernel scales, and before tracing
     _first_step(model)
     if not regional:
         return Decoder(model, torch.compile(model.forward_unchecked, **options))
@@ -358,14 +357,12 @@ def compile_decoding(model: DecodingModel, *, regional: bool = True, **options: 
     return Decoder(model, functools.partial(layered.forward_unchecked, layers=compiled))
 
 
-def join_products(model: DecodingModel) -> None:
-    """The products that share an input joined into one for inference wherever the weights'
-    format can (`lmcore.model.nn.join_products`: a quantized model's q, k and v, and a gated
-    FFN's w1 and w3): one kernel call in place of three and two. A model that is joined
-    already, or whose format cannot, is left as it is."""
+def _join(model: DecodingModel) -> None:
+    """`join_products` on the module `model` decodes with (a `Decoder`'s own model): a
+    quantized model's q, k and v, and each gated FFN's w1 and w3, one kernel call each."""
     inner = model.model if isinstance(model, Decoder) else model
     if isinstance(inner, torch.nn.Module):
-        join_module_products(inner)
+        join_products(inner)
 
 
 def _call_layer(layer: torch.nn.Module, x: Tensor, context: Any) -> Tensor:
@@ -527,7 +524,7 @@ def stream(
         listed = [stop_token] if isinstance(stop_token, int) else list(stop_token)
         stops = torch.tensor(listed, dtype=torch.long, device=ids.device)
     generator = sampling.generator(ids.device)
-    join_products(model)
+    _join(model)
     steps = _steps(model, ids, real, max_new_tokens, sampling, stops, generator, cache, kv_cache)
     return (tok[0] for tok in steps) if single else steps
 

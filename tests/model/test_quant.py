@@ -120,7 +120,7 @@ def test_joined_products_are_the_separate_ones_held_once(fmt: str) -> None:
     """`join_products` stacks q, k, v and w1, w3 of every layer into one product each: the
     logits are the separate products' bit for bit, the parts' tensors are views of the stack
     (nothing held twice), and the state dict is unchanged, its keys and values."""
-    from lmcore.model.generate import join_products
+    from lmcore.model.nn import join_products
 
     q = quantize_model(_float(), fmt)
     ids = torch.randint(0, 10000, (2, 12), generator=torch.Generator().manual_seed(1))
@@ -146,7 +146,7 @@ def test_joined_products_are_the_separate_ones_held_once(fmt: str) -> None:
 def test_a_part_given_new_tensors_or_a_hook_is_computed_alone_again() -> None:
     """A joined product is used only while its parts are what was joined: a part re-quantized
     (new tensors), or hooked, is multiplied on its own, with its new weights."""
-    from lmcore.model.generate import join_products
+    from lmcore.model.nn import join_products
 
     q = quantize_model(_float(), "int8")
     join_products(q)
@@ -170,7 +170,7 @@ def test_a_part_given_new_tensors_or_a_hook_is_computed_alone_again() -> None:
 def test_joined_models_save_load_and_train_as_before(tmp_path: Path) -> None:
     """Saving writes each part's rows (views of the stack) as its own tensor; a loaded model
     gives the same logits; with gradients the parts are multiplied one by one."""
-    from lmcore.model.generate import join_products
+    from lmcore.model.nn import join_products
 
     q = quantize_model(_float(), "q4_0")
     ids = torch.randint(0, 10000, (1, 8), generator=torch.Generator().manual_seed(3))
