@@ -46,6 +46,7 @@ from jaxtyping import Float
 from torch import Tensor, nn
 
 import lmcore
+from lmcore.model.nn import realized
 from lmcore.model.roles import SCALAR, Role
 
 GROUP: Final = 32  # weights per scale in the block formats (GGML's QK8_0, QK4_0, QK4_1)
@@ -73,6 +74,7 @@ class _Format(nn.Module):
 
     name: str = ""
     kernel_rows: int | None = None  # the most rows of x the kernel takes (None: any)
+    fuses_row = False  # traced with one row of x, `_row` multiplies it (see Int8)
 
     def __init__(self, in_features: int, out_features: int, role: str):
         super().__init__()
@@ -82,6 +84,8 @@ class _Format(nn.Module):
     def forward(self, x: Float[Tensor, "... d_in"]) -> Float[Tensor, "... d_out"]:
         flat = x.reshape(-1, x.shape[-1])
         if self._kernel_takes(flat):
+            if self.fuses_row and flat.shape[0] == 1 and torch.compiler.is_compiling():
+                return self._row(flat.float()).reshape(*x.shape[:-1], -1).to(x.dtype)
             if self._cache is None or self._cache[0].device != flat.device:
                 self._cache = self._kernel_scales()
             y = self._kernel(flat.to(torch.bfloat16), *self._cache).float()
@@ -163,6 +167,9 @@ class _Format(nn.Module):
     def _dequantize(self, start: int, stop: int) -> Tensor:
         raise NotImplementedError
 
+    def _row(self, x: Float[Tensor, "1 d_in"]) -> Float[Tensor, " d_out"]:
+        raise NotImplementedError
+
     def _rows(self, ids: Tensor) -> Tensor:
         raise NotImplementedError
 
@@ -174,6 +181,7 @@ class Int8(_Format):
     """Per-row int8: ``w = codes · scale``, the scale ``max |w| / 127`` of the row."""
 
     name = "int8"
+    fuses_row = True
     kernel_rows = 32  # from 64 rows on, the float matmul of the dequantized matrix is as fast
 
     def __init__(self, in_features: int, out_features: int, role: str, device: Any = None):
@@ -191,6 +199,10 @@ class Int8(_Format):
 
     def _kernel(self, x: Tensor, *scales: Tensor) -> Tensor:
         return torch._weight_int8pack_mm(x, self.codes, scales[0])
+
+    def _row(self, x: Float[Tensor, "1 d_in"]) -> Float[Tensor, " d_out"]:
+        # one pass over the codes that inductor fuses (in float32: x and scales unrounded)
+        return (self.codes.float() * realized(x)).sum(-1) * self.scales
 
     def _dequantize(self, start: int, stop: int) -> Tensor:
         return self.codes[start:stop].float() * self.scales[start:stop, None]

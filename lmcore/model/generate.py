@@ -312,8 +312,10 @@ def compile_decoding(model: DecodingModel, *, regional: bool = True, **options: 
     (its own calls stay eager). `options` are passed on (``backend=...``, ``mode=...``,
     ``options={...}``, ``dynamic=...``, ``fullgraph=...``).
 
-    `regional` (the default): each of the model's `layers` is compiled on its own and the
-    step's other parts (the embedding, the positions, the head) stay eager. Layers of the same
+    `regional` (the default): each of the model's `layers` is compiled on its own, and its
+    `head` (the final norm and the output matrix: in float32 on 2 cores 2.5 ms a token where
+    eager takes 5-6); the step's other parts (the embedding, the positions, the cache's
+    bookkeeping) stay eager. Layers of the same
     structure share one compiled code (dynamo keys it on the code and guards on the layer's
     structure, not on which layer it is), so a 30-layer model compiles about as fast as one
     layer: ~10 s on a 2-core CPU where the whole step took ~5 minutes. ``regional=False``
@@ -343,18 +345,19 @@ def compile_decoding(model: DecodingModel, *, regional: bool = True, **options: 
     if not regional:
         return Decoder(model, torch.compile(model.forward_unchecked, **options))
     layers = getattr(model, "layers", None)
-    if not isinstance(layers, torch.nn.ModuleList):
+    if not isinstance(layers, torch.nn.ModuleList) or not callable(getattr(model, "head", None)):
         raise TypeError(
             f"compile_decoding(regional=True) compiles a model's layers (`model.layers`, a "
-            f"ModuleList); {type(model).__name__} has none: use regional=False to compile its "
-            "whole forward_unchecked"
+            f"ModuleList) and its head (a method `head`); {type(model).__name__} has not "
+            "both: use regional=False to compile its whole forward_unchecked"
         )
     # One compiled function that takes the layer as an argument: its call (hooks included) is
     # traced in one frame, and layers of one structure share its code.
     call = torch.compile(_call_layer, **options)
     compiled = [functools.partial(call, layer) for layer in layers]
     layered = cast(LayeredModel, model)
-    return Decoder(model, functools.partial(layered.forward_unchecked, layers=compiled))
+    head = torch.compile(layered.head, **options)
+    return Decoder(model, functools.partial(layered.forward_unchecked, layers=compiled, head=head))
 
 
 def _join(model: DecodingModel) -> None:
@@ -371,10 +374,12 @@ def _call_layer(layer: torch.nn.Module, x: Tensor, context: Any) -> Tensor:
 
 
 class LayeredModel(DecodingModel, Protocol):
-    """A model whose layers regional compilation compiles: `layers`, and a `forward_unchecked`
-    that runs callables in their place (`TransformerLM`)."""
+    """A model whose regions regional compilation compiles: `layers` and `head`, and a
+    `forward_unchecked` that runs callables in their place (`TransformerLM`)."""
 
     layers: torch.nn.ModuleList
+
+    def head(self, x: Tensor) -> Tensor: ...
 
     def forward_unchecked(
         self,
@@ -384,6 +389,7 @@ class LayeredModel(DecodingModel, Protocol):
         *,
         last: bool = False,
         layers: Sequence[Callable[..., Tensor]] | None = None,
+        head: Callable[[Tensor], Tensor] | None = None,
     ) -> Tensor: ...
 
 

@@ -33,7 +33,7 @@ from lmcore.model.counting import check_size
 from lmcore.model.documents import document_positions
 from lmcore.model.inputs import (check_device, check_documents, check_dtype, check_ids,
                                  check_positions)  # fmt: skip
-from lmcore.model.nn import Embedding, Linear, products
+from lmcore.model.nn import Embedding, Linear, LogitCap, products
 from lmcore.model.parametrization import parametrize, query_factor
 from lmcore.model.quant import apply_quant
 from lmcore.model.roles import EMBEDDING, HEAD, SCALAR, Role
@@ -173,20 +173,6 @@ def local(t: Tensor) -> Tensor:
     """This rank's part of a parameter tensor parallelism shards (a DTensor); others as is."""
     to_local = getattr(t, "to_local", None)
     return t if to_local is None else to_local()
-
-
-class LogitCap(nn.Module):
-    """`cap · tanh(logits / cap)` (Gemma 2's final-logit soft-capping, in its order of ops)."""
-
-    def __init__(self, cap: float):
-        super().__init__()
-        self.cap = cap
-
-    def forward(self, logits: Float[Tensor, "... V"]) -> Float[Tensor, "... V"]:
-        return torch.tanh(logits / self.cap) * self.cap
-
-    def extra_repr(self) -> str:
-        return f"cap={self.cap}"
 
 
 def split_heads(x: Float[Tensor, "B T HD"], num_heads: int) -> Float[Tensor, "B H T D"]:
@@ -527,14 +513,15 @@ class TransformerLM(nn.Module):
         documents: Int[Tensor, "B T"] | None = None,
         last: bool = False,
         layers: Sequence[Callable[[Tensor, LayerContext], Tensor]] | None = None,
+        head: Callable[[Tensor], Tensor] | None = None,
     ) -> Float[Tensor, "B T_or_1 vocab_size"]:
         """`forward` without its input checks, for callers that checked once (generation
         checks a prompt's ids up front, then feeds back ids it sampled itself): no value
         check, so no device synchronisation per step. `documents` as `forward` takes them
         (checked; `positions` already within each document). `last`: the last position's
         logits only, `(B, 1, vocab_size)` (generation's: no head product for the others).
-        `layers`: callables run in place of `self.layers`, one each, called as the layer is
-        (`compile_decoding`'s compiled layers)."""
+        `layers`: callables run in place of `self.layers`, one each, called as the layer is,
+        and `head` in place of `self.head` (`compile_decoding`'s compiled regions)."""
         spec = self.spec
         if layers is not None and len(layers) != len(self.layers):
             raise ValueError(f"layers: {len(layers)} callables for {len(self.layers)} layers")
@@ -568,8 +555,15 @@ class TransformerLM(nn.Module):
             x = layer(x, context)
         if cache is not None:
             cache.advance(ids.shape[1])
-        x = x[:, -1:] if last else x  # generation samples from the last position only
-        logits: Tensor = self.lm_head(self.ln_final(x))  # (B, T or 1, vocab_size)
+        # generation samples from the last position only (one layout for any prompt's length,
+        # so a compiled head traces once)
+        x = x[:, -1:].contiguous() if last else x
+        return (head or self.head)(x)  # (B, T or 1, vocab_size)
+
+    def head(self, x: Float[Tensor, "B T d_model"]) -> Float[Tensor, "B T vocab_size"]:
+        """The logits of the last layer's output: the final norm, the output matrix, and the
+        logit scale and cap of a spec that has them."""
+        logits: Tensor = self.lm_head(self.ln_final(x))
         if self.logit_scale != 1.0:  # Falcon-H1's lm_head_multiplier; muP's output multiplier
             logits = logits * self.logit_scale
         if self.logit_cap is not None:

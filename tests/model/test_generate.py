@@ -354,15 +354,16 @@ def test_compiled_decoding_gives_the_same_tokens_and_compiles_each_kind_of_call_
         decoder = compile_decoding(model, backend=record, fullgraph=True)
         assert torch.equal(decoder.generate(prompt, 4, GREEDY), eager)
         assert torch.equal(decoder.generate(prompt[:, 1:], 4, GREEDY), shorter)
-        # The first prompt's length, every later step (any fill level), every other prompt
-        # length: a third prompt length and the steps after it compile nothing new.
-        assert counters["stats"]["unique_graphs"] == 3
+        # The layer: the first prompt's length, every later step (any fill level), every other
+        # prompt length; the head: the last position, whatever the length. A third prompt
+        # length and the steps after it compile nothing new.
+        assert counters["stats"]["unique_graphs"] == 4
         assert torch.equal(decoder.generate(prompt[:, 2:], 4, GREEDY), shorter_still)
-        assert counters["stats"]["unique_graphs"] == 3
+        assert counters["stats"]["unique_graphs"] == 4
         # The model itself was left as it was: its own generation compiles nothing.
         assert model.forward_unchecked.__func__ is TransformerLM.forward_unchecked
         assert torch.equal(model.generate(prompt, 4, GREEDY), eager)
-        assert counters["stats"]["unique_graphs"] == 3
+        assert counters["stats"]["unique_graphs"] == 4
         # Attention this small is one tile: traced as plain operators, not an opaque call.
         targets = {str(node.target) for gm in graphs for node in gm.graph.nodes}
         assert graphs and not any("tiled_attention" in t for t in targets), targets
@@ -373,7 +374,7 @@ def test_compiled_decoding_gives_the_same_tokens_and_compiles_each_kind_of_call_
 def test_layers_of_one_structure_share_one_compiled_code() -> None:
     """compile_decoding's regional mode: three layers compile the graphs one layer does (the
     first prompt, every later step, another prompt's length), each layer whole (fullgraph),
-    and the tokens are eager's."""
+    the head one more, and the tokens are eager's."""
     from torch._dynamo.utils import counters
 
     from lmcore.model.generate import compile_decoding
@@ -390,7 +391,7 @@ def test_layers_of_one_structure_share_one_compiled_code() -> None:
         decoder = compile_decoding(model, backend="eager", fullgraph=True)
         got = [decoder.generate(p, 4, GREEDY) for p in (prompt, prompt[:, 1:])]
         assert all(torch.equal(a, b) for a, b in zip(got, eager, strict=True))
-        assert counters["stats"]["unique_graphs"] == 3
+        assert counters["stats"]["unique_graphs"] == 4
     finally:
         torch.compiler.reset()
 
@@ -432,7 +433,7 @@ def test_regional_compilation_needs_the_models_layers() -> None:
         "vocab_size=97, context_length=16, d_model=16, num_layers=1, num_heads=2, d_ff=32"
     )
     decoder = compile_decoding(model, backend="eager")
-    with pytest.raises(TypeError, match=r"Decoder has none: use regional=False"):
+    with pytest.raises(TypeError, match=r"and its head \(a method `head`\); Decoder has not both: use regional=False"):
         compile_decoding(decoder, backend="eager")
     prompt = torch.randint(0, 97, (1, 3))
     twice = compile_decoding(decoder, regional=False, backend="eager")

@@ -17,6 +17,7 @@ from lmcore.model.nn import (
     gelu,
     gelu_derivative,
     matmul_t,
+    realized,
     scaled_dot_product_attention,
     silu,
     silu_derivative,
@@ -121,6 +122,31 @@ def test_matmul_t_under_compile_cuts_by_the_threads_the_last_eager_call_saw(
     views = [tuple(n.args[1:]) for n in graphs[0].graph.nodes if n.target == "view"]
     assert views == ([(3, 4, 7)] if eager_first else [])
     torch.testing.assert_close(y, F.linear(x, w))
+
+
+def test_a_traced_one_row_product_reads_its_x_realized() -> None:
+    """Under torch.compile, matmul_t's one row of x goes through `realized` (as_strided, an op
+    whose input inductor computes once) so that the norm making x is not fused into every row
+    of the product; more rows, and eager calls, take x as it is."""
+    torch.manual_seed(0)
+    w = torch.nn.Parameter(torch.randn(12, 7))
+    graphs: list[torch.fx.GraphModule] = []
+
+    def record(gm: torch.fx.GraphModule, example_inputs: object) -> object:
+        graphs.append(gm)
+        return gm.forward
+
+    x = torch.randn(1, 1, 7)
+    assert realized(x) is x
+    torch.compiler.reset()
+    try:
+        product = torch.compile(lambda x: matmul_t(x / x.norm(), w), backend=record, fullgraph=True)
+        ys = [product(x), product(torch.randn(1, 3, 7))]
+    finally:
+        torch.compiler.reset()
+    strided = [sum("as_strided" in str(n.target) for n in gm.graph.nodes) for gm in graphs]
+    assert strided == [1, 0]
+    torch.testing.assert_close(ys[0], F.linear(x / x.norm(), w))
 
 
 def test_matmul_t_leaves_a_tensor_subclass_to_its_own_product() -> None:
