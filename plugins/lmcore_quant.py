@@ -25,7 +25,10 @@ of x to 8 bits in its dot products). Their time grows with the rows of x as the 
 matmul's does, and they read no dequantized copy, so they serve a prefill and an evaluation
 too (int8: up to 32 rows). x that needs gradients (the kernels have no backward), and int8's
 larger batches, are multiplied in float32 by the exactly dequantized matrix, in chunks of
-rows. The kernel's scales are made on first use and
+rows. Traced by torch.compile, int8 multiplies one row of x (a decoding step's) as
+``(codes · x).sum · scale`` in float32, which inductor turns into one pass over the codes on
+every thread, faster at one row than the kernel; the 4-bit layouts so written were slower
+than their kernel, and keep it. The kernel's scales are made on first use and
 counted in the declaration. At inference the products that share an input (q, k and v; a gated
 FFN's w1 and w3) run as one (`joined`: their rows stacked, the parts' tensors views of the
 stack), one kernel call in place of three and two.
