@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from lmcore.registry import Registry, use_registry
+from tests.helpers.compiling import GraphRecorder
 from tests.helpers.models import tiny_corpus
 
 MakeDist = Callable[..., Path]
@@ -96,6 +97,18 @@ def single_thread() -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def traced() -> Iterator[GraphRecorder]:
+    """A `GraphRecorder`, with dynamo's caches reset before and after the test."""
+    import torch
+
+    torch.compiler.reset()
+    try:
+        yield GraphRecorder()
+    finally:
+        torch.compiler.reset()
 
 
 # ------------------------------------------------------------------ checkpoints

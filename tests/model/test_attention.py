@@ -16,6 +16,7 @@ import lmcore.model.attention as attention
 import lmcore.model.tiling as tiling
 from lmcore import get_registry
 from lmcore.model.attention import Plan, kept_elements, tiled_attention
+from tests.helpers.compiling import GraphRecorder
 
 MODES = {"kept weights (sdpa)": None, "key blocks of 3 (chunked)": 3, "key blocks of 8": 8}
 
@@ -466,30 +467,23 @@ def test_a_decoding_step_on_either_side_of_the_serial_size_gives_the_formula(sk)
     torch.testing.assert_close(masked, out)
 
 
-def test_a_traced_decoding_step_is_multiply_and_sum_at_any_cache_length() -> None:
+def test_a_traced_decoding_step_is_multiply_and_sum_at_any_cache_length(
+    traced: GraphRecorder,
+) -> None:
     """Under torch.compile a decoding step's products are broadcast multiply-and-sum (which
     inductor fuses) even past SERIAL_ELEMENTS, where eager calls bmm; more queries keep bmm."""
     torch.manual_seed(0)
     buffer = torch.randn(2, 1, 2, 512, 16)
     k, v = buffer[0, :, :, :400], buffer[1, :, :, :400]
-    graphs: list[torch.fx.GraphModule] = []
-
-    def record(gm: torch.fx.GraphModule, example_inputs: object) -> object:
-        graphs.append(gm)
-        return gm.forward
 
     def step(q: torch.Tensor) -> torch.Tensor:
         return tiled_attention(q, k, v, causal=True)
 
     qs = [torch.randn(1, 6, 1, 16), torch.randn(1, 6, 3, 16)]
-    torch.compiler.reset()
-    try:
-        with torch.no_grad():
-            compiled = torch.compile(step, backend=record, fullgraph=True)
-            outs = [compiled(q) for q in qs]
-    finally:
-        torch.compiler.reset()
-    bmms = [sum("bmm" in str(n.target) for n in gm.graph.nodes) for gm in graphs]
+    with torch.no_grad():
+        compiled = torch.compile(step, backend=traced, fullgraph=True)
+        outs = [compiled(q) for q in qs]
+    bmms = [sum("bmm" in str(n.target) for n in gm.graph.nodes) for gm in traced.graphs]
     assert bmms == [0, 2]
     for q, out in zip(qs, outs, strict=True):
         expected = formula(q.double(), k.double(), v.double(), True).float()

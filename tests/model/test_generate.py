@@ -25,6 +25,7 @@ from lmcore.errors import GenerationError, ModelInputError
 from lmcore.model.generate import GREEDY, Sampling, sample
 from lmcore.model.transformer import TransformerLM
 from lmcore.registry import use_registry
+from tests.helpers.compiling import GraphRecorder
 from tests.helpers.errors import raises_naming
 from tests.helpers.models import decoding_model, recompute
 
@@ -327,7 +328,9 @@ def test_compiled_decoding_with_its_defaults_gives_eager_tokens() -> None:
     assert len(lines) == 2 and all(line.startswith("True ") for line in lines), out.stdout
 
 
-def test_compiled_decoding_gives_the_same_tokens_and_compiles_each_kind_of_call_once() -> None:
+def test_compiled_decoding_gives_the_same_tokens_and_compiles_each_kind_of_call_once(
+    traced: GraphRecorder,
+) -> None:
     from torch._dynamo.utils import counters
 
     from lmcore.model.generate import compile_decoding
@@ -340,35 +343,25 @@ def test_compiled_decoding_gives_the_same_tokens_and_compiles_each_kind_of_call_
     eager = model.generate(prompt, 4, GREEDY)
     shorter = recompute(model, prompt[:, 1:], 4)
     shorter_still = recompute(model, prompt[:, 2:], 4)
-    torch.compiler.reset()
     counters.clear()
-    try:
-        graphs: list[torch.fx.GraphModule] = []
-
-        def record(gm: torch.fx.GraphModule, example_inputs: object) -> object:
-            graphs.append(gm)
-            return gm.forward
-
-        # fullgraph: a graph break (e.g. an int-returning torch call in the attention's
-        # tiling) would raise here instead of silently running the step eagerly.
-        decoder = compile_decoding(model, backend=record, fullgraph=True)
-        assert torch.equal(decoder.generate(prompt, 4, GREEDY), eager)
-        assert torch.equal(decoder.generate(prompt[:, 1:], 4, GREEDY), shorter)
-        # The layer: the first prompt's length, every later step (any fill level), every other
-        # prompt length; the head: the last position, whatever the length. A third prompt
-        # length and the steps after it compile nothing new.
-        assert counters["stats"]["unique_graphs"] == 4
-        assert torch.equal(decoder.generate(prompt[:, 2:], 4, GREEDY), shorter_still)
-        assert counters["stats"]["unique_graphs"] == 4
-        # The model itself was left as it was: its own generation compiles nothing.
-        assert model.forward_unchecked.__func__ is TransformerLM.forward_unchecked
-        assert torch.equal(model.generate(prompt, 4, GREEDY), eager)
-        assert counters["stats"]["unique_graphs"] == 4
-        # Attention this small is one tile: traced as plain operators, not an opaque call.
-        targets = {str(node.target) for gm in graphs for node in gm.graph.nodes}
-        assert graphs and not any("tiled_attention" in t for t in targets), targets
-    finally:
-        torch.compiler.reset()
+    # fullgraph: a graph break (e.g. an int-returning torch call in the attention's
+    # tiling) would raise here instead of silently running the step eagerly.
+    decoder = compile_decoding(model, backend=traced, fullgraph=True)
+    assert torch.equal(decoder.generate(prompt, 4, GREEDY), eager)
+    assert torch.equal(decoder.generate(prompt[:, 1:], 4, GREEDY), shorter)
+    # The layer: the first prompt's length, every later step (any fill level), every other
+    # prompt length; the head: the last position, whatever the length. A third prompt
+    # length and the steps after it compile nothing new.
+    assert counters["stats"]["unique_graphs"] == 4
+    assert torch.equal(decoder.generate(prompt[:, 2:], 4, GREEDY), shorter_still)
+    assert counters["stats"]["unique_graphs"] == 4
+    # The model itself was left as it was: its own generation compiles nothing.
+    assert model.forward_unchecked.__func__ is TransformerLM.forward_unchecked
+    assert torch.equal(model.generate(prompt, 4, GREEDY), eager)
+    assert counters["stats"]["unique_graphs"] == 4
+    # Attention this small is one tile: traced as plain operators, not an opaque call.
+    targets = {str(node.target) for gm in traced.graphs for node in gm.graph.nodes}
+    assert traced.graphs and not any("tiled_attention" in t for t in targets), targets
 
 
 def test_layers_of_one_structure_share_one_compiled_code() -> None:
@@ -396,7 +389,7 @@ def test_layers_of_one_structure_share_one_compiled_code() -> None:
         torch.compiler.reset()
 
 
-def test_the_whole_step_compiles_as_one_graph_with_regional_false() -> None:
+def test_the_whole_step_compiles_as_one_graph_with_regional_false(traced: GraphRecorder) -> None:
     from torch._dynamo.utils import counters
 
     from lmcore.model.generate import compile_decoding
@@ -407,23 +400,13 @@ def test_the_whole_step_compiles_as_one_graph_with_regional_false() -> None:
     )
     prompt = torch.randint(0, 97, (1, 5))
     eager = model.generate(prompt, 4, GREEDY)
-    torch.compiler.reset()
     counters.clear()
-    try:
-        graphs: list[torch.fx.GraphModule] = []
-
-        def record(gm: torch.fx.GraphModule, example_inputs: object) -> object:
-            graphs.append(gm)
-            return gm.forward
-
-        decoder = compile_decoding(model, regional=False, backend=record, fullgraph=True)
-        assert torch.equal(decoder.generate(prompt, 4, GREEDY), eager)
-        assert counters["stats"]["unique_graphs"] == 2  # the prompt, then every step
-        # one graph holds both layers' seven projections each and the head
-        products = [n for n in graphs[0].graph.nodes if "matmul" in str(n.target)]
-        assert len(products) == 2 * 7 + 1, [str(n.target) for n in graphs[0].graph.nodes]
-    finally:
-        torch.compiler.reset()
+    decoder = compile_decoding(model, regional=False, backend=traced, fullgraph=True)
+    assert torch.equal(decoder.generate(prompt, 4, GREEDY), eager)
+    assert counters["stats"]["unique_graphs"] == 2  # the prompt, then every step
+    # one graph holds both layers' seven projections each and the head
+    products = [n for n in traced.graphs[0].graph.nodes if "matmul" in str(n.target)]
+    assert len(products) == 2 * 7 + 1, [str(n.target) for n in traced.graphs[0].graph.nodes]
 
 
 def test_regional_compilation_needs_the_models_layers() -> None:

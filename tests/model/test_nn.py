@@ -23,6 +23,7 @@ from lmcore.model.nn import (
     silu_derivative,
     softmax,
 )
+from tests.helpers.compiling import GraphRecorder
 
 
 def test_linear_is_x_times_w_transposed_without_bias() -> None:
@@ -93,7 +94,7 @@ def test_matmul_t_of_a_transposed_weight_is_the_plain_product() -> None:
 
 @pytest.mark.parametrize("eager_first", [True, False])
 def test_matmul_t_under_compile_cuts_by_the_threads_the_last_eager_call_saw(
-    monkeypatch: pytest.MonkeyPatch, eager_first: bool
+    monkeypatch: pytest.MonkeyPatch, traced: GraphRecorder, eager_first: bool
 ) -> None:
     """torch.compile cannot call get_num_threads: a traced one-row product cuts its rows by
     the threads the last eager call saw (three blocks of four rows here), or, before any eager
@@ -103,48 +104,30 @@ def test_matmul_t_under_compile_cuts_by_the_threads_the_last_eager_call_saw(
     monkeypatch.setattr(nn_module, "_THREADS", [0])
     torch.manual_seed(0)
     x, w = torch.randn(1, 1, 7), torch.nn.Parameter(torch.randn(12, 7))
-    graphs: list[torch.fx.GraphModule] = []
-
-    def record(gm: torch.fx.GraphModule, example_inputs: object) -> object:
-        graphs.append(gm)
-        return gm.forward
-
     threads = torch.get_num_threads()
     torch.set_num_threads(3)
     try:
         if eager_first:
             matmul_t(x, w)
-        torch.compiler.reset()
-        y = torch.compile(matmul_t, backend=record, fullgraph=True)(x, w)
+        y = torch.compile(matmul_t, backend=traced, fullgraph=True)(x, w)
     finally:
         torch.set_num_threads(threads)
-        torch.compiler.reset()
-    views = [tuple(n.args[1:]) for n in graphs[0].graph.nodes if n.target == "view"]
+    views = [tuple(n.args[1:]) for n in traced.graphs[0].graph.nodes if n.target == "view"]
     assert views == ([(3, 4, 7)] if eager_first else [])
     torch.testing.assert_close(y, F.linear(x, w))
 
 
-def test_a_traced_one_row_product_reads_its_x_realized() -> None:
+def test_a_traced_one_row_product_reads_its_x_realized(traced: GraphRecorder) -> None:
     """Under torch.compile, matmul_t's one row of x goes through `realized` (as_strided, an op
     whose input inductor computes once) so that the norm making x is not fused into every row
     of the product; more rows, and eager calls, take x as it is."""
     torch.manual_seed(0)
     w = torch.nn.Parameter(torch.randn(12, 7))
-    graphs: list[torch.fx.GraphModule] = []
-
-    def record(gm: torch.fx.GraphModule, example_inputs: object) -> object:
-        graphs.append(gm)
-        return gm.forward
-
     x = torch.randn(1, 1, 7)
     assert realized(x) is x
-    torch.compiler.reset()
-    try:
-        product = torch.compile(lambda x: matmul_t(x / x.norm(), w), backend=record, fullgraph=True)
-        ys = [product(x), product(torch.randn(1, 3, 7))]
-    finally:
-        torch.compiler.reset()
-    strided = [sum("as_strided" in str(n.target) for n in gm.graph.nodes) for gm in graphs]
+    product = torch.compile(lambda x: matmul_t(x / x.norm(), w), backend=traced, fullgraph=True)
+    ys = [product(x), product(torch.randn(1, 3, 7))]
+    strided = [sum("as_strided" in str(n.target) for n in gm.graph.nodes) for gm in traced.graphs]
     assert strided == [1, 0]
     torch.testing.assert_close(ys[0], F.linear(x / x.norm(), w))
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import lmcore_quant as Q
+from tests.helpers.compiling import GraphRecorder
 
 gguf = pytest.importorskip("gguf")
 
@@ -72,31 +73,23 @@ def test_matmul_matches_the_dequantized_matrix(fmt: str, rows: int) -> None:
 
 
 @pytest.mark.parametrize("fmt", ["int8", "q8_0", "q4_0", "q4_1"])
-def test_a_traced_row_of_int8_is_one_float32_pass_over_the_codes(fmt: str) -> None:
+def test_a_traced_row_of_int8_is_one_float32_pass_over_the_codes(
+    fmt: str, traced: GraphRecorder
+) -> None:
     """Under torch.compile, int8 multiplies one row of x as a product of the codes inductor
     fuses (float32: within float32's rounding of the exact product, closer than the kernel's
     bfloat16); more rows, and the other formats, call torch's kernel."""
     m = Q.FORMATS[fmt].module(K, N, "matrix")
     m.quantize_(_weights())
     ref_w = m.dequantize().double()
-    graphs: list[torch.fx.GraphModule] = []
-
-    def record(gm: torch.fx.GraphModule, example_inputs: object) -> object:
-        graphs.append(gm)
-        return gm.forward
-
     xs = [torch.randn(1, 1, K, generator=torch.Generator().manual_seed(2)), torch.randn(1, 3, K)]
-    torch.compiler.reset()
-    try:
-        with torch.no_grad():
-            m(xs[1])  # the kernel's scales, made eagerly as compile_decoding's first step does
-            compiled = torch.compile(m, backend=record, fullgraph=True)
-            ys = [compiled(x) for x in xs]
-    finally:
-        torch.compiler.reset()
+    with torch.no_grad():
+        m(xs[1])  # the kernel's scales, made eagerly as compile_decoding's first step does
+        compiled = torch.compile(m, backend=traced, fullgraph=True)
+        ys = [compiled(x) for x in xs]
     kernels = [
         sum("int8pack" in str(n.target) or "int4pack" in str(n.target) for n in gm.graph.nodes)
-        for gm in graphs
+        for gm in traced.graphs
     ]
     fused, calls = fmt == "int8", 2 if fmt == "q8_0" else 1  # q8_0: two int4 halves
     assert kernels == ([0, calls] if fused else [calls, calls])
